@@ -1,0 +1,179 @@
+// The op contract every backend implements (CPU reference, CUDA fast path). Model code is written
+// once against this header and never knows which backend runs it.
+//
+// Conventions
+// - Activations are f32, row-major: `Rows` = n_rows rows of n_cols values, row r at data + r*stride.
+//   A Rows may be a column slice of a wider buffer (stride > n_cols).
+// - All pointers are backend memory (host memory on CPU, device memory on CUDA), including the
+//   per-step inputs (token ids, positions) that ops read, so a recorded step can be replayed.
+// - Ops are asynchronous on CUDA (one stream, in order); `download` and `synchronize` wait.
+// - Weights keep their GGML type: `matmul` reads them as stored (f32, f16, bf16, every quant).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "format/ggml_types.h"
+#include "format/gguf.h"
+#include "util/status.h"
+
+namespace hyspec {
+
+enum class BackendKind { Cpu, Cuda };
+
+// Backend memory; freed when the last copy goes away.
+struct Buffer {
+  std::shared_ptr<void> holder;
+  size_t size = 0;
+  void* data() const { return holder.get(); }
+  template <typename T>
+  T* as() const { return static_cast<T*>(holder.get()); }
+};
+
+// A weight as the backend holds it: n_out rows of n_in elements (GGUF dims [n_in, n_out(, n_expert)]).
+// Expert e of a stacked expert tensor starts at data + e * n_out * row_bytes.
+struct Weight {
+  std::string name;
+  GgmlType type = GgmlType::F32;
+  int64_t n_in = 0, n_out = 0, n_expert = 1;
+  size_t row_bytes = 0;
+  const void* data = nullptr;
+  std::shared_ptr<void> owner;  // keeps uploaded/converted data alive (empty for mmap views)
+
+  bool present() const { return data != nullptr; }
+  const float* f32() const { return static_cast<const float*>(data); }  // for F32 vectors (norms, biases)
+};
+
+struct Rows {
+  float* data = nullptr;
+  int64_t n_rows = 0, n_cols = 0, stride = 0;
+
+  Rows() = default;
+  Rows(float* d, int64_t rows, int64_t cols, int64_t row_stride = -1)
+      : data(d), n_rows(rows), n_cols(cols), stride(row_stride < 0 ? cols : row_stride) {}
+  Rows cols(int64_t begin, int64_t count) const { return Rows(data + begin, n_rows, count, stride); }
+  Rows rows(int64_t begin, int64_t count) const { return Rows(data + begin * stride, count, n_cols, stride); }
+  float* row(int64_t r) const { return data + r * stride; }
+};
+
+// KV cache of one attention layer: capacity positions of n_kv_heads*head_dim values, F32 or F16.
+struct KvLayer {
+  void* k = nullptr;
+  void* v = nullptr;
+  GgmlType type = GgmlType::F32;
+  int64_t capacity = 0;
+  int64_t width = 0;  // n_kv_heads * head_dim
+};
+
+struct AttentionArgs {
+  Rows q;                          // [n, n_head*head_dim], already normed and roped
+  KvLayer kv;                      // keys/values for positions < kv_len, block rows already stored
+  const int32_t* positions = nullptr;  // [n] position of each query row
+  int n_head = 0, n_kv_head = 0, head_dim = 0;
+  float scale = 1.0f;
+  // causal: query at position p sees keys 0..p. Otherwise every query sees keys 0..positions[n-1]
+  // (a non-causal block whose rows were stored at consecutive positions, as DFlash drafts).
+  bool causal = true;
+  Rows out;                        // [n, n_head*head_dim]
+};
+
+// Gated DeltaNet over n tokens of one sequence (QWEN35.md, "Gated DeltaNet mixer", steps 3-5).
+// State S per v-head is d_k x d_v f32, stored transposed: state[h][j][i] = S_h[i][j] (i over k, j over v).
+struct GdnArgs {
+  Rows q, k;        // [n, n_k_heads*d]  (after conv + SiLU; normalised inside)
+  Rows v;           // [n, n_v_heads*d]
+  Rows beta_logit;  // [n, n_v_heads]   b = ssm_beta·h
+  Rows alpha;       // [n, n_v_heads]   a = ssm_alpha·h
+  const float* ssm_a = nullptr;    // [n_v_heads], = -exp(A_log)
+  const float* dt_bias = nullptr;  // [n_v_heads]
+  int n_k_heads = 0, n_v_heads = 0, head_dim = 0;
+  float eps = 1e-6f;               // for the L2 normalisation of q and k
+  float* state = nullptr;          // [n_v_heads, d, d] in/out: final state written in place
+  float* capture = nullptr;        // optional [n, n_v_heads, d, d]: state after each token
+  bool chunked = false;            // chunked (prompt) form; must equal the recurrent form
+  Rows out;                        // [n, n_v_heads*d]
+};
+
+struct MoeArgs {
+  Rows x;                  // [n, hidden] normed input
+  const Weight* router;    // [hidden, n_expert]
+  const Weight* gate_exps; // [hidden, ffn, n_expert]
+  const Weight* up_exps;   // [hidden, ffn, n_expert]
+  const Weight* down_exps; // [ffn, hidden, n_expert]
+  int top_k = 0;
+  Rows out;                // [n, hidden]: Σ_k w_k Expert_k(x)  (softmax, top-k, renormalised)
+};
+
+// A recorded sequence of ops that can be replayed with the same pointers (CUDA graph on CUDA;
+// on CPU, replay simply runs the recording function again).
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  virtual Status replay() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  virtual std::string name() const = 0;  // "cpu (2 threads, avx2)", "cuda:0 NVIDIA H100"
+
+  // Memory.
+  virtual Result<Buffer> alloc(size_t bytes) = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;          // host -> backend
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;        // backend -> host, waits
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;            // backend -> backend
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  virtual Status synchronize() = 0;
+
+  // Make a GGUF tensor usable as a weight (CPU: zero-copy view; CUDA: uploaded once).
+  // dequantize_to_f32: convert to F32 at load (parity checks of quantized kernels).
+  virtual Result<Weight> load_weight(const GgufTensorInfo& t, bool dequantize_to_f32 = false) = 0;
+  // A host f32 array as an F32 weight (n_out rows of n_in).
+  virtual Result<Weight> weight_from_f32(const std::string& name, const float* data, int64_t n_in, int64_t n_out) = 0;
+
+  // out[t] = dequantized row tokens[t] of table (tokens: backend memory, n ids).
+  virtual void embed(const Weight& table, const int32_t* tokens, int64_t n, Rows out) = 0;
+  // y[t] = W x[t]   (x.n_cols == W.n_in, y.n_cols == W.n_out)
+  virtual void matmul(const Weight& w, Rows x, Rows y) = 0;
+  // y = x / rms(x) * w over each group of `group` consecutive columns (w: [group] or null). In place ok.
+  virtual void rms_norm(Rows x, const float* w, int64_t group, float eps, Rows y) = 0;
+  // y = rms_norm(x per group) * w * silu(z)
+  virtual void gated_rms_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) = 0;
+  virtual void add(Rows a, Rows b, Rows y) = 0;                       // y = a + b
+  virtual void swiglu(Rows gate, Rows up, Rows y) = 0;                // y = silu(gate) * up
+  virtual void sigmoid_mul(Rows x, Rows gate, Rows y) = 0;            // y = x * sigmoid(gate)
+  // y[r] += sigmoid(g[r][0]) * x[r]   (g: one column)
+  virtual void add_sigmoid_scaled(Rows x, Rows g, Rows y) = 0;
+  virtual void copy_rows(Rows src, Rows dst) = 0;                     // dst = src (strided)
+  // NeoX RoPE, in place, on the first n_rot dims of each head_dim-wide head; theta_i = base^(-2i/n_rot).
+  virtual void rope_neox(Rows x, int head_dim, int n_rot, const int32_t* positions, float freq_base) = 0;
+  // Write k, v rows into the cache at positions[t].
+  virtual void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) = 0;
+  virtual void attention(const AttentionArgs& a) = 0;
+  // Depthwise causal conv (kernel K) over time, then SiLU. conv_state [K-1, C] holds the previous
+  // K-1 inputs (oldest first) and is advanced in place; capture (optional) [n, K-1, C] receives the
+  // state after each token. weight [C, K] (GGUF ssm_conv1d [K, C]).
+  virtual void causal_conv_silu(Rows x, const float* weight, int kernel, float* conv_state, float* capture,
+                                Rows y) = 0;
+  virtual void gated_delta_net(const GdnArgs& a) = 0;
+  virtual void moe_ffn(const MoeArgs& a) = 0;
+  // out[r] = argmax of row r (first index on ties).
+  virtual void argmax(Rows x, int32_t* out) = 0;
+
+  // Record `step` (a sequence of the ops above) for replay.
+  virtual Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) = 0;
+};
+
+struct BackendOptions {
+  int n_threads = 0;  // CPU: 0 = all cores
+  int device = 0;     // CUDA device ordinal
+};
+
+Result<std::unique_ptr<Backend>> create_backend(BackendKind kind, const BackendOptions& options = {});
+Result<BackendKind> parse_backend_kind(const std::string& name);  // "cpu" | "cuda"
+bool cuda_backend_built();
+
+}  // namespace hyspec

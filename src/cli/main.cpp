@@ -1,0 +1,17 @@
+// hyspec: run, chat, serve, bench, info, tokenize, logits, convert.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"hyspec: fast lossless speculative decoding for hybrid linear-attention models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "hyspec 0.1.0");
+  int exit_code = 0;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}

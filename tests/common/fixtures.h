@@ -1,0 +1,19 @@
+// Locating oracle data: HYSPEC_FIXTURES (default ../shared/fixtures). Missing fixtures fail loudly.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace hyspec::test {
+
+// Absolute path of a file under the fixtures directory; fails the current test (FATAL) if absent.
+std::string fixture_path(const std::string& relative);
+std::vector<float> read_f32_file(const std::string& path);
+nlohmann::json read_json_file(const std::string& path);
+std::string read_text_file(const std::string& path);
+std::string hyspec_binary();
+std::string source_dir();
+
+}  // namespace hyspec::test
