@@ -40,7 +40,9 @@ struct MtpArgs {
   int64_t n = 0;
   Rows hidden;                         // [n, n_embd] target hidden after output_norm (or MTP's own, chained)
   const int32_t* tokens = nullptr;     // backend memory [n]: the token following each hidden row
-  const int32_t* positions = nullptr;  // backend memory [n]: hidden row's position + 1
+  // backend memory [n]: the hidden row's own position (its KV slot). llama.cpp ropes at position+1;
+  // RoPE is relative, so the logits are the same and the slots stay dense from 0.
+  const int32_t* positions = nullptr;
   Rows logits;                         // logits of the last logits.n_rows rows
   Rows out_hidden;                     // optional [n, n_embd]: the head's normed output hidden (for chaining)
 };
