@@ -108,6 +108,41 @@ Result<std::unique_ptr<Session>> Engine::new_session() {
   return s;
 }
 
+Result<std::vector<float>> Engine::prompt_logits(const std::vector<int32_t>& tokens, bool all_rows) {
+  const Qwen35Hparams& hp = model_->hparams();
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = hp.n_vocab;
+  if (n == 0) return Status::error("no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= hp.n_vocab) return Status::errorf("token id {} is outside the vocabulary (0..{})", t, hp.n_vocab - 1);
+  HS_ASSIGN_OR_RETURN(SequenceState st, model_->create_state(n, 0, config_.kv_type));
+  const int64_t step = std::min<int64_t>(config_.n_batch, max_verify_ > 0 ? std::max<int64_t>(max_verify_, 1) : 1);
+  // Logits come out through the engine's logits buffer, which holds max_verify_ rows.
+  const int64_t rows_per_step = all_rows ? step : config_.n_batch;
+  std::vector<float> out(static_cast<size_t>((all_rows ? n : 1) * V));
+  int32_t* tok_dev = ints_.as<int32_t>();
+  int32_t* pos_dev = tok_dev + model_->reserved_tokens();
+  std::vector<int32_t> pos;
+  for (int64_t s = 0; s < n; s += rows_per_step) {
+    const int64_t m = std::min(rows_per_step, n - s);
+    pos.resize(m);
+    for (int64_t i = 0; i < m; ++i) pos[i] = static_cast<int32_t>(s + i);
+    backend_->upload(tok_dev, tokens.data() + s, m * sizeof(int32_t));
+    backend_->upload(pos_dev, pos.data(), m * sizeof(int32_t));
+    ForwardArgs a;
+    a.n = m;
+    a.tokens = tok_dev;
+    a.positions = pos_dev;
+    a.gdn_chunked = true;
+    const bool last = s + m == n;
+    if (all_rows) a.logits = Rows(logits_.as<float>(), m, V);
+    else if (last) a.logits = Rows(logits_.as<float>(), 1, V);
+    HS_RETURN_IF_ERROR(run_forward(a, st));
+    if (all_rows) backend_->download(out.data() + s * V, logits_.data(), static_cast<size_t>(m * V) * sizeof(float));
+    else if (last) backend_->download(out.data(), logits_.data(), static_cast<size_t>(V) * sizeof(float));
+  }
+  return out;
+}
+
 Status Engine::run_forward(const ForwardArgs& args, SequenceState& state) { return model_->forward(args, state); }
 
 Result<SessionStats> Engine::generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
