@@ -1,0 +1,468 @@
+// AVX2+FMA+F16C dot kernels. Compiled with function-level target attributes (not -mavx2) so the
+// library still runs on any x86-64; quant_dot.cpp calls these only after __builtin_cpu_supports.
+//
+// Integer core: a 32-byte weight vector times 32 int8 activations via vpmaddubsw (u8 x s8 -> pairs
+// summed to int16) and vpmaddwd (int16 pairs -> int32, with a per-sub-block scale folded in).
+// vpmaddubsw saturates at ±32767; every kernel below keeps |u8| * 127 * 2 under that bound (noted
+// per kernel). Each kernel's comment gives weight bytes per 32 or 256 elements; the activation
+// side reads 34-36 bytes per 32 (Q8_0/Q8_1) or 292 per 256 (Q8_K), mostly from L1/L2.
+#include "backend/cpu/quant_dot_kernels.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include "format/quants.h"
+
+#define HS_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace hyspec::cpu {
+namespace {
+
+HS_AVX2 inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+HS_AVX2 inline float hsum_f32(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+HS_AVX2 inline int hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Σ pairs of u * y (u: unsigned codes, y: int8) weighted by int16 `scale` lanes, as 8 int32 lanes.
+HS_AVX2 inline __m256i dot_u8_i8_scaled(__m256i u, __m256i y, __m256i scale) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), scale);
+}
+HS_AVX2 inline __m256i dot_u8_i8(__m256i u, __m256i y) {
+  return dot_u8_i8_scaled(u, y, _mm256_set1_epi16(1));
+}
+// Signed x signed: move x's sign onto y so vpmaddubsw sees |x| (|x| <= 128, |y| <= 127: no saturation).
+HS_AVX2 inline __m256i dot_i8_i8_scaled(__m256i x, __m256i y, __m256i scale) {
+  return dot_u8_i8_scaled(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x), scale);
+}
+HS_AVX2 inline __m256i dot_i8_i8(__m256i x, __m256i y) {
+  return dot_i8_i8_scaled(x, y, _mm256_set1_epi16(1));
+}
+
+HS_AVX2 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+HS_AVX2 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// 16 bytes of packed nibbles -> 32 bytes: low nibbles in the low lane, high nibbles in the high
+// lane (element j and j+16 of a GGML 32-block).
+HS_AVX2 inline __m256i unpack_nibbles(const uint8_t* p) {
+  const __m128i raw = load128(p);
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+}
+
+// 32 bits -> 32 bytes, byte k = 0xFF when bit k is set.
+HS_AVX2 inline __m256i bits_to_bytes(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+                       3, 3, 3));
+  const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+}
+
+// Two int16 scales as a vector: `a` in the low 128-bit lane, `b` in the high one (for kernels whose
+// 32 lanes span two 16-element sub-blocks).
+HS_AVX2 inline __m256i scale_pair(int a, int b) {
+  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(b)), _mm_set1_epi16(static_cast<int16_t>(a)));
+}
+
+// ---- float weights: 4, 2, 2 bytes per element, 2 FLOPs per element ----
+
+HS_AVX2 float dot_f32(const void* w, const void* act, int64_t n) {
+  const float* x = static_cast<const float*>(w);
+  const float* y = static_cast<const float*>(act);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+  float sum = hsum_f32(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) sum += x[i] * y[i];
+  return sum;
+}
+
+HS_AVX2 float dot_f16(const void* w, const void* act, int64_t n) {
+  const uint16_t* x = static_cast<const uint16_t*>(w);
+  const float* y = static_cast<const float*>(act);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm256_fmadd_ps(_mm256_cvtph_ps(load128(x + i + 8 * k)), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+  float sum = hsum_f32(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) sum += f16(x[i]) * y[i];
+  return sum;
+}
+
+HS_AVX2 inline __m256 load_bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16));
+}
+
+HS_AVX2 float dot_bf16(const void* w, const void* act, int64_t n) {
+  const uint16_t* x = static_cast<const uint16_t*>(w);
+  const float* y = static_cast<const float*>(act);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm256_fmadd_ps(load_bf16x8(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+  float sum = hsum_f32(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(x[i]) << 16;
+    float v;
+    __builtin_memcpy(&v, &bits, sizeof v);
+    sum += v * y[i];
+  }
+  return sum;
+}
+
+// ---- 32-element blocks against Q8_0 / Q8_1 (64 int MACs + 1 FMA per block) ----
+
+// Q8_0: 34 bytes / 32 elements. |x|, |y| <= 127 (x = -128 is allowed too: |x| = 128 fits).
+HS_AVX2 float dot_q8_0(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m256i p = dot_i8_i8(load256(x[b].qs), load256(y[b].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// Q4_0: 18 bytes / 32 elements; codes 0..15 shifted to -8..7.
+HS_AVX2 float dot_q4_0(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  const __m256i eight = _mm256_set1_epi8(8);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m256i q = _mm256_sub_epi8(unpack_nibbles(x[b].qs), eight);
+    const __m256i p = dot_i8_i8(q, load256(y[b].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// Q4_1: 20 bytes / 32 elements; unsigned codes (15*127*2 < 32767), offset m through y.s.
+HS_AVX2 float dot_q4_1(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_1*>(w);
+  const auto* y = static_cast<const ActQ8_1*>(act);
+  __m256 acc = _mm256_setzero_ps();
+  float offsets = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m256i p = dot_u8_i8(unpack_nibbles(x[b].qs), load256(y[b].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
+    offsets += f16(x[b].m) * f16(y[b].s);
+  }
+  return hsum_f32(acc) + offsets;
+}
+
+HS_AVX2 inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Q5_0: 22 bytes / 32 elements. Code - 16 as int8 is the nibble with 0xF0 or-ed in when the fifth
+// bit is clear (nibble - 16 in two's complement), and the bare nibble when it is set.
+HS_AVX2 float dot_q5_0(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_0*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  const __m256i high_nibble = _mm256_set1_epi8(static_cast<char>(0xF0));
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m256i hi = _mm256_andnot_si256(bits_to_bytes(load_u32(x[b].qh)), high_nibble);
+    const __m256i q = _mm256_or_si256(unpack_nibbles(x[b].qs), hi);
+    const __m256i p = dot_i8_i8(q, load256(y[b].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// Q5_1: 24 bytes / 32 elements; unsigned 5-bit codes (31*127*2 < 32767).
+HS_AVX2 float dot_q5_1(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_1*>(w);
+  const auto* y = static_cast<const ActQ8_1*>(act);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  __m256 acc = _mm256_setzero_ps();
+  float offsets = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m256i hi = _mm256_and_si256(bits_to_bytes(load_u32(x[b].qh)), bit4);
+    const __m256i q = _mm256_or_si256(unpack_nibbles(x[b].qs), hi);
+    const __m256i p = dot_u8_i8(q, load256(y[b].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
+    offsets += f16(x[b].m) * f16(y[b].s);
+  }
+  return hsum_f32(acc) + offsets;
+}
+
+// IQ4_NL (18 bytes) and MXFP4 (17 bytes) / 32 elements: codebook lookup with vpshufb, then a signed
+// dot (|codebook| <= 127).
+HS_AVX2 inline __m256i lookup_nibbles(const uint8_t* qs, __m256i codebook) {
+  return _mm256_shuffle_epi8(codebook, unpack_nibbles(qs));
+}
+HS_AVX2 inline __m256i load_codebook(const int8_t values[16]) { return _mm256_broadcastsi128_si256(load128(values)); }
+
+HS_AVX2 float dot_iq4_nl(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ4_NL*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  const __m256i codebook = load_codebook(kIq4nlValues);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m256i p = dot_i8_i8(lookup_nibbles(x[b].qs, codebook), load256(y[b].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum_f32(acc);
+}
+
+HS_AVX2 float dot_mxfp4(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockMXFP4*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  const __m256i codebook = load_codebook(kMxfp4Values);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const __m256i p = dot_i8_i8(lookup_nibbles(x[b].qs, codebook), load256(y[b].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(e8m0_to_fp32_half(x[b].e) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// ---- 256-element super-blocks against Q8_K (512 int MACs + a few FMAs per super-block) ----
+// Scales are applied in vpmaddwd, so one super-block accumulates into one int32 vector; minimums
+// and code offsets go through the activation's bsums.
+
+// Σ_j a[j] * bsums[j] over the 16 groups (a: int16 per group).
+HS_AVX2 inline int dot_bsums(const int16_t* bsums, __m256i a) {
+  return hsum_i32(_mm256_madd_epi16(load256(bsums), a));
+}
+
+// Q2_K: 84 bytes / 256. 2-bit codes (3*127*2 < 32767), 4-bit scale + 4-bit min per 16.
+HS_AVX2 float dot_q2_k(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ2_K*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const __m256i m2 = _mm256_set1_epi8(3);
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    const __m128i packed = load128(x[b].scales);
+    const __m256i min16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));
+    mins += f16(x[b].dmin) * y[b].d * static_cast<float>(dot_bsums(y[b].bsums, min16));
+    alignas(32) int16_t sc[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc), _mm256_cvtepu8_epi16(_mm_and_si128(packed, m4)));
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      __m256i q = load256(x[b].qs + 32 * h);  // 4 groups of 32 elements, 2 bits each
+      for (int k = 0; k < 4; ++k) {
+        const int g = 8 * h + 2 * k;
+        const __m256i codes = _mm256_and_si256(q, m2);
+        isum = _mm256_add_epi32(isum, dot_u8_i8_scaled(codes, load256(y[b].qs + 16 * g), scale_pair(sc[g], sc[g + 1])));
+        q = _mm256_srli_epi16(q, 2);
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum_f32(acc) - mins;
+}
+
+// Q3_K: 110 bytes / 256. Codes 0..7 = 2 low bits | hmask bit << 2 (7*127*2 < 32767), value code-4,
+// signed 6-bit scale per 16: Σ sc (Σ u y - 4 bsum).
+HS_AVX2 float dot_q3_k(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ3_K*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const __m256i m2 = _mm256_set1_epi8(3);
+  const __m256i m1 = _mm256_set1_epi8(1);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int8_t sc8[16];
+    unpack_q3_k_scales(x[b].scales, sc8);
+    alignas(32) int16_t sc[16];
+    for (int g = 0; g < 16; ++g) sc[g] = sc8[g];
+    const int offset = 4 * dot_bsums(y[b].bsums, _mm256_load_si256(reinterpret_cast<const __m256i*>(sc)));
+    __m256i hbits = load256(x[b].hmask);
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      __m256i q = load256(x[b].qs + 32 * h);
+      for (int k = 0; k < 4; ++k) {
+        const int g = 8 * h + 2 * k;
+        const __m256i high = _mm256_slli_epi16(_mm256_and_si256(hbits, m1), 2);
+        const __m256i codes = _mm256_or_si256(_mm256_and_si256(q, m2), high);
+        isum = _mm256_add_epi32(isum, dot_u8_i8_scaled(codes, load256(y[b].qs + 16 * g), scale_pair(sc[g], sc[g + 1])));
+        q = _mm256_srli_epi16(q, 2);
+        hbits = _mm256_srli_epi16(hbits, 1);
+      }
+    }
+    sum += f16(x[b].d) * y[b].d * static_cast<float>(hsum_i32(isum) - offset);
+  }
+  return sum;
+}
+
+// Q4_K (144 bytes / 256) and Q5_K (176 bytes / 256): 8 sub-blocks of 32 with 6-bit scale and min.
+// Codes up to 31 (31*127*2 < 32767). Shared body; kFifthBit selects Q5_K's qh plane.
+template <bool kFifthBit, typename Block>
+HS_AVX2 inline float dot_q45_k(const Block* x, const ActQ8_K* y, int64_t n) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m1 = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    uint8_t sc[8], mn[8];
+    unpack_k4_scales(x[b].scales, sc, mn);
+    int min_sum = 0;
+    for (int s = 0; s < 8; ++s) min_sum += mn[s] * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
+    mins += f16(x[b].dmin) * y[b].d * static_cast<float>(min_sum);
+    __m256i hbits = _mm256_setzero_si256();
+    if constexpr (kFifthBit) hbits = load256(x[b].qh);
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {  // 64 elements: sub-block 2c in low nibbles, 2c+1 in high
+      const __m256i raw = load256(x[b].qs + 32 * c);
+      __m256i lo = _mm256_and_si256(raw, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      if constexpr (kFifthBit) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hbits, m1), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), m1), 4));
+        hbits = _mm256_srli_epi16(hbits, 2);
+      }
+      isum = _mm256_add_epi32(isum, dot_u8_i8_scaled(lo, load256(y[b].qs + 64 * c), _mm256_set1_epi16(sc[2 * c])));
+      isum = _mm256_add_epi32(isum, dot_u8_i8_scaled(hi, load256(y[b].qs + 64 * c + 32), _mm256_set1_epi16(sc[2 * c + 1])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum_f32(acc) - mins;
+}
+
+HS_AVX2 float dot_q4_k(const void* w, const void* act, int64_t n) {
+  return dot_q45_k<false>(static_cast<const BlockQ4_K*>(w), static_cast<const ActQ8_K*>(act), n);
+}
+HS_AVX2 float dot_q5_k(const void* w, const void* act, int64_t n) {
+  return dot_q45_k<true>(static_cast<const BlockQ5_K*>(w), static_cast<const ActQ8_K*>(act), n);
+}
+
+// Q6_K: 210 bytes / 256. Codes 0..63 (63*127*2 < 32767), value code-32, int8 scale per 16:
+// Σ sc (Σ u y - 32 bsum).
+HS_AVX2 float dot_q6_k(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m2 = _mm256_set1_epi8(3);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    const int8_t* sc = x[b].scales;
+    const int offset = 32 * dot_bsums(y[b].bsums, _mm256_cvtepi8_epi16(load128(sc)));
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = load256(x[b].ql + 64 * h);       // elements 0..31 (low), 64..95 (high)
+      const __m256i ql1 = load256(x[b].ql + 64 * h + 32);  // elements 32..63 (low), 96..127 (high)
+      const __m256i qh = load256(x[b].qh + 32 * h);
+      const __m256i ql_part[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                                  _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                  _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+      __m256i qh_shifted = qh;
+      for (int k = 0; k < 4; ++k) {
+        const int g = 8 * h + 2 * k;
+        const __m256i codes = _mm256_or_si256(ql_part[k], _mm256_slli_epi16(_mm256_and_si256(qh_shifted, m2), 4));
+        isum = _mm256_add_epi32(isum, dot_u8_i8_scaled(codes, load256(y[b].qs + 16 * g), scale_pair(sc[g], sc[g + 1])));
+        qh_shifted = _mm256_srli_epi16(qh_shifted, 2);
+      }
+    }
+    sum += f16(x[b].d) * y[b].d * static_cast<float>(hsum_i32(isum) - offset);
+  }
+  return sum;
+}
+
+// IQ4_XS: 136 bytes / 256. Codebook lookup, signed dot with the 6-bit scale (bias 32) in vpmaddwd.
+HS_AVX2 float dot_iq4_xs(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ4_XS*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const __m256i codebook = load_codebook(kIq4nlValues);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 256; ++b) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      const int ls = ((x[b].scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | (((x[b].scales_h >> (2 * s)) & 3) << 4);
+      const __m256i q = lookup_nibbles(x[b].qs + 16 * s, codebook);
+      isum = _mm256_add_epi32(isum, dot_i8_i8_scaled(q, load256(y[b].qs + 32 * s), _mm256_set1_epi16(static_cast<int16_t>(ls - 32))));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// Grid-codebook IQ types: dequantize 8 super-blocks (8 KiB of f32, stays in L1) with the reference
+// dequantization, then an f32 x int8 dot: 256 FMAs per super-block after the decode.
+template <GgmlType T, size_t kBlockBytes>
+HS_AVX2 float dot_dequantized(const void* w, const void* act, int64_t n) {
+  constexpr int64_t kChunk = 8;
+  const auto* x = static_cast<const uint8_t*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  alignas(32) float buf[kChunk * 256];
+  __m256 acc = _mm256_setzero_ps();
+  const int64_t nb = n / 256;
+  for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
+    const int64_t count = nb - b0 < kChunk ? nb - b0 : kChunk;
+    (void)dequantize_row(T, x + b0 * kBlockBytes, buf, count * 256);
+    for (int64_t b = 0; b < count; ++b) {
+      const float* wf = buf + 256 * b;
+      const int8_t* q = y[b0 + b].qs;
+      __m256 block = _mm256_setzero_ps();
+      for (int l = 0; l < 256; l += 8) {
+        const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + l))));
+        block = _mm256_fmadd_ps(_mm256_load_ps(wf + l), qf, block);
+      }
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(y[b0 + b].d), block, acc);
+    }
+  }
+  return hsum_f32(acc);
+}
+
+}  // namespace
+
+DotKernel avx2_dot_kernel(GgmlType wt) {
+  switch (wt) {
+    case GgmlType::F32: return dot_f32;
+    case GgmlType::F16: return dot_f16;
+    case GgmlType::BF16: return dot_bf16;
+    case GgmlType::Q4_0: return dot_q4_0;
+    case GgmlType::Q4_1: return dot_q4_1;
+    case GgmlType::Q5_0: return dot_q5_0;
+    case GgmlType::Q5_1: return dot_q5_1;
+    case GgmlType::Q8_0: return dot_q8_0;
+    case GgmlType::IQ4_NL: return dot_iq4_nl;
+    case GgmlType::MXFP4: return dot_mxfp4;
+    case GgmlType::Q2_K: return dot_q2_k;
+    case GgmlType::Q3_K: return dot_q3_k;
+    case GgmlType::Q4_K: return dot_q4_k;
+    case GgmlType::Q5_K: return dot_q5_k;
+    case GgmlType::Q6_K: return dot_q6_k;
+    case GgmlType::IQ4_XS: return dot_iq4_xs;
+    case GgmlType::IQ1_S: return dot_dequantized<GgmlType::IQ1_S, 50>;
+    case GgmlType::IQ1_M: return dot_dequantized<GgmlType::IQ1_M, 56>;
+    case GgmlType::IQ2_XXS: return dot_dequantized<GgmlType::IQ2_XXS, 66>;
+    case GgmlType::IQ2_XS: return dot_dequantized<GgmlType::IQ2_XS, 74>;
+    case GgmlType::IQ2_S: return dot_dequantized<GgmlType::IQ2_S, 82>;
+    case GgmlType::IQ3_XXS: return dot_dequantized<GgmlType::IQ3_XXS, 98>;
+    case GgmlType::IQ3_S: return dot_dequantized<GgmlType::IQ3_S, 110>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace hyspec::cpu
+
+#else  // not x86-64: no AVX2 kernels
+
+namespace hyspec::cpu {
+DotKernel avx2_dot_kernel(GgmlType) { return nullptr; }
+}  // namespace hyspec::cpu
+
+#endif

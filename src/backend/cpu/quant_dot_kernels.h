@@ -1,0 +1,86 @@
+// Internal to the CPU dot kernels (quant_dot*.cpp): the byte layouts the kernels read, and the
+// per-type kernel entry points that quant_dot.cpp dispatches to.
+//
+// Weight blocks are GGML's on-disk layouts (fp16 fields kept as raw uint16 bits); the prepared
+// activation blocks mirror llama.cpp's block_q8_0 / block_q8_1 / block_q8_K so that dots equal
+// llama.cpp's. All structs are packed to the exact GGUF byte sizes (static_asserts below).
+#pragma once
+#include <cstdint>
+
+#include "format/ggml_types.h"
+
+namespace hyspec::cpu {
+
+// ---- weight blocks (32 elements) ----
+struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };                      // x = d*(q-8)
+struct BlockQ4_1 { uint16_t d, m; uint8_t qs[16]; };                   // x = d*q + m
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };       // x = d*(q-16), bit 5 in qh
+struct BlockQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; };    // x = d*q + m
+struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };                       // x = d*q
+struct BlockIQ4_NL { uint16_t d; uint8_t qs[16]; };                    // x = d*kvalues_iq4nl[q]
+struct BlockMXFP4 { uint8_t e; uint8_t qs[16]; };                      // x = 2^(e-128)*kvalues_mxfp4[q]
+// In every 32-element 4-bit layout above, byte j holds element j (low nibble) and j+16 (high).
+
+// ---- weight super-blocks (256 elements) ----
+struct BlockQ2_K { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; };
+struct BlockQ3_K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; };
+struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
+struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+struct BlockIQ4_XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; };
+
+// ---- prepared activation blocks ----
+struct ActQ8_0 { uint16_t d; int8_t qs[32]; };             // d = fp16(amax/127), qs = roundf(x/d)
+struct ActQ8_1 { uint16_t d, s; int8_t qs[32]; };          // as Q8_0, s = fp16(d * Σqs)
+struct ActQ8_K { float d; int8_t qs[256]; int16_t bsums[16]; };  // bsums[j] = Σ qs[16j..16j+16)
+
+static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockMXFP4) == 17 && sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockIQ4_XS) == 136);
+static_assert(sizeof(ActQ8_0) == 34 && sizeof(ActQ8_1) == 36 && sizeof(ActQ8_K) == 292);
+
+// Non-linear 4-bit codebooks (llama.cpp's kvalues_iq4nl and kvalues_mxfp4, the latter doubled so
+// it is integral; the block scale is halved to compensate).
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// E8M0 exponent e as 2^(e-127) / 2 (the half pairs with the doubled kMxfp4Values).
+inline float e8m0_to_fp32_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Q4_K / Q5_K: the 8 six-bit (scale, min) pairs packed in 12 bytes.
+inline void unpack_k4_scales(const uint8_t* p, uint8_t sc[8], uint8_t mn[8]) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = p[j] & 63;
+    mn[j] = p[j + 4] & 63;
+    sc[j + 4] = (p[j + 8] & 0xF) | ((p[j] >> 6) << 4);
+    mn[j + 4] = (p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4);
+  }
+}
+
+// Q3_K: the 16 six-bit scales packed in 12 bytes (low 4 bits in bytes 0-7, high 2 bits in 8-11),
+// returned with their -32 bias removed.
+inline void unpack_q3_k_scales(const uint8_t* p, int8_t sc[16]) {
+  for (int j = 0; j < 16; ++j) {
+    const int lo = j < 8 ? p[j] & 0xF : p[j - 8] >> 4;
+    const int hi = (p[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+    sc[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
+  }
+}
+
+// One dot kernel: n elements of a weight row against a prepared activation row.
+using DotKernel = float (*)(const void* w, const void* act, int64_t n);
+
+// Scalar kernels (quant_dot_scalar.cpp): the reference, for every supported type.
+DotKernel scalar_dot_kernel(GgmlType wt);
+// AVX2+FMA+F16C kernels (quant_dot_avx2.cpp); null when the type has none or the build is not x86-64.
+DotKernel avx2_dot_kernel(GgmlType wt);
+
+}  // namespace hyspec::cpu

@@ -1,0 +1,345 @@
+// Scalar dot kernels: the readable reference for every weight type, and the path on CPUs without
+// AVX2. Each kernel sums integer products inside a block (exact) and applies the block's float
+// scales once per block, the same factorisation as the AVX2 kernels and llama.cpp.
+#include <cstring>
+
+#include "backend/cpu/quant_dot_kernels.h"
+#include "format/quants.h"
+#include "util/half.h"
+
+namespace hyspec::cpu {
+namespace {
+
+float f16(uint16_t h) { return fp16_to_fp32(h); }
+
+// ---- float weights against f32 activations ----
+
+float dot_f32(const void* w, const void* act, int64_t n) {
+  const float* x = static_cast<const float*>(w);
+  const float* y = static_cast<const float*>(act);
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * y[i];
+  return sum;
+}
+
+float dot_f16(const void* w, const void* act, int64_t n) {
+  const uint16_t* x = static_cast<const uint16_t*>(w);
+  const float* y = static_cast<const float*>(act);
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += f16(x[i]) * y[i];
+  return sum;
+}
+
+float dot_bf16(const void* w, const void* act, int64_t n) {
+  const uint16_t* x = static_cast<const uint16_t*>(w);
+  const float* y = static_cast<const float*>(act);
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += bf16_to_fp32(x[i]) * y[i];
+  return sum;
+}
+
+// ---- 32-element blocks against Q8_0 / Q8_1 activations ----
+
+float dot_q4_0(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_0*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    int isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      isum += ((x[b].qs[j] & 0xF) - 8) * y[b].qs[j];
+      isum += ((x[b].qs[j] >> 4) - 8) * y[b].qs[j + 16];
+    }
+    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// Σ (d q + m) y = d·dy Σ q qy + m·s   (s = dy Σ qy, precomputed in the Q8_1 block)
+float dot_q4_1(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_1*>(w);
+  const auto* y = static_cast<const ActQ8_1*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    int isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      isum += (x[b].qs[j] & 0xF) * y[b].qs[j];
+      isum += (x[b].qs[j] >> 4) * y[b].qs[j + 16];
+    }
+    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum) + f16(x[b].m) * f16(y[b].s);
+  }
+  return sum;
+}
+
+// Q5: bit j of the little-endian qh word is the fifth bit of element j.
+uint32_t q5_high_bits(const uint8_t qh[4]) {
+  return static_cast<uint32_t>(qh[0]) | (static_cast<uint32_t>(qh[1]) << 8) |
+         (static_cast<uint32_t>(qh[2]) << 16) | (static_cast<uint32_t>(qh[3]) << 24);
+}
+
+float dot_q5_0(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_0*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const uint32_t qh = q5_high_bits(x[b].qh);
+    int isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+      const int hi = (x[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      isum += (lo - 16) * y[b].qs[j] + (hi - 16) * y[b].qs[j + 16];
+    }
+    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+float dot_q5_1(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_1*>(w);
+  const auto* y = static_cast<const ActQ8_1*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const uint32_t qh = q5_high_bits(x[b].qh);
+    int isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+      const int hi = (x[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      isum += lo * y[b].qs[j] + hi * y[b].qs[j + 16];
+    }
+    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum) + f16(x[b].m) * f16(y[b].s);
+  }
+  return sum;
+}
+
+float dot_q8_0(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_0*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    int isum = 0;
+    for (int j = 0; j < 32; ++j) isum += x[b].qs[j] * y[b].qs[j];
+    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// IQ4_NL and MXFP4 share the nibble layout and differ in codebook and scale encoding.
+int nibble_codebook_dot(const uint8_t qs[16], const int8_t codebook[16], const int8_t* y) {
+  int isum = 0;
+  for (int j = 0; j < 16; ++j) {
+    isum += codebook[qs[j] & 0xF] * y[j];
+    isum += codebook[qs[j] >> 4] * y[j + 16];
+  }
+  return isum;
+}
+
+float dot_iq4_nl(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ4_NL*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const int isum = nibble_codebook_dot(x[b].qs, kIq4nlValues, y[b].qs);
+    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+float dot_mxfp4(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockMXFP4*>(w);
+  const auto* y = static_cast<const ActQ8_0*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const int isum = nibble_codebook_dot(x[b].qs, kMxfp4Values, y[b].qs);
+    sum += e8m0_to_fp32_half(x[b].e) * f16(y[b].d) * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// ---- 256-element super-blocks against Q8_K activations ----
+// Sub-block minimums are applied through the activation's per-16 sums (bsums), so the inner loops
+// only see the unsigned codes: Σ (d sc q - dmin m) y = d Σ sc Σ q y - dmin Σ m Σ y.
+
+float dot_q2_k(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ2_K*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int sum_q = 0, sum_min = 0;
+    for (int g = 0; g < 16; ++g) {  // 16 groups of 16: group g is bits 2*(g/2 % 4) of qs[32*(g/8) + 16*(g%2) ..]
+      const uint8_t* q = x[b].qs + 32 * (g / 8) + 16 * (g % 2);
+      const int shift = 2 * ((g / 2) % 4);
+      const int8_t* qy = y[b].qs + 16 * g;
+      int s = 0;
+      for (int l = 0; l < 16; ++l) s += ((q[l] >> shift) & 3) * qy[l];
+      sum_q += (x[b].scales[g] & 0xF) * s;
+      sum_min += (x[b].scales[g] >> 4) * y[b].bsums[g];
+    }
+    sum += y[b].d * (f16(x[b].d) * static_cast<float>(sum_q) - f16(x[b].dmin) * static_cast<float>(sum_min));
+  }
+  return sum;
+}
+
+// Q3_K codes are (2 low bits | high bit from hmask) - 4 with signed 6-bit scales; the -4 is
+// applied through bsums like a minimum.
+float dot_q3_k(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ3_K*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int8_t sc[16];
+    unpack_q3_k_scales(x[b].scales, sc);
+    int isum = 0;
+    for (int g = 0; g < 16; ++g) {  // layout as Q2_K; group pair g/2 takes hmask bit g/2
+      const int l0 = 16 * (g % 2);
+      const uint8_t* q = x[b].qs + 32 * (g / 8) + l0;
+      const int shift = 2 * ((g / 2) % 4);
+      const int hbit = g / 2;
+      const int8_t* qy = y[b].qs + 16 * g;
+      int s = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int u = ((q[l] >> shift) & 3) | (((x[b].hmask[l0 + l] >> hbit) & 1) << 2);
+        s += u * qy[l];
+      }
+      isum += sc[g] * (s - 4 * y[b].bsums[g]);
+    }
+    sum += f16(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+float dot_q4_k(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ4_K*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    uint8_t sc[8], mn[8];
+    unpack_k4_scales(x[b].scales, sc, mn);
+    int sum_q = 0, sum_min = 0;
+    for (int s = 0; s < 8; ++s) {  // sub-block s: nibble s%2 of qs[32*(s/2) ..]
+      const uint8_t* q = x[b].qs + 32 * (s / 2);
+      const int shift = 4 * (s % 2);
+      const int8_t* qy = y[b].qs + 32 * s;
+      int t = 0;
+      for (int l = 0; l < 32; ++l) t += ((q[l] >> shift) & 0xF) * qy[l];
+      sum_q += sc[s] * t;
+      sum_min += mn[s] * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
+    }
+    sum += y[b].d * (f16(x[b].d) * static_cast<float>(sum_q) - f16(x[b].dmin) * static_cast<float>(sum_min));
+  }
+  return sum;
+}
+
+float dot_q5_k(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ5_K*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    uint8_t sc[8], mn[8];
+    unpack_k4_scales(x[b].scales, sc, mn);
+    int sum_q = 0, sum_min = 0;
+    for (int s = 0; s < 8; ++s) {  // as Q4_K, plus bit s of qh[l] as the fifth bit
+      const uint8_t* q = x[b].qs + 32 * (s / 2);
+      const int shift = 4 * (s % 2);
+      const int8_t* qy = y[b].qs + 32 * s;
+      int t = 0;
+      for (int l = 0; l < 32; ++l) t += (((q[l] >> shift) & 0xF) | (((x[b].qh[l] >> s) & 1) << 4)) * qy[l];
+      sum_q += sc[s] * t;
+      sum_min += mn[s] * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
+    }
+    sum += y[b].d * (f16(x[b].d) * static_cast<float>(sum_q) - f16(x[b].dmin) * static_cast<float>(sum_min));
+  }
+  return sum;
+}
+
+// Q6_K: 6-bit codes (4 in ql, 2 in qh) minus 32, one int8 scale per 16 elements.
+float dot_q6_k(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ6_K*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int isum = 0;
+    for (int g = 0; g < 16; ++g) {
+      // Element e = 128h + 32k + l (k = 0..3, l = 0..31): ql[64h + 32(k%2) + l] nibble k/2,
+      // qh[32h + l] bits 2k..2k+1.
+      const int h = g / 8, k = (g / 2) % 4, l0 = 16 * (g % 2);
+      const uint8_t* ql = x[b].ql + 64 * h + 32 * (k % 2) + l0;
+      const uint8_t* qh = x[b].qh + 32 * h + l0;
+      const int8_t* qy = y[b].qs + 16 * g;
+      int s = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int q = ((ql[l] >> (4 * (k / 2))) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4);
+        s += (q - 32) * qy[l];
+      }
+      isum += x[b].scales[g] * s;
+    }
+    sum += f16(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+float dot_iq4_xs(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ4_XS*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int isum = 0;
+    for (int s = 0; s < 8; ++s) {  // 6-bit scale: 4 bits in scales_l, 2 in scales_h, bias 32
+      const int ls = ((x[b].scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | (((x[b].scales_h >> (2 * s)) & 3) << 4);
+      isum += (ls - 32) * nibble_codebook_dot(x[b].qs + 16 * s, kIq4nlValues, y[b].qs + 32 * s);
+    }
+    sum += f16(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// ---- grid-codebook IQ types: dequantize a super-block, then dot with the int8 activation ----
+// These types decode through large lattice tables that live with the reference dequantization
+// (format/quants.cpp); reusing it keeps a single copy of those tables. dequantize_row cannot fail
+// here: the type is supported and 256 is its block size.
+template <GgmlType T, size_t kBlockBytes>
+float dot_dequantized(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const uint8_t*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  float buf[256];
+  for (int64_t b = 0; b < n / 256; ++b) {
+    (void)dequantize_row(T, x + b * kBlockBytes, buf, 256);
+    float s = 0;
+    for (int l = 0; l < 256; ++l) s += buf[l] * static_cast<float>(y[b].qs[l]);
+    sum += y[b].d * s;
+  }
+  return sum;
+}
+
+}  // namespace
+
+DotKernel scalar_dot_kernel(GgmlType wt) {
+  switch (wt) {
+    case GgmlType::F32: return dot_f32;
+    case GgmlType::F16: return dot_f16;
+    case GgmlType::BF16: return dot_bf16;
+    case GgmlType::Q4_0: return dot_q4_0;
+    case GgmlType::Q4_1: return dot_q4_1;
+    case GgmlType::Q5_0: return dot_q5_0;
+    case GgmlType::Q5_1: return dot_q5_1;
+    case GgmlType::Q8_0: return dot_q8_0;
+    case GgmlType::IQ4_NL: return dot_iq4_nl;
+    case GgmlType::MXFP4: return dot_mxfp4;
+    case GgmlType::Q2_K: return dot_q2_k;
+    case GgmlType::Q3_K: return dot_q3_k;
+    case GgmlType::Q4_K: return dot_q4_k;
+    case GgmlType::Q5_K: return dot_q5_k;
+    case GgmlType::Q6_K: return dot_q6_k;
+    case GgmlType::IQ4_XS: return dot_iq4_xs;
+    case GgmlType::IQ1_S: return dot_dequantized<GgmlType::IQ1_S, 50>;
+    case GgmlType::IQ1_M: return dot_dequantized<GgmlType::IQ1_M, 56>;
+    case GgmlType::IQ2_XXS: return dot_dequantized<GgmlType::IQ2_XXS, 66>;
+    case GgmlType::IQ2_XS: return dot_dequantized<GgmlType::IQ2_XS, 74>;
+    case GgmlType::IQ2_S: return dot_dequantized<GgmlType::IQ2_S, 82>;
+    case GgmlType::IQ3_XXS: return dot_dequantized<GgmlType::IQ3_XXS, 98>;
+    case GgmlType::IQ3_S: return dot_dequantized<GgmlType::IQ3_S, 110>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace hyspec::cpu
