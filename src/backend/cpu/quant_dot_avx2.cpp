@@ -217,7 +217,7 @@ HS_AVX2 inline __m256i load_codebook(const int8_t values[16]) { return _mm256_br
 HS_AVX2 float dot_iq4_nl(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockIQ4_NL*>(w);
   const auto* y = static_cast<const ActQ8_0*>(act);
-  const __m256i codebook = load_codebook(kIq4nlValues);
+  const __m256i codebook = load_codebook(iq::kIq4nlValues);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / 32; ++b) {
     const __m256i p = dot_i8_i8(lookup_nibbles(x[b].qs, codebook), load256(y[b].qs));
@@ -229,7 +229,7 @@ HS_AVX2 float dot_iq4_nl(const void* w, const void* act, int64_t n) {
 HS_AVX2 float dot_mxfp4(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockMXFP4*>(w);
   const auto* y = static_cast<const ActQ8_0*>(act);
-  const __m256i codebook = load_codebook(kMxfp4Values);
+  const __m256i codebook = load_codebook(iq::kMxfp4Values);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / 32; ++b) {
     const __m256i p = dot_i8_i8(lookup_nibbles(x[b].qs, codebook), load256(y[b].qs));
@@ -385,7 +385,7 @@ HS_AVX2 float dot_q6_k(const void* w, const void* act, int64_t n) {
 HS_AVX2 float dot_iq4_xs(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockIQ4_XS*>(w);
   const auto* y = static_cast<const ActQ8_K*>(act);
-  const __m256i codebook = load_codebook(kIq4nlValues);
+  const __m256i codebook = load_codebook(iq::kIq4nlValues);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / 256; ++b) {
     __m256i isum = _mm256_setzero_si256();

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "format/ggml_types.h"
+#include "format/iq_tables.h"
 
 namespace hyspec::cpu {
 
@@ -17,8 +18,8 @@ struct BlockQ4_1 { uint16_t d, m; uint8_t qs[16]; };                   // x = d*
 struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };       // x = d*(q-16), bit 5 in qh
 struct BlockQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; };    // x = d*q + m
 struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };                       // x = d*q
-struct BlockIQ4_NL { uint16_t d; uint8_t qs[16]; };                    // x = d*kvalues_iq4nl[q]
-struct BlockMXFP4 { uint8_t e; uint8_t qs[16]; };                      // x = 2^(e-128)*kvalues_mxfp4[q]
+struct BlockIQ4_NL { uint16_t d; uint8_t qs[16]; };                    // x = d*iq::kIq4nlValues[q]
+struct BlockMXFP4 { uint8_t e; uint8_t qs[16]; };                      // x = 2^(e-128)*iq::kMxfp4Values[q]
 // In every 32-element 4-bit layout above, byte j holds element j (low nibble) and j+16 (high).
 
 // ---- weight super-blocks (256 elements) ----
@@ -41,13 +42,7 @@ static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(Blo
 static_assert(sizeof(BlockIQ4_XS) == 136);
 static_assert(sizeof(ActQ8_0) == 34 && sizeof(ActQ8_1) == 36 && sizeof(ActQ8_K) == 292);
 
-// Non-linear 4-bit codebooks (llama.cpp's kvalues_iq4nl and kvalues_mxfp4, the latter doubled so
-// it is integral; the block scale is halved to compensate).
-inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                            1,    13,   25,  38,  53,  69,  89,  113};
-inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-// E8M0 exponent e as 2^(e-127) / 2 (the half pairs with the doubled kMxfp4Values).
+// E8M0 exponent e as 2^(e-127) / 2 (the half pairs with the doubled iq::kMxfp4Values).
 inline float e8m0_to_fp32_half(uint8_t e) {
   const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
   float f;

@@ -138,7 +138,7 @@ float dot_iq4_nl(const void* w, const void* act, int64_t n) {
   const auto* y = static_cast<const ActQ8_0*>(act);
   float sum = 0;
   for (int64_t b = 0; b < n / 32; ++b) {
-    const int isum = nibble_codebook_dot(x[b].qs, kIq4nlValues, y[b].qs);
+    const int isum = nibble_codebook_dot(x[b].qs, iq::kIq4nlValues, y[b].qs);
     sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum);
   }
   return sum;
@@ -149,7 +149,7 @@ float dot_mxfp4(const void* w, const void* act, int64_t n) {
   const auto* y = static_cast<const ActQ8_0*>(act);
   float sum = 0;
   for (int64_t b = 0; b < n / 32; ++b) {
-    const int isum = nibble_codebook_dot(x[b].qs, kMxfp4Values, y[b].qs);
+    const int isum = nibble_codebook_dot(x[b].qs, iq::kMxfp4Values, y[b].qs);
     sum += e8m0_to_fp32_half(x[b].e) * f16(y[b].d) * static_cast<float>(isum);
   }
   return sum;
@@ -285,7 +285,7 @@ float dot_iq4_xs(const void* w, const void* act, int64_t n) {
     int isum = 0;
     for (int s = 0; s < 8; ++s) {  // 6-bit scale: 4 bits in scales_l, 2 in scales_h, bias 32
       const int ls = ((x[b].scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | (((x[b].scales_h >> (2 * s)) & 3) << 4);
-      isum += (ls - 32) * nibble_codebook_dot(x[b].qs + 16 * s, kIq4nlValues, y[b].qs + 32 * s);
+      isum += (ls - 32) * nibble_codebook_dot(x[b].qs + 16 * s, iq::kIq4nlValues, y[b].qs + 32 * s);
     }
     sum += f16(x[b].d) * y[b].d * static_cast<float>(isum);
   }
