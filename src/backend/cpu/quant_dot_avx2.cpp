@@ -54,10 +54,11 @@ HS_AVX2 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_ca
 
 // 16 bytes of packed nibbles -> 32 bytes: low nibbles in the low lane, high nibbles in the high
 // lane (element j and j+16 of a GGML 32-block).
+// (Broadcast load + per-lane shift: two ALU ops instead of four with an insert.)
 HS_AVX2 inline __m256i unpack_nibbles(const uint8_t* p) {
-  const __m128i raw = load128(p);
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+  const __m256i both = _mm256_broadcastsi128_si256(load128(p));
+  const __m256i shifted = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
+  return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
 }
 
 // 32 bits -> 32 bytes, byte k = 0xFF when bit k is set.
@@ -126,18 +127,38 @@ HS_AVX2 float dot_bf16(const void* w, const void* act, int64_t n) {
   return sum;
 }
 
-// ---- 32-element blocks against Q8_0 / Q8_1 (64 int MACs + 1 FMA per block) ----
+// ---- 32-element blocks against Q8_0 / Q8_1 (32 int8 MACs + 1 FMA per block) ----
+// A block's work is short and ends in one FMA into an accumulator; with a single accumulator the
+// loop would run at the FMA latency (4 cycles a block). sum_blocks alternates two.
+
+struct BlockAcc {
+  __m256 v;  // Σ block scale * int32 partial sums
+  float s;   // Σ block offsets (Q4_1/Q5_1: m * s)
+};
+
+template <typename BlockFma>
+HS_AVX2 inline float sum_blocks(int64_t nb, BlockFma block) {
+  BlockAcc a0{_mm256_setzero_ps(), 0.0f}, a1{_mm256_setzero_ps(), 0.0f};
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) {
+    block(b, a0);
+    block(b + 1, a1);
+  }
+  if (b < nb) block(b, a0);
+  return hsum_f32(_mm256_add_ps(a0.v, a1.v)) + (a0.s + a1.s);
+}
+
+HS_AVX2 inline void add_scaled(BlockAcc& a, float scale, __m256i partial) {
+  a.v = _mm256_fmadd_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(partial), a.v);
+}
 
 // Q8_0: 34 bytes / 32 elements. |x|, |y| <= 127 (x = -128 is allowed too: |x| = 128 fits).
 HS_AVX2 float dot_q8_0(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockQ8_0*>(w);
   const auto* y = static_cast<const ActQ8_0*>(act);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const __m256i p = dot_i8_i8(load256(x[b].qs), load256(y[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
-  }
-  return hsum_f32(acc);
+  return sum_blocks(n / 32, [&](int64_t b, BlockAcc& a) HS_AVX2 {
+    add_scaled(a, f16(x[b].d) * f16(y[b].d), dot_i8_i8(load256(x[b].qs), load256(y[b].qs)));
+  });
 }
 
 // Q4_0: 18 bytes / 32 elements; codes 0..15 shifted to -8..7.
@@ -145,27 +166,20 @@ HS_AVX2 float dot_q4_0(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockQ4_0*>(w);
   const auto* y = static_cast<const ActQ8_0*>(act);
   const __m256i eight = _mm256_set1_epi8(8);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; ++b) {
+  return sum_blocks(n / 32, [&](int64_t b, BlockAcc& a) HS_AVX2 {
     const __m256i q = _mm256_sub_epi8(unpack_nibbles(x[b].qs), eight);
-    const __m256i p = dot_i8_i8(q, load256(y[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
-  }
-  return hsum_f32(acc);
+    add_scaled(a, f16(x[b].d) * f16(y[b].d), dot_i8_i8(q, load256(y[b].qs)));
+  });
 }
 
 // Q4_1: 20 bytes / 32 elements; unsigned codes (15*127*2 < 32767), offset m through y.s.
 HS_AVX2 float dot_q4_1(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockQ4_1*>(w);
   const auto* y = static_cast<const ActQ8_1*>(act);
-  __m256 acc = _mm256_setzero_ps();
-  float offsets = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const __m256i p = dot_u8_i8(unpack_nibbles(x[b].qs), load256(y[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
-    offsets += f16(x[b].m) * f16(y[b].s);
-  }
-  return hsum_f32(acc) + offsets;
+  return sum_blocks(n / 32, [&](int64_t b, BlockAcc& a) HS_AVX2 {
+    add_scaled(a, f16(x[b].d) * f16(y[b].d), dot_u8_i8(unpack_nibbles(x[b].qs), load256(y[b].qs)));
+    a.s += f16(x[b].m) * f16(y[b].s);
+  });
 }
 
 HS_AVX2 inline uint32_t load_u32(const uint8_t* p) {
@@ -180,14 +194,11 @@ HS_AVX2 float dot_q5_0(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockQ5_0*>(w);
   const auto* y = static_cast<const ActQ8_0*>(act);
   const __m256i high_nibble = _mm256_set1_epi8(static_cast<char>(0xF0));
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; ++b) {
+  return sum_blocks(n / 32, [&](int64_t b, BlockAcc& a) HS_AVX2 {
     const __m256i hi = _mm256_andnot_si256(bits_to_bytes(load_u32(x[b].qh)), high_nibble);
     const __m256i q = _mm256_or_si256(unpack_nibbles(x[b].qs), hi);
-    const __m256i p = dot_i8_i8(q, load256(y[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
-  }
-  return hsum_f32(acc);
+    add_scaled(a, f16(x[b].d) * f16(y[b].d), dot_i8_i8(q, load256(y[b].qs)));
+  });
 }
 
 // Q5_1: 24 bytes / 32 elements; unsigned 5-bit codes (31*127*2 < 32767).
@@ -195,16 +206,12 @@ HS_AVX2 float dot_q5_1(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockQ5_1*>(w);
   const auto* y = static_cast<const ActQ8_1*>(act);
   const __m256i bit4 = _mm256_set1_epi8(0x10);
-  __m256 acc = _mm256_setzero_ps();
-  float offsets = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
+  return sum_blocks(n / 32, [&](int64_t b, BlockAcc& a) HS_AVX2 {
     const __m256i hi = _mm256_and_si256(bits_to_bytes(load_u32(x[b].qh)), bit4);
     const __m256i q = _mm256_or_si256(unpack_nibbles(x[b].qs), hi);
-    const __m256i p = dot_u8_i8(q, load256(y[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
-    offsets += f16(x[b].m) * f16(y[b].s);
-  }
-  return hsum_f32(acc) + offsets;
+    add_scaled(a, f16(x[b].d) * f16(y[b].d), dot_u8_i8(q, load256(y[b].qs)));
+    a.s += f16(x[b].m) * f16(y[b].s);
+  });
 }
 
 // IQ4_NL (18 bytes) and MXFP4 (17 bytes) / 32 elements: codebook lookup with vpshufb, then a signed
@@ -218,24 +225,18 @@ HS_AVX2 float dot_iq4_nl(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockIQ4_NL*>(w);
   const auto* y = static_cast<const ActQ8_0*>(act);
   const __m256i codebook = load_codebook(iq::kIq4nlValues);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const __m256i p = dot_i8_i8(lookup_nibbles(x[b].qs, codebook), load256(y[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
-  }
-  return hsum_f32(acc);
+  return sum_blocks(n / 32, [&](int64_t b, BlockAcc& a) HS_AVX2 {
+    add_scaled(a, f16(x[b].d) * f16(y[b].d), dot_i8_i8(lookup_nibbles(x[b].qs, codebook), load256(y[b].qs)));
+  });
 }
 
 HS_AVX2 float dot_mxfp4(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockMXFP4*>(w);
   const auto* y = static_cast<const ActQ8_0*>(act);
   const __m256i codebook = load_codebook(iq::kMxfp4Values);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const __m256i p = dot_i8_i8(lookup_nibbles(x[b].qs, codebook), load256(y[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(e8m0_to_fp32_half(x[b].e) * f16(y[b].d)), _mm256_cvtepi32_ps(p), acc);
-  }
-  return hsum_f32(acc);
+  return sum_blocks(n / 32, [&](int64_t b, BlockAcc& a) HS_AVX2 {
+    add_scaled(a, e8m0_to_fp32_half(x[b].e) * f16(y[b].d), dot_i8_i8(lookup_nibbles(x[b].qs, codebook), load256(y[b].qs)));
+  });
 }
 
 // ---- 256-element super-blocks against Q8_K (512 int MACs + a few FMAs per super-block) ----
@@ -276,6 +277,23 @@ HS_AVX2 float dot_q2_k(const void* w, const void* act, int64_t n) {
   return hsum_f32(acc) - mins;
 }
 
+// unpack_q3_k_scales with 64-bit integer ops (the scalar loop cost more than the dot itself):
+// the 16 scales, bias removed, as int16.
+HS_AVX2 inline __m256i q3_k_scales(const uint8_t* p) {
+  uint64_t low;  // low nibbles: scales 0..7 in the low halves of bytes 0..7, 8..15 in the high halves
+  uint32_t high;  // 2-bit high parts: byte k holds those of scales k, k+4, k+8, k+12
+  __builtin_memcpy(&low, p, 8);
+  __builtin_memcpy(&high, p + 8, 4);
+  const uint64_t m4 = 0x0F0F0F0F0F0F0F0Full;
+  const uint32_t m2 = 0x03030303u;
+  const uint64_t high_0_7 = (high & m2) | (static_cast<uint64_t>((high >> 2) & m2) << 32);
+  const uint64_t high_8_15 = ((high >> 4) & m2) | (static_cast<uint64_t>((high >> 6) & m2) << 32);
+  const uint64_t s0 = (low & m4) | (high_0_7 << 4);
+  const uint64_t s1 = ((low >> 4) & m4) | (high_8_15 << 4);
+  const __m128i biased = _mm_set_epi64x(static_cast<int64_t>(s1), static_cast<int64_t>(s0));
+  return _mm256_cvtepi8_epi16(_mm_sub_epi8(biased, _mm_set1_epi8(32)));
+}
+
 // Q3_K: 110 bytes / 256. Codes 0..7 = 2 low bits | hmask bit << 2 (7*127*2 < 32767), value code-4,
 // signed 6-bit scale per 16: Σ sc (Σ u y - 4 bsum).
 HS_AVX2 float dot_q3_k(const void* w, const void* act, int64_t n) {
@@ -285,11 +303,10 @@ HS_AVX2 float dot_q3_k(const void* w, const void* act, int64_t n) {
   const __m256i m1 = _mm256_set1_epi8(1);
   float sum = 0;
   for (int64_t b = 0; b < n / 256; ++b) {
-    int8_t sc8[16];
-    unpack_q3_k_scales(x[b].scales, sc8);
+    const __m256i sc16 = q3_k_scales(x[b].scales);
     alignas(32) int16_t sc[16];
-    for (int g = 0; g < 16; ++g) sc[g] = sc8[g];
-    const int offset = 4 * dot_bsums(y[b].bsums, _mm256_load_si256(reinterpret_cast<const __m256i*>(sc)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc), sc16);
+    const int offset = 4 * dot_bsums(y[b].bsums, sc16);
     __m256i hbits = load256(x[b].hmask);
     __m256i isum = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
