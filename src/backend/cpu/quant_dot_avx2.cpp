@@ -11,7 +11,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
-#include "format/quants.h"
+#include <array>
 
 #define HS_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -182,12 +182,6 @@ HS_AVX2 float dot_q4_1(const void* w, const void* act, int64_t n) {
   });
 }
 
-HS_AVX2 inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-
 // Q5_0: 22 bytes / 32 elements. Code - 16 as int8 is the nibble with 0xF0 or-ed in when the fifth
 // bit is clear (nibble - 16 in two's complement), and the bare nibble when it is set.
 HS_AVX2 float dot_q5_0(const void* w, const void* act, int64_t n) {
@@ -195,7 +189,7 @@ HS_AVX2 float dot_q5_0(const void* w, const void* act, int64_t n) {
   const auto* y = static_cast<const ActQ8_0*>(act);
   const __m256i high_nibble = _mm256_set1_epi8(static_cast<char>(0xF0));
   return sum_blocks(n / 32, [&](int64_t b, BlockAcc& a) HS_AVX2 {
-    const __m256i hi = _mm256_andnot_si256(bits_to_bytes(load_u32(x[b].qh)), high_nibble);
+    const __m256i hi = _mm256_andnot_si256(bits_to_bytes(load_le32(x[b].qh)), high_nibble);
     const __m256i q = _mm256_or_si256(unpack_nibbles(x[b].qs), hi);
     add_scaled(a, f16(x[b].d) * f16(y[b].d), dot_i8_i8(q, load256(y[b].qs)));
   });
@@ -207,7 +201,7 @@ HS_AVX2 float dot_q5_1(const void* w, const void* act, int64_t n) {
   const auto* y = static_cast<const ActQ8_1*>(act);
   const __m256i bit4 = _mm256_set1_epi8(0x10);
   return sum_blocks(n / 32, [&](int64_t b, BlockAcc& a) HS_AVX2 {
-    const __m256i hi = _mm256_and_si256(bits_to_bytes(load_u32(x[b].qh)), bit4);
+    const __m256i hi = _mm256_and_si256(bits_to_bytes(load_le32(x[b].qh)), bit4);
     const __m256i q = _mm256_or_si256(unpack_nibbles(x[b].qs), hi);
     add_scaled(a, f16(x[b].d) * f16(y[b].d), dot_u8_i8(q, load256(y[b].qs)));
     a.s += f16(x[b].m) * f16(y[b].s);
@@ -416,29 +410,211 @@ HS_AVX2 float dot_iq4_xs(const void* w, const void* act, int64_t n) {
   return hsum_f32(acc);
 }
 
-// Grid-codebook IQ types: dequantize 8 super-blocks (8 KiB of f32, stays in L1) with the reference
-// dequantization, then an f32 x int8 dot: 256 FMAs per super-block after the decode.
-template <GgmlType T, size_t kBlockBytes>
-HS_AVX2 float dot_dequantized(const void* w, const void* act, int64_t n) {
-  constexpr int64_t kChunk = 8;
-  const auto* x = static_cast<const uint8_t*>(w);
+// ---- grid-codebook i-quants against Q8_K ----
+// Per 32 elements: 4 (2-bit grids, 8 bytes a row) or 8 (3-bit grids, 4 bytes a row) codebook rows
+// gathered with scalar loads into one vector, signs moved onto the activation with vpsignb, then
+// vpmaddubsw (grid magnitudes <= 62: 62*127*2 < 32767) and vpmaddwd with the odd integer scale.
+
+// iq::kEvenParitySigns expanded to 8 bytes of ±1 (byte j = -1 when sign bit j is set), so that
+// 7 stored sign bits become a vpsignb operand with one load.
+const uint64_t* even_parity_sign_bytes() {
+  static const std::array<uint64_t, 128> table = [] {
+    std::array<uint64_t, 128> t{};
+    for (size_t i = 0; i < t.size(); ++i)
+      for (int j = 0; j < 8; ++j)
+        t[i] |= static_cast<uint64_t>((iq::kEvenParitySigns[i] >> j) & 1 ? 0xFF : 0x01) << (8 * j);
+    return t;
+  }();
+  return table.data();
+}
+
+template <size_t kRowBytes>
+HS_AVX2 inline uint64_t grid_row(const std::array<uint8_t, kRowBytes>& row) {
+  uint64_t v = 0;
+  __builtin_memcpy(&v, row.data(), kRowBytes);
+  return v;
+}
+HS_AVX2 inline uint64_t grid_row(const std::array<int8_t, 8>& row) {
+  uint64_t v;
+  __builtin_memcpy(&v, row.data(), 8);
+  return v;
+}
+
+// Four 8-byte rows (or pairs of 4-byte rows), row 0 in the lowest bytes.
+HS_AVX2 inline __m256i rows4(uint64_t r0, uint64_t r1, uint64_t r2, uint64_t r3) {
+  return _mm256_set_epi64x(static_cast<int64_t>(r3), static_cast<int64_t>(r2), static_cast<int64_t>(r1),
+                           static_cast<int64_t>(r0));
+}
+HS_AVX2 inline uint64_t pair(uint64_t lo4, uint64_t hi4) { return lo4 | (hi4 << 32); }
+
+// 32 sign bits -> ±1 bytes for vpsignb.
+HS_AVX2 inline __m256i sign_bytes(uint32_t bits) {
+  return _mm256_or_si256(bits_to_bytes(bits), _mm256_set1_epi8(1));
+}
+
+// Σ grid * sign * y for 32 elements, weighted by the int16 scale lanes.
+HS_AVX2 inline __m256i signed_grid_dot(__m256i grid, __m256i signs, const int8_t* y, __m256i scale) {
+  return dot_u8_i8_scaled(grid, _mm256_sign_epi8(load256(y), signs), scale);
+}
+
+// IQ2_XXS: 66 bytes / 256.
+HS_AVX2 float dot_iq2_xxs(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ2_XXS*>(w);
   const auto* y = static_cast<const ActQ8_K*>(act);
-  alignas(32) float buf[kChunk * 256];
+  const uint64_t* sign8 = even_parity_sign_bytes();
+  const auto& grid = iq::kIq2xxsGrid;
   __m256 acc = _mm256_setzero_ps();
-  const int64_t nb = n / 256;
-  for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
-    const int64_t count = nb - b0 < kChunk ? nb - b0 : kChunk;
-    (void)dequantize_row(T, x + b0 * kBlockBytes, buf, count * 256);
-    for (int64_t b = 0; b < count; ++b) {
-      const float* wf = buf + 256 * b;
-      const int8_t* q = y[b0 + b].qs;
-      __m256 block = _mm256_setzero_ps();
-      for (int l = 0; l < 256; l += 8) {
-        const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + l))));
-        block = _mm256_fmadd_ps(_mm256_load_ps(wf + l), qf, block);
-      }
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(y[b0 + b].d), block, acc);
+  for (int64_t b = 0; b < n / 256; ++b) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint32_t idx = load_le32(x[b].qs + 8 * ib), aux = load_le32(x[b].qs + 8 * ib + 4);
+      const __m256i g = rows4(grid_row(grid[idx & 255]), grid_row(grid[(idx >> 8) & 255]),
+                              grid_row(grid[(idx >> 16) & 255]), grid_row(grid[idx >> 24]));
+      const __m256i s = rows4(sign8[aux & 127], sign8[(aux >> 7) & 127], sign8[(aux >> 14) & 127], sign8[(aux >> 21) & 127]);
+      isum = _mm256_add_epi32(isum, signed_grid_dot(g, s, y[b].qs + 32 * ib, _mm256_set1_epi16(static_cast<int16_t>(2 * (aux >> 28) + 1))));
     }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// IQ2_XS: 74 bytes / 256.
+HS_AVX2 float dot_iq2_xs(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ2_XS*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const uint64_t* sign8 = even_parity_sign_bytes();
+  const auto& grid = iq::kIq2xsGrid;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 256; ++b) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint16_t* q = x[b].qs + 4 * ib;
+      const __m256i g = rows4(grid_row(grid[q[0] & 511]), grid_row(grid[q[1] & 511]), grid_row(grid[q[2] & 511]),
+                              grid_row(grid[q[3] & 511]));
+      const __m256i s = rows4(sign8[q[0] >> 9], sign8[q[1] >> 9], sign8[q[2] >> 9], sign8[q[3] >> 9]);
+      const int sc = x[b].scales[ib];
+      isum = _mm256_add_epi32(isum, signed_grid_dot(g, s, y[b].qs + 32 * ib, scale_pair(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// IQ2_S: 82 bytes / 256.
+HS_AVX2 float dot_iq2_s(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ2_S*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const auto& grid = iq::kIq2sGrid;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 256; ++b) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* q = x[b].qs + 4 * ib;
+      const int qh = x[b].qh[ib];
+      const __m256i g = rows4(grid_row(grid[q[0] | ((qh << 8) & 0x300)]), grid_row(grid[q[1] | ((qh << 6) & 0x300)]),
+                              grid_row(grid[q[2] | ((qh << 4) & 0x300)]), grid_row(grid[q[3] | ((qh << 2) & 0x300)]));
+      const int sc = x[b].scales[ib];
+      isum = _mm256_add_epi32(isum, signed_grid_dot(g, sign_bytes(load_le32(x[b].signs + 4 * ib)), y[b].qs + 32 * ib,
+                                                    scale_pair(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// IQ3_XXS: 98 bytes / 256.
+HS_AVX2 float dot_iq3_xxs(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ3_XXS*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const uint64_t* sign8 = even_parity_sign_bytes();
+  const auto& grid = iq::kIq3xxsGrid;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 256; ++b) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* q = x[b].qs + 8 * ib;
+      const uint32_t aux = load_le32(x[b].scales_signs + 4 * ib);
+      const __m256i g = rows4(pair(grid_row(grid[q[0]]), grid_row(grid[q[1]])), pair(grid_row(grid[q[2]]), grid_row(grid[q[3]])),
+                              pair(grid_row(grid[q[4]]), grid_row(grid[q[5]])), pair(grid_row(grid[q[6]]), grid_row(grid[q[7]])));
+      const __m256i s = rows4(sign8[aux & 127], sign8[(aux >> 7) & 127], sign8[(aux >> 14) & 127], sign8[(aux >> 21) & 127]);
+      isum = _mm256_add_epi32(isum, signed_grid_dot(g, s, y[b].qs + 32 * ib, _mm256_set1_epi16(static_cast<int16_t>(2 * (aux >> 28) + 1))));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.25f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// IQ3_S: 110 bytes / 256.
+HS_AVX2 float dot_iq3_s(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ3_S*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const auto& grid = iq::kIq3sGrid;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 256; ++b) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* q = x[b].qs + 8 * ib;
+      const int qh = x[b].qh[ib];
+      uint64_t rows[8];
+      for (int k = 0; k < 8; ++k) rows[k] = grid_row(grid[q[k] | (((qh >> k) & 1) << 8)]);
+      const __m256i g = rows4(pair(rows[0], rows[1]), pair(rows[2], rows[3]), pair(rows[4], rows[5]), pair(rows[6], rows[7]));
+      const int scale = 2 * ((x[b].scales[ib / 2] >> (4 * (ib % 2))) & 0xF) + 1;
+      isum = _mm256_add_epi32(isum, signed_grid_dot(g, sign_bytes(load_le32(x[b].signs + 4 * ib)), y[b].qs + 32 * ib,
+                                                    _mm256_set1_epi16(static_cast<int16_t>(scale))));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum_f32(acc);
+}
+
+// IQ1_S (50 bytes / 256) and IQ1_M (56 bytes / 256): grid values g in {-1, 0, 1} plus a delta of
+// ±1/8, dotted as the integers 8g ± 1 (|.| <= 9) and scaled by 1/8 at the end.
+HS_AVX2 inline __m256i iq1_values(__m256i grid, __m256i delta) {
+  return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), grid), delta);
+}
+HS_AVX2 inline uint64_t delta_bytes(bool negative) { return negative ? ~0ull : 0x0101010101010101ull; }
+
+HS_AVX2 float dot_iq1_s(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ1_S*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const auto& grid = iq::kIq1sGrid;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 256; ++b) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* q = x[b].qs + 4 * ib;
+      const int qh = x[b].qh[ib];
+      const __m256i g = rows4(grid_row(grid[q[0] | ((qh << 8) & 0x700)]), grid_row(grid[q[1] | ((qh << 5) & 0x700)]),
+                              grid_row(grid[q[2] | ((qh << 2) & 0x700)]), grid_row(grid[q[3] | ((qh >> 1) & 0x700)]));
+      const __m256i v = iq1_values(g, _mm256_set1_epi64x(static_cast<int64_t>(delta_bytes(qh & 0x8000))));
+      const __m256i scale = _mm256_set1_epi16(static_cast<int16_t>(2 * ((qh >> 12) & 7) + 1));
+      isum = _mm256_add_epi32(isum, dot_i8_i8_scaled(v, load256(y[b].qs + 32 * ib), scale));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+  }
+  return hsum_f32(acc);
+}
+
+HS_AVX2 float dot_iq1_m(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ1_M*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  const auto& grid = iq::kIq1sGrid;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 256; ++b) {
+    uint16_t sc[4], d;
+    unpack_iq1_m_scales(x[b], sc, &d);
+    __m256i isum = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* q = x[b].qs + 4 * ib;
+      const int h01 = x[b].qh[2 * ib], h23 = x[b].qh[2 * ib + 1];  // a nibble per 8: 3 index bits, delta sign
+      const __m256i g = rows4(grid_row(grid[q[0] | ((h01 << 8) & 0x700)]), grid_row(grid[q[1] | ((h01 << 4) & 0x700)]),
+                              grid_row(grid[q[2] | ((h23 << 8) & 0x700)]), grid_row(grid[q[3] | ((h23 << 4) & 0x700)]));
+      const __m256i delta = rows4(delta_bytes(h01 & 0x08), delta_bytes(h01 & 0x80), delta_bytes(h23 & 0x08), delta_bytes(h23 & 0x80));
+      const int t = 2 * ib;  // 16-element scale groups t, t+1: 3 bits each, four to a u16
+      const int s0 = (sc[t / 4] >> (3 * (t % 4))) & 7, s1 = (sc[(t + 1) / 4] >> (3 * ((t + 1) % 4))) & 7;
+      isum = _mm256_add_epi32(isum, dot_i8_i8_scaled(iq1_values(g, delta), load256(y[b].qs + 32 * ib), scale_pair(2 * s0 + 1, 2 * s1 + 1)));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * f16(d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
   }
   return hsum_f32(acc);
 }
@@ -463,13 +639,13 @@ DotKernel avx2_dot_kernel(GgmlType wt) {
     case GgmlType::Q5_K: return dot_q5_k;
     case GgmlType::Q6_K: return dot_q6_k;
     case GgmlType::IQ4_XS: return dot_iq4_xs;
-    case GgmlType::IQ1_S: return dot_dequantized<GgmlType::IQ1_S, 50>;
-    case GgmlType::IQ1_M: return dot_dequantized<GgmlType::IQ1_M, 56>;
-    case GgmlType::IQ2_XXS: return dot_dequantized<GgmlType::IQ2_XXS, 66>;
-    case GgmlType::IQ2_XS: return dot_dequantized<GgmlType::IQ2_XS, 74>;
-    case GgmlType::IQ2_S: return dot_dequantized<GgmlType::IQ2_S, 82>;
-    case GgmlType::IQ3_XXS: return dot_dequantized<GgmlType::IQ3_XXS, 98>;
-    case GgmlType::IQ3_S: return dot_dequantized<GgmlType::IQ3_S, 110>;
+    case GgmlType::IQ1_S: return dot_iq1_s;
+    case GgmlType::IQ1_M: return dot_iq1_m;
+    case GgmlType::IQ2_XXS: return dot_iq2_xxs;
+    case GgmlType::IQ2_XS: return dot_iq2_xs;
+    case GgmlType::IQ2_S: return dot_iq2_s;
+    case GgmlType::IQ3_XXS: return dot_iq3_xxs;
+    case GgmlType::IQ3_S: return dot_iq3_s;
     default: return nullptr;
   }
 }

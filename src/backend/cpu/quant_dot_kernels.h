@@ -30,6 +30,23 @@ struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t
 struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
 struct BlockIQ4_XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; };
 
+// ---- grid-codebook i-quants (256 elements; codebooks in format/iq_tables.h) ----
+// Per 32 elements: a u32 of 4 kIq2xxsGrid indices, a u32 of 4x7 sign bits | 4-bit scale << 28.
+struct BlockIQ2_XXS { uint16_t d; uint8_t qs[64]; };
+// Per 8 elements a u16: 9-bit kIq2xsGrid index | 7 sign bits << 9; a 4-bit scale per 16.
+struct BlockIQ2_XS { uint16_t d; uint16_t qs[32]; uint8_t scales[8]; };
+// Per 8 elements: index qs | 2 bits of qh << 8 into kIq2sGrid, a sign byte; 4-bit scale per 16.
+struct BlockIQ2_S { uint16_t d; uint8_t qs[32]; uint8_t signs[32]; uint8_t qh[8]; uint8_t scales[8]; };
+// Per 4 elements a kIq3xxsGrid index; per 32 a u32 of 4x7 sign bits | 4-bit scale << 28.
+struct BlockIQ3_XXS { uint16_t d; uint8_t qs[64]; uint8_t scales_signs[32]; };
+// Per 4 elements: index qs | 1 bit of qh << 8 into kIq3sGrid; a sign bit per element; 4-bit scale per 32.
+struct BlockIQ3_S { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t signs[32]; uint8_t scales[4]; };
+// Per 8 elements: index qs | 3 bits of qh << 8 into kIq1sGrid; per 32 in qh: 3-bit scale, delta sign.
+struct BlockIQ1_S { uint16_t d; uint8_t qs[32]; uint16_t qh[8]; };
+// As IQ1_S but a 3-bit scale per 16 and a delta sign per 8; the fp16 d is spread over the top
+// nibbles of the four u16 scale words.
+struct BlockIQ1_M { uint8_t qs[32]; uint8_t qh[16]; uint8_t scales[8]; };
+
 // ---- prepared activation blocks ----
 struct ActQ8_0 { uint16_t d; int8_t qs[32]; };             // d = fp16(amax/127), qs = roundf(x/d)
 struct ActQ8_1 { uint16_t d, s; int8_t qs[32]; };          // as Q8_0, s = fp16(d * Σqs)
@@ -39,7 +56,9 @@ static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(Block
 static_assert(sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockMXFP4) == 17 && sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
-static_assert(sizeof(BlockIQ4_XS) == 136);
+static_assert(sizeof(BlockIQ4_XS) == 136 && sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74);
+static_assert(sizeof(BlockIQ2_S) == 82 && sizeof(BlockIQ3_XXS) == 98 && sizeof(BlockIQ3_S) == 110);
+static_assert(sizeof(BlockIQ1_S) == 50 && sizeof(BlockIQ1_M) == 56);
 static_assert(sizeof(ActQ8_0) == 34 && sizeof(ActQ8_1) == 36 && sizeof(ActQ8_K) == 292);
 
 // E8M0 exponent e as 2^(e-127) / 2 (the half pairs with the doubled iq::kMxfp4Values).
@@ -68,6 +87,18 @@ inline void unpack_q3_k_scales(const uint8_t* p, int8_t sc[16]) {
     const int hi = (p[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
     sc[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
   }
+}
+
+inline uint32_t load_le32(const uint8_t* p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// IQ1_M: the four u16 scale words, and the fp16 super-scale from their top nibbles.
+inline void unpack_iq1_m_scales(const BlockIQ1_M& b, uint16_t sc[4], uint16_t* d) {
+  __builtin_memcpy(sc, b.scales, 8);
+  *d = static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000));
 }
 
 // One dot kernel: n elements of a weight row against a prepared activation row.

@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "backend/cpu/quant_dot_kernels.h"
-#include "format/quants.h"
 #include "util/half.h"
 
 namespace hyspec::cpu {
@@ -72,17 +71,12 @@ float dot_q4_1(const void* w, const void* act, int64_t n) {
 }
 
 // Q5: bit j of the little-endian qh word is the fifth bit of element j.
-uint32_t q5_high_bits(const uint8_t qh[4]) {
-  return static_cast<uint32_t>(qh[0]) | (static_cast<uint32_t>(qh[1]) << 8) |
-         (static_cast<uint32_t>(qh[2]) << 16) | (static_cast<uint32_t>(qh[3]) << 24);
-}
-
 float dot_q5_0(const void* w, const void* act, int64_t n) {
   const auto* x = static_cast<const BlockQ5_0*>(w);
   const auto* y = static_cast<const ActQ8_0*>(act);
   float sum = 0;
   for (int64_t b = 0; b < n / 32; ++b) {
-    const uint32_t qh = q5_high_bits(x[b].qh);
+    const uint32_t qh = load_le32(x[b].qh);
     int isum = 0;
     for (int j = 0; j < 16; ++j) {
       const int lo = (x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
@@ -99,7 +93,7 @@ float dot_q5_1(const void* w, const void* act, int64_t n) {
   const auto* y = static_cast<const ActQ8_1*>(act);
   float sum = 0;
   for (int64_t b = 0; b < n / 32; ++b) {
-    const uint32_t qh = q5_high_bits(x[b].qh);
+    const uint32_t qh = load_le32(x[b].qh);
     int isum = 0;
     for (int j = 0; j < 16; ++j) {
       const int lo = (x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
@@ -292,21 +286,161 @@ float dot_iq4_xs(const void* w, const void* act, int64_t n) {
   return sum;
 }
 
-// ---- grid-codebook IQ types: dequantize a super-block, then dot with the int8 activation ----
-// These types decode through large lattice tables that live with the reference dequantization
-// (format/quants.cpp); reusing it keeps a single copy of those tables. dequantize_row cannot fail
-// here: the type is supported and 256 is its block size.
-template <GgmlType T, size_t kBlockBytes>
-float dot_dequantized(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const uint8_t*>(w);
+// ---- grid-codebook i-quants against Q8_K ----
+// Each group of 4 or 8 elements is a codebook row (unsigned magnitudes) with per-element signs;
+// scales are odd integers (2s+1) with a fixed power-of-two factor, so the block sum stays integral.
+
+// Σ_j ±g[j] y[j] over `len` elements, sign bit j of `signs` negating element j.
+int signed_grid_dot(const uint8_t* g, uint8_t signs, const int8_t* y, int len) {
+  int s = 0;
+  for (int j = 0; j < len; ++j) s += (signs >> j & 1 ? -g[j] : g[j]) * y[j];
+  return s;
+}
+
+// IQ2_XXS: w = d (2s+1)/8 · grid · sign.
+float dot_iq2_xxs(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ2_XXS*>(w);
   const auto* y = static_cast<const ActQ8_K*>(act);
   float sum = 0;
-  float buf[256];
   for (int64_t b = 0; b < n / 256; ++b) {
-    (void)dequantize_row(T, x + b * kBlockBytes, buf, 256);
-    float s = 0;
-    for (int l = 0; l < 256; ++l) s += buf[l] * static_cast<float>(y[b].qs[l]);
-    sum += y[b].d * s;
+    int isum = 0;
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint32_t idx = load_le32(x[b].qs + 8 * ib), aux = load_le32(x[b].qs + 8 * ib + 4);
+      int s = 0;
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t signs = iq::kEvenParitySigns[(aux >> (7 * k)) & 127];
+        s += signed_grid_dot(iq::kIq2xxsGrid[(idx >> (8 * k)) & 255].data(), signs, y[b].qs + 32 * ib + 8 * k, 8);
+      }
+      isum += (2 * static_cast<int>(aux >> 28) + 1) * s;
+    }
+    sum += 0.125f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// IQ2_XS: w = d (2s+1)/8 · grid · sign, scale s per 16.
+float dot_iq2_xs(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ2_XS*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int isum = 0;
+    for (int i = 0; i < 32; ++i) {  // group of 8
+      const uint16_t q = x[b].qs[i];
+      const int s = (x[b].scales[i / 4] >> (4 * ((i / 2) % 2))) & 0xF;
+      const uint8_t signs = iq::kEvenParitySigns[q >> 9];
+      isum += (2 * s + 1) * signed_grid_dot(iq::kIq2xsGrid[q & 511].data(), signs, y[b].qs + 8 * i, 8);
+    }
+    sum += 0.125f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// IQ2_S: as IQ2_XS with a 10-bit index and explicit sign bytes.
+float dot_iq2_s(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ2_S*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int isum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int idx = x[b].qs[i] | (((x[b].qh[i / 4] >> (2 * (i % 4))) & 3) << 8);
+      const int s = (x[b].scales[i / 4] >> (4 * ((i / 2) % 2))) & 0xF;
+      isum += (2 * s + 1) * signed_grid_dot(iq::kIq2sGrid[idx].data(), x[b].signs[i], y[b].qs + 8 * i, 8);
+    }
+    sum += 0.125f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// IQ3_XXS: w = d (2s+1)/4 · grid · sign, two 4-element rows per sign byte.
+float dot_iq3_xxs(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ3_XXS*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int isum = 0;
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint32_t aux = load_le32(x[b].scales_signs + 4 * ib);
+      int s = 0;
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t signs = iq::kEvenParitySigns[(aux >> (7 * k)) & 127];
+        const int8_t* qy = y[b].qs + 32 * ib + 8 * k;
+        s += signed_grid_dot(iq::kIq3xxsGrid[x[b].qs[8 * ib + 2 * k]].data(), signs, qy, 4);
+        s += signed_grid_dot(iq::kIq3xxsGrid[x[b].qs[8 * ib + 2 * k + 1]].data(), signs >> 4, qy + 4, 4);
+      }
+      isum += (2 * static_cast<int>(aux >> 28) + 1) * s;
+    }
+    sum += 0.25f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// IQ3_S: w = d (2s+1) · grid · sign, scale s per 32.
+float dot_iq3_s(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ3_S*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int isum = 0;
+    for (int ib = 0; ib < 8; ++ib) {
+      int s = 0;
+      for (int i = 8 * ib; i < 8 * ib + 8; ++i) {  // group of 4
+        const int idx = x[b].qs[i] | (((x[b].qh[i / 8] >> (i % 8)) & 1) << 8);
+        const uint8_t signs = static_cast<uint8_t>(x[b].signs[i / 2] >> (4 * (i % 2)));
+        s += signed_grid_dot(iq::kIq3sGrid[idx].data(), signs, y[b].qs + 4 * i, 4);
+      }
+      isum += (2 * ((x[b].scales[ib / 2] >> (4 * (ib % 2))) & 0xF) + 1) * s;
+    }
+    sum += f16(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// IQ1_S / IQ1_M: w = d (2s+1) (g + δ/8), g in {-1, 0, 1}, δ = ±1; summed as (8g + δ) to stay integral.
+int iq1_group_dot(const int8_t* g, int delta, const int8_t* y) {
+  int s = 0;
+  for (int j = 0; j < 8; ++j) s += (8 * g[j] + delta) * y[j];
+  return s;
+}
+
+float dot_iq1_s(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ1_S*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    int isum = 0;
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint16_t qh = x[b].qh[ib];
+      const int delta = qh & 0x8000 ? -1 : 1;
+      int s = 0;
+      for (int l = 0; l < 4; ++l) {
+        const int idx = x[b].qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8);
+        s += iq1_group_dot(iq::kIq1sGrid[idx].data(), delta, y[b].qs + 32 * ib + 8 * l);
+      }
+      isum += (2 * ((qh >> 12) & 7) + 1) * s;
+    }
+    sum += 0.125f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+float dot_iq1_m(const void* w, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockIQ1_M*>(w);
+  const auto* y = static_cast<const ActQ8_K*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / 256; ++b) {
+    uint16_t sc[4], d;
+    unpack_iq1_m_scales(x[b], sc, &d);
+    int isum = 0;
+    for (int p = 0; p < 32; ++p) {  // group of 8; its scale is shared with the neighbour (per 16)
+      const int t = p / 2;
+      const int nib = (x[b].qh[p / 2] >> (4 * (p % 2))) & 0xF;
+      const int idx = x[b].qs[p] | ((nib & 7) << 8);
+      const int s = iq1_group_dot(iq::kIq1sGrid[idx].data(), nib & 8 ? -1 : 1, y[b].qs + 8 * p);
+      isum += (2 * ((sc[t / 4] >> (3 * (t % 4))) & 7) + 1) * s;
+    }
+    sum += 0.125f * f16(d) * y[b].d * static_cast<float>(isum);
   }
   return sum;
 }
@@ -331,13 +465,13 @@ DotKernel scalar_dot_kernel(GgmlType wt) {
     case GgmlType::Q5_K: return dot_q5_k;
     case GgmlType::Q6_K: return dot_q6_k;
     case GgmlType::IQ4_XS: return dot_iq4_xs;
-    case GgmlType::IQ1_S: return dot_dequantized<GgmlType::IQ1_S, 50>;
-    case GgmlType::IQ1_M: return dot_dequantized<GgmlType::IQ1_M, 56>;
-    case GgmlType::IQ2_XXS: return dot_dequantized<GgmlType::IQ2_XXS, 66>;
-    case GgmlType::IQ2_XS: return dot_dequantized<GgmlType::IQ2_XS, 74>;
-    case GgmlType::IQ2_S: return dot_dequantized<GgmlType::IQ2_S, 82>;
-    case GgmlType::IQ3_XXS: return dot_dequantized<GgmlType::IQ3_XXS, 98>;
-    case GgmlType::IQ3_S: return dot_dequantized<GgmlType::IQ3_S, 110>;
+    case GgmlType::IQ1_S: return dot_iq1_s;
+    case GgmlType::IQ1_M: return dot_iq1_m;
+    case GgmlType::IQ2_XXS: return dot_iq2_xxs;
+    case GgmlType::IQ2_XS: return dot_iq2_xs;
+    case GgmlType::IQ2_S: return dot_iq2_s;
+    case GgmlType::IQ3_XXS: return dot_iq3_xxs;
+    case GgmlType::IQ3_S: return dot_iq3_s;
     default: return nullptr;
   }
 }
