@@ -13,6 +13,8 @@
 
 #include <array>
 
+#include "util/half.h"
+
 #define HS_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace hyspec::cpu {
@@ -79,52 +81,40 @@ HS_AVX2 inline __m256i scale_pair(int a, int b) {
 
 // ---- float weights: 4, 2, 2 bytes per element, 2 FLOPs per element ----
 
-HS_AVX2 float dot_f32(const void* w, const void* act, int64_t n) {
-  const float* x = static_cast<const float*>(w);
-  const float* y = static_cast<const float*>(act);
+// `load8(i)` gives weights i..i+7 as f32, `load1(i)` weight i (for the tail). Four accumulators:
+// the loop is then bound by loads, not by the FMA latency.
+template <typename Load8, typename Load1>
+HS_AVX2 inline float dot_float_weights(const float* y, int64_t n, Load8 load8, Load1 load1) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k)
-      acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
+    for (int k = 0; k < 4; ++k) acc[k] = _mm256_fmadd_ps(load8(i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
   float sum = hsum_f32(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) sum += x[i] * y[i];
+  for (; i < n; ++i) sum += load1(i) * y[i];
   return sum;
+}
+
+HS_AVX2 float dot_f32(const void* w, const void* act, int64_t n) {
+  const float* x = static_cast<const float*>(w);
+  return dot_float_weights(
+      static_cast<const float*>(act), n, [&](int64_t i) HS_AVX2 { return _mm256_loadu_ps(x + i); },
+      [&](int64_t i) { return x[i]; });
 }
 
 HS_AVX2 float dot_f16(const void* w, const void* act, int64_t n) {
   const uint16_t* x = static_cast<const uint16_t*>(w);
-  const float* y = static_cast<const float*>(act);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k)
-      acc[k] = _mm256_fmadd_ps(_mm256_cvtph_ps(load128(x + i + 8 * k)), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
-  float sum = hsum_f32(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) sum += f16(x[i]) * y[i];
-  return sum;
+  return dot_float_weights(
+      static_cast<const float*>(act), n, [&](int64_t i) HS_AVX2 { return _mm256_cvtph_ps(load128(x + i)); },
+      [&](int64_t i) HS_AVX2 { return f16(x[i]); });
 }
 
-HS_AVX2 inline __m256 load_bf16x8(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16));
-}
-
+// bf16 is the top half of an f32: widen to 32 bits and shift into place.
 HS_AVX2 float dot_bf16(const void* w, const void* act, int64_t n) {
   const uint16_t* x = static_cast<const uint16_t*>(w);
-  const float* y = static_cast<const float*>(act);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k)
-      acc[k] = _mm256_fmadd_ps(load_bf16x8(x + i + 8 * k), _mm256_loadu_ps(y + i + 8 * k), acc[k]);
-  float sum = hsum_f32(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(x[i]) << 16;
-    float v;
-    __builtin_memcpy(&v, &bits, sizeof v);
-    sum += v * y[i];
-  }
-  return sum;
+  return dot_float_weights(
+      static_cast<const float*>(act), n,
+      [&](int64_t i) HS_AVX2 { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(x + i)), 16)); },
+      [&](int64_t i) { return bf16_to_fp32(x[i]); });
 }
 
 // ---- 32-element blocks against Q8_0 / Q8_1 (32 int8 MACs + 1 FMA per block) ----
@@ -233,7 +223,7 @@ HS_AVX2 float dot_mxfp4(const void* w, const void* act, int64_t n) {
   });
 }
 
-// ---- 256-element super-blocks against Q8_K (512 int MACs + a few FMAs per super-block) ----
+// ---- 256-element super-blocks against Q8_K (256 int8 MACs + a few float ops per super-block) ----
 // Scales are applied in vpmaddwd, so one super-block accumulates into one int32 vector; minimums
 // and code offsets go through the activation's bsums.
 
@@ -623,29 +613,10 @@ HS_AVX2 float dot_iq1_m(const void* w, const void* act, int64_t n) {
 
 DotKernel avx2_dot_kernel(GgmlType wt) {
   switch (wt) {
-    case GgmlType::F32: return dot_f32;
-    case GgmlType::F16: return dot_f16;
-    case GgmlType::BF16: return dot_bf16;
-    case GgmlType::Q4_0: return dot_q4_0;
-    case GgmlType::Q4_1: return dot_q4_1;
-    case GgmlType::Q5_0: return dot_q5_0;
-    case GgmlType::Q5_1: return dot_q5_1;
-    case GgmlType::Q8_0: return dot_q8_0;
-    case GgmlType::IQ4_NL: return dot_iq4_nl;
-    case GgmlType::MXFP4: return dot_mxfp4;
-    case GgmlType::Q2_K: return dot_q2_k;
-    case GgmlType::Q3_K: return dot_q3_k;
-    case GgmlType::Q4_K: return dot_q4_k;
-    case GgmlType::Q5_K: return dot_q5_k;
-    case GgmlType::Q6_K: return dot_q6_k;
-    case GgmlType::IQ4_XS: return dot_iq4_xs;
-    case GgmlType::IQ1_S: return dot_iq1_s;
-    case GgmlType::IQ1_M: return dot_iq1_m;
-    case GgmlType::IQ2_XXS: return dot_iq2_xxs;
-    case GgmlType::IQ2_XS: return dot_iq2_xs;
-    case GgmlType::IQ2_S: return dot_iq2_s;
-    case GgmlType::IQ3_XXS: return dot_iq3_xxs;
-    case GgmlType::IQ3_S: return dot_iq3_s;
+#define HS_KERNEL_CASE(type, suffix) \
+  case GgmlType::type: return dot_##suffix;
+    HYSPEC_DOT_KERNELS(HS_KERNEL_CASE)
+#undef HS_KERNEL_CASE
     default: return nullptr;
   }
 }

@@ -104,6 +104,14 @@ inline void unpack_iq1_m_scales(const BlockIQ1_M& b, uint16_t sc[4], uint16_t* d
 // One dot kernel: n elements of a weight row against a prepared activation row.
 using DotKernel = float (*)(const void* w, const void* act, int64_t n);
 
+// Every weight type with a kernel, and the suffix of its kernel name: quant_dot_scalar.cpp and
+// quant_dot_avx2.cpp each define dot_<suffix> for all of them.
+#define HYSPEC_DOT_KERNELS(X)                                                                       \
+  X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0) X(Q5_1, q5_1)     \
+  X(Q8_0, q8_0) X(IQ4_NL, iq4_nl) X(MXFP4, mxfp4) X(Q2_K, q2_k) X(Q3_K, q3_k) X(Q4_K, q4_k)         \
+  X(Q5_K, q5_k) X(Q6_K, q6_k) X(IQ4_XS, iq4_xs) X(IQ1_S, iq1_s) X(IQ1_M, iq1_m) X(IQ2_XXS, iq2_xxs) \
+  X(IQ2_XS, iq2_xs) X(IQ2_S, iq2_s) X(IQ3_XXS, iq3_xxs) X(IQ3_S, iq3_s)
+
 // Scalar kernels (quant_dot_scalar.cpp): the reference, for every supported type.
 DotKernel scalar_dot_kernel(GgmlType wt);
 // AVX2+FMA+F16C kernels (quant_dot_avx2.cpp); null when the type has none or the build is not x86-64.

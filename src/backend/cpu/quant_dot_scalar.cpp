@@ -1,7 +1,8 @@
 // Scalar dot kernels: the readable reference for every weight type, and the path on CPUs without
 // AVX2. Each kernel sums integer products inside a block (exact) and applies the block's float
 // scales once per block, the same factorisation as the AVX2 kernels and llama.cpp.
-#include <cstring>
+// Cost: one integer multiply-add per element plus 2-4 float ops per block; weight bytes per block
+// are the struct sizes in quant_dot_kernels.h (e.g. Q4_0 18 per 32, Q4_K 144 per 256).
 
 #include "backend/cpu/quant_dot_kernels.h"
 #include "util/half.h"
@@ -21,21 +22,17 @@ float dot_f32(const void* w, const void* act, int64_t n) {
   return sum;
 }
 
-float dot_f16(const void* w, const void* act, int64_t n) {
+// F16 and BF16: 2 bytes per element, widened exactly to f32.
+template <float (*kToF32)(uint16_t)>
+float dot_16bit(const void* w, const void* act, int64_t n) {
   const uint16_t* x = static_cast<const uint16_t*>(w);
   const float* y = static_cast<const float*>(act);
   float sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += f16(x[i]) * y[i];
+  for (int64_t i = 0; i < n; ++i) sum += kToF32(x[i]) * y[i];
   return sum;
 }
-
-float dot_bf16(const void* w, const void* act, int64_t n) {
-  const uint16_t* x = static_cast<const uint16_t*>(w);
-  const float* y = static_cast<const float*>(act);
-  float sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += bf16_to_fp32(x[i]) * y[i];
-  return sum;
-}
+constexpr auto dot_f16 = dot_16bit<fp16_to_fp32>;
+constexpr auto dot_bf16 = dot_16bit<bf16_to_fp32>;
 
 // ---- 32-element blocks against Q8_0 / Q8_1 activations ----
 
@@ -449,29 +446,10 @@ float dot_iq1_m(const void* w, const void* act, int64_t n) {
 
 DotKernel scalar_dot_kernel(GgmlType wt) {
   switch (wt) {
-    case GgmlType::F32: return dot_f32;
-    case GgmlType::F16: return dot_f16;
-    case GgmlType::BF16: return dot_bf16;
-    case GgmlType::Q4_0: return dot_q4_0;
-    case GgmlType::Q4_1: return dot_q4_1;
-    case GgmlType::Q5_0: return dot_q5_0;
-    case GgmlType::Q5_1: return dot_q5_1;
-    case GgmlType::Q8_0: return dot_q8_0;
-    case GgmlType::IQ4_NL: return dot_iq4_nl;
-    case GgmlType::MXFP4: return dot_mxfp4;
-    case GgmlType::Q2_K: return dot_q2_k;
-    case GgmlType::Q3_K: return dot_q3_k;
-    case GgmlType::Q4_K: return dot_q4_k;
-    case GgmlType::Q5_K: return dot_q5_k;
-    case GgmlType::Q6_K: return dot_q6_k;
-    case GgmlType::IQ4_XS: return dot_iq4_xs;
-    case GgmlType::IQ1_S: return dot_iq1_s;
-    case GgmlType::IQ1_M: return dot_iq1_m;
-    case GgmlType::IQ2_XXS: return dot_iq2_xxs;
-    case GgmlType::IQ2_XS: return dot_iq2_xs;
-    case GgmlType::IQ2_S: return dot_iq2_s;
-    case GgmlType::IQ3_XXS: return dot_iq3_xxs;
-    case GgmlType::IQ3_S: return dot_iq3_s;
+#define HS_KERNEL_CASE(type, suffix) \
+  case GgmlType::type: return dot_##suffix;
+    HYSPEC_DOT_KERNELS(HS_KERNEL_CASE)
+#undef HS_KERNEL_CASE
     default: return nullptr;
   }
 }
