@@ -61,19 +61,19 @@ TEST(SpecSampling, EmpiricalJointOfTwoTokensMatchesTheTargetDistribution) {
   const int n = 6000;
   std::map<std::pair<int32_t, int32_t>, int> counts;
   int64_t accepted = 0, drafted = 0;
+  auto s = e.new_session();
+  ASSERT_TRUE(s.is_ok());
+  (*s)->set_drafter(std::make_unique<FixedDrafter>(std::vector<int32_t>{likely, unlikely}));
   for (int i = 0; i < n; ++i) {
-    auto s = e.new_session();
-    ASSERT_TRUE(s.is_ok());
-    (*s)->set_drafter(std::make_unique<FixedDrafter>(std::vector<int32_t>{likely, unlikely}));
     GenerateOptions o;
-    o.max_tokens = 2;
+    o.max_tokens = 3;  // the prefill token, then one round verifying one draft
     o.sampling = sp;
     o.sampling.seed = 1000 + i;
     o.adaptive = false;
     ASSERT_TRUE((*s)->start(prompt, o).is_ok());
     std::vector<int32_t> out;
     while (!(*s)->done()) ASSERT_TRUE((*s)->step(out).is_ok());
-    ASSERT_EQ(out.size(), 2u);
+    ASSERT_GE(out.size(), 2u);
     ++counts[{out[0], out[1]}];
     accepted += (*s)->stats().accepted;
     drafted += (*s)->stats().drafted;
