@@ -68,7 +68,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   e->max_verify_ = config.spec == SpecMethod::None ? 1 : config.draft_max + 1;
   if (config.spec == SpecMethod::Dflash) {
     if (config.draft_model.empty()) return Status::error("--spec dflash needs --draft-model (GGUF or HF directory)");
-    HS_ASSIGN_OR_RETURN(e->dflash_, load_dflash_weights(*e->model_, config.draft_model));
+    HS_ASSIGN_OR_RETURN(e->dflash_, load_dflash_weights(*e->model_, config.draft_model, config.n_batch));
   }
   // What the drafter needs from every committed row decides the per-step outputs.
   {
@@ -96,7 +96,7 @@ Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
     case SpecMethod::None: return std::unique_ptr<Drafter>();
     case SpecMethod::Ngram: return make_ngram_drafter();
     case SpecMethod::Mtp: return make_mtp_drafter(*model_, config_.n_batch);
-    case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch);
+    case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_);
   }
   return Status::error("unknown speculative method");
 }
