@@ -68,17 +68,15 @@ Status Tokenizer::load(const GgufFile& gguf) {
       byte_level_decode(tokens[i], bytes_arena_);  // text outside the alphabet stays as it is
     bytes_offsets_.push_back(static_cast<uint32_t>(bytes_arena_.size()));
   }
-  by_text_.reserve(n);
-  for (int32_t i = 0; i < n; ++i) by_text_.emplace(token_text(i), i);
+  build_text_index();
 
   for (int b = 0; b < 256; ++b) {
     const char byte = static_cast<char>(b);
     std::string text;
     byte_level_encode(std::string_view(&byte, 1), text);
-    const auto it = by_text_.find(text);
-    if (it == by_text_.end())
-      return Status::errorf("{}: tokenizer.ggml.tokens has no token for byte 0x{:02x} ('{}')", fn, b, text);
-    byte_token_[b] = it->second;
+    const std::optional<int32_t> id = find_token(text);
+    if (!id) return Status::errorf("{}: tokenizer.ggml.tokens has no token for byte 0x{:02x} ('{}')", fn, b, text);
+    byte_token_[b] = *id;
   }
 
   HS_ASSIGN_OR_RETURN(const std::vector<std::string_view> merges, gguf.get_string_array("tokenizer.ggml.merges"));
@@ -92,11 +90,11 @@ Status Tokenizer::load(const GgufFile& gguf) {
       return Status::errorf("{}: tokenizer.ggml.merges[{}] = '{}' is not of the form 'A B'", fn, i, m);
     const std::string_view a = m.substr(0, space), b = m.substr(space + 1);
     joined.assign(a).append(b);
-    const auto ia = by_text_.find(a), ib = by_text_.find(b), ij = by_text_.find(joined);
-    if (ia == by_text_.end() || ib == by_text_.end() || ij == by_text_.end())
+    const std::optional<int32_t> ia = find_token(a), ib = find_token(b), ij = find_token(joined);
+    if (!ia || !ib || !ij)
       return Status::errorf("{}: tokenizer.ggml.merges[{}] = '{}': '{}' is not in tokenizer.ggml.tokens", fn, i, m,
-                            ia == by_text_.end() ? a : ib == by_text_.end() ? b : std::string_view(joined));
-    rules.push_back({ia->second, ib->second, ij->second});
+                            !ia ? a : !ib ? b : std::string_view(joined));
+    rules.push_back({*ia, *ib, *ij});
   }
   merges_ = MergeTable(rules);
 
@@ -148,10 +146,39 @@ TokenType Tokenizer::token_type(int32_t id) const {
   return id >= 0 && id < n_vocab() ? types_[id] : TokenType::Undefined;
 }
 
+namespace {
+constexpr uint64_t kNoSlot = ~uint64_t{0};
+uint64_t text_hash(std::string_view s) { return std::hash<std::string_view>{}(s) * 0x9E3779B97F4A7C15ull; }
+}  // namespace
+
+void Tokenizer::build_text_index() {
+  size_t capacity = 16;
+  while (capacity < types_.size() * 2) capacity *= 2;
+  text_index_.assign(capacity, kNoSlot);
+  const size_t mask = capacity - 1;
+  for (int32_t id = 0; id < n_vocab(); ++id) {
+    const std::string_view text = token_text(id);
+    const uint64_t h = text_hash(text);
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      const uint64_t slot = text_index_[i];
+      if (slot == kNoSlot) {
+        text_index_[i] = (h & 0xFFFFFFFF00000000ull) | uint32_t(id);
+        break;
+      }
+      if ((slot >> 32) == (h >> 32) && token_text(int32_t(slot & 0xFFFFFFFFu)) == text) break;  // keep lower id
+    }
+  }
+}
+
 std::optional<int32_t> Tokenizer::find_token(std::string_view text) const {
-  const auto it = by_text_.find(text);
-  if (it == by_text_.end()) return std::nullopt;
-  return it->second;
+  const size_t mask = text_index_.size() - 1;
+  const uint64_t h = text_hash(text);
+  for (size_t i = h & mask;; i = (i + 1) & mask) {
+    const uint64_t slot = text_index_[i];
+    if (slot == kNoSlot) return std::nullopt;
+    const auto id = int32_t(slot & 0xFFFFFFFFu);
+    if ((slot >> 32) == (h >> 32) && token_text(id) == text) return id;
+  }
 }
 
 bool Tokenizer::is_end_of_generation(int32_t id) const {

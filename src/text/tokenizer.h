@@ -10,7 +10,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "text/bpe.h"
@@ -73,6 +72,7 @@ class Tokenizer {
  private:
   Tokenizer();
   Status load(const GgufFile& gguf);
+  void build_text_index();
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
 
   std::string text_arena_;              // token_text of all ids, concatenated
@@ -80,7 +80,9 @@ class Tokenizer {
   std::string bytes_arena_;             // token bytes of all ids, concatenated
   std::vector<uint32_t> bytes_offsets_;  // [n_vocab + 1]
   std::vector<TokenType> types_;        // [n_vocab]
-  std::unordered_map<std::string_view, int32_t> by_text_;  // views into text_arena_; lowest id wins
+  // Open-addressing index token_text -> id: (hash >> 32) << 32 | id per slot, kNoSlot if empty.
+  // The lowest id wins when two entries have the same text.
+  std::vector<uint64_t> text_index_;
   int32_t byte_token_[256] = {};
   MergeTable merges_;
   std::unique_ptr<Pretokenizer> pretokenizer_;

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <sstream>
+#include <thread>
 
 #include "common/fixtures.h"
 #include "format/gguf.h"
@@ -65,6 +67,137 @@ TEST(Qwen35Tokenizer, MatchesEveryLlamaCppVocabTestCase) {
     matched += got == c.ids;
   }
   EXPECT_EQ(matched, static_cast<int>(cases.size()));
+}
+
+TEST(Qwen35Tokenizer, DecodeInvertsEncodeOnEveryVocabTestCase) {
+  const auto cases = read_vocab_cases(test::fixture_path("tokenizer/ggml-vocab-qwen35.gguf.inp"),
+                                      test::fixture_path("tokenizer/ggml-vocab-qwen35.gguf.out"));
+  for (const VocabCase& c : cases) EXPECT_EQ(qwen35().decode(c.ids), c.text);
+}
+
+TEST(Qwen35Tokenizer, ReadsVocabularySizeAndSpecialIdsFromMetadata) {
+  const Tokenizer& t = qwen35();
+  EXPECT_EQ(t.n_vocab(), 151936);
+  EXPECT_EQ(t.eos_id(), 151643);
+  EXPECT_EQ(t.bos_id(), 151643);
+  EXPECT_EQ(t.pad_id(), 151643);
+  EXPECT_EQ(t.eot_id(), std::nullopt);
+  EXPECT_EQ(t.mask_id(), std::nullopt);
+  EXPECT_EQ(t.token_type(151644), TokenType::Control);
+  EXPECT_EQ(t.token_type(151646), TokenType::UserDefined);  // [PAD151646]
+  EXPECT_EQ(t.token_type(9707), TokenType::Normal);
+  EXPECT_EQ(t.token_type(-1), TokenType::Undefined);
+  EXPECT_EQ(t.token_type(151936), TokenType::Undefined);
+}
+
+TEST(Qwen35Tokenizer, EndOfGenerationIsEosImEndAndEndoftext) {
+  const Tokenizer& t = qwen35();
+  EXPECT_TRUE(t.is_end_of_generation(151643));   // <|endoftext|>, also eos
+  EXPECT_TRUE(t.is_end_of_generation(151645));   // <|im_end|>
+  EXPECT_FALSE(t.is_end_of_generation(151644));  // <|im_start|>
+  EXPECT_FALSE(t.is_end_of_generation(198));
+  EXPECT_FALSE(t.is_end_of_generation(-5));
+  EXPECT_TRUE(t.is_control(151645));
+  EXPECT_FALSE(t.is_control(151646));
+  EXPECT_FALSE(t.is_control(9707));
+}
+
+TEST(Qwen35Tokenizer, TokenTextIsStoredFormAndTokenBytesIsDecodedForm) {
+  const Tokenizer& t = qwen35();
+  EXPECT_EQ(t.token_text(21927), "\xc4\xa0Hello");  // "ĠHello"
+  EXPECT_EQ(t.token_bytes(21927), " Hello");
+  EXPECT_EQ(t.token_text(198), "\xc4\x8a");  // "Ċ"
+  EXPECT_EQ(t.token_bytes(198), "\n");
+  EXPECT_EQ(t.token_text(151644), "<|im_start|>");
+  EXPECT_EQ(t.token_bytes(151644), "<|im_start|>");
+  // " 🦙" (20 F0 9F A6 99) is three tokens, each holding part of the character.
+  EXPECT_EQ(t.token_bytes(11162), " \xf0\x9f");
+  EXPECT_EQ(t.token_bytes(99), "\xa6");
+  EXPECT_EQ(t.token_bytes(247), "\x99");
+  EXPECT_EQ(t.token_text(-1), "");
+  EXPECT_EQ(t.token_bytes(151936), "");
+}
+
+TEST(Qwen35Tokenizer, FindTokenLooksUpTheStoredText) {
+  const Tokenizer& t = qwen35();
+  EXPECT_EQ(t.find_token("<|im_end|>"), 151645);
+  EXPECT_EQ(t.find_token("\xc4\xa0Hello"), 21927);
+  EXPECT_EQ(t.find_token("Hello"), 9707);
+  EXPECT_EQ(t.find_token("<|no such token|>"), std::nullopt);
+  EXPECT_EQ(t.find_token(""), std::nullopt);
+}
+
+TEST(Qwen35Tokenizer, ParseSpecialTurnsChatMarkersIntoTheirIds) {
+  const Tokenizer& t = qwen35();
+  // The Qwen chat prefix "<|im_start|>user\n" is [151644, 872, 198] in every Qwen2-family vocabulary.
+  EXPECT_EQ(t.encode("<|im_start|>user\n", true), (std::vector<int32_t>{151644, 872, 198}));
+  EXPECT_EQ(t.encode("<|im_start|>assistant\n", true), (std::vector<int32_t>{151644, 77091, 198}));
+  EXPECT_EQ(t.encode("Hello world<|im_end|>\n", true), (std::vector<int32_t>{9707, 1879, 151645, 198}));
+  EXPECT_EQ(t.encode("<|im_start|><|im_end|><|endoftext|>", true), (std::vector<int32_t>{151644, 151645, 151643}));
+  // User-defined tokens are matched too; an unterminated marker is plain text.
+  EXPECT_EQ(t.encode("[PAD151646]", true), (std::vector<int32_t>{151646}));
+  EXPECT_EQ(t.encode("<|im_start", true), t.encode("<|im_start", false));
+}
+
+TEST(Qwen35Tokenizer, TextAroundSpecialTokensIsEncodedAsSeparateSegments) {
+  const Tokenizer& t = qwen35();
+  const std::string a = " Hello, y'all!", b = "\n\n  3.14 ";
+  std::vector<int32_t> expected = t.encode(a, false);
+  expected.push_back(151645);
+  const std::vector<int32_t> eb = t.encode(b, false);
+  expected.insert(expected.end(), eb.begin(), eb.end());
+  EXPECT_EQ(t.encode(a + "<|im_end|>" + b, true), expected);
+}
+
+TEST(Qwen35Tokenizer, WithoutParseSpecialMarkersAreOrdinaryText) {
+  const Tokenizer& t = qwen35();
+  const std::string text = "<|im_start|>user\nhi<|im_end|>[PAD151646]";
+  const std::vector<int32_t> ids = t.encode(text, false);
+  EXPECT_GT(ids.size(), 10u);
+  for (int32_t id : ids) {
+    EXPECT_EQ(t.token_type(id), TokenType::Normal) << id;
+  }
+  EXPECT_EQ(t.decode(ids), text);
+}
+
+TEST(Qwen35Tokenizer, InvalidUtf8IsEncodedBytewiseAndDecodesBack) {
+  const Tokenizer& t = qwen35();
+  const std::string cases[] = {"\xff", "abc\xfe\xff" "def", "\xc3", "caf\xc3", "\xe4\xb8 x", "\xed\xa0\x80",
+                               "\xc0\xaf", std::string("a\0b", 3), "\x80\x80\x80 \xf4\x90\x80\x80"};
+  for (const std::string& s : cases) {
+    const std::vector<int32_t> ids = t.encode(s, false);
+    EXPECT_FALSE(ids.empty());
+    EXPECT_EQ(t.decode(ids), s);
+    EXPECT_EQ(t.encode(s, true), ids);
+  }
+  // A lone invalid byte is its byte token: 0xFF is stored as "ÿ".
+  EXPECT_EQ(t.encode("\xff", false), (std::vector<int32_t>{*t.find_token("\xc3\xbf")}));
+}
+
+TEST(Qwen35Tokenizer, DecodeSkipsIdsOutsideTheVocabulary) {
+  const std::vector<int32_t> ids = {9707, -1, 151936, 1879};
+  EXPECT_EQ(qwen35().decode(ids), "Hello world");
+}
+
+TEST(Qwen35Tokenizer, ConcurrentEncodesAgreeWithSequentialOnes) {
+  const Tokenizer& t = qwen35();
+  std::vector<std::string> texts;
+  for (int i = 0; i < 64; ++i)
+    texts.push_back("Sentence " + std::to_string(i * 7919) + ": the quick brown fox jumps over the lazy dog " +
+                    std::string(i % 5, ' ') + "\u4f60\u597d " + std::to_string(i));
+  std::vector<std::vector<int32_t>> expected;
+  for (const std::string& s : texts) expected.push_back(t.encode(s, false));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int rep = 0; rep < 50; ++rep)
+        for (size_t i = 0; i < texts.size(); ++i)
+          if (t.encode(texts[(i + w) % texts.size()], false) != expected[(i + w) % texts.size()]) ++mismatches;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,206 @@
+// The tiny fixture's 512-token vocabulary against the HF tokenizer.json it was converted from. HF
+// tokenizers cannot run here, so the oracle is a textbook BPE written in this file from the
+// definition (string symbols, tokenizer.json's merges and vocab, GPT-2's byte alphabet rebuilt
+// here), plus ids derived by hand from the merge list.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "common/fixtures.h"
+#include "format/gguf.h"
+#include "text/pretokenizer.h"
+#include "text/tokenizer.h"
+
+namespace hyspec {
+namespace {
+
+const Tokenizer& tiny() {
+  static std::unique_ptr<Tokenizer> tok = [] {
+    auto gguf = GgufFile::open(test::fixture_path("qwen35-tiny/qwen35-tiny-f32.gguf"));
+    EXPECT_TRUE(gguf.is_ok()) << gguf.message();
+    auto t = Tokenizer::from_gguf(**gguf);
+    EXPECT_TRUE(t.is_ok()) << t.message();
+    return std::move(t).value();
+  }();
+  return *tok;
+}
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else if (cp < 0x800) {
+    s += char(0xC0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3F));
+  } else {
+    s += char(0xE0 | (cp >> 12));
+    s += char(0x80 | ((cp >> 6) & 0x3F));
+    s += char(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// Textbook byte-level BPE from tokenizer.json.
+class ReferenceBpe {
+ public:
+  ReferenceBpe() {
+    const nlohmann::json j = test::read_json_file(test::fixture_path("qwen35-tiny/tokenizer.json"));
+    for (const auto& [text, id] : j["model"]["vocab"].items()) vocab_[text] = id.get<int32_t>();
+    int rank = 0;
+    for (const auto& m : j["model"]["merges"]) {
+      // Newer tokenizer.json files store a merge as ["A", "B"], older ones as "A B".
+      std::pair<std::string, std::string> p;
+      if (m.is_array()) {
+        p = {m[0].get<std::string>(), m[1].get<std::string>()};
+      } else {
+        const std::string s = m.get<std::string>();
+        p = {s.substr(0, s.find(' ')), s.substr(s.find(' ') + 1)};
+      }
+      ranks_.emplace(p, rank++);
+    }
+    for (const auto& a : j["added_tokens"]) added_[a["content"].get<std::string>()] = a["id"].get<int32_t>();
+    // GPT-2: printable Latin-1 bytes stand for themselves, the rest take U+0100.. in byte order.
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+      byte_char_[b] = utf8(printable ? b : 256 + n++);
+    }
+  }
+
+  std::vector<int32_t> encode_piece(std::string_view piece) const {
+    std::vector<std::string> sym;
+    for (char c : piece) sym.push_back(byte_char_[static_cast<uint8_t>(c)]);
+    for (;;) {
+      int best = -1, best_rank = 1 << 30;
+      for (size_t i = 0; i + 1 < sym.size(); ++i) {
+        const auto it = ranks_.find({sym[i], sym[i + 1]});
+        if (it != ranks_.end() && it->second < best_rank) best_rank = it->second, best = static_cast<int>(i);
+      }
+      if (best < 0) break;
+      sym[best] += sym[best + 1];
+      sym.erase(sym.begin() + best + 1);
+    }
+    std::vector<int32_t> ids;
+    for (const std::string& s : sym) ids.push_back(vocab_.at(s));
+    return ids;
+  }
+
+  const std::map<std::string, int32_t>& vocab() const { return vocab_; }
+  const std::map<std::string, int32_t>& added() const { return added_; }
+  size_t n_merges() const { return ranks_.size(); }
+
+ private:
+  std::map<std::string, int32_t> vocab_, added_;
+  std::map<std::pair<std::string, std::string>, int> ranks_;
+  std::string byte_char_[256];
+};
+
+const ReferenceBpe& reference() {
+  static ReferenceBpe r;
+  return r;
+}
+
+std::vector<int32_t> reference_encode(std::string_view text) {
+  static auto pre = Pretokenizer::create(Pretokenizer::kQwen35Pattern);
+  std::vector<std::string_view> pieces;
+  (*pre)->split(text, pieces);
+  std::vector<int32_t> ids;
+  for (std::string_view p : pieces) {
+    const std::vector<int32_t> piece_ids = reference().encode_piece(p);
+    ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
+  }
+  return ids;
+}
+
+std::vector<std::string> corpus() {
+  std::vector<std::string> texts = {
+      "def forward(self, x):\n    return self.linear(x) + None\n",
+      "class Module(object):\n    \"\"\"Docstring.\"\"\"\n\n    def __init__(self, name='value'):\n",
+      "        if not isinstance(key, str):\n            raise TypeError('key')\n",
+      "for i in range(10):\n\tprint(i, end=\", \")\n",
+      "The quick brown fox jumps over the lazy dog. It's 3.14159!",
+      "   leading and trailing   \n\n\n   ",
+      "日本語のテキストと中文混合 mixed with English, ümlauts and café.",
+      "emoji 😀🎉 and 👩‍💻 ZWJ sequences",
+      "I'm sure they'll say we've READ it'S fine, 'd 'LL",
+      "x == y != z >= 0 ## #### ---- ******",
+      "\r\n\r\n \r \n",
+      "",
+  };
+  // Random strings over an alphabet that exercises every regex branch and many merges.
+  const std::vector<std::string> alphabet = {"a", "e", "l", "f", "s", "t", "r", "n", "i", "o", "d", " ", " ",
+                                             "  ", "\n", "\t", "_", "(", ")", ":", "'", "\"", "1", "2", "é",
+                                             "中", "😀", "self", "None", "def", "    ", ".", ","};
+  std::mt19937 rng(42);
+  for (int i = 0; i < 400; ++i) {
+    std::string s;
+    const int len = static_cast<int>(rng() % 40);
+    for (int k = 0; k < len; ++k) s += alphabet[rng() % alphabet.size()];
+    texts.push_back(s);
+  }
+  return texts;
+}
+
+TEST(TinyVocab, GgufVocabularyEqualsTokenizerJson) {
+  const Tokenizer& t = tiny();
+  ASSERT_EQ(t.n_vocab(), static_cast<int32_t>(reference().vocab().size() + reference().added().size()));
+  for (const auto& [text, id] : reference().vocab()) EXPECT_EQ(t.token_text(id), text) << id;
+  for (const auto& [text, id] : reference().added()) {
+    EXPECT_EQ(t.token_text(id), text);
+    EXPECT_EQ(t.token_type(id), TokenType::Control);
+  }
+  EXPECT_EQ(reference().n_merges(), 251u);
+}
+
+TEST(TinyVocab, EncodeMatchesTextbookBpeOverTokenizerJsonMerges) {
+  for (const std::string& s : corpus()) EXPECT_EQ(tiny().encode(s, false), reference_encode(s)) << "text: " << s;
+}
+
+TEST(TinyVocab, EncodeMatchesHandDerivedIds) {
+  const Tokenizer& t = tiny();
+  // "   " "Ġdef" "Ġf" "(self" "):Ċ": ĠĠ+Ġ=258; d+e, de+f, Ġ+def=340; Ġ+f=284;
+  // s+e, l+f, se+lf, (+self=357; :+Ċ, )+:Ċ=306.
+  EXPECT_EQ(t.encode("    def f(self):\n", false), (std::vector<int32_t>{258, 340, 284, 357, 306}));
+  // "Ġthe": Ġ+t (rank 8), h+e (17), Ġt+he = 292. "Ġself": s+e (5) before Ġ+s (49), then l+f,
+  // se+lf, Ġ+self = 293.
+  EXPECT_EQ(t.encode(" the self", false), (std::vector<int32_t>{292, 293}));
+  // "return": r+e, u+r, ur+n, t+urn -> "re" 263 "turn" 312 (only "Ġre"+"turn" is a merge).
+  // "ĠNone": o+n, on+e, N+one, Ġ+None = 396.
+  EXPECT_EQ(t.encode("return None", false), (std::vector<int32_t>{263, 312, 396}));
+  // Digits are single pieces; '1' is byte token 16.
+  EXPECT_EQ(t.encode("11", false), (std::vector<int32_t>{16, 16}));
+}
+
+TEST(TinyVocab, SpecialTokensParseOnlyWhenAsked) {
+  const Tokenizer& t = tiny();
+  // "user": s+e (5) is the only applicable merge: u, se, r.
+  EXPECT_EQ(t.encode("<|im_start|>user<|im_end|>", true), (std::vector<int32_t>{508, 84, 261, 81, 509}));
+  EXPECT_EQ(t.encode("<think>\n</think>", true), (std::vector<int32_t>{510, 198, 511}));
+  const std::vector<int32_t> plain = t.encode("<|im_start|>user<|im_end|>", false);
+  for (int32_t id : plain) EXPECT_LT(id, 507);
+  EXPECT_EQ(t.decode(plain), "<|im_start|>user<|im_end|>");
+  EXPECT_EQ(t.eos_id(), 509);
+  EXPECT_EQ(t.pad_id(), 507);
+  EXPECT_TRUE(t.is_end_of_generation(509));
+  EXPECT_TRUE(t.is_end_of_generation(507));
+}
+
+TEST(TinyVocab, EveryEncodedIdIsAByteTokenOrAMergeResult) {
+  std::set<int32_t> reachable;
+  for (int b = 0; b < 256; ++b) reachable.insert(b);  // the byte alphabet is ids 0..255 here
+  for (const auto& [text, id] : reference().vocab()) {
+    if (id >= 256) reachable.insert(id);  // every token above the bytes is some merge's result
+  }
+  for (const std::string& s : corpus()) {
+    for (int32_t id : tiny().encode(s, false)) EXPECT_TRUE(reachable.count(id) && id < 507) << id;
+  }
+}
+
+TEST(TinyVocab, DecodeInvertsEncode) {
+  for (const std::string& s : corpus()) EXPECT_EQ(tiny().decode(tiny().encode(s, false)), s);
+}
+
+}  // namespace
+}  // namespace hyspec
