@@ -4,11 +4,11 @@
 // here), plus ids derived by hand from the merge list.
 #include <gtest/gtest.h>
 
-#include <map>
 #include <random>
 #include <set>
 
 #include "common/fixtures.h"
+#include "reference_bpe.h"
 #include "format/gguf.h"
 #include "text/pretokenizer.h"
 #include "text/tokenizer.h"
@@ -27,92 +27,31 @@ const Tokenizer& tiny() {
   return *tok;
 }
 
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else if (cp < 0x800) {
-    s += char(0xC0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3F));
-  } else {
-    s += char(0xE0 | (cp >> 12));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
-// Textbook byte-level BPE from tokenizer.json.
-class ReferenceBpe {
- public:
-  ReferenceBpe() {
-    const nlohmann::json j = test::read_json_file(test::fixture_path("qwen35-tiny/tokenizer.json"));
-    for (const auto& [text, id] : j["model"]["vocab"].items()) vocab_[text] = id.get<int32_t>();
-    int rank = 0;
-    for (const auto& m : j["model"]["merges"]) {
-      // Newer tokenizer.json files store a merge as ["A", "B"], older ones as "A B".
-      std::pair<std::string, std::string> p;
-      if (m.is_array()) {
-        p = {m[0].get<std::string>(), m[1].get<std::string>()};
-      } else {
-        const std::string s = m.get<std::string>();
-        p = {s.substr(0, s.find(' ')), s.substr(s.find(' ') + 1)};
-      }
-      ranks_.emplace(p, rank++);
-    }
-    for (const auto& a : j["added_tokens"]) added_[a["content"].get<std::string>()] = a["id"].get<int32_t>();
-    // GPT-2: printable Latin-1 bytes stand for themselves, the rest take U+0100.. in byte order.
-    int n = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-      byte_char_[b] = utf8(printable ? b : 256 + n++);
-    }
-  }
-
-  std::vector<int32_t> encode_piece(std::string_view piece) const {
-    std::vector<std::string> sym;
-    for (char c : piece) sym.push_back(byte_char_[static_cast<uint8_t>(c)]);
-    for (;;) {
-      int best = -1, best_rank = 1 << 30;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        const auto it = ranks_.find({sym[i], sym[i + 1]});
-        if (it != ranks_.end() && it->second < best_rank) best_rank = it->second, best = static_cast<int>(i);
-      }
-      if (best < 0) break;
-      sym[best] += sym[best + 1];
-      sym.erase(sym.begin() + best + 1);
-    }
-    std::vector<int32_t> ids;
-    for (const std::string& s : sym) ids.push_back(vocab_.at(s));
-    return ids;
-  }
-
-  const std::map<std::string, int32_t>& vocab() const { return vocab_; }
-  const std::map<std::string, int32_t>& added() const { return added_; }
-  size_t n_merges() const { return ranks_.size(); }
-
- private:
-  std::map<std::string, int32_t> vocab_, added_;
-  std::map<std::pair<std::string, std::string>, int> ranks_;
-  std::string byte_char_[256];
+struct TokenizerJson {
+  std::map<std::string, int32_t> vocab, added;
+  std::vector<std::string> merges;
 };
 
-const ReferenceBpe& reference() {
-  static ReferenceBpe r;
+const TokenizerJson& tokenizer_json() {
+  static const TokenizerJson tj = [] {
+    TokenizerJson t;
+    const nlohmann::json j = test::read_json_file(test::fixture_path("qwen35-tiny/tokenizer.json"));
+    for (const auto& [text, id] : j["model"]["vocab"].items()) t.vocab[text] = id.get<int32_t>();
+    // Newer tokenizer.json files store a merge as ["A", "B"], older ones as "A B".
+    for (const auto& m : j["model"]["merges"])
+      t.merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>() : m.get<std::string>());
+    for (const auto& a : j["added_tokens"]) t.added[a["content"].get<std::string>()] = a["id"].get<int32_t>();
+    return t;
+  }();
+  return tj;
+}
+
+const test::ReferenceBpe& reference() {
+  static const test::ReferenceBpe r(tokenizer_json().vocab, tokenizer_json().merges);
   return r;
 }
 
-std::vector<int32_t> reference_encode(std::string_view text) {
-  static auto pre = Pretokenizer::create(Pretokenizer::kQwen35Pattern);
-  std::vector<std::string_view> pieces;
-  (*pre)->split(text, pieces);
-  std::vector<int32_t> ids;
-  for (std::string_view p : pieces) {
-    const std::vector<int32_t> piece_ids = reference().encode_piece(p);
-    ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
-  }
-  return ids;
-}
+std::vector<int32_t> reference_encode(std::string_view text) { return test::reference_encode(reference(), text); }
 
 std::vector<std::string> corpus() {
   std::vector<std::string> texts = {
@@ -145,9 +84,9 @@ std::vector<std::string> corpus() {
 
 TEST(TinyVocab, GgufVocabularyEqualsTokenizerJson) {
   const Tokenizer& t = tiny();
-  ASSERT_EQ(t.n_vocab(), static_cast<int32_t>(reference().vocab().size() + reference().added().size()));
-  for (const auto& [text, id] : reference().vocab()) EXPECT_EQ(t.token_text(id), text) << id;
-  for (const auto& [text, id] : reference().added()) {
+  ASSERT_EQ(t.n_vocab(), static_cast<int32_t>(tokenizer_json().vocab.size() + tokenizer_json().added.size()));
+  for (const auto& [text, id] : tokenizer_json().vocab) EXPECT_EQ(t.token_text(id), text) << id;
+  for (const auto& [text, id] : tokenizer_json().added) {
     EXPECT_EQ(t.token_text(id), text);
     EXPECT_EQ(t.token_type(id), TokenType::Control);
   }

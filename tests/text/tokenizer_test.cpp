@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
+#include <random>
 #include <sstream>
 #include <thread>
 
 #include "common/fixtures.h"
 #include "format/gguf.h"
+#include "reference_bpe.h"
 
 namespace hyspec {
 namespace {
@@ -67,6 +70,30 @@ TEST(Qwen35Tokenizer, MatchesEveryLlamaCppVocabTestCase) {
     matched += got == c.ids;
   }
   EXPECT_EQ(matched, static_cast<int>(cases.size()));
+}
+
+// The full 151k-merge table against the textbook BPE, built straight from the GGUF arrays.
+TEST(Qwen35Tokenizer, EncodeMatchesTextbookBpeOnRandomMultilingualText) {
+  auto gguf = GgufFile::open(test::fixture_path("tokenizer/ggml-vocab-qwen35.gguf"));
+  ASSERT_TRUE(gguf.is_ok());
+  const auto tokens = (*gguf)->get_string_array("tokenizer.ggml.tokens");
+  const auto merges = (*gguf)->get_string_array("tokenizer.ggml.merges");
+  ASSERT_TRUE(tokens.is_ok() && merges.is_ok());
+  std::map<std::string, int32_t> vocab;
+  for (size_t i = 0; i < tokens->size(); ++i) vocab.emplace(std::string((*tokens)[i]), static_cast<int32_t>(i));
+  const test::ReferenceBpe reference(std::move(vocab), std::vector<std::string>(merges->begin(), merges->end()));
+
+  const std::vector<std::string> alphabet = {
+      "the", "in", "ing", "tion", "a", "e", "s", "t", "th", " ", " ", "  ", "\n", "\t", "'s", "'ll", ".", ",", "!",
+      "1", "9", "(", ")", "{", "_", "=", "é", "ß", "ü", "中", "文", "的", "こ", "ん", "한", "국", "д", "ы",
+      "😀", "🦙", "\u200d", "🇯", "ـ", "ع", "\xcc\x81", "…", "—", "\u3000", "\r\n"};
+  std::mt19937 rng(7);
+  for (int i = 0; i < 300; ++i) {
+    std::string s;
+    const int len = static_cast<int>(rng() % 24);
+    for (int k = 0; k < len; ++k) s += alphabet[rng() % alphabet.size()];
+    EXPECT_EQ(qwen35().encode(s, false), test::reference_encode(reference, s)) << "text: '" << s << "'";
+  }
 }
 
 TEST(Qwen35Tokenizer, DecodeInvertsEncodeOnEveryVocabTestCase) {
