@@ -1,5 +1,6 @@
-// Tokenizer throughput on ~1 MiB of English: the GPL-3 text that every Debian system ships
-// (base-files), its paragraphs in a fixed pseudo-random order. Run: build/bench/bench_tokenizer
+// Tokenizer throughput on 1 MiB of English: the GPL-3 text that every Debian system ships
+// (base-files), its paragraphs in a fixed pseudo-random order; and on random letter strings,
+// which defeat the piece cache. Run: build/bench/bench_tokenizer
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -59,6 +60,27 @@ const std::string& english_text() {
   return text;
 }
 
+// Random lowercase "words" of 2..11 letters, a different 1 MiB text per iteration (kRandomTexts
+// of them, more distinct pieces than the piece cache holds): nearly every piece goes through the
+// merge loop. A lower bound for text in a language the vocabulary knows.
+constexpr int kRandomTexts = 4;
+const std::string& random_words_text(int index) {
+  static const std::vector<std::string> texts = [] {
+    std::mt19937 rng(99);
+    std::vector<std::string> out(kRandomTexts);
+    for (std::string& text : out) {
+      while (text.size() < kTextBytes) {
+        text += ' ';
+        const int len = 2 + static_cast<int>(rng() % 10);
+        for (int i = 0; i < len; ++i) text += static_cast<char>('a' + rng() % 26);
+      }
+      text.resize(kTextBytes);
+    }
+    return out;
+  }();
+  return texts[index % kRandomTexts];
+}
+
 bool ready(benchmark::State& state) {
   if (!tokenizer()) {
     state.SkipWithError("cannot load tokenizer/ggml-vocab-qwen35.gguf (set HYSPEC_FIXTURES)");
@@ -85,6 +107,18 @@ void BM_EncodeEnglish(benchmark::State& state) {
   state.counters["tokens"] = static_cast<double>(n_tokens);
 }
 BENCHMARK(BM_EncodeEnglish)->ArgName("parse_special")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+void BM_EncodeRandomWords(benchmark::State& state) {
+  if (!ready(state)) return;
+  random_words_text(0);  // generate outside the timed loop
+  int index = 0;
+  for (auto _ : state) {
+    const std::vector<int32_t> ids = tokenizer()->encode(random_words_text(index++), false);
+    benchmark::DoNotOptimize(ids.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kTextBytes));
+}
+BENCHMARK(BM_EncodeRandomWords)->Unit(benchmark::kMillisecond);
 
 void BM_DecodeEnglish(benchmark::State& state) {
   if (!ready(state)) return;

@@ -6,32 +6,41 @@ namespace hyspec {
 
 MergeTable::MergeTable(const std::vector<Rule>& rules) {
   size_t capacity = 16;
-  while (capacity < rules.size() * 2) capacity *= 2;
-  keys_.assign(capacity, kEmpty);
-  values_.assign(capacity, 0);
+  while (capacity < rules.size() + rules.size() / 2) capacity *= 2;  // load factor <= 2/3
+  slots_.assign(capacity, Slot{kEmpty, -1, -1});
   mask_ = capacity - 1;
   shift_ = 64 - __builtin_ctzll(capacity);
   for (size_t rank = 0; rank < rules.size(); ++rank) {
     const Rule& r = rules[rank];
     const uint64_t k = key(r.left, r.right);
     size_t i = slot(k);
-    while (keys_[i] != kEmpty && keys_[i] != k) i = (i + 1) & mask_;
-    if (keys_[i] == k) continue;
-    keys_[i] = k;
-    values_[i] = (uint64_t(rank) << 32) | uint32_t(r.result);
+    while (slots_[i].key != kEmpty && slots_[i].key != k) i = (i + 1) & mask_;
+    if (slots_[i].key == k) continue;
+    slots_[i] = Slot{k, static_cast<int32_t>(rank), r.result};
     ++n_rules_;
+  }
+  dense_.assign(size_t(kDense) * kDense, DenseRule{-1, -1});
+  for (const Slot& s : slots_) {
+    if (s.key == kEmpty) continue;
+    const auto left = static_cast<int32_t>(s.key >> 32), right = static_cast<int32_t>(s.key & 0xFFFFFFFFu);
+    if (left < kDense && right < kDense) dense_[size_t(left) * kDense + right] = DenseRule{s.rank, s.result};
   }
 }
 
 int32_t MergeTable::find(int32_t left, int32_t right, int32_t& result) const {
-  if (keys_.empty()) return -1;
+  if (slots_.empty()) return -1;
+  if (uint32_t(left) < uint32_t(kDense) && uint32_t(right) < uint32_t(kDense)) {
+    const DenseRule& d = dense_[size_t(left) * kDense + right];
+    result = d.result;
+    return d.rank;
+  }
   const uint64_t k = key(left, right);
   for (size_t i = slot(k);; i = (i + 1) & mask_) {
-    if (keys_[i] == k) {
-      result = static_cast<int32_t>(values_[i] & 0xFFFFFFFFu);
-      return static_cast<int32_t>(values_[i] >> 32);
+    if (slots_[i].key == k) {
+      result = slots_[i].result;
+      return slots_[i].rank;
     }
-    if (keys_[i] == kEmpty) return -1;
+    if (slots_[i].key == kEmpty) return -1;
   }
 }
 

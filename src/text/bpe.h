@@ -44,9 +44,21 @@ class MergeTable {
   static uint64_t key(int32_t l, int32_t r) { return (uint64_t(uint32_t(l)) << 32) | uint32_t(r); }
   size_t slot(uint64_t k) const { return (k * 0x9E3779B97F4A7C15ull) >> shift_; }
 
-  // Open addressing, linear probing; value = rank << 32 | result.
-  std::vector<uint64_t> keys_;
-  std::vector<uint64_t> values_;
+  // Open addressing, linear probing; key and value side by side so a probe is one cache line.
+  struct Slot {
+    uint64_t key;
+    int32_t rank;
+    int32_t result;
+  };
+  std::vector<Slot> slots_;
+  // Rules between ids below kDense, looked up directly: a piece starts as byte tokens, which
+  // byte-level vocabularies number 0..255, so the first round of lookups stays in this table.
+  static constexpr int32_t kDense = 256;
+  struct DenseRule {
+    int32_t rank;
+    int32_t result;
+  };
+  std::vector<DenseRule> dense_;  // [kDense * kDense]
   int shift_ = 64;
   size_t mask_ = 0;
   size_t n_rules_ = 0;

@@ -1,6 +1,7 @@
 // Memo of BPE results per pre-token piece: natural text repeats its words, so most pieces are
-// found here instead of being merged again. Thread-safe (sharded, one mutex per shard); a shard
-// that reaches its entry limit is emptied, which bounds the memory to a few MiB.
+// found here instead of being merged again. A direct-mapped cache (a new piece evicts the one in
+// its slot), sharded with one mutex per shard so concurrent encodes rarely contend; memory is
+// bounded by kShards * kSlotsPerShard entries of at most kMaxPieceBytes bytes.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -8,7 +9,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace hyspec {
@@ -18,22 +18,24 @@ class BpeCache {
   // Pieces longer than this are not cached: they rarely repeat.
   static constexpr size_t kMaxPieceBytes = 48;
 
+  BpeCache();
   // Appends the cached ids of `piece` to `out` and returns true, or returns false.
   bool lookup(std::string_view piece, std::vector<int32_t>& out) const;
   void insert(std::string_view piece, std::span<const int32_t> ids) const;
 
  private:
-  struct Hash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  static constexpr size_t kShards = 32;
+  static constexpr size_t kSlotsPerShard = 2048;
+  struct Slot {
+    uint64_t hash = 0;
+    std::string piece;  // empty: unused (the empty piece is never cached)
+    std::vector<int32_t> ids;
   };
-  static constexpr size_t kShards = 64;
-  static constexpr size_t kMaxEntriesPerShard = 2048;
   struct Shard {
     std::mutex mutex;
-    std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> map;
+    std::vector<Slot> slots;
   };
-  static size_t shard_of(size_t hash) { return (hash >> 20) % kShards; }
+  static uint64_t hash(std::string_view s);
   mutable std::array<Shard, kShards> shards_;
 };
 

@@ -221,11 +221,13 @@ void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) c
   std::vector<int32_t> ids;
   MergeTable::Scratch scratch;
   for (std::string_view piece : pieces) {
-    if (cache_->lookup(piece, out)) continue;
+    // One- and two-byte pieces (punctuation, digits, spaces) merge faster than a cache lookup.
+    const bool cacheable = piece.size() > 2;
+    if (cacheable && cache_->lookup(piece, out)) continue;
     ids.clear();
     for (char c : piece) ids.push_back(byte_token_[static_cast<uint8_t>(c)]);
     merges_.merge(ids, scratch);
-    cache_->insert(piece, ids);
+    if (cacheable) cache_->insert(piece, ids);
     out.insert(out.end(), ids.begin(), ids.end());
   }
 }
