@@ -185,11 +185,19 @@ bool Tokenizer::is_end_of_generation(int32_t id) const {
   return std::find(end_of_generation_.begin(), end_of_generation_.end(), id) != end_of_generation_.end();
 }
 
+// Buffers reused across the segments and pieces of one encode() call.
+struct Tokenizer::EncodeScratch {
+  std::vector<std::string_view> pieces;
+  std::vector<int32_t> ids;
+  MergeTable::Scratch merge;
+};
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
+  EncodeScratch scratch;
   if (!parse_special) {
-    encode_plain(text, out);
+    encode_plain(text, scratch, out);
     return out;
   }
   size_t plain_start = 0;
@@ -205,28 +213,26 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
       ++i;
       continue;
     }
-    encode_plain(text.substr(plain_start, i - plain_start), out);
+    encode_plain(text.substr(plain_start, i - plain_start), scratch, out);
     out.push_back(match);
     i += token_text(match).size();
     plain_start = i;
   }
-  encode_plain(text.substr(plain_start), out);
+  encode_plain(text.substr(plain_start), scratch, out);
   return out;
 }
 
-void Tokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+void Tokenizer::encode_plain(std::string_view text, EncodeScratch& scratch, std::vector<int32_t>& out) const {
   if (text.empty()) return;
-  std::vector<std::string_view> pieces;
-  pretokenizer_->split(text, pieces);
-  std::vector<int32_t> ids;
-  MergeTable::Scratch scratch;
-  for (std::string_view piece : pieces) {
+  pretokenizer_->split(text, scratch.pieces);
+  std::vector<int32_t>& ids = scratch.ids;
+  for (std::string_view piece : scratch.pieces) {
     // One- and two-byte pieces (punctuation, digits, spaces) merge faster than a cache lookup.
     const bool cacheable = piece.size() > 2;
     if (cacheable && cache_->lookup(piece, out)) continue;
     ids.clear();
     for (char c : piece) ids.push_back(byte_token_[static_cast<uint8_t>(c)]);
-    merges_.merge(ids, scratch);
+    merges_.merge(ids, scratch.merge);
     if (cacheable) cache_->insert(piece, ids);
     out.insert(out.end(), ids.begin(), ids.end());
   }

@@ -73,7 +73,8 @@ class Tokenizer {
   Tokenizer();
   Status load(const GgufFile& gguf);
   void build_text_index();
-  void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
+  struct EncodeScratch;
+  void encode_plain(std::string_view text, EncodeScratch& scratch, std::vector<int32_t>& out) const;
 
   std::string text_arena_;              // token_text of all ids, concatenated
   std::vector<uint32_t> text_offsets_;  // [n_vocab + 1]
