@@ -16,7 +16,7 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
   if (with_spec) {
     cmd.add_option("--spec", spec, "Speculative decoding: none, ngram, mtp, dflash")
         ->check(CLI::IsMember({"none", "ngram", "mtp", "dflash"}));
-    cmd.add_option("--draft-model,-md", draft_model, "DFlash drafter: GGUF file or HF directory");
+    cmd.add_option("--draft-model", draft_model, "DFlash drafter: GGUF file or HF directory");
     cmd.add_option("--draft-max", draft_max, "Most drafted tokens per round (0..64)");
   }
 }
