@@ -1,7 +1,5 @@
 // The tokenizers of the fixture GGUFs, loaded once per test binary.
 #pragma once
-#include <gtest/gtest.h>
-
 #include <map>
 #include <memory>
 #include <stdexcept>
