@@ -1,0 +1,274 @@
+// Softmax attention over the KV cache, GQA, causal or block (non-causal) mode, KV in f32 or f16.
+//
+// out[t, h] = sum_j softmax_j(scale * q[t,h] . K[j, h/G]) V[j, h/G] over the visible keys j:
+// causal: j <= positions[t]; block mode: j <= positions[n-1]. G = n_head / n_kv_head.
+//
+// One kernel serves decode, verify and prefill (flash-attention style, online softmax): a block of
+// 128 threads takes 16 query vectors that share a kv head (the G heads of consecutive rows, so K/V
+// tiles are read once for all of them) and one split of the key range, loops over tiles of 32 keys
+// staged in shared memory (f32), and keeps each query's running max, sum and output in registers
+// (8 threads per query, D/8 output values each). When there are few query blocks (decode), the key
+// range is split across blocks (split-K) and a second kernel merges the partial (max, sum, output)
+// triples. The split boundaries are computed on the device from the positions, so a captured graph
+// stays correct as the context grows.
+// Budget (decode, one kv head): bytes = kv_len * D * 2 * sizeof(kv) once; FLOPs = 4 * 16 * kv_len * D
+// per query block (the 16 slots are padded with idle queries when G*n < 16; the tiles are
+// bandwidth-bound for G*n <= 16 either way).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/kernels.h"
+
+namespace hyspec::cuda {
+namespace {
+
+constexpr int kQueries = 16;  // query vectors per block
+constexpr int kKeys = 32;     // keys per tile
+constexpr int kThreads = 128;
+
+struct AttnArgs {
+  Mat q, out;
+  const void* k;
+  const void* v;
+  bool kv_f16;
+  int64_t kv_width;
+  const int32_t* positions;
+  int n, group, n_kv;
+  float scale;
+  bool causal;
+  int n_splits;
+  float* part_o;   // [n_splits, n_kv, M, D]
+  float* part_ml;  // [n_splits, n_kv, M, 2]
+};
+
+template <int D>
+constexpr size_t attention_smem() {
+  return (static_cast<size_t>(kQueries + 2 * kKeys) * (D + 4) + kQueries * kKeys) * sizeof(float);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
+  constexpr int LD = D + 4;  // row pitch: float4-aligned, consecutive rows 4 banks apart
+  constexpr int J = D / 32;  // float4 output slices per thread
+  extern __shared__ float smem[];
+  float* Qs = smem;
+  float* Ks = Qs + kQueries * LD;
+  float* Vs = Ks + kKeys * LD;
+  float* Ps = Vs + kKeys * LD;
+  __shared__ int s_kend;
+
+  const int tid = threadIdx.x, qi = tid >> 3, l8 = tid & 7;
+  const int kvh = blockIdx.x, z = blockIdx.z;
+  const int M = a.n * a.group;
+  const int m = blockIdx.y * kQueries + qi;
+  const bool valid_q = m < M;
+  const int row = valid_q ? m / a.group : 0;
+  const int head = kvh * a.group + (valid_q ? m % a.group : 0);
+  const int lim = valid_q ? (a.causal ? a.positions[row] : a.positions[a.n - 1]) : -1;
+
+  if (tid == 0) s_kend = 0;
+  __syncthreads();
+  if (l8 == 0 && valid_q) atomicMax(&s_kend, lim + 1);
+  // Q tile, pre-scaled.
+  {
+    const float* src = a.q.data + static_cast<int64_t>(row) * a.q.stride + static_cast<int64_t>(head) * D;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int d = l8 * 4 + 32 * j;
+      float4 v = valid_q ? *reinterpret_cast<const float4*>(src + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v.x *= a.scale, v.y *= a.scale, v.z *= a.scale, v.w *= a.scale;
+      *reinterpret_cast<float4*>(Qs + qi * LD + d) = v;
+    }
+  }
+  __syncthreads();
+  const int kend = s_kend;
+  const int chunk = ((kend + a.n_splits - 1) / a.n_splits + kKeys - 1) / kKeys * kKeys;
+  const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
+
+  float m_run = -INFINITY, l_run = 0.0f;
+  float4 o[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+  for (int kt = k0; kt < k1; kt += kKeys) {
+    __syncthreads();  // previous tile fully consumed
+    if (a.kv_f16) {
+      for (int idx = tid; idx < kKeys * D / 8; idx += kThreads) {
+        const int key = idx / (D / 8), d = idx % (D / 8) * 8;
+        float4 k_lo = make_float4(0.f, 0.f, 0.f, 0.f), k_hi = k_lo, v_lo = k_lo, v_hi = k_lo;
+        if (kt + key < k1) {
+          const int64_t off = static_cast<int64_t>(kt + key) * a.kv_width + static_cast<int64_t>(kvh) * D + d;
+          const uint4 kr = *reinterpret_cast<const uint4*>(static_cast<const __half*>(a.k) + off);
+          const uint4 vr = *reinterpret_cast<const uint4*>(static_cast<const __half*>(a.v) + off);
+          const half2* kh = reinterpret_cast<const half2*>(&kr);
+          const half2* vh = reinterpret_cast<const half2*>(&vr);
+          float2 f0 = __half22float2(kh[0]), f1 = __half22float2(kh[1]), f2 = __half22float2(kh[2]),
+                 f3 = __half22float2(kh[3]);
+          k_lo = make_float4(f0.x, f0.y, f1.x, f1.y), k_hi = make_float4(f2.x, f2.y, f3.x, f3.y);
+          f0 = __half22float2(vh[0]), f1 = __half22float2(vh[1]), f2 = __half22float2(vh[2]), f3 = __half22float2(vh[3]);
+          v_lo = make_float4(f0.x, f0.y, f1.x, f1.y), v_hi = make_float4(f2.x, f2.y, f3.x, f3.y);
+        }
+        *reinterpret_cast<float4*>(Ks + key * LD + d) = k_lo;
+        *reinterpret_cast<float4*>(Ks + key * LD + d + 4) = k_hi;
+        *reinterpret_cast<float4*>(Vs + key * LD + d) = v_lo;
+        *reinterpret_cast<float4*>(Vs + key * LD + d + 4) = v_hi;
+      }
+    } else {
+      for (int idx = tid; idx < kKeys * D / 4; idx += kThreads) {
+        const int key = idx / (D / 4), d = idx % (D / 4) * 4;
+        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+        if (kt + key < k1) {
+          const int64_t off = static_cast<int64_t>(kt + key) * a.kv_width + static_cast<int64_t>(kvh) * D + d;
+          kv = *reinterpret_cast<const float4*>(static_cast<const float*>(a.k) + off);
+          vv = *reinterpret_cast<const float4*>(static_cast<const float*>(a.v) + off);
+        }
+        *reinterpret_cast<float4*>(Ks + key * LD + d) = kv;
+        *reinterpret_cast<float4*>(Vs + key * LD + d) = vv;
+      }
+    }
+    __syncthreads();
+
+    // Scores of query qi against keys l8 + 8*jj.
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int d = 0; d < D; d += 4) {
+      const float4 qv = *reinterpret_cast<const float4*>(Qs + qi * LD + d);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const float4 kv = *reinterpret_cast<const float4*>(Ks + (l8 + 8 * jj) * LD + d);
+        s[jj] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+      }
+    }
+    float tmax = -INFINITY;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int key = kt + l8 + 8 * jj;
+      if (key >= k1 || key > lim) s[jj] = -INFINITY;
+      tmax = fmaxf(tmax, s[jj]);
+    }
+    for (int off = 4; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+    const float m_new = fmaxf(m_run, tmax);
+    float alpha = 1.0f, psum = 0.0f;
+    if (m_new != -INFINITY) {
+      alpha = expf(m_run - m_new);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        s[jj] = expf(s[jj] - m_new);
+        psum += s[jj];
+      }
+    } else {
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) s[jj] = 0.0f;
+    }
+    for (int off = 4; off > 0; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+    l_run = l_run * alpha + psum;
+    m_run = m_new;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) Ps[qi * kKeys + l8 + 8 * jj] = s[jj];
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < J; ++j) o[j].x *= alpha, o[j].y *= alpha, o[j].z *= alpha, o[j].w *= alpha;
+#pragma unroll 4
+    for (int key = 0; key < kKeys; ++key) {
+      const float p = Ps[qi * kKeys + key];
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const float4 vv = *reinterpret_cast<const float4*>(Vs + key * LD + l8 * 4 + 32 * j);
+        o[j].x += p * vv.x, o[j].y += p * vv.y, o[j].z += p * vv.z, o[j].w += p * vv.w;
+      }
+    }
+  }
+
+  if (!valid_q) return;
+  if (a.n_splits == 1) {
+    const float inv = l_run > 0.0f ? 1.0f / l_run : 0.0f;
+    float* dst = a.out.data + static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D;
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      *reinterpret_cast<float4*>(dst + l8 * 4 + 32 * j) = make_float4(o[j].x * inv, o[j].y * inv, o[j].z * inv, o[j].w * inv);
+  } else {
+    const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
+    float* dst = a.part_o + slot * D;
+#pragma unroll
+    for (int j = 0; j < J; ++j) *reinterpret_cast<float4*>(dst + l8 * 4 + 32 * j) = o[j];
+    if (l8 == 0) a.part_ml[slot * 2] = m_run, a.part_ml[slot * 2 + 1] = l_run;
+  }
+}
+
+// Merge the split partials of one query vector: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z.
+__global__ void attention_combine_kernel(AttnArgs a, int D) {
+  const int M = a.n * a.group;
+  const int kvh = blockIdx.x / M, m = blockIdx.x % M;
+  float gmax = -INFINITY;
+  for (int z = 0; z < a.n_splits; ++z)
+    gmax = fmaxf(gmax, a.part_ml[((static_cast<int64_t>(z) * a.n_kv + kvh) * M + m) * 2]);
+  float denom = 0.0f;
+  for (int z = 0; z < a.n_splits; ++z) {
+    const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
+    denom += expf(a.part_ml[slot * 2] - gmax) * a.part_ml[slot * 2 + 1];
+  }
+  const int row = m / a.group, head = kvh * a.group + m % a.group;
+  float* dst = a.out.data + static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int z = 0; z < a.n_splits; ++z) {
+      const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
+      acc += expf(a.part_ml[slot * 2] - gmax) * a.part_o[slot * D + d];
+    }
+    dst[d] = denom > 0.0f ? acc / denom : 0.0f;
+  }
+}
+
+template <int D>
+cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
+  static const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(attention_smem<D>()));
+  if (attr != cudaSuccess) return attr;
+  const int M = a.n * a.group;
+  const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
+  attention_kernel<D><<<grid, kThreads, attention_smem<D>(), stream>>>(a);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || a.n_splits == 1) return err;
+  attention_combine_kernel<<<a.n_kv * M, std::min(D, 256), 0, stream>>>(a, D);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool attention_head_dim_supported(int head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+int attention_splits(const AttentionParams& p, int n_sm) {
+  const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
+  const int64_t base = p.n_kv_head * ((M + kQueries - 1) / kQueries);
+  if (base >= n_sm) return 1;
+  const int64_t want = (2 * n_sm + base - 1) / base;
+  const int64_t max_useful = std::max<int64_t>(1, p.kv_capacity / (2 * kKeys));
+  return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, 64));
+}
+
+size_t attention_scratch_bytes(const AttentionParams& p, int n_splits) {
+  if (n_splits <= 1) return 0;
+  const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
+  return static_cast<size_t>(n_splits) * p.n_kv_head * M * (p.head_dim + 2) * sizeof(float);
+}
+
+cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scratch, cudaStream_t stream) {
+  if (p.q.rows == 0) return cudaSuccess;
+  const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
+  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_f16, p.kv_width, p.positions, static_cast<int>(p.q.rows),
+             p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, scratch,
+             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
+  switch (p.head_dim) {
+    case 32: return launch<32>(a, stream);
+    case 64: return launch<64>(a, stream);
+    case 128: return launch<128>(a, stream);
+    case 256: return launch<256>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace hyspec::cuda
