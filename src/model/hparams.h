@@ -1,0 +1,34 @@
+// Qwen3.5 / Qwen3.6 hyperparameters as stored in GGUF (QWEN35.md, "Architectures and metadata").
+#pragma once
+#include <string>
+#include <vector>
+
+#include "format/gguf.h"
+#include "util/status.h"
+
+namespace hyspec {
+
+struct Qwen35Hparams {
+  std::string arch;  // "qwen35" or "qwen35moe"
+  bool moe = false;
+  int n_layer = 0;   // trunk layers (block_count - nextn_predict_layers)
+  int n_nextn = 0;   // trailing MTP blocks
+  int n_embd = 0, n_ff = 0, n_vocab = 0, n_ctx_train = 0;
+  int n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
+  float rope_base = 1e7f, eps = 1e-6f;
+  std::vector<int> rope_sections;
+  // Gated DeltaNet
+  int conv_kernel = 0, ssm_d = 0, ssm_k_heads = 0, ssm_v_heads = 0, ssm_inner = 0;
+  std::vector<bool> recurrent;  // per trunk layer
+  // MoE
+  int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+
+  int gdn_channels() const { return 2 * ssm_k_heads * ssm_d + ssm_v_heads * ssm_d; }  // 2K + V
+  int n_attention_layers() const;
+  int n_recurrent_layers() const { return n_layer - n_attention_layers(); }
+};
+
+// Reads and validates every field; errors name the file and the key.
+Result<Qwen35Hparams> read_qwen35_hparams(const GgufFile& f);
+
+}  // namespace hyspec

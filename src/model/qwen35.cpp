@@ -1,0 +1,252 @@
+#include "model/qwen35.h"
+
+#include "model/qwen35_impl.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace hyspec {
+
+namespace {
+
+// Binds tensors by GGUF name, checking presence and shape; the first error is kept.
+class Binder {
+ public:
+  Binder(Backend& b, const GgufFile& f, bool dequant) : backend_(b), file_(f), dequant_(dequant) {}
+  Weight get(const std::string& name, std::initializer_list<int64_t> shape, bool required = true,
+             bool force_f32 = false) {
+    Weight w;
+    if (!status_.is_ok()) return w;
+    const GgufTensorInfo* t = file_.find_tensor(name);
+    if (!t) {
+      if (required) status_ = Status::errorf("{}: missing tensor '{}'", file_.path(), name);
+      return w;
+    }
+    int d = 0;
+    for (int64_t want : shape) {
+      const int64_t have = d < t->n_dims ? t->ne[d] : 1;
+      if (have != want) {
+        std::string expect = "[";
+        for (int64_t s : shape) expect += fmt::format("{}{}", expect.size() > 1 ? ", " : "", s);
+        status_ = Status::errorf("{}: tensor '{}' has shape {}, expected {}]", file_.path(), name, t->shape_string(),
+                                 expect);
+        return w;
+      }
+      ++d;
+    }
+    for (; d < t->n_dims; ++d)
+      if (t->ne[d] != 1) {
+        status_ = Status::errorf("{}: tensor '{}' has shape {}, too many dimensions", file_.path(), name,
+                                 t->shape_string());
+        return w;
+      }
+    auto r = backend_.load_weight(*t, dequant_ || force_f32);
+    if (!r) {
+      status_ = r.status().with_context(file_.path());
+      return w;
+    }
+    return std::move(r).value();
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  Backend& backend_;
+  const GgufFile& file_;
+  bool dequant_;
+  Status status_;
+};
+
+std::string blk(int i, const char* name) { return fmt::format("blk.{}.{}", i, name); }
+
+}  // namespace
+
+Qwen35Model::Qwen35Model(Backend& backend, Qwen35Hparams hp)
+    : backend_(backend), hp_(std::move(hp)), impl_(std::make_unique<Impl>()) {}
+Qwen35Model::~Qwen35Model() = default;
+
+bool Qwen35Model::has_mtp() const { return impl_->mtp != nullptr; }
+const Weight& Qwen35Model::token_embd() const { return impl_->token_embd; }
+const Weight& Qwen35Model::output_norm() const { return impl_->output_norm; }
+const Weight& Qwen35Model::output() const { return impl_->output; }
+int64_t Qwen35Model::reserved_tokens() const { return impl_->max_tokens; }
+
+static void bind_block(Binder& b, const Qwen35Hparams& hp, int i, bool recurrent, Block& blk_w) {
+  const int64_t E = hp.n_embd, D = hp.head_dim;
+  blk_w.recurrent = recurrent;
+  blk_w.attn_norm = b.get(blk(i, "attn_norm.weight"), {E}, true, true);
+  blk_w.post_attention_norm = b.get(blk(i, "post_attention_norm.weight"), {E}, true, true);
+  if (recurrent) {
+    const int64_t d = hp.ssm_d, V = int64_t{hp.ssm_v_heads} * d, C = hp.gdn_channels(), Hv = hp.ssm_v_heads;
+    GdnWeights& g = blk_w.gdn;
+    g.attn_qkv = b.get(blk(i, "attn_qkv.weight"), {E, C});
+    g.attn_gate = b.get(blk(i, "attn_gate.weight"), {E, V});
+    g.ssm_beta = b.get(blk(i, "ssm_beta.weight"), {E, Hv});
+    g.ssm_alpha = b.get(blk(i, "ssm_alpha.weight"), {E, Hv});
+    g.ssm_conv1d = b.get(blk(i, "ssm_conv1d.weight"), {hp.conv_kernel, C}, true, true);
+    g.ssm_dt_bias = b.get(blk(i, "ssm_dt.bias"), {Hv}, true, true);
+    g.ssm_a = b.get(blk(i, "ssm_a"), {Hv}, true, true);
+    g.ssm_norm = b.get(blk(i, "ssm_norm.weight"), {d}, true, true);
+    g.ssm_out = b.get(blk(i, "ssm_out.weight"), {V, E});
+  } else {
+    AttentionWeights& a = blk_w.attn;
+    a.attn_q = b.get(blk(i, "attn_q.weight"), {E, 2 * hp.n_head * D});
+    a.attn_k = b.get(blk(i, "attn_k.weight"), {E, hp.n_head_kv * D});
+    a.attn_v = b.get(blk(i, "attn_v.weight"), {E, hp.n_head_kv * D});
+    a.attn_output = b.get(blk(i, "attn_output.weight"), {hp.n_head * D, E});
+    a.attn_q_norm = b.get(blk(i, "attn_q_norm.weight"), {D}, true, true);
+    a.attn_k_norm = b.get(blk(i, "attn_k_norm.weight"), {D}, true, true);
+  }
+  FfnWeights& f = blk_w.ffn;
+  if (hp.moe) {
+    const int64_t X = hp.n_expert, F = hp.n_ff_exp;
+    f.ffn_gate_inp = b.get(blk(i, "ffn_gate_inp.weight"), {E, X});
+    f.ffn_gate_exps = b.get(blk(i, "ffn_gate_exps.weight"), {E, F, X});
+    f.ffn_up_exps = b.get(blk(i, "ffn_up_exps.weight"), {E, F, X});
+    f.ffn_down_exps = b.get(blk(i, "ffn_down_exps.weight"), {F, E, X});
+    if (hp.n_ff_shexp > 0) {
+      f.ffn_gate_shexp = b.get(blk(i, "ffn_gate_shexp.weight"), {E, hp.n_ff_shexp});
+      f.ffn_up_shexp = b.get(blk(i, "ffn_up_shexp.weight"), {E, hp.n_ff_shexp});
+      f.ffn_down_shexp = b.get(blk(i, "ffn_down_shexp.weight"), {hp.n_ff_shexp, E});
+      f.ffn_gate_inp_shexp = b.get(blk(i, "ffn_gate_inp_shexp.weight"), {E, 1});
+    }
+  } else {
+    f.ffn_gate = b.get(blk(i, "ffn_gate.weight"), {E, hp.n_ff});
+    f.ffn_up = b.get(blk(i, "ffn_up.weight"), {E, hp.n_ff});
+    f.ffn_down = b.get(blk(i, "ffn_down.weight"), {hp.n_ff, E});
+  }
+}
+
+Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(Backend& backend, const GgufFile& file,
+                                                        const LoadOptions& options) {
+  HS_ASSIGN_OR_RETURN(Qwen35Hparams hp, read_qwen35_hparams(file));
+  for (const char* variant : {"selector", "dflash"})
+    if (file.find_tensor(std::string(variant) + ".weight"))
+      return Status::errorf("{}: not a Qwen3.5 target model", file.path());
+  std::unique_ptr<Qwen35Model> m(new Qwen35Model(backend, hp));
+  Impl& I = *m->impl_;
+  Binder b(backend, file, options.dequantize_to_f32);
+  const int64_t E = hp.n_embd, Vocab = hp.n_vocab;
+  I.token_embd = b.get("token_embd.weight", {E, Vocab});
+  I.output_norm = b.get("output_norm.weight", {E}, true, true);
+  I.output = b.get("output.weight", {E, Vocab}, false);
+  if (b.status().is_ok() && !I.output.present()) I.output = I.token_embd;  // tied embeddings
+  I.blocks.resize(hp.n_layer);
+  for (int i = 0; i < hp.n_layer; ++i) bind_block(b, hp, i, hp.recurrent[i], I.blocks[i]);
+  if (options.load_mtp && hp.n_nextn > 0) {
+    const int i = hp.n_layer;  // the first nextn block
+    auto mtp = std::make_unique<MtpBlock>();
+    bind_block(b, hp, i, false, mtp->block);
+    mtp->eh_proj = b.get(blk(i, "nextn.eh_proj.weight"), {2 * E, E});
+    mtp->enorm = b.get(blk(i, "nextn.enorm.weight"), {E}, true, true);
+    mtp->hnorm = b.get(blk(i, "nextn.hnorm.weight"), {E}, true, true);
+    mtp->shared_head_norm = b.get(blk(i, "nextn.shared_head_norm.weight"), {E}, false, true);
+    mtp->shared_head_head = b.get(blk(i, "nextn.shared_head_head.weight"), {E, Vocab}, false);
+    mtp->embed_tokens = b.get(blk(i, "nextn.embed_tokens.weight"), {E, Vocab}, false);
+    I.mtp = std::move(mtp);
+  }
+  HS_RETURN_IF_ERROR(b.status());
+  return m;
+}
+
+Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, GgmlType kv_type) const {
+  if (kv_type != GgmlType::F32 && kv_type != GgmlType::F16)
+    return Status::errorf("KV cache type {} is not supported (F32 or F16)", ggml_type_name(kv_type));
+  if (n_ctx <= 0) return Status::errorf("context length {} is invalid", n_ctx);
+  SequenceState s;
+  s.n_ctx = n_ctx;
+  s.max_capture = std::max(0, max_capture);
+  const int64_t kv_width = int64_t{hp_.n_head_kv} * hp_.head_dim;
+  const size_t kv_elem = kv_type == GgmlType::F16 ? 2 : 4;
+  const int64_t C = hp_.gdn_channels(), hist = hp_.conv_kernel - 1;
+  const int64_t ssm_size = int64_t{hp_.ssm_v_heads} * hp_.ssm_d * hp_.ssm_d;
+  auto alloc = [&](size_t bytes) -> Result<void*> {
+    HS_ASSIGN_OR_RETURN(Buffer b, backend_.alloc(bytes));
+    backend_.fill_zero(b.data(), bytes);
+    s.storage.push_back(b);
+    return b.data();
+  };
+  auto make_kv = [&]() -> Result<KvLayer> {
+    KvLayer kv;
+    kv.type = kv_type;
+    kv.capacity = n_ctx;
+    kv.width = kv_width;
+    HS_ASSIGN_OR_RETURN(kv.k, alloc(static_cast<size_t>(n_ctx * kv_width) * kv_elem));
+    HS_ASSIGN_OR_RETURN(kv.v, alloc(static_cast<size_t>(n_ctx * kv_width) * kv_elem));
+    return kv;
+  };
+  s.kv.resize(hp_.n_layer);
+  s.conv.assign(hp_.n_layer, nullptr);
+  s.ssm.assign(hp_.n_layer, nullptr);
+  s.conv_capture.assign(hp_.n_layer, nullptr);
+  s.ssm_capture.assign(hp_.n_layer, nullptr);
+  for (int i = 0; i < hp_.n_layer; ++i) {
+    if (!hp_.recurrent[i]) {
+      HS_ASSIGN_OR_RETURN(s.kv[i], make_kv());
+      continue;
+    }
+    HS_ASSIGN_OR_RETURN(void* conv, alloc(static_cast<size_t>(hist * C) * sizeof(float)));
+    HS_ASSIGN_OR_RETURN(void* ssm, alloc(static_cast<size_t>(ssm_size) * sizeof(float)));
+    s.conv[i] = static_cast<float*>(conv);
+    s.ssm[i] = static_cast<float*>(ssm);
+    if (s.max_capture > 0) {
+      HS_ASSIGN_OR_RETURN(void* cc, alloc(static_cast<size_t>(s.max_capture * hist * C) * sizeof(float)));
+      HS_ASSIGN_OR_RETURN(void* sc, alloc(static_cast<size_t>(s.max_capture * ssm_size) * sizeof(float)));
+      s.conv_capture[i] = static_cast<float*>(cc);
+      s.ssm_capture[i] = static_cast<float*>(sc);
+    }
+  }
+  if (impl_->mtp) {
+    HS_ASSIGN_OR_RETURN(s.mtp_kv, make_kv());
+  }
+  return s;
+}
+
+void Qwen35Model::reset_state(SequenceState& s) const {
+  const int64_t C = hp_.gdn_channels(), hist = hp_.conv_kernel - 1;
+  const int64_t ssm_size = int64_t{hp_.ssm_v_heads} * hp_.ssm_d * hp_.ssm_d;
+  for (int i = 0; i < hp_.n_layer; ++i) {
+    if (!s.conv[i]) continue;
+    backend_.fill_zero(s.conv[i], static_cast<size_t>(hist * C) * sizeof(float));
+    backend_.fill_zero(s.ssm[i], static_cast<size_t>(ssm_size) * sizeof(float));
+  }
+}
+
+void Qwen35Model::restore_captured(SequenceState& s, int slot) const {
+  const int64_t conv_size = int64_t{hp_.gdn_channels()} * (hp_.conv_kernel - 1);
+  const int64_t ssm_size = int64_t{hp_.ssm_v_heads} * hp_.ssm_d * hp_.ssm_d;
+  for (int i = 0; i < hp_.n_layer; ++i) {
+    if (!s.conv[i] || !s.conv_capture[i]) continue;
+    backend_.copy(s.conv[i], s.conv_capture[i] + slot * conv_size, static_cast<size_t>(conv_size) * sizeof(float));
+    backend_.copy(s.ssm[i], s.ssm_capture[i] + slot * ssm_size, static_cast<size_t>(ssm_size) * sizeof(float));
+  }
+}
+
+Status Qwen35Model::reserve(int64_t max_tokens) {
+  Impl& I = *impl_;
+  if (max_tokens <= I.max_tokens) return Status::ok();
+  const int64_t E = hp_.n_embd;
+  const int64_t qg = 2 * int64_t{hp_.n_head} * hp_.head_dim;
+  int64_t wide = std::max<int64_t>({E * 2, hp_.gdn_channels(), qg, hp_.n_ff, hp_.n_ff_shexp, hp_.n_ff_exp});
+  wide = (wide + 15) / 16 * 16;
+  const int64_t per_token = 3 * E + 4 * wide + 16 * std::max(hp_.ssm_v_heads, 1);
+  HS_ASSIGN_OR_RETURN(I.ws, backend_.alloc(static_cast<size_t>(max_tokens * per_token) * sizeof(float)));
+  float* p = I.ws.as<float>();
+  auto take = [&](int64_t width) {
+    float* r = p;
+    p += max_tokens * width;
+    return r;
+  };
+  I.x = take(E);
+  I.h = take(E);
+  I.mix = take(E);
+  I.t1 = take(wide);
+  I.t2 = take(wide);
+  I.t3 = take(wide);
+  I.t4 = take(wide);
+  I.small = take(16 * std::max(hp_.ssm_v_heads, 1));
+  I.wide = wide;
+  I.max_tokens = max_tokens;
+  return Status::ok();
+}
+
+}  // namespace hyspec

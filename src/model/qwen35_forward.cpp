@@ -1,0 +1,197 @@
+// The Qwen3.5 forward pass (QWEN35.md "Block", "Gated DeltaNet mixer", "Full-attention mixer",
+// "MoE FFN", "MTP head"), top to bottom, as backend ops over the workspace.
+#include <cmath>
+
+#include "model/qwen35.h"
+#include "model/qwen35_impl.h"
+
+namespace hyspec {
+
+namespace {
+
+struct Ctx {
+  Backend& be;
+  const Qwen35Hparams& hp;
+  Qwen35Model::Impl& I;
+  int64_t n;
+  Rows buf(float* p, int64_t cols) const { return Rows(p, n, cols); }
+};
+
+// x [n, E] normed input -> out [n, E]
+void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, float* conv_state, float* ssm_state, float* conv_capture,
+               float* ssm_capture, bool chunked, Rows out) {
+  const Qwen35Hparams& hp = c.hp;
+  const int64_t d = hp.ssm_d, K = int64_t{hp.ssm_k_heads} * d, V = int64_t{hp.ssm_v_heads} * d;
+  const int64_t C = hp.gdn_channels(), Hv = hp.ssm_v_heads;
+  Rows qkv = c.buf(c.I.t1, C), z = c.buf(c.I.t2, V), conv = c.buf(c.I.t3, C), o = c.buf(c.I.t4, V);
+  Rows beta = c.buf(c.I.small, Hv), alpha = c.buf(c.I.small + c.n * Hv, Hv);
+  c.be.matmul(w.attn_qkv, x, qkv);
+  c.be.matmul(w.attn_gate, x, z);
+  c.be.matmul(w.ssm_beta, x, beta);
+  c.be.matmul(w.ssm_alpha, x, alpha);
+  c.be.causal_conv_silu(qkv, w.ssm_conv1d.f32(), hp.conv_kernel, conv_state, conv_capture, conv);
+  GdnArgs g;
+  g.q = conv.cols(0, K);
+  g.k = conv.cols(K, K);
+  g.v = conv.cols(2 * K, V);
+  g.beta_logit = beta;
+  g.alpha = alpha;
+  g.ssm_a = w.ssm_a.f32();
+  g.dt_bias = w.ssm_dt_bias.f32();
+  g.n_k_heads = hp.ssm_k_heads;
+  g.n_v_heads = hp.ssm_v_heads;
+  g.head_dim = hp.ssm_d;
+  g.eps = hp.eps;
+  g.state = ssm_state;
+  g.capture = ssm_capture;
+  g.chunked = chunked;
+  g.out = o;
+  c.be.gated_delta_net(g);
+  c.be.gated_rms_norm(o, z, w.ssm_norm.f32(), d, hp.eps, o);
+  c.be.matmul(w.ssm_out, o, out);
+}
+
+void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLayer& kv, const int32_t* positions,
+                     Rows out) {
+  const Qwen35Hparams& hp = c.hp;
+  const int64_t D = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv, n = c.n;
+  Rows qg = c.buf(c.I.t1, 2 * H * D), q = c.buf(c.I.t2, H * D), k = c.buf(c.I.t3, Hkv * D),
+       v = c.buf(c.I.t3 + n * Hkv * D, Hkv * D), att = c.buf(c.I.t4, H * D);
+  c.be.matmul(w.attn_q, x, qg);
+  c.be.matmul(w.attn_k, x, k);
+  c.be.matmul(w.attn_v, x, v);
+  // attn_q rows hold, per head, D query values then D gate values: view them as [n*H, D] rows.
+  Rows q_parts(qg.data, n * H, D, 2 * D), gate_parts(qg.data + D, n * H, D, 2 * D);
+  c.be.rms_norm(q_parts, w.attn_q_norm.f32(), D, hp.eps, Rows(q.data, n * H, D));
+  c.be.rms_norm(Rows(k.data, n * Hkv, D), w.attn_k_norm.f32(), D, hp.eps, Rows(k.data, n * Hkv, D));
+  c.be.rope_neox(q, static_cast<int>(D), hp.n_rot, positions, hp.rope_base);
+  c.be.rope_neox(k, static_cast<int>(D), hp.n_rot, positions, hp.rope_base);
+  c.be.kv_store(k, v, kv, positions);
+  AttentionArgs a;
+  a.q = q;
+  a.kv = kv;
+  a.positions = positions;
+  a.n_head = hp.n_head;
+  a.n_kv_head = hp.n_head_kv;
+  a.head_dim = hp.head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  a.causal = true;
+  a.out = att;
+  c.be.attention(a);
+  Rows att_heads(att.data, n * H, D);
+  c.be.sigmoid_mul(att_heads, gate_parts, att_heads);
+  c.be.matmul(w.attn_output, att, out);
+}
+
+void ffn(const Ctx& c, const FfnWeights& w, Rows x, Rows out) {
+  const Qwen35Hparams& hp = c.hp;
+  if (!hp.moe) {
+    Rows g = c.buf(c.I.t1, hp.n_ff), u = c.buf(c.I.t2, hp.n_ff);
+    c.be.matmul(w.ffn_gate, x, g);
+    c.be.matmul(w.ffn_up, x, u);
+    c.be.swiglu(g, u, g);
+    c.be.matmul(w.ffn_down, g, out);
+    return;
+  }
+  MoeArgs m;
+  m.x = x;
+  m.router = &w.ffn_gate_inp;
+  m.gate_exps = &w.ffn_gate_exps;
+  m.up_exps = &w.ffn_up_exps;
+  m.down_exps = &w.ffn_down_exps;
+  m.top_k = hp.n_expert_used;
+  m.out = out;
+  c.be.moe_ffn(m);
+  if (w.ffn_gate_shexp.present()) {
+    Rows g = c.buf(c.I.t1, hp.n_ff_shexp), u = c.buf(c.I.t2, hp.n_ff_shexp), s = c.buf(c.I.t3, hp.n_embd),
+         gate = c.buf(c.I.small, 1);
+    c.be.matmul(w.ffn_gate_shexp, x, g);
+    c.be.matmul(w.ffn_up_shexp, x, u);
+    c.be.swiglu(g, u, g);
+    c.be.matmul(w.ffn_down_shexp, g, s);
+    c.be.matmul(w.ffn_gate_inp_shexp, x, gate);
+    c.be.add_sigmoid_scaled(s, gate, out);
+  }
+}
+
+// One pre-norm block: x += Mixer(norm(x)); x += FFN(norm(x)).
+void block(const Ctx& c, const Block& b, int layer, SequenceState& st, const int32_t* positions, bool chunked,
+           bool capture, const KvLayer* kv_override) {
+  const int64_t E = c.hp.n_embd;
+  Rows x = c.buf(c.I.x, E), h = c.buf(c.I.h, E), mix = c.buf(c.I.mix, E);
+  c.be.rms_norm(x, b.attn_norm.f32(), E, c.hp.eps, h);
+  if (b.recurrent) {
+    gdn_mixer(c, b.gdn, h, st.conv[layer], st.ssm[layer], capture ? st.conv_capture[layer] : nullptr,
+              capture ? st.ssm_capture[layer] : nullptr, chunked, mix);
+  } else {
+    attention_mixer(c, b.attn, h, kv_override ? *kv_override : st.kv[layer], positions, mix);
+  }
+  c.be.add(x, mix, x);
+  c.be.rms_norm(x, b.post_attention_norm.f32(), E, c.hp.eps, h);
+  ffn(c, b.ffn, h, mix);
+  c.be.add(x, mix, x);
+}
+
+}  // namespace
+
+Status Qwen35Model::forward(const ForwardArgs& args, SequenceState& st) {
+  Impl& I = *impl_;
+  const int64_t n = args.n, E = hp_.n_embd;
+  if (n <= 0 || n > I.max_tokens)
+    return Status::errorf("forward of {} tokens exceeds the reserved workspace of {}", n, I.max_tokens);
+  if (args.capture && n > st.max_capture)
+    return Status::errorf("capture of {} tokens exceeds the state's capture room of {}", n, st.max_capture);
+  if (args.logits.n_rows > n) return Status::error("more logits rows requested than tokens");
+  Ctx c{backend_, hp_, I, n};
+  Rows x = c.buf(I.x, E), h = c.buf(I.h, E);
+  backend_.embed(I.token_embd, args.tokens, n, x);
+  auto tap = [&](int layer) {
+    for (size_t t = 0; t < args.taps.size(); ++t)
+      if (args.taps[t] == layer) backend_.copy_rows(x, args.features.cols(static_cast<int64_t>(t) * E, E));
+  };
+  for (int il = 0; il < hp_.n_layer; ++il) {
+    tap(il);
+    block(c, I.blocks[il], il, st, args.positions, args.gdn_chunked, args.capture, nullptr);
+  }
+  tap(hp_.n_layer);
+  const int64_t nl = args.logits.n_rows;
+  if (!args.final_hidden.data && nl == 0) return Status::ok();
+  if (args.final_hidden.data) {
+    backend_.rms_norm(x, I.output_norm.f32(), E, hp_.eps, args.final_hidden);
+    if (nl > 0) backend_.matmul(I.output, args.final_hidden.rows(n - nl, nl), args.logits);
+  } else {
+    Rows last = x.rows(n - nl, nl);
+    Rows hl = h.rows(0, nl);
+    backend_.rms_norm(last, I.output_norm.f32(), E, hp_.eps, hl);
+    backend_.matmul(I.output, hl, args.logits);
+  }
+  return Status::ok();
+}
+
+Status Qwen35Model::forward_mtp(const MtpArgs& args, SequenceState& st) {
+  Impl& I = *impl_;
+  if (!I.mtp) return Status::error("this model has no MTP (nextn) head");
+  const int64_t n = args.n, E = hp_.n_embd;
+  if (n <= 0 || n > I.max_tokens)
+    return Status::errorf("MTP step of {} tokens exceeds the reserved workspace of {}", n, I.max_tokens);
+  const MtpBlock& m = *I.mtp;
+  Ctx c{backend_, hp_, I, n};
+  Rows x = c.buf(I.x, E), h = c.buf(I.h, E);
+  // x = eh_proj · [enorm(embed(tok)) ; hnorm(hidden)]  (t4 holds the concatenation)
+  Rows cat = c.buf(I.t4, 2 * E);
+  const Weight& emb = m.embed_tokens.present() ? m.embed_tokens : I.token_embd;
+  backend_.embed(emb, args.tokens, n, h);
+  backend_.rms_norm(h, m.enorm.f32(), E, hp_.eps, cat.cols(0, E));
+  backend_.rms_norm(args.hidden, m.hnorm.f32(), E, hp_.eps, cat.cols(E, E));
+  backend_.matmul(m.eh_proj, cat, x);
+  block(c, m.block, hp_.n_layer, st, args.positions, false, false, &st.mtp_kv);
+  const Weight& norm = m.shared_head_norm.present() ? m.shared_head_norm : I.output_norm;
+  const Weight& head = m.shared_head_head.present() ? m.shared_head_head : I.output;
+  Rows normed = args.out_hidden.data ? args.out_hidden : h;
+  backend_.rms_norm(x, norm.f32(), E, hp_.eps, normed);
+  const int64_t nl = args.logits.n_rows;
+  if (nl > 0) backend_.matmul(head, normed.rows(n - nl, nl), args.logits);
+  return Status::ok();
+}
+
+}  // namespace hyspec

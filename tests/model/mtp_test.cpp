@@ -1,0 +1,105 @@
+// The MTP (nextn) head against llama.cpp's own implementation (mtp_manifest.json).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/backend.h"
+#include "common/fixtures.h"
+#include "model/qwen35.h"
+
+namespace hyspec {
+namespace {
+
+float max_abs_diff(const float* a, const float* b, size_t n) {
+  float m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+class MtpFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MtpFixture, HeadLogitsMatchLlamaCppForEveryRowAndTheChainedStep) {
+  const std::string dir = GetParam();
+  const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
+  const auto mtp_manifest = test::read_json_file(test::fixture_path(dir + "/mtp_manifest.json"));
+  auto file = GgufFile::open(test::fixture_path(dir + "/" + dir + "-f32.gguf"));
+  ASSERT_TRUE(file.is_ok());
+  auto backend = create_backend(BackendKind::Cpu);
+  auto model = Qwen35Model::load(**backend, **file, {});
+  ASSERT_TRUE(model.is_ok()) << model.message();
+  Qwen35Model& m = **model;
+  ASSERT_TRUE(m.has_mtp());
+  const int64_t E = m.hparams().n_embd, V = m.hparams().n_vocab;
+  for (const auto& mc : mtp_manifest["cases"]) {
+    std::vector<int32_t> tokens;
+    for (const auto& c : manifest["cases"])
+      if (c["name"] == mc["name"]) tokens = c["tokens"].get<std::vector<int32_t>>();
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    ASSERT_GT(n, 0);
+    ASSERT_TRUE(m.reserve(n + 1).is_ok());
+    auto st = m.create_state(n + 8, 0, GgmlType::F32);
+    ASSERT_TRUE(st.is_ok());
+    std::vector<int32_t> pos(n + 1);
+    for (int64_t i = 0; i <= n; ++i) pos[i] = static_cast<int32_t>(i);
+    std::vector<float> hidden(n * E), logits(V);
+    ForwardArgs f;
+    f.n = n;
+    f.tokens = tokens.data();
+    f.positions = pos.data();
+    f.gdn_chunked = true;
+    f.final_hidden = Rows(hidden.data(), n, E);
+
+    f.logits = Rows(logits.data(), 1, V);
+    ASSERT_TRUE(m.forward(f, *st).is_ok());
+
+    const int32_t last = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    EXPECT_EQ(last, mc["last_token"].get<int32_t>());
+
+    // Row k: token t_{k+1} (t_n = last) with hidden h_k. llama.cpp ropes it at position k+1; RoPE is
+    // relative, so hyspec uses position k (the hidden row's own), which keeps KV slots dense from 0.
+    std::vector<int32_t> mtp_tokens(tokens.begin() + 1, tokens.end());
+    mtp_tokens.push_back(last);
+
+    std::vector<float> mtp_logits(n * V), mtp_hidden(n * E);
+    MtpArgs a;
+    a.n = n;
+    a.hidden = Rows(hidden.data(), n, E);
+    a.tokens = mtp_tokens.data();
+    a.positions = pos.data();
+    a.logits = Rows(mtp_logits.data(), n, V);
+    a.out_hidden = Rows(mtp_hidden.data(), n, E);
+    ASSERT_TRUE(m.forward_mtp(a, *st).is_ok());
+    const auto want = test::read_f32_file(test::fixture_path(dir + "/" + mc["mtp_logits"].get<std::string>()));
+    ASSERT_EQ(want.size(), mtp_logits.size());
+    EXPECT_LE(max_abs_diff(mtp_logits.data(), want.data(), want.size()), 2e-3f) << mc["name"];
+    if (std::getenv("HYSPEC_TEST_VERBOSE"))
+      for (int64_t r = 0; r < n; ++r)
+        std::printf("row %ld: %.3g\n", (long)r, max_abs_diff(&mtp_logits[r * V], &want[r * V], V));
+    const float* last_row = &mtp_logits[(n - 1) * V];
+    const int32_t draft1 = static_cast<int32_t>(std::max_element(last_row, last_row + V) - last_row);
+    EXPECT_EQ(draft1, mc["draft1"].get<int32_t>());
+
+    // Chained step: draft1 one position after row n-1, with the head's own output hidden of row n-1.
+    std::vector<float> step2(V);
+    int32_t pos2 = static_cast<int32_t>(n);
+    MtpArgs b;
+    b.n = 1;
+    b.hidden = Rows(mtp_hidden.data() + (n - 1) * E, 1, E);
+    b.tokens = &draft1;
+    b.positions = &pos2;
+    b.logits = Rows(step2.data(), 1, V);
+    ASSERT_TRUE(m.forward_mtp(b, *st).is_ok());
+    const auto want2 = test::read_f32_file(test::fixture_path(dir + "/" + mc["mtp_step2_logits"].get<std::string>()));
+    ASSERT_EQ(want2.size(), step2.size());
+    EXPECT_LE(max_abs_diff(step2.data(), want2.data(), want2.size()), 2e-3f) << mc["name"] << " step 2";
+    EXPECT_EQ(std::max_element(step2.begin(), step2.end()) - step2.begin(), mc["draft2"].get<int32_t>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MtpFixture, ::testing::Values("qwen35-tiny", "qwen35moe-tiny"));
+
+}  // namespace
+}  // namespace hyspec

@@ -1,0 +1,148 @@
+// The Qwen3.5 forward against transformers' logits (fixtures made by transformers + llama.cpp's converter).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/backend.h"
+#include "common/fixtures.h"
+#include "model/qwen35.h"
+
+namespace hyspec {
+namespace {
+
+struct Loaded {
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Qwen35Model> model;
+};
+
+Loaded load(const std::string& rel, bool dequant = false) {
+  Loaded l;
+  auto f = GgufFile::open(test::fixture_path(rel));
+  EXPECT_TRUE(f.is_ok()) << f.message();
+  l.file = std::move(f).value();
+  auto be = create_backend(BackendKind::Cpu);
+  EXPECT_TRUE(be.is_ok());
+  l.backend = std::move(be).value();
+  LoadOptions o;
+  o.dequantize_to_f32 = dequant;
+  auto m = Qwen35Model::load(*l.backend, *l.file, o);
+  EXPECT_TRUE(m.is_ok()) << m.message();
+  l.model = std::move(m).value();
+  return l;
+}
+
+// Runs the prompt in steps of `step` tokens (0: one shot), returns the logits of every row.
+std::vector<float> run_logits(Loaded& l, const std::vector<int32_t>& tokens, int64_t step, bool chunked,
+                              GgmlType kv = GgmlType::F32) {
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = l.model->hparams().n_vocab;
+  if (step <= 0) step = n;
+  EXPECT_TRUE(l.model->reserve(step).is_ok());
+  auto st = l.model->create_state(n + 8, 0, kv);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  std::vector<float> logits(static_cast<size_t>(n * V));
+  std::vector<int32_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
+  for (int64_t s = 0; s < n; s += step) {
+    const int64_t m = std::min(step, n - s);
+    ForwardArgs a;
+    a.n = m;
+    a.tokens = tokens.data() + s;
+    a.positions = pos.data() + s;
+    a.gdn_chunked = chunked;
+    a.logits = Rows(logits.data() + s * V, m, V);
+    Status r = l.model->forward(a, *st);
+    EXPECT_TRUE(r.is_ok()) << r.message();
+  }
+  return logits;
+}
+
+std::vector<int32_t> ids(const nlohmann::json& j) { return j.get<std::vector<int32_t>>(); }
+
+void expect_logits_match(const std::vector<float>& got, const std::vector<float>& want, int64_t V, float tol,
+                         const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float max_diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+  EXPECT_LE(max_diff, tol) << what;
+  if (std::getenv("HYSPEC_TEST_VERBOSE")) std::printf("%s: max |diff| %.3g\n", what.c_str(), max_diff);
+  const int64_t rows = static_cast<int64_t>(got.size()) / V;
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto g = std::max_element(got.begin() + r * V, got.begin() + (r + 1) * V) - (got.begin() + r * V);
+    const auto w = std::max_element(want.begin() + r * V, want.begin() + (r + 1) * V) - (want.begin() + r * V);
+    EXPECT_EQ(g, w) << what << " argmax differs at row " << r;
+  }
+}
+
+class Qwen35Fixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Qwen35Fixture, LogitsMatchTransformersForEveryCase) {
+  const std::string dir = GetParam();
+  const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
+  Loaded l = load(dir + "/" + dir + "-f32.gguf");
+  const int64_t V = l.model->hparams().n_vocab;
+  for (const auto& c : manifest["cases"]) {
+    const auto want = test::read_f32_file(test::fixture_path(dir + "/" + c["logits"].get<std::string>()));
+    const auto got = run_logits(l, ids(c["tokens"]), 0, true);
+    expect_logits_match(got, want, V, 2e-3f, dir + "/" + c["name"].get<std::string>());
+  }
+}
+
+TEST_P(Qwen35Fixture, RecurrentFormEqualsChunkedForm) {
+  const std::string dir = GetParam();
+  const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
+  Loaded l = load(dir + "/" + dir + "-f32.gguf");
+  for (const auto& c : manifest["cases"]) {
+    const auto tokens = ids(c["tokens"]);
+    const auto chunked = run_logits(l, tokens, 0, true);
+    const auto recurrent = run_logits(l, tokens, 0, false);
+    float max_diff = 0;
+    for (size_t i = 0; i < chunked.size(); ++i) max_diff = std::max(max_diff, std::fabs(chunked[i] - recurrent[i]));
+    EXPECT_LE(max_diff, 1e-4f) << c["name"];
+  }
+}
+
+TEST_P(Qwen35Fixture, PrefillThenDecodeEqualsOneShotPrefillAcrossTheChunkBoundary) {
+  const std::string dir = GetParam();
+  const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
+  Loaded l = load(dir + "/" + dir + "-f32.gguf");
+  for (const auto& c : manifest["cases"]) {
+    const auto tokens = ids(c["tokens"]);
+    if (tokens.size() < 66) continue;
+    const auto one_shot = run_logits(l, tokens, 0, true);
+    const auto stepped = run_logits(l, tokens, 1, false);   // pure decode
+    const auto mixed = run_logits(l, tokens, 60, true);     // prompt chunks of 60 cross the 64 boundary
+    float d1 = 0, d2 = 0;
+    for (size_t i = 0; i < one_shot.size(); ++i) {
+      d1 = std::max(d1, std::fabs(one_shot[i] - stepped[i]));
+      d2 = std::max(d2, std::fabs(one_shot[i] - mixed[i]));
+    }
+    EXPECT_LE(d1, 1e-4f) << c["name"];
+    EXPECT_LE(d2, 1e-4f) << c["name"];
+  }
+}
+
+TEST_P(Qwen35Fixture, QuantizedKernelsComputeWhatTheDequantizedWeightsSay) {
+  const std::string dir = GetParam();
+  const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
+  Loaded q = load(dir + "/" + dir + "-q8_0.gguf");
+  Loaded d = load(dir + "/" + dir + "-q8_0.gguf", true);
+  const int64_t V = q.model->hparams().n_vocab;
+  for (const auto& c : manifest["cases"]) {
+    const auto tokens = ids(c["tokens"]);
+    const auto a = run_logits(q, tokens, 0, true);
+    const auto b = run_logits(d, tokens, 0, true);
+    float max_diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
+    EXPECT_LE(max_diff, 1e-3f) << c["name"];
+    (void)V;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Fixture, ::testing::Values("qwen35-tiny", "qwen35moe-tiny"));
+
+}  // namespace
+}  // namespace hyspec
