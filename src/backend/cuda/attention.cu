@@ -33,7 +33,7 @@ struct AttnArgs {
   const void* k;
   const void* v;
   bool kv_f16;
-  int64_t kv_width;
+  int64_t kv_width, kv_capacity;
   const int32_t* positions;
   int n, group, n_kv;
   float scale;
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
     }
   }
   __syncthreads();
-  const int kend = s_kend;
+  const int kend = static_cast<int>(s_kend < a.kv_capacity ? s_kend : a.kv_capacity);
   const int chunk = ((kend + a.n_splits - 1) / a.n_splits + kKeys - 1) / kKeys * kKeys;
   const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
 
@@ -259,7 +259,7 @@ size_t attention_scratch_bytes(const AttentionParams& p, int n_splits) {
 cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
-  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_f16, p.kv_width, p.positions, static_cast<int>(p.q.rows),
+  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_f16, p.kv_width, p.kv_capacity, p.positions, static_cast<int>(p.q.rows),
              p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, scratch,
              scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
   switch (p.head_dim) {

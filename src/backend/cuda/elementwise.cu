@@ -78,7 +78,8 @@ __global__ void binary_kernel(Binary op, Mat a, Mat b, Mat y) {
 }
 
 // NeoX RoPE in place: pairs (i, i + n_rot/2) of each head rotated by pos * base^(-2i/n_rot).
-// The angle is formed in double: positions reach 1e5+ and an f32 angle would be off by ~1e-2 rad.
+// As the CPU backend: inv_freq rounded to f32, the angle and its sin/cos in double (positions reach
+// 1e5+, where an f32 angle would be off by ~1e-2 rad).
 __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* __restrict__ positions,
                                  float freq_base) {
   const int half = n_rot / 2;
@@ -87,7 +88,7 @@ __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* 
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(idx % half);
     const int64_t h = idx / half % heads, r = idx / half / heads;
-    const double inv_freq = pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
+    const double inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / n_rot));
     double s, c;
     sincos(static_cast<double>(positions[r]) * inv_freq, &s, &c);
     float* p = x.data + r * x.stride + h * head_dim;
@@ -98,11 +99,12 @@ __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* 
 }
 
 template <typename C>
-__global__ void kv_store_kernel(Mat k, Mat v, C* __restrict__ kc, C* __restrict__ vc, int64_t width,
+__global__ void kv_store_kernel(Mat k, Mat v, C* __restrict__ kc, C* __restrict__ vc, int64_t width, int64_t capacity,
                                 const int32_t* __restrict__ positions) {
   const int64_t total = k.rows * width;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / width, c = i % width, dst = static_cast<int64_t>(positions[t]) * width + c;
+    const int64_t t = i / width, c = i % width, pos = positions[t], dst = pos * width + c;
+    if (pos < 0 || pos >= capacity) continue;
     if constexpr (sizeof(C) == 2) {
       kc[dst] = __float2half_rn(k.data[t * k.stride + c]);
       vc[dst] = __float2half_rn(v.data[t * v.stride + c]);
@@ -203,16 +205,16 @@ cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* posi
   return cudaGetLastError();
 }
 
-cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width,
+cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width, int64_t capacity,
                             const int32_t* positions, cudaStream_t stream) {
   if (k.rows == 0) return cudaSuccess;
   const unsigned blocks = grid_for(k.rows * width, 256, 65535);
   if (f16)
     kv_store_kernel<__half><<<blocks, 256, 0, stream>>>(k, v, static_cast<__half*>(k_cache),
-                                                         static_cast<__half*>(v_cache), width, positions);
+                                                         static_cast<__half*>(v_cache), width, capacity, positions);
   else
     kv_store_kernel<float><<<blocks, 256, 0, stream>>>(k, v, static_cast<float*>(k_cache),
-                                                        static_cast<float*>(v_cache), width, positions);
+                                                        static_cast<float*>(v_cache), width, capacity, positions);
   return cudaGetLastError();
 }
 

@@ -12,6 +12,10 @@
 
 namespace hyspec::cuda {
 
+// Bytes of zero padding after every weight upload: decoders of 2-byte aligned blocks read whole
+// aligned words and may touch up to 4 bytes past a row's last block.
+constexpr size_t kWeightPad = 64;
+
 // A strided f32 matrix on the device.
 struct Mat {
   float* data = nullptr;
@@ -57,7 +61,8 @@ enum class Binary { Add, SwiGlu, SigmoidMul, AddSigmoidScaled };
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream);
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
                              cudaStream_t stream);
-cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width,
+// Rows whose position is outside [0, capacity) are skipped.
+cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width, int64_t capacity,
                             const int32_t* positions, cudaStream_t stream);
 cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].

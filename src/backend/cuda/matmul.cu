@@ -38,8 +38,8 @@ bool with_type(GgmlType t, F&& f) {
   }
 }
 
-// The tensor-core paths need whole 32-element chunks.
-bool fast_path(const WeightView& w) { return w.n_in % 32 == 0; }
+// The tensor-core paths need whole 32-element chunks; F32 weights always take the exact path.
+bool fast_path(const WeightView& w) { return w.n_in % 32 == 0 && w.type != GgmlType::F32; }
 
 int sm_count() {
   static int n = [] {
@@ -166,21 +166,32 @@ __global__ void __launch_bounds__(512) mmv_kernel(MmvArgs a) {
   }
 }
 
-// Fallback for rows that are not whole 32-element chunks (small float matrices): a warp per row,
-// exact f32 dot products through T::value.
+// Exact f32 path: F32 weights (norm-sized vectors, MoE routers: exact like the CPU, so expert
+// choices agree) and float rows that are not whole 32-element chunks. A warp per row, 8 tokens per
+// pass over the row: W is read ceil(n/8) times (from L2 after the first).
 template <class T>
-__global__ void matmul_generic_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_out, int64_t K,
-                                      const float* __restrict__ x, int64_t x_stride, int64_t n, float* y,
-                                      int64_t y_stride) {
+__global__ void matmul_exact_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_out, int64_t K,
+                                    const float* __restrict__ x, int64_t x_stride, int64_t n, float* y,
+                                    int64_t y_stride) {
   const int lane = threadIdx.x & 31;
   const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   if (row >= n_out) return;
   const uint8_t* wr = w + row * row_bytes;
-  for (int64_t t = 0; t < n; ++t) {
-    float s = 0.0f;
-    for (int64_t i = lane; i < K; i += 32) s += T::value(wr, i) * x[t * x_stride + i];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) y[t * y_stride + row] = s;
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    const int tn = n - t0 < 8 ? static_cast<int>(n - t0) : 8;
+    float acc[8] = {};
+    for (int64_t i = lane; i < K; i += 32) {
+      const float wv = T::value(wr, i);
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+        if (t < tn) acc[t] += wv * x[(t0 + t) * x_stride + i];
+    }
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      float s = acc[t];
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0 && t < tn) y[(t0 + t) * y_stride + row] = s;
+    }
   }
 }
 
@@ -205,11 +216,11 @@ template <class T>
 __global__ void embed_kernel(const uint8_t* __restrict__ table, size_t row_bytes, int64_t n_rows, int64_t K,
                              const int32_t* __restrict__ tokens, float* out, int64_t out_stride) {
   const int64_t t = blockIdx.y;
-  int64_t id = tokens[t];
-  id = id < 0 ? 0 : (id >= n_rows ? n_rows - 1 : id);  // out-of-range ids are the caller's bug; stay in bounds
-  const uint8_t* row = table + id * row_bytes;
+  const int64_t id = tokens[t];
+  const bool valid = id >= 0 && id < n_rows;  // out-of-range ids give zeros, as on the CPU
+  const uint8_t* row = table + (valid ? id : 0) * row_bytes;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < K; i += int64_t(gridDim.x) * blockDim.x)
-    out[t * out_stride + i] = T::value(row, i);
+    out[t * out_stride + i] = valid ? T::value(row, i) : 0.0f;
 }
 
 template <class T>
@@ -302,7 +313,7 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
     with_type(w.type, [&](auto tag) {
       using T = decltype(tag);
       const unsigned blocks = blocks_for(w.n_out * 32, 128);
-      matmul_generic_kernel<T><<<blocks, 128, 0, stream>>>(w.data, w.row_bytes, w.n_out, w.n_in, x.data, x.stride,
+      matmul_exact_kernel<T><<<blocks, 128, 0, stream>>>(w.data, w.row_bytes, w.n_out, w.n_in, x.data, x.stride,
                                                             x.rows, y.data, y.stride);
       err = cudaGetLastError();
     });

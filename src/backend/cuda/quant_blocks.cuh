@@ -13,16 +13,16 @@
 //                   about the order of its terms).
 // Blocks of some types (Q8_0, Q4_0, Q6_K) are only 2-byte aligned; load_words_a2 reads them with
 // aligned 4-byte loads and funnel shifts. It may read up to 4 bytes past the block: every weight
-// allocation carries kWeightPad bytes of padding.
+// allocation carries kWeightPad (kernels.h) bytes of padding.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
-namespace hyspec::cuda {
+#include "backend/cuda/kernels.h"
 
-constexpr size_t kWeightPad = 64;
+namespace hyspec::cuda {
 
 __device__ __forceinline__ half2 as_half2(uint32_t u) {
   half2 h;
