@@ -1,0 +1,406 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "engine/spec/dflash_drafter.h"
+#include "engine/spec/mtp_drafter.h"
+#include "engine/spec/ngram_drafter.h"
+
+namespace hyspec {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "none";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Context: return "context";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "unknown";
+}
+
+Result<SpecMethod> parse_spec_method(const std::string& name) {
+  if (name == "none") return SpecMethod::None;
+  if (name == "ngram") return SpecMethod::Ngram;
+  if (name == "mtp") return SpecMethod::Mtp;
+  if (name == "dflash") return SpecMethod::Dflash;
+  return Status::errorf("unknown speculative method '{}' (none, ngram, mtp, dflash)", name);
+}
+
+const char* spec_method_name(SpecMethod m) {
+  switch (m) {
+    case SpecMethod::None: return "none";
+    case SpecMethod::Ngram: return "ngram";
+    case SpecMethod::Mtp: return "mtp";
+    case SpecMethod::Dflash: return "dflash";
+  }
+  return "unknown";
+}
+
+Engine::~Engine() = default;
+Session::~Session() = default;
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->config_ = config;
+  HS_ASSIGN_OR_RETURN(e->file_, GgufFile::open(config.model_path));
+  BackendOptions bo;
+  bo.n_threads = config.n_threads;
+  HS_ASSIGN_OR_RETURN(e->backend_, create_backend(config.backend, bo));
+  LoadOptions lo;
+  lo.dequantize_to_f32 = config.dequantize;
+  lo.load_mtp = config.spec == SpecMethod::Mtp;
+  HS_ASSIGN_OR_RETURN(e->model_, Qwen35Model::load(*e->backend_, *e->file_, lo));
+  const Qwen35Hparams& hp = e->model_->hparams();
+  e->n_ctx_ = config.n_ctx > 0 ? config.n_ctx : std::min<int64_t>(hp.n_ctx_train, 8192);
+  if (config.draft_max < 0 || config.draft_max > 64)
+    return Status::errorf("--draft-max {} is out of range (0..64)", config.draft_max);
+  if (config.n_batch <= 0) return Status::errorf("batch size {} is invalid", config.n_batch);
+  e->max_verify_ = config.spec == SpecMethod::None ? 1 : config.draft_max + 1;
+  if (config.spec == SpecMethod::Dflash) {
+    if (config.draft_model.empty()) return Status::error("--spec dflash needs --draft-model (GGUF or HF directory)");
+    HS_ASSIGN_OR_RETURN(e->dflash_, load_dflash_weights(*e->model_, config.draft_model));
+  }
+  // What the drafter needs from every committed row decides the per-step outputs.
+  {
+    HS_ASSIGN_OR_RETURN(auto probe, e->make_drafter());
+    if (probe) e->needs_ = probe->needs();
+  }
+  const int64_t rows = std::max<int64_t>(config.n_batch, e->max_verify_);
+  HS_RETURN_IF_ERROR(e->model_->reserve(rows));
+  Backend& be = *e->backend_;
+  const int64_t E = hp.n_embd, V = hp.n_vocab;
+  e->feature_width_ = static_cast<int64_t>(e->needs_.taps.size()) * E;
+  HS_ASSIGN_OR_RETURN(e->ints_, be.alloc(static_cast<size_t>(3 * rows + 8) * sizeof(int32_t)));
+  HS_ASSIGN_OR_RETURN(e->logits_, be.alloc(static_cast<size_t>(e->max_verify_ * V) * sizeof(float)));
+  if (e->needs_.final_hidden) {
+    HS_ASSIGN_OR_RETURN(e->hidden_, be.alloc(static_cast<size_t>(rows * E) * sizeof(float)));
+  }
+  if (e->feature_width_ > 0) {
+    HS_ASSIGN_OR_RETURN(e->features_, be.alloc(static_cast<size_t>(rows * e->feature_width_) * sizeof(float)));
+  }
+  return e;
+}
+
+Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
+  switch (config_.spec) {
+    case SpecMethod::None: return std::unique_ptr<Drafter>();
+    case SpecMethod::Ngram: return make_ngram_drafter();
+    case SpecMethod::Mtp: return make_mtp_drafter(*model_, config_.n_batch);
+    case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch);
+  }
+  return Status::error("unknown speculative method");
+}
+
+Result<std::unique_ptr<Session>> Engine::new_session() {
+  std::unique_ptr<Session> s(new Session(*this));
+  HS_ASSIGN_OR_RETURN(s->state_, model_->create_state(n_ctx_, max_verify_, config_.kv_type));
+  HS_ASSIGN_OR_RETURN(s->drafter_, make_drafter());
+  return s;
+}
+
+Status Engine::run_forward(const ForwardArgs& args, SequenceState& state) { return model_->forward(args, state); }
+
+Result<SessionStats> Engine::generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
+                                      const std::function<bool(const std::vector<int32_t>&)>& on_tokens,
+                                      FinishReason* finish) {
+  HS_ASSIGN_OR_RETURN(auto session, new_session());
+  HS_RETURN_IF_ERROR(session->start(prompt, options));
+  std::vector<int32_t> out;
+  while (!session->done()) {
+    out.clear();
+    HS_RETURN_IF_ERROR(session->step(out));
+    if (!out.empty() && on_tokens && !on_tokens(out)) session->cancel();
+  }
+  if (finish) *finish = session->finish_reason();
+  return session->stats();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions& options) {
+  const Qwen35Hparams& hp = engine_.model_->hparams();
+  if (prompt.empty()) return Status::error("the prompt is empty");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= hp.n_vocab) return Status::errorf("token id {} is outside the vocabulary (0..{})", t, hp.n_vocab - 1);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n >= engine_.n_ctx_)
+    return Status::errorf("the prompt has {} tokens but the context holds {} (exceeds it by {}; raise -c)", n,
+                          engine_.n_ctx_, n - engine_.n_ctx_ + 1);
+  if (options.max_tokens < 0) return Status::errorf("max_tokens {} is negative", options.max_tokens);
+  options_ = options;
+  sampler_ = Sampler(options.sampling);
+  tokens_ = prompt;
+  n_prompt_ = n;
+  prefilled_ = 0;
+  committed_ = 0;
+  finish_ = options.max_tokens == 0 ? FinishReason::Length : FinishReason::None;
+  stats_ = SessionStats{};
+  stats_.prompt_tokens = n;
+  ema_accept_ = 2.0;
+  ema_spec_rate_ = ema_plain_rate_ = 0;
+  plain_rounds_left_ = rounds_since_probe_ = 0;
+  engine_.model_->reset_state(state_);
+  if (drafter_) HS_RETURN_IF_ERROR(drafter_->reset(state_));
+  return Status::ok();
+}
+
+void Session::emit(int32_t token, std::vector<int32_t>& out) {
+  out.push_back(token);
+  tokens_.push_back(token);
+  ++stats_.generated_tokens;
+  if (options_.stop_tokens.count(token)) {
+    finish_ = FinishReason::Stop;
+  } else if (stats_.generated_tokens >= options_.max_tokens) {
+    finish_ = FinishReason::Length;
+  } else if (static_cast<int64_t>(tokens_.size()) >= engine_.n_ctx_) {
+    finish_ = FinishReason::Context;
+  }
+}
+
+Status Session::step(std::vector<int32_t>& out) {
+  if (done()) return Status::ok();
+  Status st = prefilled_ < n_prompt_ ? prefill_chunk(out) : decode_round(out);
+  if (!st.is_ok()) finish_ = FinishReason::Error;
+  return st;
+}
+
+Status Session::prefill_chunk(std::vector<int32_t>& out) {
+  Engine& e = engine_;
+  Backend& be = *e.backend_;
+  const Qwen35Hparams& hp = e.model_->hparams();
+  const double t0 = now_s();
+  const int64_t start = prefilled_;
+  const int64_t n = std::min<int64_t>(e.config_.n_batch, n_prompt_ - start);
+  const bool last = start + n == n_prompt_;
+  std::vector<int32_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(start + i);
+  int32_t* tok_dev = e.ints_.as<int32_t>();
+  int32_t* pos_dev = tok_dev + e.model_->reserved_tokens();
+  be.upload(tok_dev, tokens_.data() + start, n * sizeof(int32_t));
+  be.upload(pos_dev, pos.data(), n * sizeof(int32_t));
+  ForwardArgs a;
+  a.n = n;
+  a.tokens = tok_dev;
+  a.positions = pos_dev;
+  a.gdn_chunked = true;
+  const int64_t V = hp.n_vocab;
+  if (last) a.logits = Rows(e.logits_.as<float>(), 1, V);
+  if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), n, hp.n_embd);
+  if (e.feature_width_ > 0) {
+    a.features = Rows(e.features_.as<float>(), n, e.feature_width_);
+    a.taps = e.needs_.taps;
+  }
+  HS_RETURN_IF_ERROR(e.run_forward(a, state_));
+  prefilled_ += n;
+  committed_ = prefilled_;
+  int32_t next = -1;
+  if (last) {
+    std::vector<float> logits(V);
+    be.download(logits.data(), e.logits_.data(), V * sizeof(float));
+    next = sampler_.sample(logits.data(), static_cast<int>(V), tokens_);
+  }
+  if (drafter_) {
+    CommittedRows rows;
+    rows.first_pos = start;
+    rows.n = n;
+    rows.hidden = a.final_hidden;
+    rows.features = a.features;
+    rows.row_tokens.assign(tokens_.begin() + start, tokens_.begin() + start + n);
+    rows.next_tokens.assign(tokens_.begin() + start + 1, tokens_.begin() + start + n);
+    rows.next_tokens.push_back(last ? next : tokens_[start + n]);
+    HS_RETURN_IF_ERROR(drafter_->observe(rows));
+  }
+  stats_.prefill_s += now_s() - t0;
+  if (last) emit(next, out);
+  return Status::ok();
+}
+
+int Session::choose_draft_length() {
+  const int limit = options_.draft_max >= 0 ? options_.draft_max : engine_.config_.draft_max;
+  int k = std::min(limit, drafter_ ? drafter_->max_draft() : 0);
+  if (!options_.speculative || !drafter_) return 0;
+  // Never draft past the context, nor past max_tokens (tokens beyond it would be thrown away).
+  const int64_t room_ctx = engine_.n_ctx_ - static_cast<int64_t>(tokens_.size()) - 1;
+  const int64_t room_out = options_.max_tokens - stats_.generated_tokens - 1;
+  k = static_cast<int>(std::min<int64_t>({k, room_ctx, room_out}));
+  if (k <= 0) return 0;
+  if (!options_.adaptive) return k;
+  // Adaptive: draft about twice the recent acceptance; fall back to plain decoding for a while when
+  // speculation has been producing fewer tokens per second than plain decoding, probing again later.
+  if (plain_rounds_left_ > 0) {
+    --plain_rounds_left_;
+    return 0;
+  }
+  if (ema_plain_rate_ > 0 && ema_spec_rate_ > 0 && ema_spec_rate_ < 0.97 * ema_plain_rate_ && ++rounds_since_probe_ > 4) {
+    rounds_since_probe_ = 0;
+    plain_rounds_left_ = 16;
+    return 0;
+  }
+  if (ema_plain_rate_ == 0 && stats_.spec_rounds >= 8) {  // measure plain decoding once
+    plain_rounds_left_ = 2;
+    return 0;
+  }
+  return std::clamp(static_cast<int>(std::ceil(2.0 * ema_accept_ + 1.0)), 1, k);
+}
+
+Status Session::decode_round(std::vector<int32_t>& out) {
+  Engine& e = engine_;
+  Backend& be = *e.backend_;
+  const Qwen35Hparams& hp = e.model_->hparams();
+  const int64_t V = hp.n_vocab;
+  const double t_round = now_s();
+
+  // 1. draft
+  std::vector<int32_t> drafts;
+  const int k_max = choose_draft_length();
+  if (k_max > 0) {
+    const double t0 = now_s();
+    HS_ASSIGN_OR_RETURN(drafts, drafter_->propose(k_max));
+    if (static_cast<int>(drafts.size()) > k_max) drafts.resize(k_max);
+    for (int32_t d : drafts)
+      if (d < 0 || d >= hp.n_vocab) return Status::errorf("drafter '{}' proposed token {} outside the vocabulary", drafter_->name(), d);
+    stats_.draft_s += now_s() - t0;
+  }
+  const int k = static_cast<int>(drafts.size());
+
+  // 2. verify [pending, d1..dk] at positions committed_ .. committed_+k, capturing GDN states
+  const double t1 = now_s();
+  const int64_t n = k + 1;
+  std::vector<int32_t> window(n), pos(n);
+  window[0] = tokens_.back();
+  for (int i = 0; i < k; ++i) window[i + 1] = drafts[i];
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(committed_ + i);
+  int32_t* tok_dev = e.ints_.as<int32_t>();
+  int32_t* pos_dev = tok_dev + e.model_->reserved_tokens();
+  int32_t* arg_dev = pos_dev + e.model_->reserved_tokens();
+  be.upload(tok_dev, window.data(), n * sizeof(int32_t));
+  be.upload(pos_dev, pos.data(), n * sizeof(int32_t));
+  ForwardArgs a;
+  a.n = n;
+  a.tokens = tok_dev;
+  a.positions = pos_dev;
+  a.capture = k > 0;
+  a.logits = Rows(e.logits_.as<float>(), n, V);
+  if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), n, hp.n_embd);
+  if (e.feature_width_ > 0) {
+    a.features = Rows(e.features_.as<float>(), n, e.feature_width_);
+    a.taps = e.needs_.taps;
+  }
+  HS_RETURN_IF_ERROR(e.run_forward(a, state_));
+
+  // 3. accept: the emitted tokens are the accepted drafts plus one token from the target
+  std::vector<int32_t> emitted;
+  const bool plain_greedy = options_.sampling.greedy() && !options_.sampling.has_penalties();
+  if (plain_greedy) {
+    std::vector<int32_t> best(n);
+    be.argmax(a.logits, arg_dev);
+    be.download(best.data(), arg_dev, n * sizeof(int32_t));
+    int i = 0;
+    while (i < k && best[i] == drafts[i]) emitted.push_back(drafts[i++]);
+    emitted.push_back(best[i]);
+  } else {
+    std::vector<float> logits(static_cast<size_t>(n * V));
+    be.download(logits.data(), a.logits.data, logits.size() * sizeof(float));
+    std::vector<int32_t> history = tokens_;
+    std::vector<TokenProb> dist;
+    int i = 0;
+    for (;; ++i) {
+      sampler_.distribution(&logits[i * V], static_cast<int>(V), history, dist);
+      if (i == k) {  // every draft accepted: the bonus token comes straight from the target
+        emitted.push_back(sampler_.draw(dist));
+        break;
+      }
+      // Deterministic draft (q one-hot): accept with probability p(d); otherwise draw from the
+      // residual (p - q)+ normalised, i.e. p without d.
+      const int32_t d = drafts[i];
+      float pd = 0;
+      for (const auto& t : dist) if (t.id == d) pd = t.p;
+      if (pd > 0 && (pd >= 1.0f || sampler_.uniform() < pd)) {
+        emitted.push_back(d);
+        history.push_back(d);
+        continue;
+      }
+      std::vector<TokenProb> residual;
+      for (const auto& t : dist) if (t.id != d) residual.push_back(t);
+      emitted.push_back(residual.empty() ? d : sampler_.draw(residual));
+      break;
+    }
+  }
+  const int n_accepted = static_cast<int>(emitted.size()) - 1;
+  stats_.verify_s += now_s() - t1;
+
+  // 4. emit until a stop condition, then commit exactly what was emitted
+  const double t2 = now_s();
+  int kept = 0;
+  for (int32_t t : emitted) {
+    emit(t, out);
+    ++kept;
+    if (done()) break;
+  }
+  // Rows 0..kept-1 of the window are now committed; the state after row kept-1 is capture slot kept-1.
+  if (k > 0 && kept - 1 < k) e.model_->restore_captured(state_, kept - 1);
+  const int64_t first = committed_;
+  committed_ += kept;
+  if (drafter_) {
+    CommittedRows rows;
+    rows.first_pos = first;
+    rows.n = kept;
+    rows.hidden = a.final_hidden.data ? a.final_hidden.rows(0, kept) : Rows();
+    rows.features = a.features.data ? a.features.rows(0, kept) : Rows();
+    rows.row_tokens.assign(window.begin(), window.begin() + kept);
+    rows.next_tokens.assign(emitted.begin(), emitted.begin() + kept);
+    HS_RETURN_IF_ERROR(drafter_->observe(rows));
+  }
+  stats_.commit_s += now_s() - t2;
+
+  // 5. statistics and adaptation
+  ++stats_.rounds;
+  const double dt = now_s() - t_round;
+  const double rate = dt > 0 ? kept / dt : 0;
+  if (k > 0) {
+    ++stats_.spec_rounds;
+    stats_.drafted += k;
+    stats_.accepted += n_accepted;
+    ++stats_.accept_histogram[std::min(n_accepted, 64)];
+    ema_accept_ = 0.8 * ema_accept_ + 0.2 * n_accepted;
+    ema_spec_rate_ = ema_spec_rate_ == 0 ? rate : 0.8 * ema_spec_rate_ + 0.2 * rate;
+  } else {
+    ema_plain_rate_ = ema_plain_rate_ == 0 ? rate : 0.8 * ema_plain_rate_ + 0.2 * rate;
+  }
+  stats_.decode_s += dt;
+  return Status::ok();
+}
+
+Result<std::vector<float>> Session::probe_next_logits() {
+  Engine& e = engine_;
+  Backend& be = *e.backend_;
+  const int64_t V = e.model_->hparams().n_vocab;
+  if (prefilled_ < n_prompt_) return Status::error("probe before the prompt was processed");
+  const int32_t tok = tokens_.back(), pos = static_cast<int32_t>(committed_);
+  int32_t* tok_dev = e.ints_.as<int32_t>();
+  int32_t* pos_dev = tok_dev + e.model_->reserved_tokens();
+  be.upload(tok_dev, &tok, sizeof(int32_t));
+  be.upload(pos_dev, &pos, sizeof(int32_t));
+  ForwardArgs a;
+  a.n = 1;
+  a.tokens = tok_dev;
+  a.positions = pos_dev;
+  a.logits = Rows(e.logits_.as<float>(), 1, V);
+  HS_RETURN_IF_ERROR(e.run_forward(a, state_));
+  std::vector<float> logits(V);
+  be.download(logits.data(), e.logits_.data(), V * sizeof(float));
+  finish_ = FinishReason::Cancelled;
+  return logits;
+}
+
+}  // namespace hyspec

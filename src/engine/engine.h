@@ -1,0 +1,144 @@
+// The engine: a loaded target model (+ optional drafter weights) on one backend, and sessions that
+// each carry one sequence through prefill and decoding — plain or speculative, through one loop:
+//
+//   drafts  = drafter.propose(k)                        (none: plain decoding)
+//   verify  = target.forward([pending] + drafts)        one pass, GDN states captured per token
+//   n       = accept(verify logits, drafts, sampler)    greedy prefix / speculative-sampling rule
+//   commit  : GDN/conv state = capture[n], KV length follows positions, drafter observes rows 0..n
+//
+// Engine layer only sees token ids; text lives in src/text and is joined in the CLI and server.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/sampler.h"
+#include "engine/spec/drafter.h"
+#include "model/qwen35.h"
+
+namespace hyspec {
+
+struct EngineConfig {
+  std::string model_path;
+  BackendKind backend = BackendKind::Cpu;
+  int n_threads = 0;
+  int64_t n_ctx = 0;        // 0: min(training context, 8192)
+  int n_batch = 256;        // prompt tokens per forward
+  GgmlType kv_type = GgmlType::F32;
+  bool dequantize = false;  // every weight to F32 at load
+  SpecMethod spec = SpecMethod::None;
+  std::string draft_model;  // DFlash drafter: GGUF file or HF directory
+  int draft_max = 16;       // most drafted tokens per round
+  bool use_graphs = true;   // CUDA: replay recorded decode/verify steps
+};
+
+struct GenerateOptions {
+  int max_tokens = 128;
+  SamplingParams sampling;
+  std::set<int32_t> stop_tokens;  // end-of-generation ids (emitted, then generation stops)
+  bool speculative = true;        // per-request opt-out
+  int draft_max = -1;             // -1: engine default
+  bool adaptive = true;           // adapt the draft length, turn speculation off where it loses
+};
+
+enum class FinishReason { None, Stop, Length, Context, Cancelled, Error };
+const char* finish_reason_name(FinishReason r);
+
+struct SessionStats {
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t rounds = 0, spec_rounds = 0, drafted = 0, accepted = 0;
+  std::array<int64_t, 65> accept_histogram{};  // accepted drafts per speculative round
+  double prefill_s = 0, draft_s = 0, verify_s = 0, commit_s = 0, decode_s = 0;
+  double mean_acceptance_length() const {  // tokens emitted per speculative round
+    return spec_rounds ? static_cast<double>(accepted + spec_rounds) / spec_rounds : 0.0;
+  }
+};
+
+class Engine;
+
+// One sequence. step() does one unit of work — a prompt chunk or one decoding round — so a
+// scheduler can interleave sessions; tokens produced by the step are appended to `out`.
+class Session {
+ public:
+  ~Session();
+  Status start(const std::vector<int32_t>& prompt, const GenerateOptions& options);
+  Status step(std::vector<int32_t>& out);
+  bool done() const { return finish_ != FinishReason::None; }
+  FinishReason finish_reason() const { return finish_; }
+  void cancel() { if (!done()) finish_ = FinishReason::Cancelled; }
+  const SessionStats& stats() const { return stats_; }
+  // Committed tokens plus the pending one (prompt and output).
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  // Logits of the token after the pending one: runs the pending token through the target (tests
+  // compare this with plain decoding to check every cache). Ends the session.
+  Result<std::vector<float>> probe_next_logits();
+  Drafter* drafter() const { return drafter_.get(); }
+  // Replace the drafter (tests, embedders); takes effect at the next start(). It must need no more
+  // target outputs than the engine's configured drafter.
+  void set_drafter(std::unique_ptr<Drafter> d) { drafter_ = std::move(d); }
+  SequenceState& state() { return state_; }
+
+ private:
+  friend class Engine;
+  explicit Session(Engine& engine) : engine_(engine) {}
+  Status prefill_chunk(std::vector<int32_t>& out);
+  Status decode_round(std::vector<int32_t>& out);
+  int choose_draft_length();
+  void emit(int32_t token, std::vector<int32_t>& out);
+
+  Engine& engine_;
+  SequenceState state_;
+  std::unique_ptr<Drafter> drafter_;
+  GenerateOptions options_;
+  Sampler sampler_{SamplingParams{}};
+  std::vector<int32_t> tokens_;
+  int64_t n_prompt_ = 0, prefilled_ = 0;
+  int64_t committed_ = 0;  // tokens processed by the target (the pending one is tokens_.back())
+  FinishReason finish_ = FinishReason::None;
+  SessionStats stats_;
+  // adaptive speculation
+  double ema_accept_ = 2.0, ema_spec_rate_ = 0, ema_plain_rate_ = 0;
+  int plain_rounds_left_ = 0, rounds_since_probe_ = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& config);
+  ~Engine();
+  const EngineConfig& config() const { return config_; }
+  Qwen35Model& model() { return *model_; }
+  Backend& backend() { return *backend_; }
+  const GgufFile& model_file() const { return *file_; }
+  int64_t n_ctx() const { return n_ctx_; }
+  Result<std::unique_ptr<Session>> new_session();
+
+  // Convenience: run a whole generation, calling on_tokens after each step (return false to stop).
+  Result<SessionStats> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
+                                const std::function<bool(const std::vector<int32_t>&)>& on_tokens,
+                                FinishReason* finish = nullptr);
+
+ private:
+  friend class Session;
+  Engine() = default;
+  Result<std::unique_ptr<Drafter>> make_drafter();
+  Status run_forward(const ForwardArgs& args, SequenceState& state);
+
+  EngineConfig config_;
+  std::unique_ptr<GgufFile> file_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Qwen35Model> model_;
+  std::shared_ptr<void> dflash_;  // the DFlash drafter weights, shared by sessions
+  int64_t n_ctx_ = 0;
+  int max_verify_ = 1;
+  // Backend buffers shared by sessions (they step one at a time).
+  Buffer ints_, logits_, hidden_, features_;
+  int64_t feature_width_ = 0;
+  DrafterNeeds needs_;
+};
+
+}  // namespace hyspec

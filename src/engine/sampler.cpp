@@ -1,0 +1,100 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+
+namespace hyspec {
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+void Sampler::reseed(uint64_t seed) { rng_.seed(seed); }
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+void Sampler::distribution(const float* logits, int n_vocab, std::span<const int32_t> history,
+                           std::vector<TokenProb>& out) const {
+  out.clear();
+  const SamplingParams& sp = params_;
+  const float* l = logits;
+  if (sp.has_penalties() && !history.empty()) {
+    scratch_.assign(logits, logits + n_vocab);
+    const size_t window = sp.penalty_last_n < 0 ? history.size()
+                                                : std::min(history.size(), static_cast<size_t>(sp.penalty_last_n));
+    std::unordered_map<int32_t, int> counts;
+    for (size_t i = history.size() - window; i < history.size(); ++i) ++counts[history[i]];
+    for (const auto& [id, count] : counts) {
+      if (id < 0 || id >= n_vocab) continue;
+      float& v = scratch_[id];
+      if (sp.repeat_penalty != 1.0f) v = v > 0 ? v / sp.repeat_penalty : v * sp.repeat_penalty;
+      v -= sp.presence_penalty + sp.frequency_penalty * static_cast<float>(count);
+    }
+    l = scratch_.data();
+  }
+  if (sp.greedy()) {
+    out.push_back({static_cast<int32_t>(std::max_element(l, l + n_vocab) - l), 1.0f});
+    return;
+  }
+  // Candidates sorted by logit (top_k bounds the sort when set).
+  out.reserve(n_vocab);
+  for (int i = 0; i < n_vocab; ++i) out.push_back({i, l[i]});
+  const auto by_logit = [](const TokenProb& a, const TokenProb& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); };
+  size_t keep = out.size();
+  if (sp.top_k > 0 && static_cast<size_t>(sp.top_k) < keep) {
+    keep = static_cast<size_t>(sp.top_k);
+    std::partial_sort(out.begin(), out.begin() + keep, out.end(), by_logit);
+    out.resize(keep);
+  } else {
+    std::sort(out.begin(), out.end(), by_logit);
+  }
+  // Softmax with temperature.
+  const float mx = out[0].p;
+  double sum = 0;
+  for (auto& t : out) {
+    t.p = std::exp((t.p - mx) / sp.temperature);
+    sum += t.p;
+  }
+  for (auto& t : out) t.p = static_cast<float>(t.p / sum);
+  if (sp.min_p > 0.0f) {
+    const float floor_p = sp.min_p * out[0].p;
+    size_t n = 1;
+    while (n < out.size() && out[n].p >= floor_p) ++n;
+    out.resize(n);
+  }
+  if (sp.top_p < 1.0f) {
+    double cum = 0;
+    size_t n = 0;
+    while (n < out.size()) {
+      cum += out[n].p;
+      ++n;
+      if (cum >= sp.top_p) break;
+    }
+    out.resize(n);
+  }
+  double total = 0;
+  for (const auto& t : out) total += t.p;
+  for (auto& t : out) t.p = static_cast<float>(t.p / total);
+  while (!out.empty() && out.back().p <= 0.0f) out.pop_back();
+}
+
+int32_t Sampler::draw(const std::vector<TokenProb>& dist) {
+  if (dist.size() == 1) return dist[0].id;
+  double u = uniform();
+  double total = 0;
+  for (const auto& t : dist) total += t.p;
+  u *= total;
+  for (const auto& t : dist) {
+    u -= t.p;
+    if (u < 0) return t.id;
+  }
+  return dist.back().id;
+}
+
+int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_t> history) {
+  std::vector<TokenProb> dist;
+  distribution(logits, n_vocab, history, dist);
+  return draw(dist);
+}
+
+}  // namespace hyspec

@@ -1,0 +1,56 @@
+// The one sampler: penalties, temperature, top-k, top-p, min-p, seeded RNG. Plain decoding draws
+// from `distribution()`, and the speculative verifier uses the very same distribution for its
+// acceptance rule, so speculative sampling follows the target distribution exactly.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace hyspec {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy (argmax after penalties)
+  int top_k = 0;             // 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off
+  float repeat_penalty = 1.0f;    // llama.cpp-style: divide positive / multiply negative logits of seen tokens
+  float presence_penalty = 0.0f;  // OpenAI-style, subtracted once per seen token
+  float frequency_penalty = 0.0f; // OpenAI-style, subtracted per occurrence
+  int penalty_last_n = 64;        // how many recent tokens the penalties look at (-1: all)
+  uint64_t seed = 0;
+
+  bool greedy() const { return temperature <= 0.0f; }
+  bool has_penalties() const {
+    return repeat_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
+};
+
+struct TokenProb {
+  int32_t id;
+  float p;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  const SamplingParams& params() const { return params_; }
+
+  // The next-token distribution after every transform, as (id, p) sorted by p descending, p > 0,
+  // summing to 1. Greedy: a single entry with p = 1. `history`: the sequence so far.
+  void distribution(const float* logits, int n_vocab, std::span<const int32_t> history,
+                    std::vector<TokenProb>& out) const;
+  // Draw from distribution() with this sampler's RNG.
+  int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history);
+  // Draw from an explicit distribution (speculative residuals).
+  int32_t draw(const std::vector<TokenProb>& dist);
+  double uniform();  // in [0, 1)
+  void reseed(uint64_t seed);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  mutable std::vector<float> scratch_;
+};
+
+}  // namespace hyspec

@@ -1,0 +1,15 @@
+// Drafting with a DFlash block-diffusion drafter (DFLASH.md): the target's tapped-layer features of
+// every committed position are injected into the drafter's own KV cache; one drafter forward over
+// [pending, MASK x (B-1)] proposes a whole block.
+#pragma once
+#include "engine/spec/drafter.h"
+
+namespace hyspec {
+
+// Load the drafter (llama.cpp-converted GGUF, or a z-lab HF directory) against the target model.
+// The weights are shared by every session's drafter.
+Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model& target, const std::string& path);
+Result<std::unique_ptr<Drafter>> make_dflash_drafter(Qwen35Model& target, const std::shared_ptr<void>& weights,
+                                                     int max_rows);
+
+}  // namespace hyspec

@@ -1,0 +1,12 @@
+// Drafting with the model's own MTP (nextn) head: each committed row (target hidden h_p, next
+// token t_{p+1}) goes through the head, which keeps its own KV in the sequence state; the last
+// row's argmax is the first draft, and the head's own output hidden chains the next k-1 drafts.
+#pragma once
+#include "engine/spec/drafter.h"
+
+namespace hyspec {
+
+// The model must have an MTP head (Qwen35Model::has_mtp()).
+Result<std::unique_ptr<Drafter>> make_mtp_drafter(Qwen35Model& model, int max_rows);
+
+}  // namespace hyspec

@@ -1,0 +1,53 @@
+// Shared helpers for engine tests: engines on the tiny fixtures, plain greedy reference runs.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/fixtures.h"
+#include "engine/engine.h"
+
+namespace hyspec::test {
+
+inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecMethod spec, int draft_max = 8,
+                                           int64_t n_ctx = 512, std::string draft_model = "") {
+  EngineConfig c;
+  c.model_path = fixture_path(fixture_dir + "/" + fixture_dir + "-f32.gguf");
+  c.spec = spec;
+  c.draft_max = draft_max;
+  c.n_ctx = n_ctx;
+  c.n_batch = 64;
+  c.n_threads = 2;
+  c.draft_model = std::move(draft_model);
+  auto e = Engine::create(c);
+  EXPECT_TRUE(e.is_ok()) << e.message();
+  return e.is_ok() ? std::move(e).value() : nullptr;
+}
+
+inline std::vector<int32_t> generate_ids(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                                         SessionStats* stats = nullptr, FinishReason* finish = nullptr) {
+  std::vector<int32_t> all;
+  auto r = e.generate(prompt, o, [&](const std::vector<int32_t>& t) {
+    all.insert(all.end(), t.begin(), t.end());
+    return true;
+  }, finish);
+  EXPECT_TRUE(r.is_ok()) << r.message();
+  if (stats && r.is_ok()) *stats = *r;
+  return all;
+}
+
+inline std::vector<std::vector<int32_t>> fixture_prompts(const std::string& fixture_dir) {
+  const auto manifest = read_json_file(fixture_path(fixture_dir + "/manifest.json"));
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& c : manifest["cases"]) {
+    auto t = c["tokens"].get<std::vector<int32_t>>();
+    if (t.size() > 80) t.resize(80);
+    prompts.push_back(t);
+  }
+  // A repetitive prompt, where n-gram drafting has something to find.
+  prompts.push_back({10, 20, 30, 40, 50, 10, 20, 30, 40, 50, 10, 20, 30});
+  return prompts;
+}
+
+}  // namespace hyspec::test

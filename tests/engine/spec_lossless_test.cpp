@@ -1,0 +1,54 @@
+// Speculative decoding is lossless: greedy output is token-identical to plain greedy decoding.
+#include <gtest/gtest.h>
+
+#include "engine/spec/ngram_drafter.h"
+#include "engine_test_util.h"
+
+namespace hyspec {
+namespace {
+
+struct Case {
+  std::string fixture;
+  SpecMethod spec;
+};
+
+class SpecLossless : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SpecLossless, GreedySpeculativeOutputEqualsPlainGreedyOver200Tokens) {
+  const Case c = GetParam();
+  auto plain = test::make_engine(c.fixture, SpecMethod::None);
+  auto spec = test::make_engine(c.fixture, c.spec, 8);
+  ASSERT_TRUE(plain && spec);
+  GenerateOptions o;
+  o.max_tokens = 200;
+  o.adaptive = false;  // speculate on every round
+  int64_t spec_rounds = 0;
+  for (const auto& prompt : test::fixture_prompts(c.fixture)) {
+    const auto want = test::generate_ids(*plain, prompt, o);
+    SessionStats st;
+    const auto got = test::generate_ids(*spec, prompt, o, &st);
+    ASSERT_EQ(want.size(), 200u);
+    EXPECT_EQ(got, want) << "prompt of " << prompt.size() << " tokens";
+    spec_rounds += st.spec_rounds;
+  }
+  EXPECT_GT(spec_rounds, 0) << "the drafter never proposed anything";
+}
+
+INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
+                         ::testing::Values(Case{"qwen35-tiny", SpecMethod::Ngram}, Case{"qwen35-tiny", SpecMethod::Mtp},
+                                           Case{"qwen35moe-tiny", SpecMethod::Ngram},
+                                           Case{"qwen35moe-tiny", SpecMethod::Mtp}),
+                         [](const auto& info) {
+                           std::string f = info.param.fixture == "qwen35-tiny" ? "dense" : "moe";
+                           return f + "_" + spec_method_name(info.param.spec);
+                         });
+
+TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {
+  const std::vector<int32_t> seq = {1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3};
+  EXPECT_EQ(ngram_lookup(seq, 2, 4, 3), (std::vector<int32_t>{7, 8, 5}));
+  EXPECT_EQ(ngram_lookup(seq, 2, 4, 1), (std::vector<int32_t>{7}));
+  EXPECT_TRUE(ngram_lookup({1, 2, 3, 4}, 2, 4, 3).empty());
+}
+
+}  // namespace
+}  // namespace hyspec
