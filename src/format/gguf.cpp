@@ -1,5 +1,6 @@
 #include "format/gguf.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -15,6 +16,7 @@ class Cursor {
  public:
   Cursor(const uint8_t* base, size_t size) : base_(base), size_(size) {}
   size_t pos() const { return pos_; }
+  size_t remaining() const { return size_ - pos_; }
   bool read(void* out, size_t n) {
     if (n > size_ - pos_) return false;
     std::memcpy(out, base_ + pos_, n);
@@ -90,11 +92,17 @@ bool read_value(Cursor& c, GgufValueType t, uint32_t version, int depth, GgufVal
       }
       if (n > kMaxArrayLength) { err = fmt::format("array length {} is implausible", n); return false; }
       v.elem_type = static_cast<GgufValueType>(et);
-      // Reject lengths the remaining bytes cannot hold before allocating.
-      const size_t min_elem = scalar_size(v.elem_type) ? scalar_size(v.elem_type) : 8;
-      if (n * min_elem > std::numeric_limits<size_t>::max() / 2) { err = "array too large"; return false; }
-      v.array.resize(0);
-      v.array.reserve(static_cast<size_t>(std::min<uint64_t>(n, 1 << 20)));
+      // Reject lengths the remaining bytes cannot hold before allocating: an element takes at
+      // least its scalar size, a string its 8-byte length, an array its 12-byte header.
+      const size_t min_elem = scalar_size(v.elem_type) ? scalar_size(v.elem_type)
+                              : v.elem_type == GgufValueType::STRING ? 8 : 12;
+      if (n > c.remaining() / min_elem) {
+        err = fmt::format("array of {} {} elements does not fit in the remaining {} bytes", n,
+                          gguf_value_type_name(v.elem_type), c.remaining());
+        return false;
+      }
+      v.array.clear();
+      v.array.reserve(static_cast<size_t>(n));
       for (uint64_t i = 0; i < n; ++i) {
         GgufValue e;
         if (!read_value(c, v.elem_type, version, depth + 1, e, err)) {
@@ -260,6 +268,18 @@ Status GgufFile::parse_all() {
       return Status::errorf("{}: tensor '{}' ({} bytes at offset {}) extends past the end of the file ({} bytes): "
                             "file truncated?", fn, ti.name, ti.nbytes, ti.offset, size_);
     ti.data = base_ + data_start + ti.offset;
+  }
+  // Tensors must not share bytes: sorted by offset, each ends before the next begins.
+  std::vector<const GgufTensorInfo*> by_offset;
+  by_offset.reserve(tensors_.size());
+  for (const GgufTensorInfo& ti : tensors_) by_offset.push_back(&ti);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensorInfo& prev = *by_offset[i - 1];
+    if (prev.offset + prev.nbytes > by_offset[i]->offset)
+      return Status::errorf("{}: tensors '{}' (offset {}, {} bytes) and '{}' (offset {}) overlap", fn, prev.name,
+                            prev.offset, prev.nbytes, by_offset[i]->name, by_offset[i]->offset);
   }
   return Status::ok();
 }
