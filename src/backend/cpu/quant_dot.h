@@ -10,15 +10,30 @@
 
 namespace hyspec::cpu {
 
-// Bytes of one prepared activation row of n elements for weights of type wt.
+// n is a multiple of wt's block size (ggml_row_bytes checks it when a weight is bound).
+
+// Bytes of one prepared activation row of n elements for weights of type wt (0: unsupported).
 size_t prepared_row_bytes(GgmlType wt, int64_t n);
-// Prepare one activation row (n f32 values) for dots with rows of type wt.
+// Prepare one activation row (n f32 values) for dots with rows of type wt. out: 4-byte aligned.
+// F32/F16/BF16 weights: a copy of x. 32-blocks: Q8_0 (Q8_1 for Q4_1/Q5_1). 256-blocks: Q8_K.
+// Rounding follows llama.cpp's quantize_row_q8_0/q8_1/q8_K reference, so dots equal llama.cpp's.
 void prepare_activation_row(GgmlType wt, const float* x, int64_t n, void* out);
 // Σ_i W[i] x[i] over n elements: w_row in type wt, act prepared by prepare_activation_row.
+// NaN for an unsupported type.
 float vec_dot(GgmlType wt, const void* w_row, const void* act, int64_t n);
 // True when vec_dot supports wt (every type ggml_type_traits marks dequantizable).
 bool vec_dot_supported(GgmlType wt);
 // Which SIMD path vec_dot uses on this machine ("avx2" or "scalar").
 const char* vec_dot_isa();
+
+// Explicit paths, for tests and benchmarks that compare them on one machine.
+enum class DotIsa { Scalar, Avx2 };
+// The path vec_dot picks (once, at first use): Scalar when HYSPEC_CPU_ISA=scalar or the CPU lacks
+// AVX2/FMA/F16C, else Avx2.
+DotIsa detect_dot_isa();
+// True when this CPU and build can run `isa`.
+bool dot_isa_available(DotIsa isa);
+// vec_dot on a chosen path; NaN when the path is unavailable or wt unsupported.
+float vec_dot_on(DotIsa isa, GgmlType wt, const void* w_row, const void* act, int64_t n);
 
 }  // namespace hyspec::cpu

@@ -1,0 +1,181 @@
+// Activation preparation and run-time dispatch of the CPU dot kernels (quant_dot_scalar.cpp,
+// quant_dot_avx2.cpp). Preparation is scalar and shared by both paths: it is O(n) once per matmul
+// row against O(n * n_out) dot work, and one implementation keeps both paths bit-compatible.
+#include "backend/cpu/quant_dot.h"
+
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+#include "backend/cpu/quant_dot_kernels.h"
+#include "format/quants.h"
+#include "util/half.h"
+
+namespace hyspec::cpu {
+namespace {
+
+enum class ActKind { None, F32, Q8_0, Q8_1, Q8_K };
+
+// Which activation format each weight type dots against (llama.cpp's vec_dot_type, except that
+// F16/BF16 weights keep f32 activations: converting the activation would only lose precision).
+ActKind act_kind(GgmlType wt) {
+  switch (wt) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16: return ActKind::F32;
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+    case GgmlType::Q8_0:
+    case GgmlType::IQ4_NL:
+    case GgmlType::MXFP4: return ActKind::Q8_0;
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1: return ActKind::Q8_1;  // these need Σx per block for their offset m
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::IQ1_S:
+    case GgmlType::IQ1_M:
+    case GgmlType::IQ2_XXS:
+    case GgmlType::IQ2_XS:
+    case GgmlType::IQ2_S:
+    case GgmlType::IQ3_XXS:
+    case GgmlType::IQ3_S:
+    case GgmlType::IQ4_XS: return ActKind::Q8_K;
+    default: return ActKind::None;
+  }
+}
+
+// quantize_row_q8_1_ref: Q8_0 (d = amax/127 stored as fp16, codes = roundf(x / d) with the
+// unrounded reciprocal) plus s = fp16(d * Σ codes), d unrounded. Q8_0 itself is quantize_row's.
+void quantize_q8_1(const float* x, int64_t n, ActQ8_1* y) {
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+      sum += y[b].qs[j];
+    }
+    y[b].d = fp32_to_fp16(d);
+    y[b].s = fp32_to_fp16(static_cast<float>(sum) * d);
+  }
+}
+
+// quantize_row_q8_K_ref: scale from the signed extreme (d = max / -127, kept in f32), codes
+// rounded half to even and clamped at 127, plus per-16 code sums for the kernels' offset terms.
+void quantize_q8_k(const float* x, int64_t n, ActQ8_K* y) {
+  for (int64_t b = 0; b < n / 256; ++b, x += 256) {
+    float max = 0, amax = 0;
+    for (int j = 0; j < 256; ++j) {
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    if (amax == 0) {
+      std::memset(&y[b], 0, sizeof(ActQ8_K));
+      continue;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < 256; ++j) {
+      const int v = static_cast<int>(std::nearbyint(iscale * x[j]));  // default mode: half to even
+      y[b].qs[j] = static_cast<int8_t>(v < 127 ? v : 127);
+    }
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += y[b].qs[16 * g + l];
+      y[b].bsums[g] = static_cast<int16_t>(sum);
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+
+constexpr size_t kMaxTypeId = 40;
+
+// Kernel per type id for one path (null where unsupported); the AVX2 table falls back to scalar
+// for a type without an AVX2 kernel.
+std::array<DotKernel, kMaxTypeId> build_table(DotIsa isa) {
+  std::array<DotKernel, kMaxTypeId> table{};
+  for (uint32_t id = 0; id < kMaxTypeId; ++id) {
+    const auto t = static_cast<GgmlType>(id);
+    if (act_kind(t) == ActKind::None) continue;
+    DotKernel k = isa == DotIsa::Avx2 ? avx2_dot_kernel(t) : nullptr;
+    table[id] = k ? k : scalar_dot_kernel(t);
+  }
+  return table;
+}
+
+DotKernel kernel_for(DotIsa isa, GgmlType wt) {
+  static const std::array<DotKernel, kMaxTypeId> scalar = build_table(DotIsa::Scalar);
+  static const std::array<DotKernel, kMaxTypeId> avx2 =
+      dot_isa_available(DotIsa::Avx2) ? build_table(DotIsa::Avx2) : std::array<DotKernel, kMaxTypeId>{};
+  const auto id = static_cast<uint32_t>(wt);
+  if (id >= kMaxTypeId) return nullptr;
+  return isa == DotIsa::Avx2 ? avx2[id] : scalar[id];
+}
+
+DotIsa active_isa() {
+  static const DotIsa isa = detect_dot_isa();
+  return isa;
+}
+
+}  // namespace
+
+size_t prepared_row_bytes(GgmlType wt, int64_t n) {
+  switch (act_kind(wt)) {
+    case ActKind::F32: return static_cast<size_t>(n) * sizeof(float);
+    case ActKind::Q8_0: return static_cast<size_t>(n / 32) * sizeof(ActQ8_0);
+    case ActKind::Q8_1: return static_cast<size_t>(n / 32) * sizeof(ActQ8_1);
+    case ActKind::Q8_K: return static_cast<size_t>(n / 256) * sizeof(ActQ8_K);
+    case ActKind::None: break;
+  }
+  return 0;
+}
+
+void prepare_activation_row(GgmlType wt, const float* x, int64_t n, void* out) {
+  switch (act_kind(wt)) {
+    case ActKind::F32: std::memcpy(out, x, static_cast<size_t>(n) * sizeof(float)); return;
+    case ActKind::Q8_0: (void)quantize_row(GgmlType::Q8_0, x, out, n); return;  // ActQ8_0 == BlockQ8_0
+    case ActKind::Q8_1: quantize_q8_1(x, n, static_cast<ActQ8_1*>(out)); return;
+    case ActKind::Q8_K: quantize_q8_k(x, n, static_cast<ActQ8_K*>(out)); return;
+    case ActKind::None: return;
+  }
+}
+
+bool vec_dot_supported(GgmlType wt) { return act_kind(wt) != ActKind::None; }
+
+DotIsa detect_dot_isa() {
+  const char* forced = std::getenv("HYSPEC_CPU_ISA");
+  if (forced && std::string_view(forced) == "scalar") return DotIsa::Scalar;
+  return dot_isa_available(DotIsa::Avx2) ? DotIsa::Avx2 : DotIsa::Scalar;
+}
+
+bool dot_isa_available(DotIsa isa) {
+  if (isa == DotIsa::Scalar) return true;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+const char* vec_dot_isa() { return active_isa() == DotIsa::Avx2 ? "avx2" : "scalar"; }
+
+float vec_dot_on(DotIsa isa, GgmlType wt, const void* w_row, const void* act, int64_t n) {
+  const DotKernel k = kernel_for(isa, wt);
+  return k ? k(w_row, act, n) : std::numeric_limits<float>::quiet_NaN();
+}
+
+float vec_dot(GgmlType wt, const void* w_row, const void* act, int64_t n) {
+  return vec_dot_on(active_isa(), wt, w_row, act, n);
+}
+
+}  // namespace hyspec::cpu
