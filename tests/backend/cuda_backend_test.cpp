@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -518,42 +519,114 @@ TEST_F(CudaBackendTest, ErrorsAreReportedBySynchronizeNotAborts) {
   EXPECT_FALSE(bad.is_ok());
 }
 
-// Weight-streaming speed of the decode matmul; run with HYSPEC_CUDA_BENCH=1.
-TEST_F(CudaBackendTest, BenchMatmulDecode) {
-  if (!std::getenv("HYSPEC_CUDA_BENCH")) GTEST_SKIP() << "set HYSPEC_CUDA_BENCH=1";
+// Decode-path speed on real shapes; run with HYSPEC_CUDA_BENCH=1. Times graph replays (launch gaps
+// amortised) of many calls rotating over copies whose total exceeds L2, so weights stream from HBM.
+class CudaBench : public CudaBackendTest {
+ protected:
+  // Seconds per call of `calls` calls recorded in one graph.
+  double time_graph(const std::function<void()>& body, int calls) {
+    Backend& b = *gpu_;
+    auto g = b.capture(body);
+    EXPECT_TRUE(g.is_ok()) << g.message();
+    if (!g.is_ok()) return 0;
+    (void)(*g)->replay();
+    EXPECT_TRUE(b.synchronize().is_ok());
+    constexpr int kReplays = 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReplays; ++r) (void)(*g)->replay();
+    EXPECT_TRUE(b.synchronize().is_ok());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (kReplays * calls);
+  }
+  void SetUp() override {
+    if (!std::getenv("HYSPEC_CUDA_BENCH")) GTEST_SKIP() << "set HYSPEC_CUDA_BENCH=1";
+    CudaBackendTest::SetUp();
+  }
+};
+
+TEST_F(CudaBench, MatmulDecode) {
   Backend& b = *gpu_;
   struct Shape {
     int64_t K, N;
   };
   for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::BF16}) {
     for (Shape sh : {Shape{4096, 4096}, Shape{4096, 12288}, Shape{12288, 4096}}) {
-      constexpr int kCopies = 8;  // > L2 in total, so every call streams from HBM
+      constexpr int kCopies = 8;
+      const auto bytes = random_weight_bytes(type, sh.K, sh.N, rng_);
       std::vector<Weight> ws;
-      size_t bytes_one = 0;
-      for (int c = 0; c < kCopies; ++c) {
-        const auto bytes = random_weight_bytes(type, sh.K, sh.N, rng_);
-        bytes_one = bytes.size();
-        ws.push_back(b.load_weight(tensor_info("w", type, bytes, sh.K, sh.N)).value());
-      }
-      for (int64_t n : {1, 4, 8, 16, 32}) {
+      for (int c = 0; c < kCopies; ++c) ws.push_back(b.load_weight(tensor_info("w", type, bytes, sh.K, sh.N)).value());
+      for (int64_t n : {1, 4, 8, 16, 32, 128}) {
         Tensor x = put(b, randn(n * sh.K)), y = poison(b, n * sh.N);
-        auto g = b.capture([&] {
-          for (int rep = 0; rep < 4; ++rep)
-            for (auto& w : ws) b.matmul(w, x.rows(n, sh.K), y.rows(n, sh.N));
-        });
-        ASSERT_TRUE(g.is_ok()) << g.message();
-        ASSERT_TRUE((*g)->replay().is_ok());
-        ASSERT_TRUE(b.synchronize().is_ok());
-        constexpr int kReplays = 20;
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int r = 0; r < kReplays; ++r) (void)(*g)->replay();
-        ASSERT_TRUE(b.synchronize().is_ok());
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double per_call = s / (kReplays * 4 * kCopies);
-        std::printf("BENCH matmul %-5s %5ldx%-5ld n=%-2ld %7.2f us %7.0f GB/s\n", std::string(ggml_type_name(type)).c_str(),
-                    static_cast<long>(sh.K), static_cast<long>(sh.N), static_cast<long>(n), per_call * 1e6,
-                    bytes_one / per_call / 1e9);
+        const double s = time_graph(
+            [&] {
+              for (int rep = 0; rep < 4; ++rep)
+                for (auto& w : ws) b.matmul(w, x.rows(n, sh.K), y.rows(n, sh.N));
+            },
+            4 * kCopies);
+        std::printf("BENCH matmul %-5s %5ldx%-5ld n=%-3ld %8.2f us %6.0f GB/s %6.1f TFLOP/s\n",
+                    std::string(ggml_type_name(type)).c_str(), static_cast<long>(sh.K), static_cast<long>(sh.N),
+                    static_cast<long>(n), s * 1e6, bytes.size() / s / 1e9, 2.0 * sh.K * sh.N * n / s / 1e12);
       }
+    }
+  }
+}
+
+TEST_F(CudaBench, AttentionAndGdnDecode) {
+  Backend& b = *gpu_;
+  // 9B shapes: 16 q / 4 kv heads of 256, F16 KV; GDN 16 k / 32 v heads of 128.
+  const int H = 16, Hkv = 4, D = 256;
+  const int64_t W = Hkv * D;
+  for (int64_t ctx : {1024, 8192, 32768}) {
+    const int64_t cap = ctx + 64;
+    Buffer kc = b.alloc(cap * W * 2).value(), vc = b.alloc(cap * W * 2).value();
+    b.fill_zero(kc.data(), cap * W * 2);
+    b.fill_zero(vc.data(), cap * W * 2);
+    for (int64_t n : {1, 8, 16}) {
+      std::vector<int32_t> pos(n);
+      for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(ctx + i);
+      Buffer p = put_i32(b, pos);
+      Tensor q = put(b, randn(n * H * D)), out = poison(b, n * H * D);
+      AttentionArgs a;
+      a.q = q.rows(n, H * D);
+      a.kv = KvLayer{kc.data(), vc.data(), GgmlType::F16, cap, W};
+      a.positions = p.as<int32_t>();
+      a.n_head = H;
+      a.n_kv_head = Hkv;
+      a.head_dim = D;
+      a.scale = 0.0625f;
+      a.out = out.rows(n, H * D);
+      const double s = time_graph([&] { for (int i = 0; i < 10; ++i) b.attention(a); }, 10);
+      const double bytes = 2.0 * (ctx + n) * W * 2;
+      std::printf("BENCH attention ctx=%-6ld n=%-3ld %8.2f us %6.0f GB/s\n", static_cast<long>(ctx),
+                  static_cast<long>(n), s * 1e6, bytes / s / 1e9);
+    }
+  }
+  const int nk = 16, nv = 32, d = 128;
+  Tensor state = put(b, randn(int64_t{nv} * d * d, 0.1f)), ssm_a = put(b, std::vector<float>(nv, -1.0f)),
+         dt = put(b, randn(nv));
+  for (int64_t n : {1, 8, 16, 128}) {
+    Tensor qkv = put(b, randn(n * (2 * nk + nv) * d)), ba = put(b, randn(n * 2 * nv)), out = poison(b, n * nv * d);
+    Tensor cap = poison(b, n * nv * d * d);
+    GdnArgs g;
+    Rows X = qkv.rows(n, (2 * nk + nv) * d);
+    g.q = X.cols(0, nk * d);
+    g.k = X.cols(nk * d, nk * d);
+    g.v = X.cols(2 * nk * d, nv * d);
+    g.beta_logit = ba.rows(n, nv, 2 * nv);
+    g.alpha = ba.rows(n, nv, 2 * nv).cols(0, nv);
+    g.alpha.data += nv;
+    g.ssm_a = ssm_a.f();
+    g.dt_bias = dt.f();
+    g.n_k_heads = nk;
+    g.n_v_heads = nv;
+    g.head_dim = d;
+    g.state = state.f();
+    g.out = out.rows(n, nv * d);
+    for (bool with_capture : {false, true}) {
+      g.capture = with_capture ? cap.f() : nullptr;
+      const double s = time_graph([&] { for (int i = 0; i < 10; ++i) b.gated_delta_net(g); }, 10);
+      const double bytes = 2.0 * nv * d * d * 4 + (with_capture ? double(n) * nv * d * d * 4 : 0.0);
+      std::printf("BENCH gdn n=%-3ld capture=%d %8.2f us %6.0f GB/s\n", static_cast<long>(n), with_capture, s * 1e6,
+                  bytes / s / 1e9);
     }
   }
 }

@@ -40,18 +40,20 @@ __global__ void conv_kernel(Mat x, const float* __restrict__ w, int K, float* st
       if (j < K) acc += wc[j] * win[j];
     }
     y.data[t * y.stride + c] = silu(acc);
-    if (capture)
+    if (capture) {
 #pragma unroll
       for (int j = 0; j + 1 < kMaxConvKernel; ++j)
         if (j < K - 1) capture[(t * (K - 1) + j) * C + c] = win[j + 1];
+    }
 #pragma unroll
     for (int j = 0; j + 1 < kMaxConvKernel; ++j)
       if (j < K - 1) win[j] = win[j + 1];
   }
-  if (gridDim.y == 1)
+  if (gridDim.y == 1) {
 #pragma unroll
     for (int j = 0; j + 1 < kMaxConvKernel; ++j)
       if (j < K - 1) state[j * C + c] = win[j];
+  }
 }
 
 // state[j] = in(n - K + 1 + j): reads index n + j >= j of the old state before writing j, so the
