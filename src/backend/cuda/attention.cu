@@ -45,13 +45,30 @@ struct AttnArgs {
 
 template <int D>
 constexpr size_t attention_smem() {
+  // Q [16][D+4], K and V tiles [32][D+4] (f32), P [16][32].
   return (static_cast<size_t>(kQueries + 2 * kKeys) * (D + 4) + kQueries * kKeys) * sizeof(float);
 }
 
-template <int D>
+// 16 bytes of K/V (8 halves or 4 floats) to f32 in shared memory.
+__device__ __forceinline__ void store_as_f32(float* dst, const uint4& raw, bool f16) {
+  if (f16) {
+    const half2* h = reinterpret_cast<const half2*>(&raw);
+    const float2 a = __half22float2(h[0]), b = __half22float2(h[1]), c = __half22float2(h[2]), d = __half22float2(h[3]);
+    reinterpret_cast<float4*>(dst)[0] = make_float4(a.x, a.y, b.x, b.y);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(c.x, c.y, d.x, d.y);
+  } else {
+    reinterpret_cast<uint4*>(dst)[0] = raw;
+  }
+}
+
+// KV is __half or float. The next K/V tile is fetched into registers while this one is computed.
+template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
   constexpr int LD = D + 4;  // row pitch: float4-aligned, consecutive rows 4 banks apart
   constexpr int J = D / 32;  // float4 output slices per thread
+  constexpr int kVec = 16 / sizeof(KV);                    // elements per 16-byte load
+  constexpr int kLoads = kKeys * D / kVec / kThreads;      // 16-byte loads per thread per tile and tensor
+  static_assert(kLoads >= 1 && kKeys * D % (kVec * kThreads) == 0);
   extern __shared__ float smem[];
   float* Qs = smem;
   float* Ks = Qs + kQueries * LD;
@@ -92,43 +109,33 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
 #pragma unroll
   for (int j = 0; j < J; ++j) o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
 
-  for (int kt = k0; kt < k1; kt += kKeys) {
-    __syncthreads();  // previous tile fully consumed
-    if (a.kv_f16) {
-      for (int idx = tid; idx < kKeys * D / 8; idx += kThreads) {
-        const int key = idx / (D / 8), d = idx % (D / 8) * 8;
-        float4 k_lo = make_float4(0.f, 0.f, 0.f, 0.f), k_hi = k_lo, v_lo = k_lo, v_hi = k_lo;
-        if (kt + key < k1) {
-          const int64_t off = static_cast<int64_t>(kt + key) * a.kv_width + static_cast<int64_t>(kvh) * D + d;
-          const uint4 kr = *reinterpret_cast<const uint4*>(static_cast<const __half*>(a.k) + off);
-          const uint4 vr = *reinterpret_cast<const uint4*>(static_cast<const __half*>(a.v) + off);
-          const half2* kh = reinterpret_cast<const half2*>(&kr);
-          const half2* vh = reinterpret_cast<const half2*>(&vr);
-          float2 f0 = __half22float2(kh[0]), f1 = __half22float2(kh[1]), f2 = __half22float2(kh[2]),
-                 f3 = __half22float2(kh[3]);
-          k_lo = make_float4(f0.x, f0.y, f1.x, f1.y), k_hi = make_float4(f2.x, f2.y, f3.x, f3.y);
-          f0 = __half22float2(vh[0]), f1 = __half22float2(vh[1]), f2 = __half22float2(vh[2]), f3 = __half22float2(vh[3]);
-          v_lo = make_float4(f0.x, f0.y, f1.x, f1.y), v_hi = make_float4(f2.x, f2.y, f3.x, f3.y);
-        }
-        *reinterpret_cast<float4*>(Ks + key * LD + d) = k_lo;
-        *reinterpret_cast<float4*>(Ks + key * LD + d + 4) = k_hi;
-        *reinterpret_cast<float4*>(Vs + key * LD + d) = v_lo;
-        *reinterpret_cast<float4*>(Vs + key * LD + d + 4) = v_hi;
-      }
-    } else {
-      for (int idx = tid; idx < kKeys * D / 4; idx += kThreads) {
-        const int key = idx / (D / 4), d = idx % (D / 4) * 4;
-        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-        if (kt + key < k1) {
-          const int64_t off = static_cast<int64_t>(kt + key) * a.kv_width + static_cast<int64_t>(kvh) * D + d;
-          kv = *reinterpret_cast<const float4*>(static_cast<const float*>(a.k) + off);
-          vv = *reinterpret_cast<const float4*>(static_cast<const float*>(a.v) + off);
-        }
-        *reinterpret_cast<float4*>(Ks + key * LD + d) = kv;
-        *reinterpret_cast<float4*>(Vs + key * LD + d) = vv;
+  const KV* kbase = static_cast<const KV*>(a.k) + static_cast<int64_t>(kvh) * D;
+  const KV* vbase = static_cast<const KV*>(a.v) + static_cast<int64_t>(kvh) * D;
+  uint4 kr[kLoads], vr[kLoads];
+  auto fetch = [&](int kt) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int idx = tid + i * kThreads, key = idx / (D / kVec), d = idx % (D / kVec) * kVec;
+      kr[i] = vr[i] = make_uint4(0u, 0u, 0u, 0u);  // keys past the range must be zeros, not garbage
+      if (kt + key < k1) {
+        const int64_t off = static_cast<int64_t>(kt + key) * a.kv_width + d;
+        kr[i] = __ldg(reinterpret_cast<const uint4*>(kbase + off));
+        vr[i] = __ldg(reinterpret_cast<const uint4*>(vbase + off));
       }
     }
+  };
+  if (k0 < k1) fetch(k0);
+
+  for (int kt = k0; kt < k1; kt += kKeys) {
+    __syncthreads();  // previous tile fully consumed
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int idx = tid + i * kThreads, key = idx / (D / kVec), d = idx % (D / kVec) * kVec;
+      store_as_f32(Ks + key * LD + d, kr[i], sizeof(KV) == 2);
+      store_as_f32(Vs + key * LD + d, vr[i], sizeof(KV) == 2);
+    }
     __syncthreads();
+    if (kt + kKeys < k1) fetch(kt + kKeys);
 
     // Scores of query qi against keys l8 + 8*jj.
     float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -221,18 +228,23 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
   }
 }
 
-template <int D>
-cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(attention_smem<D>()));
+template <int D, typename KV>
+cudaError_t launch_kv(const AttnArgs& a, cudaStream_t stream) {
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      attention_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(attention_smem<D>()));
   if (attr != cudaSuccess) return attr;
   const int M = a.n * a.group;
   const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
-  attention_kernel<D><<<grid, kThreads, attention_smem<D>(), stream>>>(a);
+  attention_kernel<D, KV><<<grid, kThreads, attention_smem<D>(), stream>>>(a);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || a.n_splits == 1) return err;
   attention_combine_kernel<<<a.n_kv * M, std::min(D, 256), 0, stream>>>(a, D);
   return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
+  return a.kv_f16 ? launch_kv<D, __half>(a, stream) : launch_kv<D, float>(a, stream);
 }
 
 }  // namespace

@@ -265,7 +265,9 @@ class CudaBackend final : public Backend {
         !expect(a.n_k_heads > 0 && a.n_v_heads > 0 && a.k.n_rows == n && a.v.n_rows == n && a.out.n_rows == n &&
                     a.beta_logit.n_rows == n && a.alpha.n_rows == n,
                 "gated_delta_net: inconsistent shapes") ||
-        !expect(aligned16(a.state) && aligned16(a.capture), "gated_delta_net: state and capture must be 16-byte aligned"))
+        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.q.data) && aligned16(a.k.data) &&
+                    a.q.stride % 4 == 0 && a.k.stride % 4 == 0,
+                "gated_delta_net: state, capture, q and k rows must be 16-byte aligned"))
       return;
     cuda::GdnParams p;
     p.q = mat(a.q);
@@ -282,9 +284,7 @@ class CudaBackend final : public Backend {
     p.eps = a.eps;
     p.state = a.state;
     p.capture = a.capture;
-    auto* scratch = static_cast<float*>(arena(op_arena_, cuda::gdn_scratch_bytes(p)));
-    if (!scratch) return;
-    check(cuda::gdn_launch(p, scratch, stream_), "gated_delta_net");
+    check(cuda::gdn_launch(p, stream_), "gated_delta_net");
   }
 
   // Router matmul -> softmax/top-k on the device -> for every (token, slot) the expert's gate and up

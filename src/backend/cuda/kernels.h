@@ -101,7 +101,7 @@ struct GdnParams {
   float* capture = nullptr;
 };
 bool gdn_head_dim_supported(int head_dim);
-size_t gdn_scratch_bytes(const GdnParams& p);
-cudaError_t gdn_launch(const GdnParams& p, float* scratch, cudaStream_t stream);
+// q, k: 16-byte aligned rows (float4 loads); state and capture 16-byte aligned.
+cudaError_t gdn_launch(const GdnParams& p, cudaStream_t stream);
 
 }  // namespace hyspec::cuda

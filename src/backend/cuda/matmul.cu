@@ -5,14 +5,15 @@
 // Widths n <= 32 (decode, speculative verify): the tensor-core matvec `mmv_kernel`. A warp owns 16
 // weight rows; each step, its 4 lane-quads each decode one 32-element chunk of those rows straight
 // from the quant blocks into f16 registers (the A fragments of mma.m16n8k16) and multiply them with
-// up to 32 activation rows (B fragments, 8 tokens per n-tile). Every weight byte is read once per
-// call whatever n is; the warps of a block split K and reduce through shared memory.
-// Activations are first converted to f16 in the per-type chunk order (prep_activations_kernel).
-// Widths n > 32 (prefill): weight row tiles are decoded to f16 (dequant_tile_kernel) and multiplied
-// with cuBLAS (f16 inputs, f32 accumulate).
+// up to 32 activation rows (B fragments, 8 tokens per n-tile, read as f32 and converted on the fly in
+// the type's chunk order). Every weight byte is read once per call whatever n is; the warps of a
+// block split K and reduce through shared memory. One launch per matmul.
+// Widths n > 32 (prefill): activations converted to f16 in chunk order (prep_activations_kernel),
+// weight row tiles decoded to f16 (dequant_tile_kernel), multiplied with cuBLAS (f32 accumulate).
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_blocks.cuh"
@@ -83,34 +84,59 @@ struct MmvArgs {
   const int32_t* expert_ids;    // batched mode when non-null: blockIdx.y = batch b, width 1
   int x_div;                    // batched mode: activation row = b / x_div
   int64_t n_out, K;
-  const __half* xh;             // [n, K] f16, chunk order
+  const float* x;               // [n, K] f32, 16-byte aligned rows
+  int64_t x_stride;
   int n;                        // tokens (<= 32)
+  int rg;                       // row groups (of 16 rows) per block; the other warps split K
   float* y;
   int64_t y_stride;
 };
 
-// Tensor-core matvec, see the top of the file. Per call: bytes = W once + n*K*2 (f16 activations,
-// re-read per block from L2) + n*n_out*4; FLOPs = 2*n_out*K*8*NT (padded to n-tiles of 8), which the
-// tensor cores absorb: decoding a weight costs ~2 ALU ops per element, so the kernel is bound by the
-// weight bytes for every n <= 32.
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return as_u32(__floats2half2_rn(lo, hi)); }
+
+// B fragments of chunk c for one f32 activation row, in T's chunk order: each aligned group of 4
+// chunk positions is one float4 of the row (kSwizzle: order {0,2,1,3}).
+template <class T>
+__device__ __forceinline__ void load_b(const float* __restrict__ xr, int64_t c, uint32_t (&b)[16]) {
+  constexpr int kChunks = T::kBlock / 32;
+  const float* base = xr + c / kChunks * T::kBlock;
+  const int cb = static_cast<int>(c % kChunks);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float4 f = __ldg(reinterpret_cast<const float4*>(base + T::perm(cb * 32 + 4 * i)));
+    if constexpr (T::kSwizzle) {
+      b[2 * i] = pack_h2(f.x, f.z), b[2 * i + 1] = pack_h2(f.y, f.w);
+    } else {
+      b[2 * i] = pack_h2(f.x, f.y), b[2 * i + 1] = pack_h2(f.z, f.w);
+    }
+  }
+}
+
+// Tensor-core matvec, see the top of the file. A block has `rg` row groups of 16 rows; its other
+// warps split K (warp = rg-index + rg * k-split). Each step a warp decodes 4 chunks (one per
+// lane-quad) of its 16 rows, while the raw bytes of its next step are already in flight.
+// Per call: bytes = W once + n*K*4 per block (activations, L2/L1) + n*n_out*4; FLOPs =
+// 2*n_out*K*8*NT (padded to n-tiles of 8) on the tensor cores. Decoding costs ~2 ALU ops per
+// weight, so the kernel is bound by the weight bytes for n <= 32.
 // Lane (g, t) = (lane/4, lane%4): A rows g and g+8 of the warp's 16, chunk 4*step + t; B token 8*nt + g.
 template <class T, int NT>
-__global__ void __launch_bounds__(512) mmv_kernel(MmvArgs a) {
+__global__ void __launch_bounds__(256) mmv_kernel(MmvArgs a) {
   extern __shared__ float red[];  // [n_warps][NT*4][32]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  const int RG = a.rg, KS = n_warps / RG, rg = warp % RG, ks = warp / RG;
   const int g = lane >> 2, t = lane & 3;
   const uint8_t* w = a.w;
-  const __half* xh = a.xh;
+  const float* x = a.x;
   float* y = a.y;
   int n = a.n;
   if (a.expert_ids) {
     const int b = blockIdx.y;
     w += static_cast<size_t>(a.expert_ids[b]) * a.expert_bytes;
-    xh += static_cast<int64_t>(b / a.x_div) * a.K;
+    x += static_cast<int64_t>(b / a.x_div) * a.x_stride;
     y += b * a.y_stride;
     n = 1;
   }
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerWarp;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * RG + rg) * kRowsPerWarp;
   const uint8_t* w0 = w + min(row0 + g, a.n_out - 1) * a.row_bytes;
   const uint8_t* w1 = w + min(row0 + g + 8, a.n_out - 1) * a.row_bytes;
   const int64_t n_chunks = a.K / 32, n_steps = (n_chunks + 3) / 4;
@@ -119,12 +145,23 @@ __global__ void __launch_bounds__(512) mmv_kernel(MmvArgs a) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 
-  for (int64_t s = warp; s < n_steps; s += n_warps) {
-    const int64_t c = 4 * s + t;
+  typename T::Raw r0, r1;
+  if (ks < n_steps && 4 * ks + t < n_chunks) {
+    T::load(w0, 4 * ks + t, r0);
+    T::load(w1, 4 * ks + t, r1);
+  }
+  for (int64_t s = ks; s < n_steps; s += KS) {
+    const int64_t c = 4 * s + t, c_next = c + 4 * KS;
+    const bool valid = c < n_chunks;
+    typename T::Raw q0, q1;
+    if (s + KS < n_steps && c_next < n_chunks) {
+      T::load(w0, c_next, q0);
+      T::load(w1, c_next, q1);
+    }
     half2 A0[16], A1[16];
-    if (c < n_chunks) {
-      T::chunk(w0, c, A0);
-      T::chunk(w1, c, A1);
+    if (valid) {
+      T::decode(w0, r0, c, A0);
+      T::decode(w1, r1, c, A1);
     } else {
 #pragma unroll
       for (int m = 0; m < 16; ++m) A0[m] = A1[m] = __float2half2_rn(0.0f);
@@ -133,18 +170,20 @@ __global__ void __launch_bounds__(512) mmv_kernel(MmvArgs a) {
     for (int nt = 0; nt < NT; ++nt) {
       if (nt * 8 >= n) break;  // warp-uniform
       const int tok = nt * 8 + g;
-      uint4 B[4] = {};
-      if (tok < n && c < n_chunks) {
-        const uint4* src = reinterpret_cast<const uint4*>(xh + tok * a.K + c * 32);
+      uint32_t b[16];
+      if (tok < n && valid) {
+        load_b<T>(x + tok * a.x_stride, c, b);
+      } else {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) B[k] = src[k];
+        for (int k = 0; k < 16; ++k) b[k] = 0u;
       }
-      const uint32_t* b = reinterpret_cast<const uint32_t*>(B);
 #pragma unroll
       for (int i = 0; i < 8; ++i)
         mma_16816(acc[nt], A0[2 * i], A1[2 * i], A0[2 * i + 1], A1[2 * i + 1], as_half2(b[2 * i]),
                   as_half2(b[2 * i + 1]));
     }
+    r0 = q0;
+    r1 = q1;
   }
 
 #pragma unroll
@@ -152,13 +191,13 @@ __global__ void __launch_bounds__(512) mmv_kernel(MmvArgs a) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) red[(warp * NT * 4 + nt * 4 + e) * 32 + lane] = acc[nt][e];
   __syncthreads();
-  if (warp != 0) return;
+  if (ks != 0) return;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float v = 0.0f;
-      for (int wi = 0; wi < n_warps; ++wi) v += red[(wi * NT * 4 + nt * 4 + e) * 32 + lane];
+      for (int k = 0; k < KS; ++k) v += red[((k * RG + rg) * NT * 4 + nt * 4 + e) * 32 + lane];
       const int64_t row = row0 + g + (e >= 2 ? 8 : 0);
       const int tok = nt * 8 + 2 * t + (e & 1);
       if (row < a.n_out && tok < n) y[tok * a.y_stride + row] = v;
@@ -234,30 +273,52 @@ cudaError_t prep_activations(const float* x, int64_t x_stride, int64_t rows, int
 
 template <class T, int NT>
 cudaError_t launch_mmv(const MmvArgs& a, unsigned grid_y, int n_warps, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((a.n_out + kRowsPerWarp - 1) / kRowsPerWarp), grid_y);
+  const int64_t rows_per_block = int64_t{kRowsPerWarp} * a.rg;
+  const dim3 grid(static_cast<unsigned>((a.n_out + rows_per_block - 1) / rows_per_block), grid_y);
   const size_t smem = static_cast<size_t>(n_warps) * NT * 4 * 32 * sizeof(float);
   mmv_kernel<T, NT><<<grid, n_warps * 32, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
-// Enough warps in flight to cover memory latency, without more warps than K steps.
-int mmv_warps(int64_t n_out, int64_t K, int64_t grid_y) {
-  const int64_t blocks = (n_out + kRowsPerWarp - 1) / kRowsPerWarp * grid_y;
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// Blocks of 8 warps. Narrow inputs: one row group per block, 8 warps over K (most warps in flight
+// for the weight stream). Wider inputs: 4 row groups share each activation chunk through L1, so
+// activation traffic from L2 drops 4x. HYSPEC_MMV_RG overrides (benchmarking).
+struct MmvShape {
+  int rg, n_warps;
+};
+MmvShape mmv_shape(int64_t n_out, int64_t K, int64_t n, int64_t grid_y) {
+  static const int forced_rg = env_int("HYSPEC_MMV_RG", 0);
+  int rg = forced_rg > 0 ? forced_rg : (n <= 8 ? 1 : 4);
+  while (rg > 1 && (n_out + 16 * rg - 1) / (16 * rg) * grid_y < sm_count()) rg /= 2;
   const int64_t steps = (K / 32 + 3) / 4;
-  int64_t w = (static_cast<int64_t>(sm_count()) * 32 + blocks - 1) / blocks;
-  w = std::clamp<int64_t>(w, 4, 16);
-  return static_cast<int>(std::max<int64_t>(1, std::min(w, steps)));
+  const int ks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(8 / rg, steps)));
+  return {rg, rg * ks};
+}
+
+// x as 16-byte aligned rows: x itself, or a copy in `staging`.
+Mat aligned_rows(Mat x, float* staging, cudaStream_t stream, cudaError_t& err) {
+  if ((reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride % 4 == 0) return x;
+  err = cudaMemcpy2DAsync(staging, x.cols * sizeof(float), x.data, x.stride * sizeof(float), x.cols * sizeof(float),
+                          x.rows, cudaMemcpyDeviceToDevice, stream);
+  return Mat{staging, x.rows, x.cols, x.cols};
 }
 
 template <class T>
-cudaError_t mmv(const WeightView& w, Mat x, Mat y, __half* xh, cudaStream_t stream) {
-  cudaError_t err = prep_activations<T>(x.data, x.stride, x.rows, w.n_in, xh, stream);
+cudaError_t mmv(const WeightView& w, Mat x, Mat y, float* staging, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  x = aligned_rows(x, staging, stream, err);
   if (err != cudaSuccess) return err;
-  MmvArgs a{w.data, w.row_bytes, 0, nullptr, 1, w.n_out, w.n_in, xh, static_cast<int>(x.rows), y.data, y.stride};
-  const int n_warps = mmv_warps(w.n_out, w.n_in, 1);
-  if (x.rows <= 8) return launch_mmv<T, 1>(a, 1, n_warps, stream);
-  if (x.rows <= 16) return launch_mmv<T, 2>(a, 1, n_warps, stream);
-  return launch_mmv<T, 4>(a, 1, n_warps, stream);
+  const MmvShape sh = mmv_shape(w.n_out, w.n_in, x.rows, 1);
+  MmvArgs a{w.data, w.row_bytes, 0,      nullptr,  1,  w.n_out, w.n_in, x.data, x.stride, static_cast<int>(x.rows),
+            sh.rg,  y.data,      y.stride};
+  if (x.rows <= 8) return launch_mmv<T, 1>(a, 1, sh.n_warps, stream);
+  if (x.rows <= 16) return launch_mmv<T, 2>(a, 1, sh.n_warps, stream);
+  return launch_mmv<T, 4>(a, 1, sh.n_warps, stream);
 }
 
 // Rows of the f16 weight tile kept for cuBLAS: at most kTileBytes.
@@ -300,9 +361,8 @@ bool matmul_type_supported(GgmlType t) {
 
 size_t matmul_scratch_bytes(const WeightView& w, int64_t n) {
   if (!fast_path(w)) return 0;
-  size_t bytes = align_up(static_cast<size_t>(n * w.n_in) * 2, 256);
-  if (n > kMmvMaxWidth) bytes += static_cast<size_t>(tile_rows(w) * w.n_in) * 2;
-  return bytes;
+  if (n <= kMmvMaxWidth) return static_cast<size_t>(n * w.n_in) * sizeof(float);  // staging of unaligned x
+  return align_up(static_cast<size_t>(n * w.n_in) * 2, 256) + static_cast<size_t>(tile_rows(w) * w.n_in) * 2;
 }
 
 cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scratch, cublasHandle_t cublas,
@@ -323,7 +383,7 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
   with_type(w.type, [&](auto tag) {
     using T = decltype(tag);
     if (x.rows <= kMmvMaxWidth) {
-      err = mmv<T>(w, x, y, xh, stream);
+      err = mmv<T>(w, x, y, static_cast<float*>(scratch.data), stream);
     } else {
       auto* tile = reinterpret_cast<__half*>(static_cast<char*>(scratch.data) +
                                              align_up(static_cast<size_t>(x.rows * w.n_in) * 2, 256));
@@ -334,26 +394,26 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
 }
 
 size_t matmul_experts_scratch_bytes(const WeightView& w, int64_t n_x_rows) {
-  return align_up(static_cast<size_t>(n_x_rows * w.n_in) * 2, 256);
+  return static_cast<size_t>(n_x_rows * w.n_in) * sizeof(float);  // staging of unaligned x
 }
 
 cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids, int64_t n_batch, int x_div, Mat x,
                                   Mat y, MatmulScratch scratch, cudaStream_t stream) {
   cudaError_t err = cudaErrorInvalidValue;
   if (n_batch == 0) return cudaSuccess;
-  auto* xh = static_cast<__half*>(scratch.data);
   with_type(w.type, [&](auto tag) {
     using T = decltype(tag);
-    err = prep_activations<T>(x.data, x.stride, x.rows, w.n_in, xh, stream);
+    err = cudaSuccess;
+    const Mat xa = aligned_rows(x, static_cast<float*>(scratch.data), stream, err);
     if (err != cudaSuccess) return;
-    const int n_warps = mmv_warps(w.n_out, w.n_in, n_batch);
     // gridDim.y is at most 65535: launch x_div-aligned slices of the batch.
     const int64_t slice = 65535 / x_div * x_div;
     for (int64_t b0 = 0; b0 < n_batch && err == cudaSuccess; b0 += slice) {
       const int64_t nb = std::min<int64_t>(slice, n_batch - b0);
-      MmvArgs a{w.data, w.row_bytes, static_cast<size_t>(w.n_out) * w.row_bytes, expert_ids + b0, x_div,
-                w.n_out, w.n_in, xh + (b0 / x_div) * w.n_in, 1, y.data + b0 * y.stride, y.stride};
-      err = launch_mmv<T, 1>(a, static_cast<unsigned>(nb), n_warps, stream);
+      const MmvShape sh = mmv_shape(w.n_out, w.n_in, 1, nb);
+      MmvArgs a{w.data,  w.row_bytes, static_cast<size_t>(w.n_out) * w.row_bytes, expert_ids + b0, x_div, w.n_out,
+                w.n_in,  xa.data + (b0 / x_div) * xa.stride, xa.stride, 1, sh.rg, y.data + b0 * y.stride, y.stride};
+      err = launch_mmv<T, 1>(a, static_cast<unsigned>(nb), sh.n_warps, stream);
     }
   });
   return err;

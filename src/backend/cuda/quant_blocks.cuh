@@ -3,15 +3,21 @@
 //   kBlock          elements per block (a multiple of 32)
 //   value(row, i)   element i of a row as f32, evaluated like src/format/quants.cpp (exact; embed
 //                   and the fallback matmul use it)
-//   chunk(row, c, a)  the 32 elements of chunk c (elements [32c, 32c+32) of the row *as permuted*)
-//                   as 16 half2, the fast path of the tensor-core matmul
+//   Raw, load(row, c, raw), decode(row, raw, c, a)
+//                   the 32 elements of chunk c (elements [32c, 32c+32) of the row *as permuted*)
+//                   as 16 half2, the fast path of the tensor-core matmul, split in two so the
+//                   matvec can issue the loads of its next step before decoding this one
+//   chunk(row, c, a)  load + decode
+//   kSwizzle        each aligned group of 4 chunk positions holds 4 consecutive elements, in the
+//                   order {0,1,2,3} (false) or {0,2,1,3} (true); lets the matvec read activations
+//                   as float4 straight from f32 rows
 //   perm(j)         which element of its block chunk position j holds: chunk(row, c, a) yields
 //                   a[m].x = element perm(32c' + 2m), a[m].y = element perm(32c' + 2m + 1) of the
 //                   block, c' = c % (kBlock/32). The permutation lets each type emit values in the
 //                   order its bit tricks produce them; the activations are permuted the same way once
 //                   per matmul, so no shuffling happens in the inner loop (a dot product does not care
 //                   about the order of its terms).
-// Blocks of some types (Q8_0, Q4_0, Q6_K) are only 2-byte aligned; load_words_a2 reads them with
+// Blocks of some types (Q8_0, Q4_0, Q6_K) are only 2-byte aligned; load_a2/words_a2 read them with
 // aligned 4-byte loads and funnel shifts. It may read up to 4 bytes past the block: every weight
 // allocation carries kWeightPad (kernels.h) bytes of padding.
 #pragma once
@@ -39,29 +45,28 @@ __device__ __forceinline__ float ld_f16(const uint8_t* p) {
   return __half2float(*reinterpret_cast<const __half*>(p));
 }
 
-// N little-endian words starting at a 2-byte aligned address.
+// N little-endian words starting at a 2-byte aligned address: the N+1 aligned words around them
+// (load_a2), realigned with funnel shifts (words_a2) once they have arrived.
 template <int N>
-__device__ __forceinline__ void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uint32_t* base = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
-  const uint32_t sh = static_cast<uint32_t>(a & 3) * 8;  // 0 or 16
+struct A2Words {
   uint32_t r[N + 1];
+};
+template <int N>
+__device__ __forceinline__ void load_a2(const uint8_t* p, A2Words<N>& raw) {
+  const uint32_t* base = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
 #pragma unroll
-  for (int i = 0; i <= N; ++i) r[i] = __ldg(base + i);
-#pragma unroll
-  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+  for (int i = 0; i <= N; ++i) raw.r[i] = __ldg(base + i);
 }
 template <int N>
-__device__ __forceinline__ void load_words_a16(const uint8_t* p, uint32_t (&w)[N]) {
-  static_assert(N % 4 == 0);
-  const uint4* q = reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void words_a2(const uint8_t* p, const A2Words<N>& raw, uint32_t (&w)[N]) {
+  const uint32_t sh = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 3) * 8;  // 0 or 16
 #pragma unroll
-  for (int i = 0; i < N / 4; ++i) {
-    const uint4 v = __ldg(q + i);
-    w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-  }
+  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw.r[i], raw.r[i + 1], sh);
 }
-
+__device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+__device__ __forceinline__ half2 h2_of_u16(uint16_t h) {
+  return __half2half2(__ushort_as_half(h));
+}
 // Two 4-bit (plus high bits, already or-ed in) values in the low bits of each 16-bit half of u,
 // made into the halves 1024 + q by or-ing in the exponent of 1024.
 __device__ __forceinline__ half2 magic_h2(uint32_t u) { return as_half2(u | 0x64006400u); }
@@ -70,59 +75,98 @@ __device__ __forceinline__ half2 magic_h2(uint32_t u) { return as_half2(u | 0x64
 // a word w = bytes b0..b3 gives (b0,b2) and (b1,b3) low nibbles, then the same high nibbles.
 __host__ __device__ constexpr int nibble_pair_offset(int r) { return (r & 1) * 2 + ((r >> 1) & 1); }
 
+// chunk() for every type: load, then decode.
+#define HS_CHUNK_FROM_LOAD_DECODE                                                   \
+  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {     \
+    Raw raw;                                                                        \
+    load(row, c, raw);                                                              \
+    decode(row, raw, c, a);                                                         \
+  }
+
 struct TypeF32 {
   static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = false;
+  struct Raw {
+    float4 v[8];
+  };
   __device__ static float value(const uint8_t* row, int64_t i) { return reinterpret_cast<const float*>(row)[i]; }
-  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const float4* p = reinterpret_cast<const float4*>(row) + c * 8;
 #pragma unroll
+    for (int k = 0; k < 8; ++k) r.v[k] = __ldg(p + k);
+  }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t, half2 (&a)[16]) {
+#pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const float4 f = __ldg(p + k);
-      a[2 * k] = __floats2half2_rn(f.x, f.y);
-      a[2 * k + 1] = __floats2half2_rn(f.z, f.w);
+      a[2 * k] = __floats2half2_rn(r.v[k].x, r.v[k].y);
+      a[2 * k + 1] = __floats2half2_rn(r.v[k].z, r.v[k].w);
     }
   }
+  HS_CHUNK_FROM_LOAD_DECODE
   __host__ __device__ static constexpr int perm(int j) { return j; }
 };
 
 struct TypeF16 {
   static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = false;
+  struct Raw {
+    uint4 v[4];
+  };
   __device__ static float value(const uint8_t* row, int64_t i) { return ld_f16(row + 2 * i); }
-  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {
-    uint32_t w[16];
-    load_words_a16<16>(row + c * 64, w);
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + c * 64);
 #pragma unroll
-    for (int k = 0; k < 16; ++k) a[k] = as_half2(w[k]);
+    for (int k = 0; k < 4; ++k) r.v[k] = __ldg(p + k);
   }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t, half2 (&a)[16]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      a[4 * k] = as_half2(r.v[k].x), a[4 * k + 1] = as_half2(r.v[k].y);
+      a[4 * k + 2] = as_half2(r.v[k].z), a[4 * k + 3] = as_half2(r.v[k].w);
+    }
+  }
+  HS_CHUNK_FROM_LOAD_DECODE
   __host__ __device__ static constexpr int perm(int j) { return j; }
 };
 
 struct TypeBF16 {
   static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = false;
+  using Raw = TypeF16::Raw;
   __device__ static float value(const uint8_t* row, int64_t i) {
     return __uint_as_float(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(row)[i]) << 16);
   }
-  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {
-    uint32_t w[16];
-    load_words_a16<16>(row + c * 64, w);
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) { TypeF16::load(row, c, r); }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t, half2 (&a)[16]) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(r.v);
 #pragma unroll
     for (int k = 0; k < 16; ++k) a[k] = __floats2half2_rn(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
   }
+  HS_CHUNK_FROM_LOAD_DECODE
   __host__ __device__ static constexpr int perm(int j) { return j; }
 };
 
 // Q8_0 (34 B): d f16, qs[32] int8; y = d*q.
 struct TypeQ8_0 {
   static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = false;
+  struct Raw {
+    uint16_t d;
+    A2Words<8> q;
+  };
   __device__ static float value(const uint8_t* row, int64_t i) {
     const uint8_t* b = row + (i / 32) * 34;
     return __fmul_rn(ld_f16(b), static_cast<float>(reinterpret_cast<const int8_t*>(b + 2)[i % 32]));
   }
-  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const uint8_t* b = row + c * 34;
-    const half2 d = __half2half2(*reinterpret_cast<const __half*>(b));
+    r.d = ld_u16(b);
+    load_a2(b + 2, r.q);
+  }
+  __device__ static void decode(const uint8_t* row, const Raw& r, int64_t c, half2 (&a)[16]) {
     uint32_t w[8];
-    load_words_a2<8>(b + 2, w);
+    words_a2(row + c * 34 + 2, r.q, w);
+    const half2 d = h2_of_u16(r.d);
     const half2 bias = __float2half2_rn(1152.0f);  // 1024 + 128
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -131,6 +175,7 @@ struct TypeQ8_0 {
       a[2 * k + 1] = __hmul2(__hsub2(as_half2(__byte_perm(x, 0x64646464u, 0x4342)), bias), d);
     }
   }
+  HS_CHUNK_FROM_LOAD_DECODE
   __host__ __device__ static constexpr int perm(int j) { return j; }
 };
 
@@ -138,17 +183,26 @@ struct TypeQ8_0 {
 // y = d*(q-8).
 struct TypeQ4_0 {
   static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = true;
+  struct Raw {
+    uint16_t d;
+    A2Words<4> q;
+  };
   __device__ static float value(const uint8_t* row, int64_t i) {
     const uint8_t* b = row + (i / 32) * 18;
     const int j = static_cast<int>(i % 32);
     const int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
     return __fmul_rn(ld_f16(b), static_cast<float>(q - 8));
   }
-  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const uint8_t* b = row + c * 18;
-    const half2 d = __half2half2(*reinterpret_cast<const __half*>(b));
+    r.d = ld_u16(b);
+    load_a2(b + 2, r.q);
+  }
+  __device__ static void decode(const uint8_t* row, const Raw& r, int64_t c, half2 (&a)[16]) {
     uint32_t w[4];
-    load_words_a2<4>(b + 2, w);
+    words_a2(row + c * 18 + 2, r.q, w);
+    const half2 d = h2_of_u16(r.d);
     const half2 bias = __float2half2_rn(1032.0f);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -158,6 +212,7 @@ struct TypeQ4_0 {
       a[4 * k + 3] = __hmul2(__hsub2(magic_h2((w[k] >> 12) & 0x000F000Fu), bias), d);
     }
   }
+  HS_CHUNK_FROM_LOAD_DECODE
   // word k of the chunk: positions 8k..8k+7 hold elements 4k + {0,2,1,3} then 16 + 4k + {0,2,1,3}.
   __host__ __device__ static constexpr int perm(int j) {
     return 4 * ((j & 31) >> 3) + nibble_pair_offset(j & 3) + ((j & 4) ? 16 : 0);
@@ -184,9 +239,25 @@ __host__ __device__ constexpr int k4_perm(int j) {
   return 64 * (cb >> 1) + 16 * (cb & 1) + 4 * (jj >> 3) + nibble_pair_offset(jj & 3) + ((jj & 4) ? 32 : 0);
 }
 
+// Scales of the two sub-blocks of chunk group jg from the 16-byte header (d, dmin, scales[12]):
+// y = q*d1 + m1 (low nibbles), q*d2 + m2 (high nibbles).
+__device__ __forceinline__ void k4_scales(const uint4& hdr, int jg, half2& d1, half2& m1, half2& d2, half2& m2) {
+  const uint32_t s[3] = {hdr.y, hdr.z, hdr.w};
+  const float2 dm = __half22float2(as_half2(hdr.x));
+  int sc1, mn1, sc2, mn2;
+  k_scale_min(s, 2 * jg, sc1, mn1);
+  k_scale_min(s, 2 * jg + 1, sc2, mn2);
+  d1 = __float2half2_rn(dm.x * sc1), m1 = __float2half2_rn(-dm.y * mn1);
+  d2 = __float2half2_rn(dm.x * sc2), m2 = __float2half2_rn(-dm.y * mn2);
+}
+
 // Q4_K (144 B): d, dmin f16, scales[12], qs[128]; y = d*sc*q - dmin*m per 32-element sub-block.
 struct TypeQ4_K {
   static constexpr int kBlock = 256;
+  static constexpr bool kSwizzle = true;
+  struct Raw {
+    uint4 hdr, qs;
+  };
   __device__ static float value(const uint8_t* row, int64_t i) {
     const uint8_t* b = row + (i / 256) * 144;
     const int e = static_cast<int>(i % 256), sub = e / 32, l = e % 32;
@@ -199,19 +270,16 @@ struct TypeQ4_K {
     const float mk = __fmul_rn(ld_f16(b + 2), static_cast<float>(mn));
     return __fsub_rn(__fmul_rn(dk, static_cast<float>(q)), mk);
   }
-  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const uint8_t* b = row + (c >> 3) * 144;
-    const int cb = static_cast<int>(c & 7), jg = cb >> 1;
-    const uint4 hdr = __ldg(reinterpret_cast<const uint4*>(b));
-    const uint32_t s[3] = {hdr.y, hdr.z, hdr.w};
-    const float2 dm = __half22float2(as_half2(hdr.x));
-    int sc1, mn1, sc2, mn2;
-    k_scale_min(s, 2 * jg, sc1, mn1);
-    k_scale_min(s, 2 * jg + 1, sc2, mn2);
-    const half2 d1 = __float2half2_rn(dm.x * sc1), m1 = __float2half2_rn(-dm.y * mn1);
-    const half2 d2 = __float2half2_rn(dm.x * sc2), m2 = __float2half2_rn(-dm.y * mn2);
-    uint32_t w[4];
-    load_words_a16<4>(b + 16 + 32 * jg + 16 * (cb & 1), w);
+    const int cb = static_cast<int>(c & 7);
+    r.hdr = __ldg(reinterpret_cast<const uint4*>(b));
+    r.qs = __ldg(reinterpret_cast<const uint4*>(b + 16 + 32 * (cb >> 1) + 16 * (cb & 1)));
+  }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t c, half2 (&a)[16]) {
+    half2 d1, m1, d2, m2;
+    k4_scales(r.hdr, static_cast<int>(c & 7) >> 1, d1, m1, d2, m2);
+    const uint32_t w[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
     const half2 bias = __float2half2_rn(1024.0f);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -221,12 +289,17 @@ struct TypeQ4_K {
       a[4 * k + 3] = __hfma2(__hsub2(magic_h2((w[k] >> 12) & 0x000F000Fu), bias), d2, m2);
     }
   }
+  HS_CHUNK_FROM_LOAD_DECODE
   __host__ __device__ static constexpr int perm(int j) { return k4_perm(j); }
 };
 
 // Q5_K (176 B): d, dmin, scales[12], qh[32], qs[128]; as Q4_K with bit `sub` of qh[l] as fifth bit.
 struct TypeQ5_K {
   static constexpr int kBlock = 256;
+  static constexpr bool kSwizzle = true;
+  struct Raw {
+    uint4 hdr, qs, qh;
+  };
   __device__ static float value(const uint8_t* row, int64_t i) {
     const uint8_t* b = row + (i / 256) * 176;
     const int e = static_cast<int>(i % 256), sub = e / 32, l = e % 32;
@@ -239,20 +312,18 @@ struct TypeQ5_K {
     const float mk = __fmul_rn(ld_f16(b + 2), static_cast<float>(mn));
     return __fsub_rn(__fmul_rn(dk, static_cast<float>(q)), mk);
   }
-  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const uint8_t* b = row + (c >> 3) * 176;
-    const int cb = static_cast<int>(c & 7), jg = cb >> 1, hh = cb & 1;
-    const uint4 hdr = __ldg(reinterpret_cast<const uint4*>(b));
-    const uint32_t s[3] = {hdr.y, hdr.z, hdr.w};
-    const float2 dm = __half22float2(as_half2(hdr.x));
-    int sc1, mn1, sc2, mn2;
-    k_scale_min(s, 2 * jg, sc1, mn1);
-    k_scale_min(s, 2 * jg + 1, sc2, mn2);
-    const half2 d1 = __float2half2_rn(dm.x * sc1), m1 = __float2half2_rn(-dm.y * mn1);
-    const half2 d2 = __float2half2_rn(dm.x * sc2), m2 = __float2half2_rn(-dm.y * mn2);
-    uint32_t w[4], u[4];
-    load_words_a16<4>(b + 48 + 32 * jg + 16 * hh, w);
-    load_words_a16<4>(b + 16 + 16 * hh, u);
+    const int cb = static_cast<int>(c & 7);
+    r.hdr = __ldg(reinterpret_cast<const uint4*>(b));
+    r.qs = __ldg(reinterpret_cast<const uint4*>(b + 48 + 32 * (cb >> 1) + 16 * (cb & 1)));
+    r.qh = __ldg(reinterpret_cast<const uint4*>(b + 16 + 16 * (cb & 1)));
+  }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t c, half2 (&a)[16]) {
+    const int jg = static_cast<int>(c & 7) >> 1;
+    half2 d1, m1, d2, m2;
+    k4_scales(r.hdr, jg, d1, m1, d2, m2);
+    const uint32_t w[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w}, u[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
     const half2 bias = __float2half2_rn(1024.0f);
     const int s1 = 2 * jg, s2 = 2 * jg + 1;
 #pragma unroll
@@ -265,6 +336,7 @@ struct TypeQ5_K {
       a[4 * k + 3] = __hfma2(__hsub2(magic_h2(((w[k] >> 12) & 0x000F000Fu) | g13), bias), d2, m2);
     }
   }
+  HS_CHUNK_FROM_LOAD_DECODE
   __host__ __device__ static constexpr int perm(int j) { return k4_perm(j); }
 };
 
@@ -273,6 +345,12 @@ struct TypeQ5_K {
 // of ql[64nh + 32src + l] are elements 128nh + 32src + l, the high nibbles the same + 64.
 struct TypeQ6_K {
   static constexpr int kBlock = 256;
+  static constexpr bool kSwizzle = true;
+  struct Raw {
+    A2Words<4> ql, qh;
+    uint16_t d;
+    int8_t sc_lo, sc_hi;
+  };
   __device__ static float value(const uint8_t* row, int64_t i) {
     const uint8_t* b = row + (i / 256) * 210;
     const int e = static_cast<int>(i % 256), j = e / 128, r = e % 128;
@@ -281,16 +359,26 @@ struct TypeQ6_K {
     const float ds = __fmul_rn(ld_f16(b + 208), static_cast<float>(reinterpret_cast<const int8_t*>(b + 192)[e / 16]));
     return __fmul_rn(ds, static_cast<float>((lo | (hi << 4)) - 32));
   }
-  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {
+  __device__ static const uint8_t* ql_at(const uint8_t* b, int cb) { return b + 64 * (cb >> 2) + 32 * ((cb >> 1) & 1) + 16 * (cb & 1); }
+  __device__ static const uint8_t* qh_at(const uint8_t* b, int cb) { return b + 128 + 32 * (cb >> 2) + 16 * (cb & 1); }
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const uint8_t* b = row + (c >> 3) * 210;
     const int cb = static_cast<int>(c & 7), nh = cb >> 2, src = (cb >> 1) & 1, hh = cb & 1;
+    load_a2(ql_at(b, cb), r.ql);
+    load_a2(qh_at(b, cb), r.qh);
     const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = ld_f16(b + 208);
-    const half2 d_lo = __float2half2_rn(d * scales[8 * nh + hh + 2 * src]);
-    const half2 d_hi = __float2half2_rn(d * scales[8 * nh + hh + 2 * src + 4]);
+    r.sc_lo = __ldg(scales + 8 * nh + hh + 2 * src);
+    r.sc_hi = __ldg(scales + 8 * nh + hh + 2 * src + 4);
+    r.d = ld_u16(b + 208);
+  }
+  __device__ static void decode(const uint8_t* row, const Raw& r, int64_t c, half2 (&a)[16]) {
+    const uint8_t* b = row + (c >> 3) * 210;
+    const int cb = static_cast<int>(c & 7), src = (cb >> 1) & 1;
     uint32_t w[4], u[4];
-    load_words_a2<4>(b + 64 * nh + 32 * src + 16 * hh, w);
-    load_words_a2<4>(b + 128 + 32 * nh + 16 * hh, u);
+    words_a2(ql_at(b, cb), r.ql, w);
+    words_a2(qh_at(b, cb), r.qh, u);
+    const float d = __half2float(__ushort_as_half(r.d));
+    const half2 d_lo = __float2half2_rn(d * r.sc_lo), d_hi = __float2half2_rn(d * r.sc_hi);
     const int s_lo = 2 * src, s_hi = 2 * src + 4;
     const half2 bias = __float2half2_rn(1056.0f);  // 1024 + 32
 #pragma unroll
@@ -303,11 +391,14 @@ struct TypeQ6_K {
       a[4 * k + 3] = __hmul2(__hsub2(magic_h2(((w[k] >> 12) & 0x000F000Fu) | g13), bias), d_hi);
     }
   }
+  HS_CHUNK_FROM_LOAD_DECODE
   __host__ __device__ static constexpr int perm(int j) {
     const int cb = j >> 5, jj = j & 31;
     const int l = 16 * (cb & 1) + 4 * (jj >> 3) + nibble_pair_offset(jj & 3);
     return 128 * (cb >> 2) + 32 * ((cb >> 1) & 1) + l + ((jj & 4) ? 64 : 0);
   }
 };
+
+#undef HS_CHUNK_FROM_LOAD_DECODE
 
 }  // namespace hyspec::cuda

@@ -68,58 +68,35 @@ __global__ void conv_state_kernel(Mat x, int K, float* state) {
   }
 }
 
-// q, k L2-normalised per head (x / sqrt(sum x^2 + eps)); q also scaled by 1/sqrt(d). A warp per
-// (token, head, q|k). Output [n, n_k_heads, d] each.
-__global__ void gdn_normalize_kernel(Mat q, Mat k, int n_k, int D, float eps, float* qn, float* kn) {
-  const int lane = threadIdx.x & 31;
-  const int64_t wid = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  if (wid >= q.rows * n_k * 2) return;
-  const bool is_k = wid & 1;
-  const int64_t t = wid / 2 / n_k, h = wid / 2 % n_k;
-  const Mat& src = is_k ? k : q;
-  const float* x = src.data + t * src.stride + h * D;
-  float ss = 0.0f;
-  for (int i = lane; i < D; i += 32) ss += x[i] * x[i];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  float scale = 1.0f / sqrtf(ss + eps);
-  if (!is_k) scale /= sqrtf(static_cast<float>(D));
-  float* dst = (is_k ? kn : qn) + (t * n_k + h) * D;
-  for (int i = lane; i < D; i += 32) dst[i] = x[i] * scale;
-}
-
-// Per (token, v-head): beta = sigmoid(b), decay = exp(softplus(a + dt_bias) * ssm_a).
-__global__ void gdn_gates_kernel(Mat beta_logit, Mat alpha, const float* __restrict__ ssm_a,
-                                 const float* __restrict__ dt_bias, int n_v, float2* bd) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= beta_logit.rows * n_v) return;
-  const int64_t t = i / n_v;
-  const int h = static_cast<int>(i % n_v);
-  const float b = beta_logit.data[t * beta_logit.stride + h];
-  const float x = alpha.data[t * alpha.stride + h] + dt_bias[h];
-  const float sp = x > 20.0f ? x : log1pf(expf(x));
-  bd[i] = make_float2(1.0f / (1.0f + expf(-b)), expf(sp * ssm_a[h]));
-}
-
 struct GdnKArgs {
-  const float* qn;
-  const float* kn;
-  const float2* bd;
-  Mat v, out;
+  Mat q, k, v, beta_logit, alpha, out;
+  const float* ssm_a;
+  const float* dt_bias;
   int n_k, n_v, D;
+  float eps;
   float* state;
   float* capture;
 };
 
-// The delta rule, token by token. Columns j (v index) of a head's state evolve independently, so a
-// block owns 16 columns of one v-head and P = d/16 lanes share a column, 16 state values each, in
-// registers for the whole sequence: S_j <- decay*S_j; u = S_j.k; S_j += k*beta*(v_j - u);
-// o_j = S_j.q (two reductions over P lanes per token). State bytes: read once, written once (+ each
-// token's state to `capture`); per token q, k (d floats each) come from L1/L2, prefetched one token
-// ahead. FLOPs: ~6*d per state column per token — the loop is latency-bound, not throughput-bound.
-__global__ void gdn_recurrent_kernel(GdnKArgs a) {
+// One token's inputs as one thread sees them: its 16 of the d values of q and k, v at its column,
+// and the head's gate inputs.
+struct GdnToken {
+  float k[16], q[16], v, b, a;
+};
+
+// The delta rule, token by token, in one kernel. Columns j (v index) of a head's state evolve
+// independently, so a block owns 16 columns of one v-head and P = d/16 lanes share a column, 16 state
+// values each, kept in registers for the whole sequence. Per token: q, k L2-normalised (sums over the
+// P lanes; q also scaled by 1/sqrt(d)), beta = sigmoid(b), decay = exp(softplus(a + dt_bias) * ssm_a),
+// S_j <- decay*S_j; u = S_j.k; S_j += k*beta*(v_j - u); o_j = S_j.q.
+// State bytes: read once, written once (+ each token's state to `capture`); q, k come from L1/L2
+// (each block re-reads its head's), prefetched one token ahead. FLOPs ~8*d per column per token: the
+// loop is latency-bound (four P-lane reductions per token).
+__global__ void gdn_kernel(GdnKArgs a) {
   const int D = a.D, P = D / 16;
   const int tid = threadIdx.x, p = tid % P;
   const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + tid / P;
+  const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h], q_scale = 1.0f / sqrtf(static_cast<float>(D));
   float S[16];
   float* st = a.state + (static_cast<int64_t>(h) * D + col) * D + p * 16;
 #pragma unroll
@@ -128,56 +105,63 @@ __global__ void gdn_recurrent_kernel(GdnKArgs a) {
     S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
   }
   const int64_t n = a.v.rows;
-  auto load = [&](int64_t t, float (&k)[16], float (&q)[16], float& vj, float2& g) {
-    const float4* kr = reinterpret_cast<const float4*>(a.kn + (t * a.n_k + hk) * D + p * 16);
-    const float4* qr = reinterpret_cast<const float4*>(a.qn + (t * a.n_k + hk) * D + p * 16);
+  auto load = [&](int64_t t, GdnToken& x) {
+    const float4* kr = reinterpret_cast<const float4*>(a.k.data + t * a.k.stride + hk * D + p * 16);
+    const float4* qr = reinterpret_cast<const float4*>(a.q.data + t * a.q.stride + hk * D + p * 16);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float4 kv = kr[i], qv = qr[i];
-      k[4 * i] = kv.x, k[4 * i + 1] = kv.y, k[4 * i + 2] = kv.z, k[4 * i + 3] = kv.w;
-      q[4 * i] = qv.x, q[4 * i + 1] = qv.y, q[4 * i + 2] = qv.z, q[4 * i + 3] = qv.w;
+      const float4 kv = __ldg(kr + i), qv = __ldg(qr + i);
+      x.k[4 * i] = kv.x, x.k[4 * i + 1] = kv.y, x.k[4 * i + 2] = kv.z, x.k[4 * i + 3] = kv.w;
+      x.q[4 * i] = qv.x, x.q[4 * i + 1] = qv.y, x.q[4 * i + 2] = qv.z, x.q[4 * i + 3] = qv.w;
     }
-    vj = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + col];
-    g = a.bd[t * a.n_v + h];
+    x.v = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + col];
+    x.b = a.beta_logit.data[t * a.beta_logit.stride + h];
+    x.a = a.alpha.data[t * a.alpha.stride + h];
   };
-  float k[16], q[16], vj = 0.0f;
-  float2 g = make_float2(0.f, 0.f);
-  if (n > 0) load(0, k, q, vj, g);
+  auto lane_sum = [&](float v) {
+    for (int o = P / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+  };
+  GdnToken cur;
+  if (n > 0) load(0, cur);
   for (int64_t t = 0; t < n; ++t) {
-    float kn[16], qn[16], vn = 0.0f;
-    float2 gn = make_float2(0.f, 0.f);
-    if (t + 1 < n) load(t + 1, kn, qn, vn, gn);
+    GdnToken next;
+    if (t + 1 < n) load(t + 1, next);
+    float kk = 0.0f, qq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) kk += cur.k[i] * cur.k[i], qq += cur.q[i] * cur.q[i];
+    const float k_inv = 1.0f / sqrtf(lane_sum(kk) + a.eps);
+    const float q_inv = 1.0f / sqrtf(lane_sum(qq) + a.eps) * q_scale;
+    const float beta = 1.0f / (1.0f + expf(-cur.b));
+    const float x = cur.a + dt_bias;
+    const float decay = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
     float u = 0.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      S[i] *= g.y;
-      u += S[i] * k[i];
+      cur.k[i] *= k_inv;
+      S[i] *= decay;
+      u += S[i] * cur.k[i];
     }
-    for (int o = P / 2; o > 0; o >>= 1) u += __shfl_xor_sync(0xffffffffu, u, o);
-    const float delta = g.x * (vj - u);
-    float o_acc = 0.0f;
+    const float delta = beta * (cur.v - lane_sum(u));
+    float o = 0.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      S[i] += k[i] * delta;
-      o_acc += S[i] * q[i];
+      S[i] += cur.k[i] * delta;
+      o += S[i] * (cur.q[i] * q_inv);
     }
-    for (int o = P / 2; o > 0; o >>= 1) o_acc += __shfl_xor_sync(0xffffffffu, o_acc, o);
-    if (p == 0) a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o_acc;
+    o = lane_sum(o);
+    if (p == 0) a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
     if (a.capture) {
       float4* cap = reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D) + p * 16);
 #pragma unroll
       for (int i = 0; i < 4; ++i) cap[i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
     }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) k[i] = kn[i], q[i] = qn[i];
-    vj = vn, g = gn;
+    cur = next;
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i)
     reinterpret_cast<float4*>(st)[i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
 }
-
-size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
 }  // namespace
 
@@ -198,31 +182,15 @@ cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, floa
 
 bool gdn_head_dim_supported(int d) { return d == 16 || d == 32 || d == 64 || d == 128 || d == 256 || d == 512; }
 
-size_t gdn_scratch_bytes(const GdnParams& p) {
-  const size_t n = static_cast<size_t>(p.q.rows);
-  return 2 * align256(n * p.n_k_heads * p.head_dim * sizeof(float)) + align256(n * p.n_v_heads * sizeof(float2));
-}
-
 // The chunked (prompt) form runs this same recurrent kernel: its result is the recurrent form's by
 // construction. A chunked-parallel kernel is an optimisation for long prompts, not yet written.
-cudaError_t gdn_launch(const GdnParams& p, float* scratch, cudaStream_t stream) {
-  const int64_t n = p.q.rows;
-  if (n == 0) return cudaSuccess;
+cudaError_t gdn_launch(const GdnParams& p, cudaStream_t stream) {
+  if (p.q.rows == 0) return cudaSuccess;
   const int D = p.head_dim;
-  float* qn = scratch;
-  float* kn = reinterpret_cast<float*>(reinterpret_cast<char*>(qn) + align256(n * p.n_k_heads * D * sizeof(float)));
-  auto* bd = reinterpret_cast<float2*>(reinterpret_cast<char*>(kn) + align256(n * p.n_k_heads * D * sizeof(float)));
-  const int64_t warps = n * p.n_k_heads * 2;
-  gdn_normalize_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(p.q, p.k, p.n_k_heads, D,
-                                                                                           p.eps, qn, kn);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  gdn_gates_kernel<<<static_cast<unsigned>((n * p.n_v_heads + 255) / 256), 256, 0, stream>>>(
-      p.beta_logit, p.alpha, p.ssm_a, p.dt_bias, p.n_v_heads, bd);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  GdnKArgs a{qn, kn, bd, p.v, p.out, p.n_k_heads, p.n_v_heads, D, p.state, p.capture};
+  GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
+             p.state, p.capture};
   const dim3 grid(p.n_v_heads, D / 16);
-  gdn_recurrent_kernel<<<grid, 16 * (D / 16), 0, stream>>>(a);
+  gdn_kernel<<<grid, D, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
