@@ -22,6 +22,7 @@ namespace hyspec::cuda {
 namespace {
 
 constexpr int kMmvMaxWidth = 32;
+constexpr int kFusedWidth = 4;  // widths up to this read f32 activations directly (no prep launch)
 constexpr int kRowsPerWarp = 16;
 
 template <typename F>
@@ -84,8 +85,10 @@ struct MmvArgs {
   const int32_t* expert_ids;    // batched mode when non-null: blockIdx.y = batch b, width 1
   int x_div;                    // batched mode: activation row = b / x_div
   int64_t n_out, K;
-  const float* x;               // [n, K] f32, 16-byte aligned rows
+  const float* x;               // [n, K] f32, 16-byte aligned rows (read when xh is null)
   int64_t x_stride;
+  const __half* xh;             // activations in fragment order (prep_fragments_kernel), or null
+  int64_t n_pad;                // tokens in xh (n rounded up to 8)
   int n;                        // tokens (<= 32)
   int rg;                       // row groups (of 16 rows) per block; the other warps split K
   float* y;
@@ -95,20 +98,46 @@ struct MmvArgs {
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return as_u32(__floats2half2_rn(lo, hi)); }
 
 // B fragments of chunk c for one f32 activation row, in T's chunk order: each aligned group of 4
-// chunk positions is one float4 of the row (kSwizzle: order {0,2,1,3}).
+// chunk positions is one float4 of the row (kSwizzle: order {0,2,1,3}). For every type,
+// perm(32*cb + j) = perm(32*cb) + perm(j), so the 8 offsets are compile-time constants.
 template <class T>
 __device__ __forceinline__ void load_b(const float* __restrict__ xr, int64_t c, uint32_t (&b)[16]) {
   constexpr int kChunks = T::kBlock / 32;
-  const float* base = xr + c / kChunks * T::kBlock;
-  const int cb = static_cast<int>(c % kChunks);
+  const float* base = xr + c / kChunks * T::kBlock + T::perm(static_cast<int>(c % kChunks) * 32);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const float4 f = __ldg(reinterpret_cast<const float4*>(base + T::perm(cb * 32 + 4 * i)));
+    const float4 f = __ldg(reinterpret_cast<const float4*>(base + T::perm(4 * i)));
     if constexpr (T::kSwizzle) {
       b[2 * i] = pack_h2(f.x, f.z), b[2 * i + 1] = pack_h2(f.y, f.w);
     } else {
       b[2 * i] = pack_h2(f.x, f.y), b[2 * i + 1] = pack_h2(f.z, f.w);
     }
+  }
+}
+
+// Activations for widths > kFusedWidth, converted once per matmul to f16 in the order the B
+// fragments are read: 16-byte piece k (chunk positions 8k..8k+7) of chunk 4s+t of token tok at
+// piece index ((4s + k) * n_pad + tok) * 4 + t, so each load instruction of a warp reads 512
+// contiguous bytes. Pad tokens and chunks past K are zeros. Bytes: read 4nK, write 2nK.
+template <class T>
+__global__ void prep_fragments_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t n_pad,
+                                      int64_t K, __half* __restrict__ xh) {
+  constexpr int kChunks = T::kBlock / 32;
+  const int64_t n_chunks = K / 32, pieces = (n_chunks + 3) / 4 * 4 * n_pad * 4;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < pieces;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(idx % 4);
+    const int64_t tok = idx / 4 % n_pad, sk = idx / 4 / n_pad;
+    const int k = static_cast<int>(sk % 4);
+    const int64_t c = sk / 4 * 4 + t;
+    float v[8] = {};
+    if (tok < n && c < n_chunks) {
+      const float* base = x + tok * x_stride + c / kChunks * T::kBlock + T::perm(static_cast<int>(c % kChunks) * 32);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = base[T::perm(8 * k + e)];
+    }
+    reinterpret_cast<uint4*>(xh)[idx] =
+        make_uint4(pack_h2(v[0], v[1]), pack_h2(v[2], v[3]), pack_h2(v[4], v[5]), pack_h2(v[6], v[7]));
   }
 }
 
@@ -171,7 +200,14 @@ __global__ void __launch_bounds__(256) mmv_kernel(MmvArgs a) {
       if (nt * 8 >= n) break;  // warp-uniform
       const int tok = nt * 8 + g;
       uint32_t b[16];
-      if (tok < n && valid) {
+      if (a.xh) {
+        const uint4* piece = reinterpret_cast<const uint4*>(a.xh) + (s * 4 * a.n_pad + tok) * 4 + t;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint4 v = piece[k * a.n_pad * 4];
+          b[4 * k] = v.x, b[4 * k + 1] = v.y, b[4 * k + 2] = v.z, b[4 * k + 3] = v.w;
+        }
+      } else if (tok < n && valid) {
         load_b<T>(x + tok * a.x_stride, c, b);
       } else {
 #pragma unroll
@@ -285,15 +321,15 @@ int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
-// Blocks of 8 warps. Narrow inputs: one row group per block, 8 warps over K (most warps in flight
-// for the weight stream). Wider inputs: 4 row groups share each activation chunk through L1, so
-// activation traffic from L2 drops 4x. HYSPEC_MMV_RG overrides (benchmarking).
+// Blocks of 8 warps: one row group per block, 8 warps over K (most warps in flight for the weight
+// stream). Row groups > 1 share activation chunks through L1; measured no faster on H100 at n <= 32
+// (docs/CUDA_NOTES.md), kept for benchmarking through HYSPEC_MMV_RG.
 struct MmvShape {
   int rg, n_warps;
 };
 MmvShape mmv_shape(int64_t n_out, int64_t K, int64_t n, int64_t grid_y) {
   static const int forced_rg = env_int("HYSPEC_MMV_RG", 0);
-  int rg = forced_rg > 0 ? forced_rg : (n <= 8 ? 1 : 4);
+  int rg = forced_rg > 0 ? forced_rg : 1;
   while (rg > 1 && (n_out + 16 * rg - 1) / (16 * rg) * grid_y < sm_count()) rg /= 2;
   const int64_t steps = (K / 32 + 3) / 4;
   const int ks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(8 / rg, steps)));
@@ -309,13 +345,24 @@ Mat aligned_rows(Mat x, float* staging, cudaStream_t stream, cudaError_t& err) {
 }
 
 template <class T>
-cudaError_t mmv(const WeightView& w, Mat x, Mat y, float* staging, cudaStream_t stream) {
+cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
-  x = aligned_rows(x, staging, stream, err);
-  if (err != cudaSuccess) return err;
   const MmvShape sh = mmv_shape(w.n_out, w.n_in, x.rows, 1);
-  MmvArgs a{w.data, w.row_bytes, 0,      nullptr,  1,  w.n_out, w.n_in, x.data, x.stride, static_cast<int>(x.rows),
-            sh.rg,  y.data,      y.stride};
+  MmvArgs a{w.data, w.row_bytes, 0, nullptr, 1, w.n_out, w.n_in, x.data, x.stride, nullptr, 0,
+            static_cast<int>(x.rows), sh.rg, y.data, y.stride};
+  if (x.rows <= kFusedWidth) {
+    const Mat xa = aligned_rows(x, static_cast<float*>(scratch), stream, err);
+    if (err != cudaSuccess) return err;
+    a.x = xa.data, a.x_stride = xa.stride;
+  } else {
+    a.n_pad = (x.rows + 7) / 8 * 8;
+    a.xh = static_cast<const __half*>(scratch);
+    const int64_t pieces = (w.n_in / 32 + 3) / 4 * 4 * a.n_pad * 4;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(pieces, 256), 4096));
+    prep_fragments_kernel<T><<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, a.n_pad, w.n_in,
+                                                         static_cast<__half*>(scratch));
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
   if (x.rows <= 8) return launch_mmv<T, 1>(a, 1, sh.n_warps, stream);
   if (x.rows <= 16) return launch_mmv<T, 2>(a, 1, sh.n_warps, stream);
   return launch_mmv<T, 4>(a, 1, sh.n_warps, stream);
@@ -361,7 +408,8 @@ bool matmul_type_supported(GgmlType t) {
 
 size_t matmul_scratch_bytes(const WeightView& w, int64_t n) {
   if (!fast_path(w)) return 0;
-  if (n <= kMmvMaxWidth) return static_cast<size_t>(n * w.n_in) * sizeof(float);  // staging of unaligned x
+  if (n <= kFusedWidth) return static_cast<size_t>(n * w.n_in) * sizeof(float);  // staging of unaligned x
+  if (n <= kMmvMaxWidth) return static_cast<size_t>((n + 7) / 8 * 8) * ((w.n_in / 32 + 3) / 4) * 128 * 2;
   return align_up(static_cast<size_t>(n * w.n_in) * 2, 256) + static_cast<size_t>(tile_rows(w) * w.n_in) * 2;
 }
 
@@ -383,7 +431,7 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
   with_type(w.type, [&](auto tag) {
     using T = decltype(tag);
     if (x.rows <= kMmvMaxWidth) {
-      err = mmv<T>(w, x, y, static_cast<float*>(scratch.data), stream);
+      err = mmv<T>(w, x, y, scratch.data, stream);
     } else {
       auto* tile = reinterpret_cast<__half*>(static_cast<char*>(scratch.data) +
                                              align_up(static_cast<size_t>(x.rows * w.n_in) * 2, 256));
@@ -412,7 +460,8 @@ cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids
       const int64_t nb = std::min<int64_t>(slice, n_batch - b0);
       const MmvShape sh = mmv_shape(w.n_out, w.n_in, 1, nb);
       MmvArgs a{w.data,  w.row_bytes, static_cast<size_t>(w.n_out) * w.row_bytes, expert_ids + b0, x_div, w.n_out,
-                w.n_in,  xa.data + (b0 / x_div) * xa.stride, xa.stride, 1, sh.rg, y.data + b0 * y.stride, y.stride};
+                w.n_in,  xa.data + (b0 / x_div) * xa.stride, xa.stride, nullptr, 0, 1, sh.rg,
+                y.data + b0 * y.stride, y.stride};
       err = launch_mmv<T, 1>(a, static_cast<unsigned>(nb), sh.n_warps, stream);
     }
   });

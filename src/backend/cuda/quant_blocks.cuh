@@ -240,15 +240,19 @@ __host__ __device__ constexpr int k4_perm(int j) {
 }
 
 // Scales of the two sub-blocks of chunk group jg from the 16-byte header (d, dmin, scales[12]):
-// y = q*d1 + m1 (low nibbles), q*d2 + m2 (high nibbles).
+// y = q*d1 + m1 (low nibbles), q*d2 + m2 (high nibbles). Branch-free: the 6-bit scales and mins of
+// sub-blocks 0-3 and 4-7 are assembled as 4 bytes per word, then two bytes picked.
 __device__ __forceinline__ void k4_scales(const uint4& hdr, int jg, half2& d1, half2& m1, half2& d2, half2& m2) {
-  const uint32_t s[3] = {hdr.y, hdr.z, hdr.w};
+  const uint32_t s0 = hdr.y, s1 = hdr.z, s2 = hdr.w;
+  const bool hi = jg >= 2;
+  const uint32_t sc = hi ? (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u) : s0 & 0x3f3f3f3fu;
+  const uint32_t mn = hi ? ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u) : s1 & 0x3f3f3f3fu;
+  const int sh = (jg & 1) * 16;
   const float2 dm = __half22float2(as_half2(hdr.x));
-  int sc1, mn1, sc2, mn2;
-  k_scale_min(s, 2 * jg, sc1, mn1);
-  k_scale_min(s, 2 * jg + 1, sc2, mn2);
-  d1 = __float2half2_rn(dm.x * sc1), m1 = __float2half2_rn(-dm.y * mn1);
-  d2 = __float2half2_rn(dm.x * sc2), m2 = __float2half2_rn(-dm.y * mn2);
+  d1 = __float2half2_rn(dm.x * static_cast<float>((sc >> sh) & 0xffu));
+  d2 = __float2half2_rn(dm.x * static_cast<float>((sc >> (sh + 8)) & 0xffu));
+  m1 = __float2half2_rn(-dm.y * static_cast<float>((mn >> sh) & 0xffu));
+  m2 = __float2half2_rn(-dm.y * static_cast<float>((mn >> (sh + 8)) & 0xffu));
 }
 
 // Q4_K (144 B): d, dmin f16, scales[12], qs[128]; y = d*sc*q - dmin*m per 32-element sub-block.

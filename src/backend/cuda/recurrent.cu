@@ -78,24 +78,25 @@ struct GdnKArgs {
   float* capture;
 };
 
-// One token's inputs as one thread sees them: its 16 of the d values of q and k, v at its column,
-// and the head's gate inputs.
-struct GdnToken {
-  float k[16], q[16], v, b, a;
-};
-
 // The delta rule, token by token, in one kernel. Columns j (v index) of a head's state evolve
 // independently, so a block owns 16 columns of one v-head and P = d/16 lanes share a column, 16 state
-// values each, kept in registers for the whole sequence. Per token: q, k L2-normalised (sums over the
-// P lanes; q also scaled by 1/sqrt(d)), beta = sigmoid(b), decay = exp(softplus(a + dt_bias) * ssm_a),
+// values each, kept in registers for the whole sequence. Per token: q, k L2-normalised (q also
+// scaled by 1/sqrt(d)), beta = sigmoid(b), decay = exp(softplus(a + dt_bias) * ssm_a),
 // S_j <- decay*S_j; u = S_j.k; S_j += k*beta*(v_j - u); o_j = S_j.q.
-// State bytes: read once, written once (+ each token's state to `capture`); q, k come from L1/L2
-// (each block re-reads its head's), prefetched one token ahead. FLOPs ~8*d per column per token: the
-// loop is latency-bound (four P-lane reductions per token).
-__global__ void gdn_kernel(GdnKArgs a) {
+// The norms are folded in: one P-lane reduction gives |k|^2, |q|^2 and S_j.k_raw together, a second
+// gives S_j.q_raw. Inputs are staged in shared memory `chunk` tokens at a time (one load latency
+// per chunk, not per token).
+// State bytes: read once, written once (+ each token's state to `capture`). FLOPs ~8*d per column
+// per token; the loop is latency-bound.
+__global__ void gdn_kernel(GdnKArgs a, int chunk) {
+  extern __shared__ float sm[];
   const int D = a.D, P = D / 16;
-  const int tid = threadIdx.x, p = tid % P;
-  const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + tid / P;
+  float* k_s = sm;                  // [chunk][D]
+  float* q_s = k_s + chunk * D;     // [chunk][D]
+  float* v_s = q_s + chunk * D;     // [chunk][16]
+  float* g_s = v_s + chunk * 16;    // [chunk][2]: beta, decay
+  const int tid = threadIdx.x, p = tid % P, cl = tid / P;
+  const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + cl;
   const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h], q_scale = 1.0f / sqrtf(static_cast<float>(D));
   float S[16];
   float* st = a.state + (static_cast<int64_t>(h) * D + col) * D + p * 16;
@@ -104,59 +105,72 @@ __global__ void gdn_kernel(GdnKArgs a) {
     const float4 v = reinterpret_cast<const float4*>(st)[i];
     S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
   }
-  const int64_t n = a.v.rows;
-  auto load = [&](int64_t t, GdnToken& x) {
-    const float4* kr = reinterpret_cast<const float4*>(a.k.data + t * a.k.stride + hk * D + p * 16);
-    const float4* qr = reinterpret_cast<const float4*>(a.q.data + t * a.q.stride + hk * D + p * 16);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 kv = __ldg(kr + i), qv = __ldg(qr + i);
-      x.k[4 * i] = kv.x, x.k[4 * i + 1] = kv.y, x.k[4 * i + 2] = kv.z, x.k[4 * i + 3] = kv.w;
-      x.q[4 * i] = qv.x, x.q[4 * i + 1] = qv.y, x.q[4 * i + 2] = qv.z, x.q[4 * i + 3] = qv.w;
-    }
-    x.v = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + col];
-    x.b = a.beta_logit.data[t * a.beta_logit.stride + h];
-    x.a = a.alpha.data[t * a.alpha.stride + h];
-  };
   auto lane_sum = [&](float v) {
     for (int o = P / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
   };
-  GdnToken cur;
-  if (n > 0) load(0, cur);
-  for (int64_t t = 0; t < n; ++t) {
-    GdnToken next;
-    if (t + 1 < n) load(t + 1, next);
-    float kk = 0.0f, qq = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) kk += cur.k[i] * cur.k[i], qq += cur.q[i] * cur.q[i];
-    const float k_inv = 1.0f / sqrtf(lane_sum(kk) + a.eps);
-    const float q_inv = 1.0f / sqrtf(lane_sum(qq) + a.eps) * q_scale;
-    const float beta = 1.0f / (1.0f + expf(-cur.b));
-    const float x = cur.a + dt_bias;
-    const float decay = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
-    float u = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      cur.k[i] *= k_inv;
-      S[i] *= decay;
-      u += S[i] * cur.k[i];
+  const int64_t n = a.v.rows;
+  for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+    const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
+    __syncthreads();  // previous chunk consumed
+    for (int i = tid; i < tc * D / 4; i += blockDim.x) {
+      const int tt = i / (D / 4), d4 = i % (D / 4) * 4;
+      const int64_t t = t0 + tt;
+      reinterpret_cast<float4*>(k_s)[i] = *reinterpret_cast<const float4*>(a.k.data + t * a.k.stride + hk * D + d4);
+      reinterpret_cast<float4*>(q_s)[i] = *reinterpret_cast<const float4*>(a.q.data + t * a.q.stride + hk * D + d4);
     }
-    const float delta = beta * (cur.v - lane_sum(u));
-    float o = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      S[i] += cur.k[i] * delta;
-      o += S[i] * (cur.q[i] * q_inv);
+    for (int i = tid; i < tc * 16; i += blockDim.x) {
+      const int64_t t = t0 + i / 16;
+      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
     }
-    o = lane_sum(o);
-    if (p == 0) a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
-    if (a.capture) {
-      float4* cap = reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D) + p * 16);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cap[i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
+    for (int i = tid; i < tc; i += blockDim.x) {
+      const int64_t t = t0 + i;
+      const float x = a.alpha.data[t * a.alpha.stride + h] + dt_bias;
+      g_s[2 * i] = 1.0f / (1.0f + expf(-a.beta_logit.data[t * a.beta_logit.stride + h]));
+      g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
     }
-    cur = next;
+    __syncthreads();
+    for (int tt = 0; tt < tc; ++tt) {
+      const int64_t t = t0 + tt;
+      float k[16], q[16];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 kv = reinterpret_cast<const float4*>(k_s + tt * D + p * 16)[i];
+        const float4 qv = reinterpret_cast<const float4*>(q_s + tt * D + p * 16)[i];
+        k[4 * i] = kv.x, k[4 * i + 1] = kv.y, k[4 * i + 2] = kv.z, k[4 * i + 3] = kv.w;
+        q[4 * i] = qv.x, q[4 * i + 1] = qv.y, q[4 * i + 2] = qv.z, q[4 * i + 3] = qv.w;
+      }
+      const float beta = g_s[2 * tt], decay = g_s[2 * tt + 1];
+      float kk = 0.0f, qq = 0.0f, su = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        S[i] *= decay;
+        kk += k[i] * k[i];
+        qq += q[i] * q[i];
+        su += S[i] * k[i];
+      }
+      for (int o = P / 2; o > 0; o >>= 1) {
+        kk += __shfl_xor_sync(0xffffffffu, kk, o);
+        qq += __shfl_xor_sync(0xffffffffu, qq, o);
+        su += __shfl_xor_sync(0xffffffffu, su, o);
+      }
+      const float k_inv = 1.0f / sqrtf(kk + a.eps), q_inv = 1.0f / sqrtf(qq + a.eps) * q_scale;
+      const float delta_k = beta * (v_s[tt * 16 + cl] - su * k_inv) * k_inv;  // beta*(v - u), times k's norm
+      float o = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        S[i] += k[i] * delta_k;
+        o += S[i] * q[i];
+      }
+      o = lane_sum(o) * q_inv;
+      if (p == 0) a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
+      if (a.capture) {
+        float4* cap =
+            reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D) + p * 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cap[i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
+      }
+    }
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -189,8 +203,12 @@ cudaError_t gdn_launch(const GdnParams& p, cudaStream_t stream) {
   const int D = p.head_dim;
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
              p.state, p.capture};
+  // Tokens staged per chunk: as many as fit in 32 KB (16 for d = 128).
+  int chunk = 32;
+  while (chunk > 1 && static_cast<size_t>(chunk) * (2 * D + 18) * sizeof(float) > 32768) chunk /= 2;
+  const size_t smem = static_cast<size_t>(chunk) * (2 * D + 18) * sizeof(float);
   const dim3 grid(p.n_v_heads, D / 16);
-  gdn_kernel<<<grid, D, 0, stream>>>(a);
+  gdn_kernel<<<grid, D, smem, stream>>>(a, chunk);
   return cudaGetLastError();
 }
 
