@@ -228,14 +228,186 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
   }
 }
 
+// Decode/verify attention for at most kDecodeQueries query vectors per kv head (G*n <= 8: decode of
+// every Qwen3.5 size, MTP verify). The tiled kernel above is bound by shared-memory bandwidth here
+// (16 query slots, mostly idle); this one reads K and V straight from global memory, once:
+// a warp takes 32 keys at a time, lane = key for the scores (its K row against the queries, which
+// sit in shared memory and are read as broadcasts), then lane = 8 output dims for P.V (V rows are read
+// coalesced, p broadcast by shuffle). Four warps split the block's key range and merge their
+// (max, sum, output) through shared memory; blocks split the context as in the tiled kernel.
+// Budget (one kv head, n=1, G=4, D=256, f16): bytes = 1 KB per key; FLOPs = 4*G*D per key on the
+// FMA pipes, ~2.5K instructions per warp per 32 keys, so the kernel is bound by the K/V bytes.
+constexpr int kDecodeQueries = 8;
+constexpr int kDecodeWarps = 4;
+
+template <typename KV, int N>
+__device__ __forceinline__ void load_as_f32(const KV* p, float (&out)[N]) {
+  if constexpr (sizeof(KV) == 2 && N % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 8) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p + i));
+      const half2* h = reinterpret_cast<const half2*>(&raw);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(h[j]);
+        out[i + 2 * j] = f.x, out[i + 2 * j + 1] = f.y;
+      }
+    }
+  } else if constexpr (sizeof(KV) == 4 && N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(p + i));
+      out[i] = f.x, out[i + 1] = f.y, out[i + 2] = f.z, out[i + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if constexpr (sizeof(KV) == 2)
+        out[i] = __half2float(p[i]);
+      else
+        out[i] = p[i];
+    }
+  }
+}
+
+template <int D, typename KV>
+__global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(AttnArgs a) {
+  constexpr int Q = kDecodeQueries, DPL = D / 32, KVEC = 16 / sizeof(KV);
+  __shared__ __align__(16) float q_s[Q][D];
+  __shared__ float part_o[kDecodeWarps][Q][D];
+  __shared__ float part_ml[kDecodeWarps][Q][2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kvh = blockIdx.x, z = blockIdx.y;
+  const int M = a.n * a.group;
+  for (int i = threadIdx.x; i < Q * D; i += blockDim.x) {
+    const int m = i / D, d = i % D;
+    float v = 0.0f;
+    if (m < M) {
+      const int row = m / a.group, head = kvh * a.group + m % a.group;
+      v = a.q.data[static_cast<int64_t>(row) * a.q.stride + static_cast<int64_t>(head) * D + d] * a.scale;
+    }
+    q_s[m][d] = v;
+  }
+  int lim[Q];
+  int kend = 0;
+#pragma unroll
+  for (int m = 0; m < Q; ++m) {
+    lim[m] = m < M ? (a.causal ? a.positions[m / a.group] : a.positions[a.n - 1]) : -1;
+    kend = max(kend, lim[m] + 1);
+  }
+  kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
+  const int chunk = ((kend + a.n_splits - 1) / a.n_splits + 31) / 32 * 32;
+  const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
+  __syncthreads();
+
+  const KV* kbase = static_cast<const KV*>(a.k) + static_cast<int64_t>(kvh) * D;
+  const KV* vbase = static_cast<const KV*>(a.v) + static_cast<int64_t>(kvh) * D + lane * DPL;
+  float m_run[Q], l_run[Q], o[Q][DPL];
+#pragma unroll
+  for (int m = 0; m < Q; ++m) {
+    m_run[m] = -INFINITY, l_run[m] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) o[m][d] = 0.0f;
+  }
+  for (int kb = k0 + warp * 32; kb < k1; kb += kDecodeWarps * 32) {
+    const int key = kb + lane;
+    const bool kvalid = key < k1;
+    float s[Q];
+#pragma unroll
+    for (int m = 0; m < Q; ++m) s[m] = 0.0f;
+    const KV* kr = kbase + static_cast<int64_t>(kvalid ? key : k0) * a.kv_width;
+#pragma unroll 4
+    for (int d0 = 0; d0 < D; d0 += KVEC) {
+      float kf[KVEC];
+      load_as_f32<KV, KVEC>(kr + d0, kf);
+#pragma unroll
+      for (int m = 0; m < Q; ++m) {
+        if (m >= M) break;  // uniform
+#pragma unroll
+        for (int e = 0; e < KVEC; e += 4) {
+          const float4 qv = *reinterpret_cast<const float4*>(&q_s[m][d0 + e]);
+          s[m] += qv.x * kf[e] + qv.y * kf[e + 1] + qv.z * kf[e + 2] + qv.w * kf[e + 3];
+        }
+      }
+    }
+    float p[Q];
+#pragma unroll
+    for (int m = 0; m < Q; ++m) {
+      p[m] = 0.0f;
+      if (m >= M) continue;
+      const float sv = kvalid && key <= lim[m] ? s[m] : -INFINITY;
+      float mx = sv;
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m_run[m], mx);
+      if (m_new == -INFINITY) continue;  // no visible key yet (uniform)
+      p[m] = sv == -INFINITY ? 0.0f : expf(sv - m_new);
+      float ps = p[m];
+      for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+      const float alpha = expf(m_run[m] - m_new);
+      l_run[m] = l_run[m] * alpha + ps;
+      m_run[m] = m_new;
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) o[m][d] *= alpha;
+    }
+    const int nk = min(32, k1 - kb);
+#pragma unroll 4
+    for (int j = 0; j < nk; ++j) {
+      float v[DPL];
+      load_as_f32<KV, DPL>(vbase + static_cast<int64_t>(kb + j) * a.kv_width, v);
+#pragma unroll
+      for (int m = 0; m < Q; ++m) {
+        if (m >= M) break;
+        const float pj = __shfl_sync(0xffffffffu, p[m], j);
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) o[m][d] += pj * v[d];
+      }
+    }
+  }
+
+#pragma unroll
+  for (int m = 0; m < Q; ++m) {
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) part_o[warp][m][lane * DPL + d] = o[m][d];
+    if (lane == 0) part_ml[warp][m][0] = m_run[m], part_ml[warp][m][1] = l_run[m];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < M * D; i += blockDim.x) {
+    const int m = i / D, d = i % D;
+    float gmax = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) gmax = fmaxf(gmax, part_ml[w][m][0]);
+    float acc = 0.0f, l = 0.0f;
+    if (gmax != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        const float f = expf(part_ml[w][m][0] - gmax);
+        acc += f * part_o[w][m][d];
+        l += f * part_ml[w][m][1];
+      }
+    }
+    if (a.n_splits == 1) {
+      const int row = m / a.group, head = kvh * a.group + m % a.group;
+      a.out.data[static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + d] = l > 0.0f ? acc / l : 0.0f;
+    } else {
+      const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
+      a.part_o[slot * D + d] = acc;
+      if (d == 0) a.part_ml[slot * 2] = gmax, a.part_ml[slot * 2 + 1] = l;
+    }
+  }
+}
+
 template <int D, typename KV>
 cudaError_t launch_kv(const AttnArgs& a, cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(
       attention_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(attention_smem<D>()));
   if (attr != cudaSuccess) return attr;
   const int M = a.n * a.group;
-  const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
-  attention_kernel<D, KV><<<grid, kThreads, attention_smem<D>(), stream>>>(a);
+  if (M <= kDecodeQueries) {
+    attention_decode_kernel<D, KV><<<dim3(a.n_kv, a.n_splits), kDecodeWarps * 32, 0, stream>>>(a);
+  } else {
+    const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
+    attention_kernel<D, KV><<<grid, kThreads, attention_smem<D>(), stream>>>(a);
+  }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || a.n_splits == 1) return err;
   attention_combine_kernel<<<a.n_kv * M, std::min(D, 256), 0, stream>>>(a, D);
@@ -255,10 +427,12 @@ bool attention_head_dim_supported(int head_dim) {
 
 int attention_splits(const AttentionParams& p, int n_sm) {
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
-  const int64_t base = p.n_kv_head * ((M + kQueries - 1) / kQueries);
+  const bool decode = M <= kDecodeQueries;
+  const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
   if (base >= n_sm) return 1;
   const int64_t want = (2 * n_sm + base - 1) / base;
-  const int64_t max_useful = std::max<int64_t>(1, p.kv_capacity / (2 * kKeys));
+  // Each split should keep its warps busy: 2 tiles (tiled kernel) or 32 keys per warp (decode).
+  const int64_t max_useful = std::max<int64_t>(1, p.kv_capacity / (decode ? kDecodeWarps * 32 : 2 * kKeys));
   return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, 64));
 }
 

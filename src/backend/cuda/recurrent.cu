@@ -113,11 +113,24 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
     __syncthreads();  // previous chunk consumed
-    for (int i = tid; i < tc * D / 4; i += blockDim.x) {
-      const int tt = i / (D / 4), d4 = i % (D / 4) * 4;
-      const int64_t t = t0 + tt;
-      reinterpret_cast<float4*>(k_s)[i] = *reinterpret_cast<const float4*>(a.k.data + t * a.k.stride + hk * D + d4);
-      reinterpret_cast<float4*>(q_s)[i] = *reinterpret_cast<const float4*>(a.q.data + t * a.q.stride + hk * D + d4);
+    // Four float4 of k and of q per thread in flight before the first store.
+    for (int i0 = 0; i0 < tc * D / 4; i0 += 4 * blockDim.x) {
+      float4 kv[4], qv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u * blockDim.x + tid;
+        if (i < tc * D / 4) {
+          const int64_t t = t0 + i / (D / 4);
+          const int d4 = i % (D / 4) * 4;
+          kv[u] = __ldg(reinterpret_cast<const float4*>(a.k.data + t * a.k.stride + hk * D + d4));
+          qv[u] = __ldg(reinterpret_cast<const float4*>(a.q.data + t * a.q.stride + hk * D + d4));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u * blockDim.x + tid;
+        if (i < tc * D / 4) reinterpret_cast<float4*>(k_s)[i] = kv[u], reinterpret_cast<float4*>(q_s)[i] = qv[u];
+      }
     }
     for (int i = tid; i < tc * 16; i += blockDim.x) {
       const int64_t t = t0 + i / 16;
