@@ -68,7 +68,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   e->max_verify_ = config.spec == SpecMethod::None ? 1 : config.draft_max + 1;
   if (config.spec == SpecMethod::Dflash) {
     if (config.draft_model.empty()) return Status::error("--spec dflash needs --draft-model (GGUF or HF directory)");
-    HS_ASSIGN_OR_RETURN(e->dflash_, load_dflash_weights(*e->model_, config.draft_model));
+    HS_ASSIGN_OR_RETURN(e->dflash_, load_dflash_weights(*e->model_, config.draft_model, config.n_batch));
   }
   // What the drafter needs from every committed row decides the per-step outputs.
   {
@@ -96,7 +96,7 @@ Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
     case SpecMethod::None: return std::unique_ptr<Drafter>();
     case SpecMethod::Ngram: return make_ngram_drafter();
     case SpecMethod::Mtp: return make_mtp_drafter(*model_, config_.n_batch);
-    case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch);
+    case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_);
   }
   return Status::error("unknown speculative method");
 }
@@ -106,6 +106,85 @@ Result<std::unique_ptr<Session>> Engine::new_session() {
   HS_ASSIGN_OR_RETURN(s->state_, model_->create_state(n_ctx_, max_verify_, config_.kv_type));
   HS_ASSIGN_OR_RETURN(s->drafter_, make_drafter());
   return s;
+}
+
+Result<std::vector<float>> Engine::prompt_logits(const std::vector<int32_t>& tokens, bool all_rows) {
+  const Qwen35Hparams& hp = model_->hparams();
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = hp.n_vocab;
+  if (n == 0) return Status::error("no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= hp.n_vocab) return Status::errorf("token id {} is outside the vocabulary (0..{})", t, hp.n_vocab - 1);
+  HS_ASSIGN_OR_RETURN(SequenceState st, model_->create_state(n, 0, config_.kv_type));
+  const int64_t rows_per_step = std::min<int64_t>(config_.n_batch, n);
+  HS_ASSIGN_OR_RETURN(Buffer logits_buf, backend_->alloc(static_cast<size_t>((all_rows ? rows_per_step : 1) * V) * sizeof(float)));
+  std::vector<float> out(static_cast<size_t>((all_rows ? n : 1) * V));
+  int32_t* tok_dev = ints_.as<int32_t>();
+  int32_t* pos_dev = tok_dev + model_->reserved_tokens();
+  std::vector<int32_t> pos;
+  for (int64_t s = 0; s < n; s += rows_per_step) {
+    const int64_t m = std::min(rows_per_step, n - s);
+    pos.resize(m);
+    for (int64_t i = 0; i < m; ++i) pos[i] = static_cast<int32_t>(s + i);
+    backend_->upload(tok_dev, tokens.data() + s, m * sizeof(int32_t));
+    backend_->upload(pos_dev, pos.data(), m * sizeof(int32_t));
+    ForwardArgs a;
+    a.n = m;
+    a.tokens = tok_dev;
+    a.positions = pos_dev;
+    a.gdn_chunked = true;
+    const bool last = s + m == n;
+    if (all_rows) a.logits = Rows(logits_buf.as<float>(), m, V);
+    else if (last) a.logits = Rows(logits_buf.as<float>(), 1, V);
+    HS_RETURN_IF_ERROR(run_forward(a, st));
+    if (all_rows) backend_->download(out.data() + s * V, logits_buf.data(), static_cast<size_t>(m * V) * sizeof(float));
+    else if (last) backend_->download(out.data(), logits_buf.data(), static_cast<size_t>(V) * sizeof(float));
+  }
+  return out;
+}
+
+Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int reps) {
+  const Qwen35Hparams& hp = model_->hparams();
+  if (n <= 0 || reps <= 0) return Status::error("time_forward: nothing to time");
+  if (depth + n > n_ctx_) return Status::errorf("depth {} + {} tokens exceeds the context {} (raise -c)", depth, n, n_ctx_);
+  HS_RETURN_IF_ERROR(model_->reserve(std::max<int64_t>(n, config_.n_batch)));
+  HS_ASSIGN_OR_RETURN(SequenceState st, model_->create_state(depth + n, capture ? static_cast<int>(n) : 0, config_.kv_type));
+  HS_ASSIGN_OR_RETURN(Buffer ints, backend_->alloc(static_cast<size_t>(2 * std::max<int64_t>(n, config_.n_batch)) * sizeof(int32_t)));
+  HS_ASSIGN_OR_RETURN(Buffer logits, backend_->alloc(static_cast<size_t>(n * hp.n_vocab) * sizeof(float)));
+  const int64_t cap = std::max<int64_t>(n, config_.n_batch);
+  int32_t* tok_dev = ints.as<int32_t>();
+  int32_t* pos_dev = tok_dev + cap;
+  std::vector<int32_t> tok, pos;
+  auto forward = [&](int64_t start, int64_t m, bool prefill) -> Status {
+    tok.resize(m);
+    pos.resize(m);
+    for (int64_t i = 0; i < m; ++i) {
+      tok[i] = static_cast<int32_t>((start + i) * 7919 % hp.n_vocab);
+      pos[i] = static_cast<int32_t>(start + i);
+    }
+    backend_->upload(tok_dev, tok.data(), m * sizeof(int32_t));
+    backend_->upload(pos_dev, pos.data(), m * sizeof(int32_t));
+    ForwardArgs a;
+    a.n = m;
+    a.tokens = tok_dev;
+    a.positions = pos_dev;
+    a.gdn_chunked = prefill;
+    a.capture = !prefill && capture;
+    a.logits = Rows(logits.as<float>(), prefill ? 1 : m, hp.n_vocab);
+    return run_forward(a, st);
+  };
+  for (int64_t s = 0; s < depth; s += config_.n_batch)
+    HS_RETURN_IF_ERROR(forward(s, std::min<int64_t>(config_.n_batch, depth - s), true));
+  const bool prefill = n > max_verify_ && !capture;  // a prompt-sized batch runs the prompt form
+  std::vector<double> times;
+  for (int r = 0; r < reps + 1; ++r) {
+    HS_RETURN_IF_ERROR(backend_->synchronize());
+    const double t0 = now_s();
+    HS_RETURN_IF_ERROR(forward(depth, n, prefill));
+    HS_RETURN_IF_ERROR(backend_->synchronize());
+    if (r > 0) times.push_back(now_s() - t0);  // the first run warms up
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
 }
 
 Status Engine::run_forward(const ForwardArgs& args, SequenceState& state) { return model_->forward(args, state); }

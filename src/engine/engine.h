@@ -117,6 +117,13 @@ class Engine {
   int64_t n_ctx() const { return n_ctx_; }
   Result<std::unique_ptr<Session>> new_session();
 
+  // Logits of one prefill over `tokens` in a fresh sequence: every row [n, n_vocab], or only the last.
+  Result<std::vector<float>> prompt_logits(const std::vector<int32_t>& tokens, bool all_rows);
+
+  // Benchmark support: median seconds of one target forward of n tokens at KV depth `depth` (after a
+  // prefill of `depth` tokens), over `reps` runs; capture = verify mode (per-token GDN states).
+  Result<double> time_forward(int64_t n, int64_t depth, bool capture, int reps);
+
   // Convenience: run a whole generation, calling on_tokens after each step (return false to stop).
   Result<SessionStats> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
                                 const std::function<bool(const std::vector<int32_t>&)>& on_tokens,

@@ -2,7 +2,9 @@
 // (four hex digits); read as a little-endian 16-bit word, its fields from the low bits up are
 // the row's elements, either 2-bit indices (8 elements) or 4-bit slots holding 3-bit indices
 // (4 elements), which the value map turns into integers. Rows are listed in increasing order
-// of that word, which the compile-time checks below verify along with the lengths.
+// of that word, which the compile-time checks below verify along with the lengths. Rows the quant
+// fixtures reach are checked bit-exactly by tests/format/quants_test.cpp; the others (some rows of
+// IQ2_XS, IQ2_S and IQ1_S) were compared with gguf-py's published tables when this file was written.
 #include "format/iq_tables.h"
 
 #include <cstddef>

@@ -1,64 +1,12 @@
 #include "model/qwen35.h"
 
-#include "model/qwen35_impl.h"
-
 #include <algorithm>
 #include <cmath>
 
+#include "model/binder.h"
+#include "model/qwen35_impl.h"
+
 namespace hyspec {
-
-namespace {
-
-// Binds tensors by GGUF name, checking presence and shape; the first error is kept.
-class Binder {
- public:
-  Binder(Backend& b, const GgufFile& f, bool dequant) : backend_(b), file_(f), dequant_(dequant) {}
-  Weight get(const std::string& name, std::initializer_list<int64_t> shape, bool required = true,
-             bool force_f32 = false) {
-    Weight w;
-    if (!status_.is_ok()) return w;
-    const GgufTensorInfo* t = file_.find_tensor(name);
-    if (!t) {
-      if (required) status_ = Status::errorf("{}: missing tensor '{}'", file_.path(), name);
-      return w;
-    }
-    int d = 0;
-    for (int64_t want : shape) {
-      const int64_t have = d < t->n_dims ? t->ne[d] : 1;
-      if (have != want) {
-        std::string expect = "[";
-        for (int64_t s : shape) expect += fmt::format("{}{}", expect.size() > 1 ? ", " : "", s);
-        status_ = Status::errorf("{}: tensor '{}' has shape {}, expected {}]", file_.path(), name, t->shape_string(),
-                                 expect);
-        return w;
-      }
-      ++d;
-    }
-    for (; d < t->n_dims; ++d)
-      if (t->ne[d] != 1) {
-        status_ = Status::errorf("{}: tensor '{}' has shape {}, too many dimensions", file_.path(), name,
-                                 t->shape_string());
-        return w;
-      }
-    auto r = backend_.load_weight(*t, dequant_ || force_f32);
-    if (!r) {
-      status_ = r.status().with_context(file_.path());
-      return w;
-    }
-    return std::move(r).value();
-  }
-  const Status& status() const { return status_; }
-
- private:
-  Backend& backend_;
-  const GgufFile& file_;
-  bool dequant_;
-  Status status_;
-};
-
-std::string blk(int i, const char* name) { return fmt::format("blk.{}.{}", i, name); }
-
-}  // namespace
 
 Qwen35Model::Qwen35Model(Backend& backend, Qwen35Hparams hp)
     : backend_(backend), hp_(std::move(hp)), impl_(std::make_unique<Impl>()) {}

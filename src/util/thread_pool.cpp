@@ -61,7 +61,7 @@ void ThreadPool::worker(int index) {
     int64_t n, grain;
     // Spin a little first: ops arrive back to back during a forward pass, and a condition
     // variable wake-up costs more than most ops.
-    for (int spins = 0; spins < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spins) {
+    for (int spins = 0; spins < 4000 && generation_.load(std::memory_order_acquire) == seen; ++spins) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif

@@ -3,7 +3,6 @@
 // row against O(n * n_out) dot work, and one implementation keeps both paths bit-compatible.
 #include "backend/cpu/quant_dot.h"
 
-#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -97,28 +96,12 @@ void quantize_q8_k(const float* x, int64_t n, ActQ8_K* y) {
   }
 }
 
-constexpr size_t kMaxTypeId = 40;
-
-// Kernel per type id for one path (null where unsupported); the AVX2 table falls back to scalar
-// for a type without an AVX2 kernel.
-std::array<DotKernel, kMaxTypeId> build_table(DotIsa isa) {
-  std::array<DotKernel, kMaxTypeId> table{};
-  for (uint32_t id = 0; id < kMaxTypeId; ++id) {
-    const auto t = static_cast<GgmlType>(id);
-    if (act_kind(t) == ActKind::None) continue;
-    DotKernel k = isa == DotIsa::Avx2 ? avx2_dot_kernel(t) : nullptr;
-    table[id] = k ? k : scalar_dot_kernel(t);
-  }
-  return table;
-}
-
+// The kernel tables are switches (a jump table each); looking one up per row costs nothing next to
+// a row's dot.
 DotKernel kernel_for(DotIsa isa, GgmlType wt) {
-  static const std::array<DotKernel, kMaxTypeId> scalar = build_table(DotIsa::Scalar);
-  static const std::array<DotKernel, kMaxTypeId> avx2 =
-      dot_isa_available(DotIsa::Avx2) ? build_table(DotIsa::Avx2) : std::array<DotKernel, kMaxTypeId>{};
-  const auto id = static_cast<uint32_t>(wt);
-  if (id >= kMaxTypeId) return nullptr;
-  return isa == DotIsa::Avx2 ? avx2[id] : scalar[id];
+  if (isa == DotIsa::Scalar) return scalar_dot_kernel(wt);
+  static const bool avx2_available = dot_isa_available(DotIsa::Avx2);
+  return avx2_available ? avx2_dot_kernel(wt) : nullptr;
 }
 
 DotIsa active_isa() {

@@ -1,7 +1,8 @@
 // Dot products of a weight row in any GGML type with an activation row, for the CPU matmul.
 // Activations are first "prepared" once per matmul for the weight type (e.g. quantized to Q8_0 /
 // Q8_K blocks so the inner loop is an int8 dot, as llama.cpp does), then dotted against many rows.
-// AVX2/FMA paths are selected at run time; a scalar path runs everywhere and is the reference.
+// AVX2+FMA+F16C paths are selected at run time; a scalar path runs everywhere and is the reference.
+// Thread-safe: all state is immutable after first use.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -3,7 +3,8 @@
 //
 // Weight blocks are GGML's on-disk layouts (fp16 fields kept as raw uint16 bits); the prepared
 // activation blocks mirror llama.cpp's block_q8_0 / block_q8_1 / block_q8_K so that dots equal
-// llama.cpp's. All structs are packed to the exact GGUF byte sizes (static_asserts below).
+// llama.cpp's. Every struct has exactly its GGUF byte size (static_asserts below) and needs at
+// most 2-byte alignment (ActQ8_K: 4).
 #pragma once
 #include <cstdint>
 

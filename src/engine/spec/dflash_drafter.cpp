@@ -1,13 +1,125 @@
 #include "engine/spec/dflash_drafter.h"
 
-namespace hyspec {
+#include <algorithm>
+#include <filesystem>
 
-Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model&, const std::string& path) {
-  return Status::errorf("{}: DFlash drafting is not available in this build yet", path);
+#include "model/dflash.h"
+
+namespace hyspec {
+namespace {
+
+struct DflashWeights {
+  std::unique_ptr<GgufFile> file;  // the GGUF the weights view (null for an HF directory)
+  std::unique_ptr<DflashModel> model;
+};
+
+class DflashDrafter final : public Drafter {
+ public:
+  DflashDrafter(DflashWeights& w, std::shared_ptr<void> keep, int max_rows)
+      : w_(w), keep_(std::move(keep)), m_(*w.model), be_(m_.backend()), max_rows_(max_rows) {}
+
+  Status init(int64_t n_ctx) {
+    const auto& hp = m_.hparams();
+    HS_ASSIGN_OR_RETURN(state_, m_.create_state(n_ctx + hp.block_size, GgmlType::F32));
+    const int rows = std::max(max_rows_, hp.block_size);
+    HS_ASSIGN_OR_RETURN(ints_, be_.alloc(static_cast<size_t>(3 * rows) * sizeof(int32_t)));
+    HS_ASSIGN_OR_RETURN(logits_, be_.alloc(static_cast<size_t>(hp.block_size * m_.n_vocab_draft()) * sizeof(float)));
+    return Status::ok();
+  }
+
+  std::string name() const override { return "dflash"; }
+  DrafterNeeds needs() const override { return {false, m_.hparams().target_layers}; }
+  int max_draft() const override { return m_.hparams().block_size - 1; }
+
+  Status reset(SequenceState&) override {
+    context_ = 0;
+    return Status::ok();
+  }
+
+  Status observe(const CommittedRows& rows) override {
+    for (int64_t s = 0; s < rows.n; s += max_rows_) {
+      const int64_t n = std::min<int64_t>(max_rows_, rows.n - s);
+      std::vector<int32_t> pos(n);
+      for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(rows.first_pos + s + i);
+      be_.upload(positions(), pos.data(), n * sizeof(int32_t));
+      DflashInjectArgs a;
+      a.n = n;
+      a.features = rows.features.rows(s, n);
+      a.positions = positions();
+      HS_RETURN_IF_ERROR(m_.inject(a, state_));
+    }
+    context_ = rows.first_pos + rows.n;
+    pending_ = rows.next_tokens.back();
+    return Status::ok();
+  }
+
+  Result<std::vector<int32_t>> propose(int max_k) override {
+    const auto& hp = m_.hparams();
+    const int64_t B = std::min<int64_t>(hp.block_size, state_.n_ctx - context_);
+    const int k = static_cast<int>(std::min<int64_t>(max_k, B - 1));
+    if (k <= 0) return std::vector<int32_t>();
+    // The block: the pending token then masks, at the positions right after the context.
+    std::vector<int32_t> block(B, hp.mask_token_id), pos(B);
+    block[0] = pending_;
+    for (int64_t i = 0; i < B; ++i) pos[i] = static_cast<int32_t>(context_ + i);
+    be_.upload(tokens(), block.data(), B * sizeof(int32_t));
+    be_.upload(positions(), pos.data(), B * sizeof(int32_t));
+    DflashDraftArgs a;
+    a.n = B;
+    a.tokens = tokens();
+    a.positions = positions();
+    a.logits = Rows(logits_.as<float>(), B - 1, m_.n_vocab_draft());  // block rows 1..B-1 are the drafts
+    HS_RETURN_IF_ERROR(m_.draft(a, state_));
+    std::vector<int32_t> ids(a.logits.n_rows);
+    be_.argmax(a.logits, out_ids());
+    be_.download(ids.data(), out_ids(), ids.size() * sizeof(int32_t));
+    std::vector<int32_t> drafts;
+    for (int i = 0; i < k; ++i) drafts.push_back(m_.target_token(ids[i]));
+    return drafts;
+  }
+
+ private:
+  int32_t* tokens() const { return ints_.as<int32_t>(); }
+  int32_t* positions() const { return ints_.as<int32_t>() + std::max(max_rows_, m_.hparams().block_size); }
+  int32_t* out_ids() const { return ints_.as<int32_t>() + 2 * std::max(max_rows_, m_.hparams().block_size); }
+
+  DflashWeights& w_;
+  std::shared_ptr<void> keep_;
+  DflashModel& m_;
+  Backend& be_;
+  int max_rows_;
+  DflashState state_;
+  Buffer ints_, logits_;
+  int64_t context_ = 0;
+  int32_t pending_ = 0;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model& target, const std::string& path, int max_rows) {
+  auto w = std::make_shared<DflashWeights>();
+  const DflashTarget t = DflashTarget::of(target);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    HS_ASSIGN_OR_RETURN(w->model, DflashModel::load_hf(target.backend(), path, t));
+  } else {
+    HS_ASSIGN_OR_RETURN(w->file, GgufFile::open(path));
+    HS_ASSIGN_OR_RETURN(w->model, DflashModel::load(target.backend(), *w->file, t));
+  }
+  if (w->model->hparams().n_embd_target != target.hparams().n_embd)
+    return Status::errorf("{}: drafter expects target hidden size {}, the target has {}", path,
+                          w->model->hparams().n_embd_target, target.hparams().n_embd);
+  HS_RETURN_IF_ERROR(w->model->reserve(std::max(max_rows, w->model->hparams().block_size)));
+  return std::static_pointer_cast<void>(w);
 }
 
-Result<std::unique_ptr<Drafter>> make_dflash_drafter(Qwen35Model&, const std::shared_ptr<void>&, int) {
-  return Status::error("DFlash drafting is not available in this build yet");
+Result<std::unique_ptr<Drafter>> make_dflash_drafter(Qwen35Model&, const std::shared_ptr<void>& weights,
+                                                     int max_rows, int64_t n_ctx) {
+  if (!weights) return Status::error("no DFlash drafter loaded");
+  auto& w = *static_cast<DflashWeights*>(weights.get());
+  auto d = std::make_unique<DflashDrafter>(w, weights, max_rows);
+  HS_RETURN_IF_ERROR(d->init(n_ctx));
+  return std::unique_ptr<Drafter>(std::move(d));
 }
 
 }  // namespace hyspec

@@ -1,0 +1,184 @@
+// Every acceptance path leaves the caches exactly as plain decoding of the emitted tokens would:
+// a drafter replays the known greedy continuation with errors injected at chosen offsets, and after
+// each run the next-step logits must equal those of a plain run that emitted the same tokens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "engine_test_util.h"
+
+namespace hyspec {
+namespace {
+
+constexpr const char* kFixture = "qwen35-tiny";
+
+// Proposes reference[g .. g+k) where g counts tokens generated so far; wrong(g_draft_index, i) says
+// whether draft i of this proposal is corrupted.
+class ReplayDrafter final : public Drafter {
+ public:
+  ReplayDrafter(std::vector<int32_t> reference, size_t prompt_len, int n_vocab,
+                std::function<bool(int round, int i)> corrupt)
+      : ref_(std::move(reference)), prompt_len_(prompt_len), n_vocab_(n_vocab), corrupt_(std::move(corrupt)) {}
+  std::string name() const override { return "replay"; }
+  Status reset(SequenceState&) override {
+    seq_.clear();
+    round_ = 0;
+    return Status::ok();
+  }
+  Status observe(const CommittedRows& rows) override {
+    seq_.resize(static_cast<size_t>(rows.first_pos));
+    seq_.insert(seq_.end(), rows.row_tokens.begin(), rows.row_tokens.end());
+    seq_.push_back(rows.next_tokens.back());
+    return Status::ok();
+  }
+  Result<std::vector<int32_t>> propose(int max_k) override {
+    std::vector<int32_t> d;
+    const size_t g = seq_.size() - prompt_len_;  // generated so far, including the pending token
+    for (int i = 0; i < max_k && g + i < ref_.size(); ++i) {
+      int32_t t = ref_[g + i];
+      if (corrupt_(round_, i)) t = (t + 1) % n_vocab_;
+      d.push_back(t);
+    }
+    ++round_;
+    return d;
+  }
+
+ private:
+  std::vector<int32_t> ref_;
+  size_t prompt_len_;
+  int n_vocab_;
+  std::function<bool(int, int)> corrupt_;
+  std::vector<int32_t> seq_;
+  int round_ = 0;
+};
+
+struct RunResult {
+  std::vector<int32_t> emitted;
+  std::vector<float> next_logits;
+  SessionStats stats;
+  FinishReason finish;
+};
+
+RunResult run_session(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& o, std::unique_ptr<Drafter> d) {
+  RunResult r;
+  auto s = e.new_session();
+  EXPECT_TRUE(s.is_ok());
+  if (d) (*s)->set_drafter(std::move(d));
+  EXPECT_TRUE((*s)->start(prompt, o).is_ok());
+  while (!(*s)->done()) {
+    std::vector<int32_t> out;
+    Status st = (*s)->step(out);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    r.emitted.insert(r.emitted.end(), out.begin(), out.end());
+  }
+  r.finish = (*s)->finish_reason();
+  r.stats = (*s)->stats();
+  auto l = (*s)->probe_next_logits();
+  EXPECT_TRUE(l.is_ok()) << l.message();
+  if (l.is_ok()) r.next_logits = *l;
+  return r;
+}
+
+class AcceptancePaths : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    plain_ = test::make_engine(kFixture, SpecMethod::None, 8, 512);
+    spec_ = test::make_engine(kFixture, SpecMethod::Ngram, 8, 512);
+    ASSERT_TRUE(plain_ && spec_);
+    prompt_ = test::fixture_prompts(kFixture)[1];
+    GenerateOptions o;
+    o.max_tokens = 64;
+    ref_ = test::generate_ids(*plain_, prompt_, o);
+    ASSERT_EQ(ref_.size(), 64u);
+    n_vocab_ = plain_->model().hparams().n_vocab;
+  }
+
+  // Speculative run with the replay drafter vs a plain run stopped at the same place.
+  void check(const GenerateOptions& o, std::function<bool(int, int)> corrupt, size_t expect_len,
+             const char* what, Engine* spec_engine = nullptr, Engine* plain_engine = nullptr) {
+    Engine& se = spec_engine ? *spec_engine : *spec_;
+    Engine& pe = plain_engine ? *plain_engine : *plain_;
+    GenerateOptions so = o;
+    so.adaptive = false;
+    RunResult s = run_session(se, prompt_, so, std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, corrupt));
+    RunResult p = run_session(pe, prompt_, o, nullptr);
+    ASSERT_EQ(s.emitted.size(), expect_len) << what;
+    EXPECT_EQ(s.emitted, p.emitted) << what;
+    EXPECT_EQ(s.finish, p.finish) << what;
+    ASSERT_EQ(s.next_logits.size(), p.next_logits.size());
+    float diff = 0;
+    for (size_t i = 0; i < s.next_logits.size(); ++i) diff = std::max(diff, std::fabs(s.next_logits[i] - p.next_logits[i]));
+    EXPECT_LE(diff, 1e-4f) << what << ": caches differ from plain decoding";
+    last_ = s;
+  }
+
+  std::unique_ptr<Engine> plain_, spec_;
+  std::vector<int32_t> prompt_, ref_;
+  int n_vocab_ = 0;
+  RunResult last_;
+};
+
+TEST_F(AcceptancePaths, FullAcceptanceEmitsEveryDraftPlusTheBonus) {
+  GenerateOptions o;
+  o.max_tokens = 40;
+  check(o, [](int, int) { return false; }, 40, "full");
+  EXPECT_EQ(last_.stats.accepted, last_.stats.drafted);
+  EXPECT_GE(last_.stats.accept_histogram[8], 3);
+}
+
+TEST_F(AcceptancePaths, PartialAcceptanceAtEveryOffset) {
+  for (int j = 0; j < 8; ++j) {
+    GenerateOptions o;
+    o.max_tokens = 37;
+    check(o, [j](int, int i) { return i == j; }, 37, ("offset " + std::to_string(j)).c_str());
+    // Every round accepted exactly j drafts, except possibly the last (cut short by max_tokens).
+    EXPECT_GE(last_.stats.accept_histogram[j], last_.stats.spec_rounds - 1) << "offset " << j;
+  }
+}
+
+TEST_F(AcceptancePaths, ZeroAcceptanceStillEmitsTheTargetToken) {
+  GenerateOptions o;
+  o.max_tokens = 20;
+  check(o, [](int, int) { return true; }, 20, "zero");
+  EXPECT_EQ(last_.stats.accepted, 0);
+}
+
+TEST_F(AcceptancePaths, EndOfGenerationInsideAnAcceptedWindowTruncatesOutputAndCaches) {
+  // A stop token that first appears at index m of the reference, inside a window of 9.
+  for (size_t m = 3; m < 30; ++m) {
+    const int32_t stop = ref_[m];
+    if (std::find(ref_.begin(), ref_.begin() + m, stop) != ref_.begin() + m) continue;
+    GenerateOptions o;
+    o.max_tokens = 60;
+    o.stop_tokens = {stop};
+    check(o, [](int, int) { return false; }, m + 1, "eos inside window");
+    EXPECT_EQ(last_.finish, FinishReason::Stop);
+    return;
+  }
+  GTEST_FAIL() << "no usable stop token in the reference continuation";
+}
+
+TEST_F(AcceptancePaths, MaxTokensInsideAnAcceptedWindowTruncatesOutputAndCaches) {
+  for (int m : {5, 12, 21}) {
+    GenerateOptions o;
+    o.max_tokens = m;
+    check(o, [](int, int) { return false; }, m, "max_tokens");
+    EXPECT_EQ(last_.finish, FinishReason::Length);
+  }
+}
+
+TEST_F(AcceptancePaths, ContextLimitStopsCleanly) {
+  const int64_t ctx = static_cast<int64_t>(prompt_.size()) + 23;
+  auto plain = test::make_engine(kFixture, SpecMethod::None, 8, ctx);
+  auto spec = test::make_engine(kFixture, SpecMethod::Ngram, 8, ctx);
+  GenerateOptions o;
+  o.max_tokens = 60;
+  // The last emitted token fills the context; nothing can be probed after it, so compare one earlier.
+  GenerateOptions stop_early = o;
+  check(stop_early, [](int, int) { return false; }, 23, "context", spec.get(), plain.get());
+  EXPECT_EQ(last_.finish, FinishReason::Context);
+}
+
+}  // namespace
+}  // namespace hyspec
