@@ -132,7 +132,8 @@ TEST_P(CudaQwen35, DecodeStepsAndPromptChunksEqualOneShotPrefill) {
   }
 }
 
-// The CUDA quantized kernels (f16 activations) against the CPU on the f32 dequantization.
+// The CUDA quantized kernels against the CPU on the f32 dequantization. They multiply in f16 (2^-11
+// relative rounding of weights and activations), which over 8 layers moves these logits by ~1e-2.
 TEST_P(CudaQwen35, QuantizedKernelsComputeWhatTheDequantizedWeightsSay) {
   const std::string dir = GetParam();
   const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
@@ -147,7 +148,7 @@ TEST_P(CudaQwen35, QuantizedKernelsComputeWhatTheDequantizedWeightsSay) {
       const float diff = max_abs_diff(a, b);
       std::printf("%s/%s q8_0 step %ld: max |diff| vs CPU dequantized %.3g\n", dir.c_str(),
                   c["name"].get<std::string>().c_str(), static_cast<long>(step), diff);
-      EXPECT_LE(diff, 2e-3f) << c["name"];
+      EXPECT_LE(diff, 3e-2f) << c["name"];
     }
   }
 }

@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
 #pragma unroll
     for (int m = 0; m < Q; ++m) s[m] = 0.0f;
     const KV* kr = kbase + static_cast<int64_t>(kvalid ? key : k0) * a.kv_width;
-#pragma unroll 4
+#pragma unroll 8
     for (int d0 = 0; d0 < D; d0 += KVEC) {
       float kf[KVEC];
       load_as_f32<KV, KVEC>(kr + d0, kf);
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
       for (int d = 0; d < DPL; ++d) o[m][d] *= alpha;
     }
     const int nk = min(32, k1 - kb);
-#pragma unroll 4
+#pragma unroll 8
     for (int j = 0; j < nk; ++j) {
       float v[DPL];
       load_as_f32<KV, DPL>(vbase + static_cast<int64_t>(kb + j) * a.kv_width, v);
@@ -430,10 +430,11 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const bool decode = M <= kDecodeQueries;
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
   if (base >= n_sm) return 1;
-  const int64_t want = (2 * n_sm + base - 1) / base;
-  // Each split should keep its warps busy: 2 tiles (tiled kernel) or 32 keys per warp (decode).
-  const int64_t max_useful = std::max<int64_t>(1, p.kv_capacity / (decode ? kDecodeWarps * 32 : 2 * kKeys));
-  return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, 64));
+  // Decode blocks are latency-bound: aim at 4 blocks per SM; the tiled kernel fills 2 per SM.
+  const int64_t want = ((decode ? 4 : 2) * n_sm + base - 1) / base;
+  // Each split should keep its warps busy: 2 tiles (tiled kernel) or 16 keys per warp (decode).
+  const int64_t max_useful = std::max<int64_t>(1, p.kv_capacity / (decode ? kDecodeWarps * 16 : 2 * kKeys));
+  return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, 256));
 }
 
 size_t attention_scratch_bytes(const AttentionParams& p, int n_splits) {

@@ -299,8 +299,7 @@ class CudaBackend final : public Backend {
                     a.out.n_cols == hidden && a.out.n_rows == n,
                 "moe_ffn: inconsistent shapes") ||
         !expect(cuda::matmul_type_supported(a.gate_exps->type) && cuda::matmul_type_supported(a.up_exps->type) &&
-                    cuda::matmul_type_supported(a.down_exps->type) && a.gate_exps->n_in % 32 == 0 &&
-                    a.down_exps->n_in % 32 == 0,
+                    cuda::matmul_type_supported(a.down_exps->type),
                 "moe_ffn: expert types/widths not supported on CUDA"))
       return;
     if (n == 0) return;

@@ -247,10 +247,18 @@ __global__ void __launch_bounds__(256) mmv_kernel(MmvArgs a) {
 template <class T>
 __global__ void matmul_exact_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_out, int64_t K,
                                     const float* __restrict__ x, int64_t x_stride, int64_t n, float* y,
-                                    int64_t y_stride) {
+                                    int64_t y_stride, const int32_t* __restrict__ expert_ids, size_t expert_bytes,
+                                    int x_div) {
   const int lane = threadIdx.x & 31;
   const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   if (row >= n_out) return;
+  if (expert_ids) {  // batched experts: blockIdx.y = batch b, one activation row each
+    const int b = blockIdx.y;
+    w += static_cast<size_t>(expert_ids[b]) * expert_bytes;
+    x += static_cast<int64_t>(b / x_div) * x_stride;
+    y += b * y_stride;
+    n = 1;
+  }
   const uint8_t* wr = w + row * row_bytes;
   for (int64_t t0 = 0; t0 < n; t0 += 8) {
     const int tn = n - t0 < 8 ? static_cast<int>(n - t0) : 8;
@@ -422,7 +430,7 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
       using T = decltype(tag);
       const unsigned blocks = blocks_for(w.n_out * 32, 128);
       matmul_exact_kernel<T><<<blocks, 128, 0, stream>>>(w.data, w.row_bytes, w.n_out, w.n_in, x.data, x.stride,
-                                                            x.rows, y.data, y.stride);
+                                                          x.rows, y.data, y.stride, nullptr, 0, 1);
       err = cudaGetLastError();
     });
     return err;
@@ -452,6 +460,19 @@ cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids
   with_type(w.type, [&](auto tag) {
     using T = decltype(tag);
     err = cudaSuccess;
+    if (!fast_path(w)) {  // F32 experts (dequantized models): exact, like the CPU
+      const int64_t slice = 65535 / x_div * x_div;
+      for (int64_t b0 = 0; b0 < n_batch && err == cudaSuccess; b0 += slice) {
+        const int64_t nb = std::min<int64_t>(slice, n_batch - b0);
+        const dim3 grid(blocks_for(w.n_out * 32, 128), static_cast<unsigned>(nb));
+        matmul_exact_kernel<T><<<grid, 128, 0, stream>>>(w.data, w.row_bytes, w.n_out, w.n_in,
+                                                         x.data + (b0 / x_div) * x.stride, x.stride, 1,
+                                                         y.data + b0 * y.stride, y.stride, expert_ids + b0,
+                                                         static_cast<size_t>(w.n_out) * w.row_bytes, x_div);
+        err = cudaGetLastError();
+      }
+      return;
+    }
     const Mat xa = aligned_rows(x, static_cast<float*>(scratch.data), stream, err);
     if (err != cudaSuccess) return;
     // gridDim.y is at most 65535: launch x_div-aligned slices of the batch.
