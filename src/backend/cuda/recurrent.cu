@@ -83,9 +83,9 @@ struct GdnKArgs {
 // values each, kept in registers for the whole sequence. Per token: q, k L2-normalised (q also
 // scaled by 1/sqrt(d)), beta = sigmoid(b), decay = exp(softplus(a + dt_bias) * ssm_a),
 // S_j <- decay*S_j; u = S_j.k; S_j += k*beta*(v_j - u); o_j = S_j.q.
-// The norms are folded in: one P-lane reduction gives |k|^2, |q|^2 and S_j.k_raw together, a second
-// gives S_j.q_raw. Inputs are staged in shared memory `chunk` tokens at a time (one load latency
-// per chunk, not per token).
+// The norms are folded in: one P-lane reduction round gives |k|^2, |q|^2, k.q, S_j.k and S_j.q of
+// the old state together, and the output follows from them without a second round. Inputs are
+// staged in shared memory `chunk` tokens at a time (one load latency per chunk, not per token).
 // State bytes: read once, written once (+ each token's state to `capture`). FLOPs ~8*d per column
 // per token; the loop is latency-bound.
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
@@ -105,10 +105,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
     const float4 v = reinterpret_cast<const float4*>(st)[i];
     S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
   }
-  auto lane_sum = [&](float v) {
-    for (int o = P / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-  };
   const int64_t n = a.v.rows;
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
@@ -143,6 +139,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
     }
     __syncthreads();
+#pragma unroll 2
     for (int tt = 0; tt < tc; ++tt) {
       const int64_t t = t0 + tt;
       float k[16], q[16];
@@ -154,28 +151,33 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         q[4 * i] = qv.x, q[4 * i + 1] = qv.y, q[4 * i + 2] = qv.z, q[4 * i + 3] = qv.w;
       }
       const float beta = g_s[2 * tt], decay = g_s[2 * tt + 1];
-      float kk = 0.0f, qq = 0.0f, su = 0.0f;
+      // One reduction round per token: |k|^2, |q|^2 and k.q do not depend on the state (off the
+      // serial chain); S.k and S.q of the old state give u and the output:
+      //   u = decay (S.k) / |k|,  delta = beta (v - u),  S' = decay S + k delta / |k|,
+      //   o = S'.q^ = q_inv (decay (S.q) + delta (k.q) / |k|).
+      float kk = 0.0f, qq = 0.0f, kq = 0.0f, sk0 = 0.0f, sk1 = 0.0f, sq0 = 0.0f, sq1 = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        S[i] *= decay;
-        kk += k[i] * k[i];
-        qq += q[i] * q[i];
-        su += S[i] * k[i];
+      for (int i = 0; i < 16; i += 2) {
+        kk += k[i] * k[i] + k[i + 1] * k[i + 1];
+        qq += q[i] * q[i] + q[i + 1] * q[i + 1];
+        kq += k[i] * q[i] + k[i + 1] * q[i + 1];
+        sk0 += S[i] * k[i], sk1 += S[i + 1] * k[i + 1];
+        sq0 += S[i] * q[i], sq1 += S[i + 1] * q[i + 1];
       }
+      float sk = sk0 + sk1, sq = sq0 + sq1;
       for (int o = P / 2; o > 0; o >>= 1) {
+        sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        sq += __shfl_xor_sync(0xffffffffu, sq, o);
         kk += __shfl_xor_sync(0xffffffffu, kk, o);
         qq += __shfl_xor_sync(0xffffffffu, qq, o);
-        su += __shfl_xor_sync(0xffffffffu, su, o);
+        kq += __shfl_xor_sync(0xffffffffu, kq, o);
       }
-      const float k_inv = 1.0f / sqrtf(kk + a.eps), q_inv = 1.0f / sqrtf(qq + a.eps) * q_scale;
-      const float delta_k = beta * (v_s[tt * 16 + cl] - su * k_inv) * k_inv;  // beta*(v - u), times k's norm
-      float o = 0.0f;
+      const float k_inv = rsqrtf(kk + a.eps), q_inv = rsqrtf(qq + a.eps) * q_scale;
+      const float delta = beta * (v_s[tt * 16 + cl] - decay * sk * k_inv);
+      const float dk = delta * k_inv;
+      const float o = q_inv * (decay * sq + dk * kq);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        S[i] += k[i] * delta_k;
-        o += S[i] * q[i];
-      }
-      o = lane_sum(o) * q_inv;
+      for (int i = 0; i < 16; ++i) S[i] = S[i] * decay + k[i] * dk;
       if (p == 0) a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
       if (a.capture) {
         float4* cap =
