@@ -243,6 +243,7 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
 constexpr int kDecodeQueries = 8;
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeKeys = 32;  // keys per tile
+constexpr int kDecodeMinTiles = 4;  // tiles per split at least (shorter splits cost more to merge)
 
 template <int D, typename KV>
 struct DecodeSmem {
@@ -299,7 +300,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   for (int m = 0; m < Q; ++m)
     if (m < M) kend = max(kend, (a.causal ? a.positions[m / a.group] : a.positions[a.n - 1]) + 1);
   kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
-  const int chunk = ((kend + a.n_splits - 1) / a.n_splits + TK - 1) / TK * TK;
+  // Splits in use: at least kDecodeMinTiles tiles each (the launch provides for the capacity, the
+  // context may be much shorter); the rest exit at once and take no part in the merge.
+  const int tiles = (kend + TK - 1) / TK;
+  const int n_eff = max(1, min(a.n_splits, (tiles + kDecodeMinTiles - 1) / kDecodeMinTiles));
+  if (z >= n_eff) return;
+  const int chunk = (tiles + n_eff - 1) / n_eff * TK;
   const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
 
   const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * D * sizeof(KV);
@@ -441,7 +447,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
     if (m < Q && lane == 0) misc[Q + m] = m_run[j], misc[2 * Q + m] = l_run[j];
   }
   __syncthreads();
-  if (a.n_splits == 1) {
+  if (n_eff == 1) {
 #pragma unroll
     for (int i = 0; i < QPT; ++i) {
       const int m = grp + NG * i;
@@ -463,28 +469,40 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) s_last = atomicAdd(counters + kvh, 1u) == static_cast<unsigned>(a.n_splits - 1);
+  if (tid == 0) s_last = atomicAdd(counters + kvh, 1u) == static_cast<unsigned>(n_eff - 1);
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  // Last block of this kv head: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z (L2 reads).
+  // Last block of this kv head: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z. The (max, sum)
+  // pairs go through shared memory first (the K/V stages are free now), so the sum over splits is
+  // independent L2 loads, not a chain.
+  float* wz = reinterpret_cast<float*>(sm);  // [Q][n_eff] weights e^(m_z - M), then 1/den in [Q*n_eff + m]
+  for (int i = tid; i < M * n_eff; i += kDecodeWarps * 32) {
+    const int m = i / n_eff, zz = i % n_eff;
+    wz[i] = __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + m) * 2);
+  }
+  __syncthreads();
+  if (tid < M) {
+    float gmax = -INFINITY;
+    for (int zz = 0; zz < n_eff; ++zz) gmax = fmaxf(gmax, wz[tid * n_eff + zz]);
+    float den = 0.0f;
+    for (int zz = 0; zz < n_eff; ++zz) {
+      const float f = gmax == -INFINITY ? 0.0f : expf(wz[tid * n_eff + zz] - gmax);
+      den += f * __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + tid) * 2 + 1);
+      wz[tid * n_eff + zz] = f;
+    }
+    wz[Q * n_eff + tid] = den > 0.0f ? 1.0f / den : 0.0f;
+  }
+  __syncthreads();
   for (int i = tid; i < M * D; i += kDecodeWarps * 32) {
     const int m = i / D, d = i % D;
-    float gmax = -INFINITY;
-    for (int zz = 0; zz < a.n_splits; ++zz)
-      gmax = fmaxf(gmax, __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + m) * 2));
-    float acc = 0.0f, den = 0.0f;
-    if (gmax != -INFINITY) {
-      for (int zz = 0; zz < a.n_splits; ++zz) {
-        const int64_t slot = (static_cast<int64_t>(zz) * a.n_kv + kvh) * M + m;
-        const float f = expf(__ldcg(a.part_ml + slot * 2) - gmax);
-        acc += f * __ldcg(a.part_o + slot * D + d);
-        den += f * __ldcg(a.part_ml + slot * 2 + 1);
-      }
-    }
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int zz = 0; zz < n_eff; ++zz)
+      acc += wz[m * n_eff + zz] * __ldcg(a.part_o + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + m) * D + d);
     const int row = m / a.group, head = kvh * a.group + m % a.group;
     a.out.data[static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + d] =
-        den > 0.0f ? acc / den : 0.0f;
+        acc * wz[Q * n_eff + m];
   }
   if (tid == 0) counters[kvh] = 0u;  // ready for the next launch (stream order)
 }
@@ -531,8 +549,9 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   // Two blocks per SM for either kernel.
   const int64_t want = ((decode ? 2 : 2) * n_sm + base - 1) / base;
   // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
-  const int64_t max_useful =
-      std::max<int64_t>(1, decode ? (p.kv_capacity + kDecodeKeys - 1) / kDecodeKeys : p.kv_capacity / (2 * kKeys));
+  const int64_t max_useful = std::max<int64_t>(
+      1, decode ? (p.kv_capacity + kDecodeKeys * kDecodeMinTiles - 1) / (kDecodeKeys * kDecodeMinTiles)
+                : p.kv_capacity / (2 * kKeys));
   return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, 256));
 }
 
