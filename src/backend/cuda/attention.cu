@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/kernels.h"
 
@@ -39,6 +40,7 @@ struct AttnArgs {
   float scale;
   bool causal;
   int n_splits;
+  int min_tiles;   // decode kernel: key tiles per split at least
   float* part_o;   // [n_splits, n_kv, M, D]
   float* part_ml;  // [n_splits, n_kv, M, 2]
 };
@@ -243,7 +245,15 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
 constexpr int kDecodeQueries = 8;
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeKeys = 32;  // keys per tile
-constexpr int kDecodeMinTiles = 4;  // tiles per split at least (shorter splits cost more to merge)
+// Tiles per split at least (shorter splits cost more to merge); HYSPEC_ATTN_MIN_TILES overrides.
+int decode_min_tiles() {
+  static const int v = [] {
+    const char* e = std::getenv("HYSPEC_ATTN_MIN_TILES");
+    const int t = e && *e ? std::atoi(e) : 2;
+    return t >= 1 ? t : 1;
+  }();
+  return v;
+}
 
 template <int D, typename KV>
 struct DecodeSmem {
@@ -303,7 +313,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   // Splits in use: at least kDecodeMinTiles tiles each (the launch provides for the capacity, the
   // context may be much shorter); the rest exit at once and take no part in the merge.
   const int tiles = (kend + TK - 1) / TK;
-  const int n_eff = max(1, min(a.n_splits, (tiles + kDecodeMinTiles - 1) / kDecodeMinTiles));
+  const int n_eff = max(1, min(a.n_splits, (tiles + a.min_tiles - 1) / a.min_tiles));
   if (z >= n_eff) return;
   const int chunk = (tiles + n_eff - 1) / n_eff * TK;
   const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
@@ -550,7 +560,7 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const int64_t want = ((decode ? 2 : 2) * n_sm + base - 1) / base;
   // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
   const int64_t max_useful = std::max<int64_t>(
-      1, decode ? (p.kv_capacity + kDecodeKeys * kDecodeMinTiles - 1) / (kDecodeKeys * kDecodeMinTiles)
+      1, decode ? (p.kv_capacity + kDecodeKeys * decode_min_tiles() - 1) / (kDecodeKeys * decode_min_tiles())
                 : p.kv_capacity / (2 * kKeys));
   return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, 256));
 }
@@ -565,7 +575,7 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   if (p.q.rows == 0) return cudaSuccess;
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
   AttnArgs a{p.q, p.out, p.k, p.v, p.kv_f16, p.kv_width, p.kv_capacity, p.positions, static_cast<int>(p.q.rows),
-             p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, scratch,
+             p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, decode_min_tiles(), scratch,
              scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
   switch (p.head_dim) {
     case 32: return launch<32>(a, p.counters, stream);

@@ -208,130 +208,6 @@ __global__ void prep_fragments_kernel(const float* __restrict__ x, int64_t x_str
 // 8 warps x (stages-1) x RW rows x SB bytes per block (Q4_K, RW=16, 4 stages: 55 KB).
 // Lane (g, t) = (lane/4, lane%4): A rows g and g+8 of each row group, chunk 4*u + t of the step;
 // B token 8*nt + g.
-// Activations for the Q4_K integer-domain step at widths > kFusedWidth: f16, natural order except
-// that each group of 4 is stored (0, 2, 1, 3), so the 8 values a lane needs for one sub-block are
-// one 16-byte load already paired as the B fragments want. Rows n..n_pad-1 are zeros.
-__global__ void prep_swz4_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t n_pad, int64_t K,
-                                 half2* __restrict__ xq) {
-  const int64_t quads = K / 4;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n_pad * quads;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t tok = idx / quads, j = idx % quads;
-    float v[4] = {};
-    if (tok < n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[e] = x[tok * x_stride + 4 * j + e];
-    }
-    xq[tok * (K / 2) + 2 * j] = __floats2half2_rn(v[0], v[2]);
-    xq[tok * (K / 2) + 2 * j + 1] = __floats2half2_rn(v[1], v[3]);
-  }
-}
-
-// Byte b (0..3) of w as an exact f32 (2^23 magic).
-__device__ __forceinline__ float byte_to_f32(uint32_t w, int b) {
-  return __int_as_float(static_cast<int>(__byte_perm(w, 0x4B000000u, 0x7540 | b))) - 8388608.0f;
-}
-
-// One Q4_K super-block of RGW row groups in the integer domain. The mma multiplies the 4-bit codes
-// as exact f16 integers, 1024 + q (low nibbles: (w & 0x000F000F) | 0x6400) or 1024 + 16 q (high
-// nibbles, masked in place: no shift), by f16 activations; a second mma with A = 1 gives each
-// sub-block's activation sum Sx in the accumulator layout. Per row and 32-element sub-block s, in f32:
-//   low:  y += dsc T - (1024 dsc + dm) Sx,   high: y += (dsc / 16) T - (64 dsc + dm) Sx,
-// dsc = d * sc_s, dm = dmin * m_s. About 0.4 instructions per weight instead of ~0.9 for decoding
-// to scaled f16 (the dequantize-then-mma path of the other types).
-// Lane (g, t), sub-block element e in [8t, 8t+8): k16 slice 0 holds e = 8t+{0,2 | 1,3}, slice 1
-// e = 8t+4+{0,2 | 1,3} (a0/a1 then a2/a3), the B side pairs the activations the same way.
-template <int NT, int RGW>
-__device__ __forceinline__ void q4k_step(const uint8_t* const (&rp)[RGW][2], int g, int t, int64_t blk, int n,
-                                         const float* __restrict__ x, int64_t x_stride, const __half* __restrict__ xq,
-                                         int64_t K, float (&acc)[RGW][NT][4]) {
-  constexpr uint32_t kMagic = 0x64006400u, kOnes = 0x3C003C00u;
-  float dd[RGW][2], dmn[RGW][2];
-  uint32_t scw[RGW][2][2], mnw[RGW][2][2];
-#pragma unroll
-  for (int q = 0; q < RGW; ++q)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint4 hdr = *reinterpret_cast<const uint4*>(rp[q][h]);
-      const float2 dm = __half22float2(as_half2(hdr.x));
-      dd[q][h] = dm.x, dmn[q][h] = dm.y;
-      scw[q][h][0] = hdr.y & 0x3f3f3f3fu;
-      scw[q][h][1] = (hdr.w & 0x0f0f0f0fu) | ((hdr.y >> 2) & 0x30303030u);
-      mnw[q][h][0] = hdr.z & 0x3f3f3f3fu;
-      mnw[q][h][1] = ((hdr.w >> 4) & 0x0f0f0f0fu) | ((hdr.z >> 2) & 0x30303030u);
-    }
-#pragma unroll
-  for (int jg = 0; jg < 4; ++jg) {
-    // B fragments of the low (sb 0) and high (sb 1) sub-block, and their sums.
-    uint32_t b[NT][2][4];
-    float sx[NT][2][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int tok = nt * 8 + g;
-#pragma unroll
-      for (int sb = 0; sb < 2; ++sb) {
-        const int64_t e0 = blk * 256 + 32 * (2 * jg + sb) + 8 * t;
-        if (nt * 8 < n && xq) {
-          const uint4 v = *reinterpret_cast<const uint4*>(xq + tok * K + e0);
-          b[nt][sb][0] = v.x, b[nt][sb][1] = v.y, b[nt][sb][2] = v.z, b[nt][sb][3] = v.w;
-        } else if (nt * 8 < n && tok < n) {
-          const float4 f0 = __ldg(reinterpret_cast<const float4*>(x + tok * x_stride + e0));
-          const float4 f1 = __ldg(reinterpret_cast<const float4*>(x + tok * x_stride + e0 + 4));
-          b[nt][sb][0] = pack_h2(f0.x, f0.z), b[nt][sb][1] = pack_h2(f0.y, f0.w);
-          b[nt][sb][2] = pack_h2(f1.x, f1.z), b[nt][sb][3] = pack_h2(f1.y, f1.w);
-        } else {
-          b[nt][sb][0] = b[nt][sb][1] = b[nt][sb][2] = b[nt][sb][3] = 0u;
-        }
-        sx[nt][sb][0] = sx[nt][sb][1] = sx[nt][sb][2] = sx[nt][sb][3] = 0.0f;
-        if (nt * 8 < n) {
-          const half2 one = as_half2(kOnes);
-          mma_16816(sx[nt][sb], one, one, one, one, as_half2(b[nt][sb][0]), as_half2(b[nt][sb][1]));
-          mma_16816(sx[nt][sb], one, one, one, one, as_half2(b[nt][sb][2]), as_half2(b[nt][sb][3]));
-        }
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < RGW; ++q) {
-      // Codes of rows g (h=0) and g+8 (h=1): qs bytes [8t, 8t+8) of group jg.
-      uint32_t lo[2][4], hi[2][4];
-      float k_lo[2], c_lo[2], k_hi[2], c_hi[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint2 w = *reinterpret_cast<const uint2*>(rp[q][h] + 16 + 32 * jg + 8 * t);
-        const uint32_t x8 = w.x >> 8, y8 = w.y >> 8;
-        lo[h][0] = (w.x & 0x000F000Fu) | kMagic, lo[h][1] = (x8 & 0x000F000Fu) | kMagic;
-        lo[h][2] = (w.y & 0x000F000Fu) | kMagic, lo[h][3] = (y8 & 0x000F000Fu) | kMagic;
-        hi[h][0] = (w.x & 0x00F000F0u) | kMagic, hi[h][1] = (x8 & 0x00F000F0u) | kMagic;
-        hi[h][2] = (w.y & 0x00F000F0u) | kMagic, hi[h][3] = (y8 & 0x00F000F0u) | kMagic;
-        const uint32_t sw = scw[q][h][jg >> 1], mw = mnw[q][h][jg >> 1];
-        const int bl = 2 * (jg & 1);
-        const float dsl = dd[q][h] * byte_to_f32(sw, bl), dsh = dd[q][h] * byte_to_f32(sw, bl + 1);
-        const float dml = dmn[q][h] * byte_to_f32(mw, bl), dmh = dmn[q][h] * byte_to_f32(mw, bl + 1);
-        k_lo[h] = dsl, c_lo[h] = -fmaf(1024.0f, dsl, dml);
-        k_hi[h] = dsh * 0.0625f, c_hi[h] = -fmaf(64.0f, dsh, dmh);
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if (nt * 8 >= n) break;  // warp-uniform
-        float tl[4] = {0.0f, 0.0f, 0.0f, 0.0f}, th[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_16816(tl, as_half2(lo[0][0]), as_half2(lo[1][0]), as_half2(lo[0][1]), as_half2(lo[1][1]),
-                  as_half2(b[nt][0][0]), as_half2(b[nt][0][1]));
-        mma_16816(tl, as_half2(lo[0][2]), as_half2(lo[1][2]), as_half2(lo[0][3]), as_half2(lo[1][3]),
-                  as_half2(b[nt][0][2]), as_half2(b[nt][0][3]));
-        mma_16816(th, as_half2(hi[0][0]), as_half2(hi[1][0]), as_half2(hi[0][1]), as_half2(hi[1][1]),
-                  as_half2(b[nt][1][0]), as_half2(b[nt][1][1]));
-        mma_16816(th, as_half2(hi[0][2]), as_half2(hi[1][2]), as_half2(hi[0][3]), as_half2(hi[1][3]),
-                  as_half2(b[nt][1][2]), as_half2(b[nt][1][3]));
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1;
-          acc[q][nt][e] += k_lo[h] * tl[e] + c_lo[h] * sx[nt][0][e] + k_hi[h] * th[e] + c_hi[h] * sx[nt][1][e];
-        }
-      }
-    }
-  }
-}
-
 // Two blocks per SM (<= 128 registers) up to 16 tokens; one above (4 n-tiles of accumulators and B
 // fragments for two row groups spill at 128).
 template <int NT>
@@ -342,9 +218,12 @@ constexpr int mmv_min_blocks() {
 // SW (fused SwiGLU): each row group holds 8 gate rows (A rows g) and the same 8 up rows (A rows
 // g+8), so a lane ends with gate and up of the same output in acc[..][0,1] and [2,3]; a tile covers
 // RW/2 outputs and y = silu(gate x) * (up x).
-template <class T, int NT, int RW, bool SW>
-__global__ void __launch_bounds__(kMmvWarps * 32, mmv_min_blocks<NT>()) mmv_kernel(MmvArgs a) {
+template <class T, int NT, int RW, bool SW, int MB = mmv_min_blocks<NT>()>
+__global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
   using SS = StreamShape<T>;
+  // Types whose blocks are a multiple of 16 bytes (Q4_K, Q5_K, F16, BF16) have every row and step
+  // 16-byte aligned: the copies need no cover arithmetic.
+  constexpr bool kAligned = T::kBlockBytes % 16 == 0 && SS::SB % 16 == 0;
   constexpr int C = SS::C, SB = SS::SB, P = SS::P, RS = SS::RS, RGW = RW / 16;
   constexpr int kOut = SW ? RW / 2 : RW;  // outputs per tile
   extern __shared__ __align__(16) uint8_t smem[];
@@ -388,14 +267,24 @@ __global__ void __launch_bounds__(kMmvWarps * 32, mmv_min_blocks<NT>()) mmv_kern
       const int64_t off = (ks + int64_t{kMmvWarps} * i_m) * SB;
       const int64_t len = min(static_cast<int64_t>(SB), static_cast<int64_t>(a.row_bytes) - off);
       uint8_t* slot = ring + i_slot * RW * RS;
+      if constexpr (kAligned) {
+        constexpr int PA = SB / 16;
 #pragma unroll
-      for (int it = 0; it < (RW * P + 31) / 32; ++it) {
-        const int i = it * 32 + lane;
-        if (i < RW * P) {
-          const int r = i / P, p = i - r * P;
-          const uint8_t* src = row_src(i_tile, r) + off;
-          const uint8_t* a0 = src - (reinterpret_cast<uintptr_t>(src) & 15);
-          if (a0 + 16 * p < src + len) cp_async16(slot + r * RS + 16 * p, a0 + 16 * p);
+        for (int it = 0; it < (RW * PA + 31) / 32; ++it) {
+          const int i = it * 32 + lane;
+          const int r = i / PA, p = i - r * PA;
+          if (i < RW * PA && 16 * p < len) cp_async16(slot + r * RS + 16 * p, row_src(i_tile, r) + off + 16 * p);
+        }
+      } else {
+#pragma unroll
+        for (int it = 0; it < (RW * P + 31) / 32; ++it) {
+          const int i = it * 32 + lane;
+          if (i < RW * P) {
+            const int r = i / P, p = i - r * P;
+            const uint8_t* src = row_src(i_tile, r) + off;
+            const uint8_t* a0 = src - (reinterpret_cast<uintptr_t>(src) & 15);
+            if (a0 + 16 * p < src + len) cp_async16(slot + r * RS + 16 * p, a0 + 16 * p);
+          }
         }
       }
       ++issued;
@@ -422,7 +311,7 @@ __global__ void __launch_bounds__(kMmvWarps * 32, mmv_min_blocks<NT>()) mmv_kern
     for (int q = 0; q < RGW; ++q)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        mis[q][h] = static_cast<int>(reinterpret_cast<uintptr_t>(row_src(tile, 16 * q + g + 8 * h)) & 15);
+        mis[q][h] = kAligned ? 0 : static_cast<int>(reinterpret_cast<uintptr_t>(row_src(tile, 16 * q + g + 8 * h)) & 15);
     for (int m = 0; m < cnt; ++m) {
       cp_async_wait_upto(NS - 2);  // this thread's copies of the step have landed
       __syncwarp();                // ... and every lane's; the slot refilled next was read at m-1
@@ -430,16 +319,7 @@ __global__ void __launch_bounds__(kMmvWarps * 32, mmv_min_blocks<NT>()) mmv_kern
       const uint8_t* slot = ring + c_slot * RW * RS;
       if (++c_slot == NS) c_slot = 0;
       const int64_t s = ks + int64_t{kMmvWarps} * m;
-      const int off16 = static_cast<int>((s * SB) & 15);
-      if constexpr (std::is_same_v<T, TypeQ4_K>) {
-        const uint8_t* rp[RGW][2];
-#pragma unroll
-        for (int q = 0; q < RGW; ++q)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) rp[q][h] = slot + (16 * q + g + 8 * h) * RS + ((mis[q][h] + off16) & 15);
-        q4k_step<NT, RGW>(rp, g, t, s, n, x, a.x_stride, a.xh, a.K, acc);
-        continue;
-      }
+      const int off16 = kAligned ? 0 : static_cast<int>((s * SB) & 15);
 #pragma unroll
       for (int u = 0; u < C / 4; ++u) {
         const int cl = 4 * u + t;
@@ -623,7 +503,7 @@ struct MmvConfig {
   size_t smem = 0;
   cudaError_t err = cudaSuccess;
 };
-template <class T, int NT, int RW, bool SW>
+template <class T, int NT, int RW, bool SW, int MB>
 const MmvConfig& mmv_config() {
   static const MmvConfig cfg = [] {
     MmvConfig c;
@@ -633,13 +513,15 @@ const MmvConfig& mmv_config() {
     const size_t half = static_cast<size_t>(d.per_sm / 2 - d.reserved);
     const int two = half > red ? static_cast<int>((half - red) / set) : 0;
     const int one = static_cast<int>((static_cast<size_t>(d.per_block_optin) - red) / set);
-    c.blocks_per_sm = std::min(mmv_min_blocks<NT>(), env_int("HYSPEC_MMV_BLOCKS", two >= 3 ? 2 : 1));
-    const int fit = c.blocks_per_sm >= 2 ? two : one;
+    const size_t third = static_cast<size_t>(d.per_sm / 3 - d.reserved);
+    const int three = third > red ? static_cast<int>((third - red) / set) : 0;
+    c.blocks_per_sm = MB >= 3 ? 3 : std::min(MB, env_int("HYSPEC_MMV_BLOCKS", two >= 3 ? 2 : 1));
+    const int fit = c.blocks_per_sm >= 3 ? three : c.blocks_per_sm >= 2 ? two : one;
     // Measured on H100 (Q4_K, docs/CUDA_NOTES.md): 3 stages beat 5 (the smaller carve-out leaves L1
     // room for the activations) and 2 blocks per SM beat 1.
     c.stages = std::clamp(env_int("HYSPEC_MMV_STAGES", std::min(fit, c.blocks_per_sm >= 2 ? 3 : 4)), 2, 8);
     c.smem = c.stages * set + red;
-    c.err = cudaFuncSetAttribute(mmv_kernel<T, NT, RW, SW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    c.err = cudaFuncSetAttribute(mmv_kernel<T, NT, RW, SW, MB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(c.smem));
     return c;
   }();
@@ -652,9 +534,9 @@ bool use_pdl() {
 }
 
 // grid_y > 0: batched experts (one tile per block, blockIdx.y = batch entry); else a persistent grid.
-template <class T, int NT, int RW, bool SW = false>
+template <class T, int NT, int RW, bool SW = false, int MB = mmv_min_blocks<NT>()>
 cudaError_t launch_mmv(MmvArgs a, unsigned grid_y, cudaStream_t stream) {
-  const MmvConfig& c = mmv_config<T, NT, RW, SW>();
+  const MmvConfig& c = mmv_config<T, NT, RW, SW, MB>();
   if (c.err != cudaSuccess) return c.err;
   a.stages = c.stages;
   const int64_t tiles = (a.n_out + (SW ? RW / 2 : RW) - 1) / (SW ? RW / 2 : RW);
@@ -670,7 +552,7 @@ cudaError_t launch_mmv(MmvArgs a, unsigned grid_y, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = use_pdl() ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, mmv_kernel<T, NT, RW, SW>, a);
+  return cudaLaunchKernelEx(&cfg, mmv_kernel<T, NT, RW, SW, MB>, a);
 }
 
 // x as 16-byte aligned rows: x itself, or a copy in `staging`.
@@ -697,20 +579,16 @@ cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t s
   } else {
     a.n_pad = (x.rows + 7) / 8 * 8;
     a.xh = static_cast<const __half*>(scratch);
-    if constexpr (std::is_same_v<T, TypeQ4_K>) {  // natural order, pairs swizzled (q4k_step)
-      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(a.n_pad * w.n_in / 4, 256), 4096));
-      prep_swz4_kernel<<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, a.n_pad, w.n_in,
-                                                   static_cast<half2*>(scratch));
-    } else {
-      const int64_t pieces = (w.n_in / 32 + 3) / 4 * 4 * a.n_pad * 4;
-      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(pieces, 256), 4096));
-      prep_fragments_kernel<T><<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, a.n_pad, w.n_in,
-                                                           static_cast<__half*>(scratch));
-    }
+    const int64_t pieces = (w.n_in / 32 + 3) / 4 * 4 * a.n_pad * 4;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(pieces, 256), 4096));
+    prep_fragments_kernel<T><<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, a.n_pad, w.n_in,
+                                                         static_cast<__half*>(scratch));
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   if (up) return x.rows <= 8 ? launch_mmv<T, 1, 16, true>(a, 0, stream) : launch_mmv<T, 2, 16, true>(a, 0, stream);
-  if (x.rows <= 8) return launch_mmv<T, 1, 16>(a, 0, stream);
+  // Benchmark switch: three blocks per SM (<= 85 registers) up to 8 tokens.
+  static const bool three = env_int("HYSPEC_MMV_BLOCKS", 0) == 3;
+  if (x.rows <= 8) return three ? launch_mmv<T, 1, 16, false, 3>(a, 0, stream) : launch_mmv<T, 1, 16>(a, 0, stream);
   if (x.rows <= 16) return launch_mmv<T, 2, 16>(a, 0, stream);
   return launch_mmv<T, 4, 32>(a, 0, stream);
 }
