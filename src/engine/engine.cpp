@@ -375,7 +375,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     a.features = Rows(e.features_.as<float>(), n, e.feature_width_);
     a.taps = e.needs_.taps;
   }
-  HS_RETURN_IF_ERROR(e.run_forward(a, state_));
+  HS_RETURN_IF_ERROR(run_step(a));
 
   // 3. accept: the emitted tokens are the accepted drafts plus one token from the target
   std::vector<int32_t> emitted;
@@ -458,6 +458,26 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   }
   stats_.decode_s += dt;
   return Status::ok();
+}
+
+Status Session::run_step(const ForwardArgs& args) {
+  Engine& e = engine_;
+  if (!e.config_.use_graphs || graphs_failed_ || e.backend_->kind() != BackendKind::Cuda)
+    return e.run_forward(args, state_);
+  const auto key = std::make_tuple(args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
+                                   args.features.data != nullptr);
+  std::unique_ptr<StepGraph>& graph = graphs_[key];
+  if (!graph) {
+    Status recorded;
+    auto g = e.backend_->capture([this, args, &recorded] { recorded = engine_.run_forward(args, state_); });
+    if (!g || !recorded.is_ok()) {  // a step that cannot be recorded still runs, unrecorded
+      graphs_.erase(key);
+      graphs_failed_ = true;
+      return e.run_forward(args, state_);
+    }
+    graph = std::move(g).value();
+  }
+  return graph->replay();
 }
 
 Result<std::vector<float>> Session::probe_next_logits() {

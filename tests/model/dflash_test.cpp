@@ -39,7 +39,7 @@ Target load_target() {
   auto f = GgufFile::open(test::fixture_path("qwen35-tiny/qwen35-tiny-f32.gguf"));
   EXPECT_TRUE(f.is_ok()) << f.message();
   t.file = std::move(f).value();
-  auto be = create_backend(BackendKind::Cpu);
+  auto be = create_backend(test::test_backend_kind());
   EXPECT_TRUE(be.is_ok());
   t.backend = std::move(be).value();
   auto m = Qwen35Model::load(*t.backend, *t.file, LoadOptions{});

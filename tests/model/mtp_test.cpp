@@ -27,7 +27,7 @@ TEST_P(MtpFixture, HeadLogitsMatchLlamaCppForEveryRowAndTheChainedStep) {
   const auto mtp_manifest = test::read_json_file(test::fixture_path(dir + "/mtp_manifest.json"));
   auto file = GgufFile::open(test::fixture_path(dir + "/" + dir + "-f32.gguf"));
   ASSERT_TRUE(file.is_ok());
-  auto backend = create_backend(BackendKind::Cpu);
+  auto backend = create_backend(test::test_backend_kind());
   auto model = Qwen35Model::load(**backend, **file, {});
   ASSERT_TRUE(model.is_ok()) << model.message();
   Qwen35Model& m = **model;

@@ -26,7 +26,7 @@ Loaded load(const std::string& rel, bool dequant = false, bool exact = false) {
   l.file = std::move(f).value();
   BackendOptions bo;
   bo.exact_activations = exact;
-  auto be = create_backend(BackendKind::Cpu, bo);
+  auto be = create_backend(test::test_backend_kind(), bo);
   EXPECT_TRUE(be.is_ok());
   l.backend = std::move(be).value();
   LoadOptions o;
@@ -128,6 +128,8 @@ TEST_P(Qwen35Fixture, PrefillThenDecodeEqualsOneShotPrefillAcrossTheChunkBoundar
 }
 
 TEST_P(Qwen35Fixture, QuantizedKernelsComputeWhatTheDequantizedWeightsSay) {
+  if (test::test_backend_kind() != BackendKind::Cpu)
+    GTEST_SKIP() << "CPU activation modes; CUDA's quantized kernels are checked by qwen35_cuda_test";
   const std::string dir = GetParam();
   const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
   // Exact activations: the fast path quantizes activations to int8 blocks (as llama.cpp does), whose
@@ -148,6 +150,8 @@ TEST_P(Qwen35Fixture, QuantizedKernelsComputeWhatTheDequantizedWeightsSay) {
 }
 
 TEST_P(Qwen35Fixture, QuantizedActivationFastPathStaysCloseToTheExactPath) {
+  if (test::test_backend_kind() != BackendKind::Cpu)
+    GTEST_SKIP() << "CPU activation modes; CUDA's quantized kernels are checked by qwen35_cuda_test";
   const std::string dir = GetParam();
   const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
   Loaded fast = load(dir + "/" + dir + "-q8_0.gguf");
