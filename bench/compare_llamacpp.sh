@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 MODE=${1:?start|finish}; SHAPE=${2:-9b}
 W=/tmp/anchor; OUT=${OUT:-/tmp/hyspec-out}
 mkdir -p "$W" "$OUT"
+[ -d .device/bin ] || tar xJf .device/bin.tar.xz -C .device
 export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 if [ "$MODE" = start ]; then
   mkdir -p "$W/llama.cpp" && tar xJf .anchor/llama.cpp-src.tar.xz -C "$W/llama.cpp"

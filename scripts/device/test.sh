@@ -12,6 +12,7 @@ D=.device
 export LD_LIBRARY_PATH="$D/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 export HYSPEC_FIXTURES="${HYSPEC_FIXTURES:-$PWD/$D/fixtures}"
 OUT="${OUT:-/tmp/hyspec-out}"
+[ -d "$D/bin" ] || tar xJf "$D/bin.tar.xz" -C "$D"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 status=0

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "backend/backend.h"
+#include "common/backend_io.h"
 #include "common/fixtures.h"
 #include "model/qwen35.h"
 
@@ -45,19 +46,24 @@ std::vector<float> run_logits(Loaded& l, const std::vector<int32_t>& tokens, int
   EXPECT_TRUE(l.model->reserve(step).is_ok());
   auto st = l.model->create_state(n + 8, 0, kv);
   EXPECT_TRUE(st.is_ok()) << st.message();
-  std::vector<float> logits(static_cast<size_t>(n * V));
+  std::vector<float> logits;
   std::vector<int32_t> pos(n);
   for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
+  test::BackendArena io(*l.backend);
+  const int32_t* tok_dev = io.put(tokens);
+  const int32_t* pos_dev = io.put(pos);
   for (int64_t s = 0; s < n; s += step) {
     const int64_t m = std::min(step, n - s);
     ForwardArgs a;
     a.n = m;
-    a.tokens = tokens.data() + s;
-    a.positions = pos.data() + s;
+    a.tokens = tok_dev + s;
+    a.positions = pos_dev + s;
     a.gdn_chunked = chunked;
-    a.logits = Rows(logits.data() + s * V, m, V);
+    a.logits = io.rows(m, V);
     Status r = l.model->forward(a, *st);
     EXPECT_TRUE(r.is_ok()) << r.message();
+    const auto part = io.get(a.logits);
+    logits.insert(logits.end(), part.begin(), part.end());
   }
   return logits;
 }
@@ -153,6 +159,8 @@ TEST_P(Qwen35Fixture, QuantizedActivationFastPathStaysCloseToTheExactPath) {
   if (test::test_backend_kind() != BackendKind::Cpu)
     GTEST_SKIP() << "CPU activation modes; CUDA's quantized kernels are checked by qwen35_cuda_test";
   const std::string dir = GetParam();
+  // MoE routing turns a small difference into a different expert, which no norm bound describes.
+  if (dir == "qwen35moe-tiny") GTEST_SKIP() << "dense model only";
   const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
   Loaded fast = load(dir + "/" + dir + "-q8_0.gguf");
   Loaded exact = load(dir + "/" + dir + "-q8_0.gguf", false, true);
