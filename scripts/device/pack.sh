@@ -14,7 +14,7 @@ done
 # Libraries from Debian packages that an Ubuntu CUDA image does not have.
 for lib in libfmt.so.9 libpcre2-8.so.0; do cp -L "/usr/lib/x86_64-linux-gnu/$lib" .device/lib/; done
 # The fixtures the model and engine tests read (not the tokenizer or quant ones: text/format tests stay on CI).
-for d in qwen35-tiny qwen35moe-tiny dflash-tiny; do cp -r "$FIX/$d" .device/fixtures/; done
+for d in qwen35-tiny qwen35moe-tiny dflash-tiny quants; do cp -r "$FIX/$d" .device/fixtures/; done
 # Binaries travel compressed (the working tree that travels is capped at 64 MiB); test.sh unpacks them.
 tar cJf .device/bin.tar.xz -C .device bin && rm -rf .device/bin
 du -sh .device
