@@ -175,11 +175,36 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
   for (int64_t s = 0; s < depth; s += config_.n_batch)
     HS_RETURN_IF_ERROR(forward(s, std::min<int64_t>(config_.n_batch, depth - s), true));
   const bool prefill = n > max_verify_ && !capture;  // a prompt-sized batch runs the prompt form
+  // Decode/verify-sized steps run as the session runs them: recorded once, replayed (CUDA graphs).
+  std::unique_ptr<StepGraph> graph;
+  if (!prefill && config_.use_graphs && backend_->kind() == BackendKind::Cuda) {
+    tok.resize(n);
+    pos.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      tok[i] = static_cast<int32_t>((depth + i) * 7919 % hp.n_vocab);
+      pos[i] = static_cast<int32_t>(depth + i);
+    }
+    backend_->upload(tok_dev, tok.data(), n * sizeof(int32_t));
+    backend_->upload(pos_dev, pos.data(), n * sizeof(int32_t));
+    ForwardArgs a;
+    a.n = n;
+    a.tokens = tok_dev;
+    a.positions = pos_dev;
+    a.capture = capture;
+    a.logits = Rows(logits.as<float>(), n, hp.n_vocab);
+    Status recorded;
+    auto g = backend_->capture([&] { recorded = run_forward(a, st); });
+    if (g && recorded.is_ok()) graph = std::move(g).value();
+  }
   std::vector<double> times;
   for (int r = 0; r < reps + 1; ++r) {
     HS_RETURN_IF_ERROR(backend_->synchronize());
     const double t0 = now_s();
-    HS_RETURN_IF_ERROR(forward(depth, n, prefill));
+    if (graph) {
+      HS_RETURN_IF_ERROR(graph->replay());
+    } else {
+      HS_RETURN_IF_ERROR(forward(depth, n, prefill));
+    }
     HS_RETURN_IF_ERROR(backend_->synchronize());
     if (r > 0) times.push_back(now_s() - t0);  // the first run warms up
   }
