@@ -92,6 +92,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
 }
 
 Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
+  if (config_.add_ngram && (config_.spec == SpecMethod::Mtp || config_.spec == SpecMethod::Dflash)) {
+    HS_ASSIGN_OR_RETURN(auto model, config_.spec == SpecMethod::Mtp
+                                        ? make_mtp_drafter(*model_, config_.n_batch)
+                                        : make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_));
+    return make_longest_of(std::move(model), make_ngram_drafter());
+  }
   switch (config_.spec) {
     case SpecMethod::None: return std::unique_ptr<Drafter>();
     case SpecMethod::Ngram: return make_ngram_drafter();
