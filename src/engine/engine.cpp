@@ -159,8 +159,9 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
   const int64_t cap = std::max<int64_t>(n, config_.n_batch);
   int32_t* tok_dev = ints.as<int32_t>();
   int32_t* pos_dev = tok_dev + cap;
+  // Synthetic tokens at positions start..start+m-1 into the step buffers, and the step's arguments.
   std::vector<int32_t> tok, pos;
-  auto forward = [&](int64_t start, int64_t m, bool prefill) -> Status {
+  auto stage = [&](int64_t start, int64_t m) {
     tok.resize(m);
     pos.resize(m);
     for (int64_t i = 0; i < m; ++i) {
@@ -169,6 +170,8 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
     }
     backend_->upload(tok_dev, tok.data(), m * sizeof(int32_t));
     backend_->upload(pos_dev, pos.data(), m * sizeof(int32_t));
+  };
+  auto args = [&](int64_t m, bool prefill) {
     ForwardArgs a;
     a.n = m;
     a.tokens = tok_dev;
@@ -176,7 +179,11 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
     a.gdn_chunked = prefill;
     a.capture = !prefill && capture;
     a.logits = Rows(logits.as<float>(), prefill ? 1 : m, hp.n_vocab);
-    return run_forward(a, st);
+    return a;
+  };
+  auto forward = [&](int64_t start, int64_t m, bool prefill) {
+    stage(start, m);
+    return run_forward(args(m, prefill), st);
   };
   for (int64_t s = 0; s < depth; s += config_.n_batch)
     HS_RETURN_IF_ERROR(forward(s, std::min<int64_t>(config_.n_batch, depth - s), true));
@@ -184,22 +191,9 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
   // Decode/verify-sized steps run as the session runs them: recorded once, replayed (CUDA graphs).
   std::unique_ptr<StepGraph> graph;
   if (!prefill && config_.use_graphs && backend_->kind() == BackendKind::Cuda) {
-    tok.resize(n);
-    pos.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      tok[i] = static_cast<int32_t>((depth + i) * 7919 % hp.n_vocab);
-      pos[i] = static_cast<int32_t>(depth + i);
-    }
-    backend_->upload(tok_dev, tok.data(), n * sizeof(int32_t));
-    backend_->upload(pos_dev, pos.data(), n * sizeof(int32_t));
-    ForwardArgs a;
-    a.n = n;
-    a.tokens = tok_dev;
-    a.positions = pos_dev;
-    a.capture = capture;
-    a.logits = Rows(logits.as<float>(), n, hp.n_vocab);
+    stage(depth, n);
     Status recorded;
-    auto g = backend_->capture([&] { recorded = run_forward(a, st); });
+    auto g = backend_->capture([&] { recorded = run_forward(args(n, false), st); });
     if (g && recorded.is_ok()) graph = std::move(g).value();
   }
   std::vector<double> times;
