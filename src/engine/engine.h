@@ -44,6 +44,7 @@ struct GenerateOptions {
   bool speculative = true;        // per-request opt-out
   int draft_max = -1;             // -1: engine default
   bool adaptive = true;           // adapt the draft length, turn speculation off where it loses
+  int logprobs = -1;              // >= 0: record each emitted token's logprobs with this many top ids
 };
 
 enum class FinishReason { None, Stop, Length, Context, Cancelled, Error };
@@ -72,6 +73,9 @@ class Session {
   FinishReason finish_reason() const { return finish_; }
   void cancel() { if (!done()) finish_ = FinishReason::Cancelled; }
   const SessionStats& stats() const { return stats_; }
+  // With options.logprobs >= 0: one entry per emitted token, in order (the target's distribution at
+  // that position, the same whether the token came from a draft or not).
+  const std::vector<EmittedLogprobs>& logprobs() const { return logprobs_; }
   // Committed tokens plus the pending one (prompt and output).
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // Logits of the token after the pending one: runs the pending token through the target (tests
@@ -89,7 +93,7 @@ class Session {
   Status prefill_chunk(std::vector<int32_t>& out);
   Status decode_round(std::vector<int32_t>& out);
   int choose_draft_length();
-  void emit(int32_t token, std::vector<int32_t>& out);
+  void emit(int32_t token, std::vector<int32_t>& out, const float* logits_row);
 
   Engine& engine_;
   SequenceState state_;
@@ -101,6 +105,7 @@ class Session {
   int64_t committed_ = 0;  // tokens processed by the target (the pending one is tokens_.back())
   FinishReason finish_ = FinishReason::None;
   SessionStats stats_;
+  std::vector<EmittedLogprobs> logprobs_;
   // adaptive speculation
   double ema_accept_ = 2.0, ema_spec_rate_ = 0, ema_plain_rate_ = 0;
   int plain_rounds_left_ = 0, rounds_since_probe_ = 0;
