@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   hyspec::cli::register_info(app, exit_code);
   hyspec::cli::register_tokenize(app, exit_code);
+  hyspec::cli::register_serve(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
