@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "server_harness.h"
@@ -342,8 +343,8 @@ TEST(HttpQueue, FullQueueIs429WithRetryAfter) {
   EXPECT_EQ(server.stop(20), 0);
 }
 
-TEST(HttpShutdown, SigtermEndsOpenStreamsWithDoneAndExitsZero) {
-  ServerProcess server({"-m", tiny_model(), "--threads", "1", "--shutdown-grace", "0.5"});
+TEST(HttpShutdown, SigtermRefusesNewWorkEndsOpenStreamsWithDoneAndExitsZero) {
+  ServerProcess server({"-m", tiny_model(), "--threads", "1", "--shutdown-grace", "1"});
   ASSERT_TRUE(server.ready());
   std::atomic<bool> started{false};
   HttpReply r;
@@ -356,12 +357,63 @@ TEST(HttpShutdown, SigtermEndsOpenStreamsWithDoneAndExitsZero) {
                     });
   });
   while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  server.terminate();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {
+    // Draining: still listening for the open stream, but no new work and not healthy.
+    auto c = server.client();
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 503);
+    expect_openai_error(post_json(c, kCompletion, R"({"prompt": "Hi", "max_tokens": 2})"), 503);
+  }
   EXPECT_EQ(server.stop(30), 0) << server.output();
   stream.join();
   const auto events = sse_events(r.body);
-  ASSERT_FALSE(events.empty());
+  ASSERT_GE(events.size(), 2u);
   EXPECT_EQ(events.back(), "[DONE]") << "the stream ends cleanly";
   EXPECT_TRUE(events[events.size() - 2].contains("error")) << "a cancelled stream says why";
+}
+
+TEST(HttpScheduling, LongPromptIsPrefilledInChunksBetweenAnotherStreamsTokens) {
+  // --batch 16: a 1500-token prompt takes ~94 prefill turns; each is followed by a decoding turn
+  // of the other slot, so that stream keeps receiving tokens while the prompt is processed.
+  ServerProcess server({"-m", tiny_model(), "--parallel", "2", "--batch", "16", "--threads", "1"});
+  ASSERT_TRUE(server.ready());
+  using Clock = std::chrono::steady_clock;
+  std::mutex mu;
+  std::vector<Clock::time_point> a_chunks;
+  std::atomic<bool> stop_a{false};
+  std::thread a([&] {
+    auto c = server.client();
+    post_stream(c, kCompletion, R"({"prompt": "Hi", "max_tokens": 3000, "ignore_eos": true, "stream": true})",
+                [&](const std::string&) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  a_chunks.push_back(Clock::now());
+                  return !stop_a.load();
+                });
+  });
+  while (true) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (a_chunks.size() >= 3) break;
+  }
+  std::string ids = "[";
+  for (int i = 0; i < 1500; ++i) ids += (i ? "," : "") + std::to_string(i % 500);
+  ids += "]";
+  auto c = server.client();
+  const Clock::time_point b_sent = Clock::now();
+  Clock::time_point b_first;
+  post_stream(c, kCompletion, R"({"prompt": )" + ids + R"(, "max_tokens": 2, "stream": true})", [&](const std::string& so_far) {
+    if (so_far.find("\"text\"") != std::string::npos && b_first == Clock::time_point()) b_first = Clock::now();
+    return true;
+  });
+  stop_a = true;
+  a.join();
+  ASSERT_NE(b_first, Clock::time_point());
+  size_t during = 0;
+  for (const auto& t : a_chunks) during += t > b_sent && t < b_first;
+  EXPECT_GE(during, 30u) << "the other stream stalled while the long prompt was prefilled";
+  EXPECT_EQ(server.stop(20), 0);
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ class ServerProcess {
   // SIGTERM, then the exit code (-1: killed by a signal, or still running after timeout_s: SIGKILL).
   int stop(double timeout_s) {
     if (exit_status_ >= 0 || exit_signalled_) return exit_status_;
-    kill(pid_, SIGTERM);
+    terminate();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     while (std::chrono::steady_clock::now() < deadline) {
       if (exited_status() >= 0 || exit_signalled_) return exit_status_;
@@ -97,6 +97,11 @@ class ServerProcess {
     waitpid(pid_, &status, 0);
     exit_signalled_ = true;
     return -1;
+  }
+  // Sends SIGTERM once (a second one would make the server exit at once).
+  void terminate() {
+    if (!terminated_) kill(pid_, SIGTERM);
+    terminated_ = true;
   }
   // The exit code if the process has exited (reaping it), else -1.
   int exited_status() {
@@ -127,6 +132,7 @@ class ServerProcess {
   bool ready_ = false;
   int exit_status_ = -1;
   bool exit_signalled_ = false;
+  bool terminated_ = false;
   std::string log_path_;
 };
 
