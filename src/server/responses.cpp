@@ -25,6 +25,15 @@ std::string_view rstrip(std::string_view s) {
   return s;
 }
 
+// Bytes at the end of `buf` to hold back: a partial `tag` and the whitespace before it (trailing
+// whitespace is dropped when the section ends, as the template strips it). At the end: the
+// trailing whitespace only.
+size_t held_back(std::string_view buf, std::string_view tag, bool final) {
+  const size_t partial = final || tag.empty() ? 0 : partial_tag_suffix(buf, tag);
+  const size_t body = rstrip(buf.substr(0, buf.size() - partial)).size();
+  return buf.size() - body;
+}
+
 ojson bytes_array(std::string_view s) {
   ojson a = ojson::array();
   for (unsigned char c : s) a.push_back(static_cast<int>(c));
@@ -171,7 +180,7 @@ void ReplySplitter::process(Delta& d, bool final) {
           state_ = State::Content;
           continue;
         }
-        const size_t keep = final ? 0 : partial_tag_suffix(buf_, kThinkClose);
+        const size_t keep = held_back(buf_, kThinkClose, final);
         emit(d.reasoning, reasoning_started_, std::string_view(buf_).substr(0, buf_.size() - keep));
         buf_.erase(0, buf_.size() - keep);
         return;
@@ -179,13 +188,13 @@ void ReplySplitter::process(Delta& d, bool final) {
       case State::Content: {
         const size_t call = parse_tool_calls_ ? buf_.find(kToolCallOpen) : std::string::npos;
         if (call != std::string::npos) {
-          emit(d.content, content_started_, std::string_view(buf_).substr(0, call));
+          emit(d.content, content_started_, rstrip(std::string_view(buf_).substr(0, call)));
           tools_ = buf_.substr(call);
           buf_.clear();
           state_ = State::Tools;
           return;
         }
-        const size_t keep = final || !parse_tool_calls_ ? 0 : partial_tag_suffix(buf_, kToolCallOpen);
+        const size_t keep = held_back(buf_, parse_tool_calls_ ? kToolCallOpen : std::string_view(), final);
         emit(d.content, content_started_, std::string_view(buf_).substr(0, buf_.size() - keep));
         buf_.erase(0, buf_.size() - keep);
         return;

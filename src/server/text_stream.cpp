@@ -24,7 +24,7 @@ size_t TextStream::held_suffix() const {
 }
 
 void TextStream::release_tokens_ending_by(size_t offset) {
-  while (!pending_.empty() && pending_.front().end <= offset) {
+  while (!pending_.empty() && pending_.front().end <= static_cast<int64_t>(offset)) {
     out_.tokens.push_back(pending_.front().id);
     if (pending_.front().has_logprobs) out_.logprobs.push_back(std::move(pending_.front().logprobs));
     pending_.pop_front();
@@ -33,9 +33,10 @@ void TextStream::release_tokens_ending_by(size_t offset) {
 
 bool TextStream::push(int32_t id, const EmittedLogprobs* logprobs) {
   if (stopped_) return true;
-  const size_t start = text_.size();
+  const auto start = static_cast<int64_t>(text_.size());
   text_ += decoder_.push(id);
-  pending_.push_back({id, start, text_.size(), logprobs != nullptr, logprobs ? *logprobs : EmittedLogprobs{}});
+  pending_.push_back({id, start, static_cast<int64_t>(text_.size()), logprobs != nullptr,
+                      logprobs ? *logprobs : EmittedLogprobs{}});
   // Text before released_ held no stop-string prefix, so a complete stop string starts after it.
   size_t hit = std::string::npos;
   for (const std::string& s : stop_) hit = std::min(hit, text_.find(s, released_));
@@ -43,8 +44,8 @@ bool TextStream::push(int32_t id, const EmittedLogprobs* logprobs) {
     text_.resize(hit);
     released_ = hit;
     // Tokens that contributed text before the stop string are part of the output; the rest are not.
-    while (!pending_.empty() && pending_.front().start < hit) {
-      pending_.front().end = std::min(pending_.front().end, hit);
+    while (!pending_.empty() && pending_.front().start < static_cast<int64_t>(hit)) {
+      pending_.front().end = std::min<int64_t>(pending_.front().end, static_cast<int64_t>(hit));
       release_tokens_ending_by(hit);
     }
     pending_.clear();
@@ -60,7 +61,7 @@ void TextStream::finish() {
   if (stopped_) return;
   text_ += decoder_.flush();
   released_ = text_.size();
-  if (!pending_.empty()) pending_.back().end = text_.size();
+  if (!pending_.empty()) pending_.back().end = static_cast<int64_t>(text_.size());
   release_tokens_ending_by(released_);
 }
 
@@ -68,8 +69,8 @@ void TextStream::take(StreamEvent& event) {
   event.text.append(text_, 0, released_);
   text_.erase(0, released_);
   for (Pending& p : pending_) {
-    p.start -= std::min(p.start, released_);
-    p.end -= std::min(p.end, released_);
+    p.start -= static_cast<int64_t>(released_);
+    p.end -= static_cast<int64_t>(released_);
   }
   released_ = 0;
   event.tokens.insert(event.tokens.end(), out_.tokens.begin(), out_.tokens.end());

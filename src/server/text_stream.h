@@ -31,7 +31,9 @@ class TextStream {
  private:
   struct Pending {
     int32_t id;
-    size_t start, end;  // the token's bytes in text_ (empty while the decoder holds them)
+    // The token's bytes in text_ (empty while the decoder holds them); start < 0 when part of them
+    // was already taken.
+    int64_t start, end;
     bool has_logprobs;
     EmittedLogprobs logprobs;
   };
