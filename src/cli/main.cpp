@@ -9,6 +9,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "hyspec 0.1.0");
   int exit_code = 0;
   hyspec::cli::register_info(app, exit_code);
+  hyspec::cli::register_run(app, exit_code);
+  hyspec::cli::register_logits(app, exit_code);
+  hyspec::cli::register_bench(app, exit_code);
   hyspec::cli::register_tokenize(app, exit_code);
   hyspec::cli::register_serve(app, exit_code);
   try {

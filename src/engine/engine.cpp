@@ -115,9 +115,8 @@ Result<std::vector<float>> Engine::prompt_logits(const std::vector<int32_t>& tok
   for (int32_t t : tokens)
     if (t < 0 || t >= hp.n_vocab) return Status::errorf("token id {} is outside the vocabulary (0..{})", t, hp.n_vocab - 1);
   HS_ASSIGN_OR_RETURN(SequenceState st, model_->create_state(n, 0, config_.kv_type));
-  const int64_t step = std::min<int64_t>(config_.n_batch, max_verify_ > 0 ? std::max<int64_t>(max_verify_, 1) : 1);
-  // Logits come out through the engine's logits buffer, which holds max_verify_ rows.
-  const int64_t rows_per_step = all_rows ? step : config_.n_batch;
+  const int64_t rows_per_step = std::min<int64_t>(config_.n_batch, n);
+  HS_ASSIGN_OR_RETURN(Buffer logits_buf, backend_->alloc(static_cast<size_t>((all_rows ? rows_per_step : 1) * V) * sizeof(float)));
   std::vector<float> out(static_cast<size_t>((all_rows ? n : 1) * V));
   int32_t* tok_dev = ints_.as<int32_t>();
   int32_t* pos_dev = tok_dev + model_->reserved_tokens();
@@ -134,13 +133,58 @@ Result<std::vector<float>> Engine::prompt_logits(const std::vector<int32_t>& tok
     a.positions = pos_dev;
     a.gdn_chunked = true;
     const bool last = s + m == n;
-    if (all_rows) a.logits = Rows(logits_.as<float>(), m, V);
-    else if (last) a.logits = Rows(logits_.as<float>(), 1, V);
+    if (all_rows) a.logits = Rows(logits_buf.as<float>(), m, V);
+    else if (last) a.logits = Rows(logits_buf.as<float>(), 1, V);
     HS_RETURN_IF_ERROR(run_forward(a, st));
-    if (all_rows) backend_->download(out.data() + s * V, logits_.data(), static_cast<size_t>(m * V) * sizeof(float));
-    else if (last) backend_->download(out.data(), logits_.data(), static_cast<size_t>(V) * sizeof(float));
+    if (all_rows) backend_->download(out.data() + s * V, logits_buf.data(), static_cast<size_t>(m * V) * sizeof(float));
+    else if (last) backend_->download(out.data(), logits_buf.data(), static_cast<size_t>(V) * sizeof(float));
   }
   return out;
+}
+
+Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int reps) {
+  const Qwen35Hparams& hp = model_->hparams();
+  if (n <= 0 || reps <= 0) return Status::error("time_forward: nothing to time");
+  if (depth + n > n_ctx_) return Status::errorf("depth {} + {} tokens exceeds the context {} (raise -c)", depth, n, n_ctx_);
+  HS_RETURN_IF_ERROR(model_->reserve(std::max<int64_t>(n, config_.n_batch)));
+  HS_ASSIGN_OR_RETURN(SequenceState st, model_->create_state(depth + n, capture ? static_cast<int>(n) : 0, config_.kv_type));
+  HS_ASSIGN_OR_RETURN(Buffer ints, backend_->alloc(static_cast<size_t>(2 * std::max<int64_t>(n, config_.n_batch)) * sizeof(int32_t)));
+  HS_ASSIGN_OR_RETURN(Buffer logits, backend_->alloc(static_cast<size_t>(n * hp.n_vocab) * sizeof(float)));
+  const int64_t cap = std::max<int64_t>(n, config_.n_batch);
+  int32_t* tok_dev = ints.as<int32_t>();
+  int32_t* pos_dev = tok_dev + cap;
+  std::vector<int32_t> tok, pos;
+  auto forward = [&](int64_t start, int64_t m, bool prefill) -> Status {
+    tok.resize(m);
+    pos.resize(m);
+    for (int64_t i = 0; i < m; ++i) {
+      tok[i] = static_cast<int32_t>((start + i) * 7919 % hp.n_vocab);
+      pos[i] = static_cast<int32_t>(start + i);
+    }
+    backend_->upload(tok_dev, tok.data(), m * sizeof(int32_t));
+    backend_->upload(pos_dev, pos.data(), m * sizeof(int32_t));
+    ForwardArgs a;
+    a.n = m;
+    a.tokens = tok_dev;
+    a.positions = pos_dev;
+    a.gdn_chunked = prefill;
+    a.capture = !prefill && capture;
+    a.logits = Rows(logits.as<float>(), prefill ? 1 : m, hp.n_vocab);
+    return run_forward(a, st);
+  };
+  for (int64_t s = 0; s < depth; s += config_.n_batch)
+    HS_RETURN_IF_ERROR(forward(s, std::min<int64_t>(config_.n_batch, depth - s), true));
+  const bool prefill = n > max_verify_ && !capture;  // a prompt-sized batch runs the prompt form
+  std::vector<double> times;
+  for (int r = 0; r < reps + 1; ++r) {
+    HS_RETURN_IF_ERROR(backend_->synchronize());
+    const double t0 = now_s();
+    HS_RETURN_IF_ERROR(forward(depth, n, prefill));
+    HS_RETURN_IF_ERROR(backend_->synchronize());
+    if (r > 0) times.push_back(now_s() - t0);  // the first run warms up
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
 }
 
 Status Engine::run_forward(const ForwardArgs& args, SequenceState& state) { return model_->forward(args, state); }
@@ -335,7 +379,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     a.features = Rows(e.features_.as<float>(), n, e.feature_width_);
     a.taps = e.needs_.taps;
   }
-  HS_RETURN_IF_ERROR(e.run_forward(a, state_));
+  HS_RETURN_IF_ERROR(run_step(a));
 
   // 3. accept: the emitted tokens are the accepted drafts plus one token from the target
   std::vector<int32_t> emitted;
@@ -421,6 +465,26 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   }
   stats_.decode_s += dt;
   return Status::ok();
+}
+
+Status Session::run_step(const ForwardArgs& args) {
+  Engine& e = engine_;
+  if (!e.config_.use_graphs || graphs_failed_ || e.backend_->kind() != BackendKind::Cuda)
+    return e.run_forward(args, state_);
+  const auto key = std::make_tuple(args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
+                                   args.features.data != nullptr);
+  std::unique_ptr<StepGraph>& graph = graphs_[key];
+  if (!graph) {
+    Status recorded;
+    auto g = e.backend_->capture([this, args, &recorded] { recorded = engine_.run_forward(args, state_); });
+    if (!g || !recorded.is_ok()) {  // a step that cannot be recorded still runs, unrecorded
+      graphs_.erase(key);
+      graphs_failed_ = true;
+      return e.run_forward(args, state_);
+    }
+    graph = std::move(g).value();
+  }
+  return graph->replay();
 }
 
 Result<std::vector<float>> Session::probe_next_logits() {

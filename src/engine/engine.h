@@ -11,6 +11,8 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <memory>
 #include <set>
 #include <string>
@@ -91,6 +93,9 @@ class Session {
   friend class Engine;
   explicit Session(Engine& engine) : engine_(engine) {}
   Status prefill_chunk(std::vector<int32_t>& out);
+  // A decode/verify forward: recorded once per shape as a backend graph and replayed (CUDA), so a
+  // step costs one launch; every per-step input lives in the engine's fixed device buffers.
+  Status run_step(const ForwardArgs& args);
   Status decode_round(std::vector<int32_t>& out);
   int choose_draft_length();
   void emit(int32_t token, std::vector<int32_t>& out, const float* logits_row);
@@ -106,6 +111,8 @@ class Session {
   FinishReason finish_ = FinishReason::None;
   SessionStats stats_;
   std::vector<EmittedLogprobs> logprobs_;
+  std::map<std::tuple<int64_t, bool, int64_t, bool, bool>, std::unique_ptr<StepGraph>> graphs_;
+  bool graphs_failed_ = false;
   // adaptive speculation
   double ema_accept_ = 2.0, ema_spec_rate_ = 0, ema_plain_rate_ = 0;
   int plain_rounds_left_ = 0, rounds_since_probe_ = 0;
@@ -124,6 +131,10 @@ class Engine {
 
   // Logits of one prefill over `tokens` in a fresh sequence: every row [n, n_vocab], or only the last.
   Result<std::vector<float>> prompt_logits(const std::vector<int32_t>& tokens, bool all_rows);
+
+  // Benchmark support: median seconds of one target forward of n tokens at KV depth `depth` (after a
+  // prefill of `depth` tokens), over `reps` runs; capture = verify mode (per-token GDN states).
+  Result<double> time_forward(int64_t n, int64_t depth, bool capture, int reps);
 
   // Convenience: run a whole generation, calling on_tokens after each step (return false to stop).
   Result<SessionStats> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,

@@ -1,5 +1,7 @@
 // Byte-level BPE tokenizer of a Qwen3.5 GGUF (tokenizer.ggml.model = gpt2, tokenizer.ggml.pre =
-// qwen35). It produces what HF tokenizers' encode(text, add_special_tokens=False) produces: no BOS
+// qwen35). encode(text, parse_special=true) produces what HF tokenizers' encode(text,
+// add_special_tokens=False) produces (HF matches added tokens in the text by default; Qwen's have no
+// lstrip/rstrip/single_word flags); parse_special=false is HF's split_special_tokens=True. No BOS
 // is ever added. Loaded once, then immutable: every const method may be called from any number of
 // threads at once. The Tokenizer owns copies of what it needs; the GgufFile may be closed after
 // from_gguf().

@@ -15,6 +15,7 @@ inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecM
   EngineConfig c;
   c.model_path = fixture_path(fixture_dir + "/" + fixture_dir + "-f32.gguf");
   c.spec = spec;
+  c.backend = test_backend_kind();
   c.draft_max = draft_max;
   c.n_ctx = n_ctx;
   c.n_batch = 64;

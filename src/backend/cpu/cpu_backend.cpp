@@ -45,7 +45,7 @@ class CpuGraph final : public StepGraph {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  CpuBackend(int n_threads, bool exact) : pool_(n_threads), exact_(exact) {}
 
   BackendKind kind() const override { return BackendKind::Cpu; }
   std::string name() const override {
@@ -78,6 +78,7 @@ class CpuBackend final : public Backend {
     if (!cpu::vec_dot_supported(t.type) && t.type != GgmlType::F32)
       return Status::errorf("tensor '{}': GGML type {} is not supported for weights", t.name, ggml_type_name(t.type));
     w.data = t.data;
+    w.exact = exact_;
     if (dequantize_to_f32 && t.type != GgmlType::F32) {
       const int64_t rows = w.n_out * w.n_expert;
       HS_ASSIGN_OR_RETURN(Buffer b, alloc(static_cast<size_t>(rows * w.n_in) * sizeof(float)));
@@ -235,12 +236,13 @@ class CpuBackend final : public Backend {
   }
 
   ThreadPool pool_;
+  bool exact_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Backend>> create_cpu_backend(const BackendOptions& options) {
-  return std::unique_ptr<Backend>(new CpuBackend(options.n_threads));
+  return std::unique_ptr<Backend>(new CpuBackend(options.n_threads, options.exact_activations));
 }
 
 }  // namespace hyspec

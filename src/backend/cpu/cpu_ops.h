@@ -12,6 +12,8 @@ namespace hyspec::cpu {
 float* scratch_floats(size_t n, int slot = 0);
 
 void matmul(ThreadPool& pool, const Weight& w, Rows x, Rows y);
+// Weight::exact: each weight row dequantized to f32 once per call and dotted with f32 activations.
+void matmul_exact(ThreadPool& pool, const Weight& w, Rows x, Rows y);
 // One expert of a stacked expert tensor as a plain weight.
 Weight expert_slice(const Weight& w, int64_t expert);
 void attention(ThreadPool& pool, const AttentionArgs& a);

@@ -1,0 +1,46 @@
+#include "cli/engine_options.h"
+
+#include <cstdio>
+
+namespace hyspec::cli {
+
+void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
+  cmd.add_option("-m,--model", model, "Model GGUF");
+  cmd.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd.add_option("-t,--threads", threads, "CPU threads (0: all cores)");
+  cmd.add_option("-c,--ctx-size", ctx, "Context length (0: the model's, at most 8192)");
+  cmd.add_option("-b,--batch-size", batch, "Prompt tokens per forward pass");
+  cmd.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
+  cmd.add_flag("--dequantize", dequantize, "Convert every weight to F32 at load (kernel parity checks)");
+  cmd.add_flag("--no-graphs", no_graphs, "CUDA: do not record/replay steps as CUDA graphs");
+  if (with_spec) {
+    cmd.add_option("--spec", spec, "Speculative decoding: none, ngram, mtp, dflash")
+        ->check(CLI::IsMember({"none", "ngram", "mtp", "dflash"}));
+    cmd.add_option("--draft-model", draft_model, "DFlash drafter: GGUF file or HF directory");
+    cmd.add_option("--draft-max", draft_max, "Most drafted tokens per round (0..64)");
+  }
+}
+
+Result<EngineConfig> EngineFlags::to_config() const {
+  EngineConfig c;
+  if (model.empty()) return Status::error("no model given (-m MODEL.gguf)");
+  c.model_path = model;
+  HS_ASSIGN_OR_RETURN(c.backend, parse_backend_kind(backend));
+  c.n_threads = threads;
+  c.n_ctx = ctx;
+  c.n_batch = batch;
+  c.kv_type = kv_type == "f16" ? GgmlType::F16 : GgmlType::F32;
+  HS_ASSIGN_OR_RETURN(c.spec, parse_spec_method(spec));
+  c.draft_model = draft_model;
+  c.draft_max = draft_max;
+  c.dequantize = dequantize;
+  c.use_graphs = !no_graphs;
+  return c;
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "error: %s\n", s.message().c_str());
+  return 1;
+}
+
+}  // namespace hyspec::cli

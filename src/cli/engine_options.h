@@ -1,0 +1,31 @@
+// The engine flags shared by run, bench, logits and serve (llama.cpp spelling where one exists).
+#pragma once
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "engine/engine.h"
+
+namespace hyspec::cli {
+
+struct EngineFlags {
+  std::string model;
+  std::string backend = "cpu";
+  int threads = 0;
+  int64_t ctx = 0;
+  int batch = 256;
+  std::string kv_type = "f32";
+  std::string spec = "none";
+  std::string draft_model;
+  int draft_max = 16;
+  bool dequantize = false;
+  bool no_graphs = false;
+
+  void add_to(CLI::App& cmd, bool with_spec = true);
+  Result<EngineConfig> to_config() const;
+};
+
+// Prints "error: <message>" on one line and returns 1.
+int fail(const Status& s);
+
+}  // namespace hyspec::cli
