@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "engine/engine.h"
+#include "cli/engine_options.h"
 
 #ifdef HYSPEC_HAVE_SERVER
 #include "server/server.h"
@@ -21,9 +21,8 @@ namespace hyspec::cli {
 namespace {
 
 struct ServeOptions {
-  EngineConfig engine;
-  std::string backend = "cpu";
-  std::string spec = "auto";
+  EngineFlags engine;
+  bool spec_given = false;  // --spec on the command line; otherwise --draft-model alone means dflash
 #ifdef HYSPEC_HAVE_SERVER
   server::ServerConfig server;
 #endif
@@ -31,22 +30,9 @@ struct ServeOptions {
 
 #ifdef HYSPEC_HAVE_SERVER
 int run_serve(ServeOptions& opt) {
-  auto backend = parse_backend_kind(opt.backend);
-  if (!backend.is_ok()) {
-    fmt::print(stderr, "error: {}\n", backend.message());
-    return 1;
-  }
-  opt.engine.backend = *backend;
-  if (opt.spec == "auto") {
-    opt.engine.spec = opt.engine.draft_model.empty() ? SpecMethod::None : SpecMethod::Dflash;
-  } else {
-    auto spec = parse_spec_method(opt.spec);
-    if (!spec.is_ok()) {
-      fmt::print(stderr, "error: {}\n", spec.message());
-      return 1;
-    }
-    opt.engine.spec = *spec;
-  }
+  if (!opt.spec_given && !opt.engine.draft_model.empty()) opt.engine.spec = "dflash";
+  auto config = opt.engine.to_config();
+  if (!config.is_ok()) return fail(config.status());
 
   // Signals go to one waiting thread, never to a thread in the middle of a request: block them
   // before any thread exists (threads inherit the mask).
@@ -59,22 +45,18 @@ int run_serve(ServeOptions& opt) {
 
   server::Server srv(opt.server);
   auto port = srv.start();
-  if (!port.is_ok()) {
-    fmt::print(stderr, "error: {}\n", port.message());
-    return 1;
-  }
+  if (!port.is_ok()) return fail(port.status());
   fmt::print("hyspec serve: listening on http://{}:{}\n", opt.server.host, *port);
   std::fflush(stdout);
 
   // A signal that arrives while loading is taken once loading is done.
-  Status loaded = srv.load(opt.engine);
+  Status loaded = srv.load(*config);
   if (!loaded.is_ok()) {
-    fmt::print(stderr, "error: {}\n", loaded.message());
     srv.shutdown();
-    return 1;
+    return fail(loaded);
   }
-  fmt::print("hyspec serve: model loaded ({}, speculative: {}, {} slot(s)); ready\n", opt.engine.model_path,
-             spec_method_name(opt.engine.spec), opt.server.parallel);
+  fmt::print("hyspec serve: model loaded ({}, speculative: {}, {} slot(s)); ready\n", config->model_path,
+             spec_method_name(config->spec), opt.server.parallel);
   std::fflush(stdout);
 
   int sig = 0;
@@ -93,10 +75,7 @@ int run_serve(ServeOptions& opt) {
   return 0;
 }
 #else
-int run_serve(ServeOptions&) {
-  fmt::print(stderr, "error: this hyspec was built without the server (cpp-httplib was not found)\n");
-  return 1;
-}
+int run_serve(ServeOptions&) { return fail(Status::error("this hyspec was built without the server (cpp-httplib was not found)")); }
 #endif
 
 }  // namespace
@@ -104,15 +83,8 @@ int run_serve(ServeOptions&) {
 void register_serve(CLI::App& app, int& exit_code) {
   auto opt = std::make_shared<ServeOptions>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/SERVER.md)");
-  cmd->add_option("-m,--model", opt->engine.model_path, "target model GGUF")->required();
-  cmd->add_option("-c,--ctx", opt->engine.n_ctx, "context length per slot (0: min(training context, 8192))");
-  cmd->add_option("--threads", opt->engine.n_threads, "CPU threads (0: all cores)");
-  cmd->add_option("--backend", opt->backend, "cpu | cuda")->capture_default_str();
-  cmd->add_option("--batch", opt->engine.n_batch, "prompt tokens per forward (prefill chunk)")->capture_default_str();
-  cmd->add_option("--spec", opt->spec, "speculative decoding: auto (dflash with --draft-model, else none) | dflash | mtp | ngram | none")
-      ->capture_default_str();
-  cmd->add_option("--draft-model", opt->engine.draft_model, "DFlash drafter: GGUF file or HF directory");
-  cmd->add_option("--draft-max", opt->engine.draft_max, "most drafted tokens per round")->capture_default_str();
+  opt->engine.add_to(*cmd);
+  cmd->get_option("--model")->required();
 #ifdef HYSPEC_HAVE_SERVER
   server::ServerConfig& s = opt->server;
   cmd->add_option("--host", s.host, "address to bind")->capture_default_str();
@@ -124,7 +96,10 @@ void register_serve(CLI::App& app, int& exit_code) {
   cmd->add_option("--shutdown-grace", s.shutdown_grace_s, "seconds running requests may finish after SIGINT/SIGTERM")
       ->capture_default_str();
 #endif
-  cmd->callback([opt, &exit_code] { exit_code = run_serve(*opt); });
+  cmd->callback([opt, cmd, &exit_code] {
+    opt->spec_given = cmd->count("--spec") > 0;
+    exit_code = run_serve(*opt);
+  });
 }
 
 }  // namespace hyspec::cli

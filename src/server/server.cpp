@@ -46,6 +46,46 @@ ApiError unavailable(const std::string& message, const std::string& code) {
 constexpr auto kStreamPoll = 250ms;
 constexpr int kKeepAliveEvery = 8;  // polls: an SSE comment every ~2 s of silence
 
+// One streamed response: what its content provider keeps between calls.
+struct StreamState {
+  StreamState(std::shared_ptr<CompletionRequest> r, std::shared_ptr<TokenChannel> c, ResponseContext ctx)
+      : request(std::move(r)), channel(std::move(c)), formatter(std::move(ctx)) {}
+  std::shared_ptr<CompletionRequest> request;  // ctx points into it
+  std::shared_ptr<TokenChannel> channel;
+  StreamFormatter formatter;
+  bool begun = false;
+  int idle_polls = 0;
+  std::vector<StreamEvent> events;
+  std::atomic<bool> released{false};
+};
+
+// One call of the content provider: the first chunk, or the events that arrived (waiting up to
+// kStreamPoll). Returns false when the client is gone.
+bool write_stream(StreamState& state, httplib::DataSink& sink) {
+  if (!state.begun) {
+    state.begun = true;
+    const std::string first = state.formatter.begin();
+    return first.empty() || sink.write(first.data(), first.size());
+  }
+  state.events.clear();
+  if (!state.channel->pop(state.events, kStreamPoll)) {
+    if (++state.idle_polls < kKeepAliveEvery) return sink.is_writable();
+    state.idle_polls = 0;
+    static const std::string keep_alive = ": keep-alive\n\n";
+    return sink.write(keep_alive.data(), keep_alive.size());
+  }
+  state.idle_polls = 0;
+  for (const StreamEvent& e : state.events) {
+    const std::string frames = state.formatter.on_event(e);
+    if (!frames.empty() && !sink.write(frames.data(), frames.size())) return false;
+    if (e.final || !e.error.empty()) {
+      sink.done();
+      return true;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -234,17 +274,6 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
 
 void Server::Impl::stream_response(httplib::Response& res, std::shared_ptr<CompletionRequest> request,
                                    std::shared_ptr<TokenChannel> channel, ResponseContext ctx) {
-  struct StreamState {
-    StreamState(std::shared_ptr<CompletionRequest> r, std::shared_ptr<TokenChannel> c, ResponseContext ctx)
-        : request(std::move(r)), channel(std::move(c)), formatter(std::move(ctx)) {}
-    std::shared_ptr<CompletionRequest> request;  // ctx points into it
-    std::shared_ptr<TokenChannel> channel;
-    StreamFormatter formatter;
-    bool begun = false;
-    int idle_polls = 0;
-    std::vector<StreamEvent> events;
-    std::atomic<bool> released{false};
-  };
   auto state = std::make_shared<StreamState>(std::move(request), std::move(channel), std::move(ctx));
   {
     std::lock_guard<std::mutex> lock(streams_mu);
@@ -258,28 +287,11 @@ void Server::Impl::stream_response(httplib::Response& res, std::shared_ptr<Compl
   res.set_chunked_content_provider(
       "text/event-stream",
       [state](size_t, httplib::DataSink& sink) {
-        if (!state->begun) {
-          state->begun = true;
-          const std::string first = state->formatter.begin();
-          return first.empty() || sink.write(first.data(), first.size());
+        try {
+          return write_stream(*state, sink);
+        } catch (const std::exception&) {
+          return false;  // ends the response; the releaser cancels the request
         }
-        state->events.clear();
-        if (!state->channel->pop(state->events, kStreamPoll)) {
-          if (++state->idle_polls < kKeepAliveEvery) return sink.is_writable();
-          state->idle_polls = 0;
-          static const std::string keep_alive = ": keep-alive\n\n";
-          return sink.write(keep_alive.data(), keep_alive.size());
-        }
-        state->idle_polls = 0;
-        for (const StreamEvent& e : state->events) {
-          const std::string frames = state->formatter.on_event(e);
-          if (!frames.empty() && !sink.write(frames.data(), frames.size())) return false;
-          if (e.final || !e.error.empty()) {
-            sink.done();
-            return true;
-          }
-        }
-        return true;
       },
       [this, state](bool) {
         if (state->released.exchange(true)) return;

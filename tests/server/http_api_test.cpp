@@ -376,9 +376,9 @@ TEST(HttpShutdown, SigtermRefusesNewWorkEndsOpenStreamsWithDoneAndExitsZero) {
 }
 
 TEST(HttpScheduling, LongPromptIsPrefilledInChunksBetweenAnotherStreamsTokens) {
-  // --batch 16: a 1500-token prompt takes ~94 prefill turns; each is followed by a decoding turn
+  // --batch-size 16: a 1500-token prompt takes ~94 prefill turns; each is followed by a decoding turn
   // of the other slot, so that stream keeps receiving tokens while the prompt is processed.
-  ServerProcess server({"-m", tiny_model(), "--parallel", "2", "--batch", "16", "--threads", "1"});
+  ServerProcess server({"-m", tiny_model(), "--parallel", "2", "--batch-size", "16", "--threads", "1"});
   ASSERT_TRUE(server.ready());
   using Clock = std::chrono::steady_clock;
   std::mutex mu;

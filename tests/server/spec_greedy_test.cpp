@@ -1,8 +1,13 @@
 // Speculative decoding is lossless over HTTP too: greedy output of `hyspec serve --spec mtp|dflash`
-// equals plain greedy decoding by the Engine API (SpecMethod::None) on the same model.
+// equals `hyspec run --temp 0 --ids` (plain decoding) on the same model.
 #include <gtest/gtest.h>
 
-#include "engine/engine.h"
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <set>
+#include <sstream>
+
 #include "format/gguf.h"
 #include "server_harness.h"
 #include "text/tokenizer.h"
@@ -12,41 +17,49 @@ namespace {
 
 using json = nlohmann::json;
 
-struct Reference {
-  std::unique_ptr<Engine> engine;
-  std::set<int32_t> end_tokens;
-};
-
-Reference plain_engine(const std::string& model) {
-  Reference r;
-  EngineConfig c;
-  c.model_path = model;
-  c.n_threads = 1;
-  auto e = Engine::create(c);
-  EXPECT_TRUE(e.is_ok()) << e.message();
-  if (!e.is_ok()) return r;
-  r.engine = std::move(e).value();
-  auto tok = Tokenizer::from_gguf(r.engine->model_file());
+// End-of-generation ids of the model's vocabulary (the server never returns them as tokens).
+std::set<int32_t> end_tokens(const std::string& model) {
+  std::set<int32_t> out;
+  auto file = GgufFile::open(model);
+  EXPECT_TRUE(file.is_ok()) << file.message();
+  if (!file.is_ok()) return out;
+  auto tok = Tokenizer::from_gguf(**file);
   EXPECT_TRUE(tok.is_ok()) << tok.message();
-  if (!tok.is_ok()) return r;
+  if (!tok.is_ok()) return out;
   for (int32_t id = 0; id < (*tok)->n_vocab(); ++id)
-    if ((*tok)->is_end_of_generation(id)) r.end_tokens.insert(id);
-  return r;
+    if ((*tok)->is_end_of_generation(id)) out.insert(id);
+  return out;
 }
 
-// Plain greedy tokens, without a final end-of-generation token (the server does not return it).
-std::vector<int32_t> plain_greedy(Reference& ref, const std::vector<int32_t>& prompt, int max_tokens) {
-  GenerateOptions o;
-  o.max_tokens = max_tokens;
-  o.stop_tokens = ref.end_tokens;
-  std::vector<int32_t> out;
-  auto st = ref.engine->generate(prompt, o, [&](const std::vector<int32_t>& t) {
-    out.insert(out.end(), t.begin(), t.end());
-    return true;
-  });
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  if (!out.empty() && ref.end_tokens.count(out.back())) out.pop_back();
-  return out;
+// Plain greedy ids from `hyspec run --temp 0 --ids` (no speculation), without a final end token.
+std::vector<int32_t> hyspec_run_greedy(const std::string& model, const std::vector<int32_t>& prompt, int max_tokens,
+                                       const std::set<int32_t>& ends) {
+  std::string list;
+  for (int32_t t : prompt) list += (list.empty() ? "" : ",") + std::to_string(t);
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    const std::string bin = hyspec_binary(), n = std::to_string(max_tokens);
+    execl(bin.c_str(), bin.c_str(), "run", "-m", model.c_str(), "--tokens", list.c_str(), "-n", n.c_str(), "--temp", "0",
+          "--ids", "--no-stats", "-t", "1", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t k; (k = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(k));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "hyspec run failed: " << out;
+  std::vector<int32_t> ids;
+  std::istringstream in(out);
+  for (int32_t id; in >> id;) ids.push_back(id);
+  if (!ids.empty() && ends.count(ids.back())) ids.pop_back();
+  return ids;
 }
 
 std::vector<std::vector<int32_t>> prompts() {
@@ -63,17 +76,19 @@ std::vector<std::vector<int32_t>> prompts() {
 
 void expect_http_greedy_equals_plain(const std::vector<std::string>& spec_args, const std::string& method) {
   const std::string model = tiny_model("f32");
-  Reference ref = plain_engine(model);
-  ASSERT_TRUE(ref.engine);
+  const std::set<int32_t> ends = end_tokens(model);
+  ASSERT_FALSE(ends.empty());
   std::vector<std::string> args = {"-m", model, "--threads", "1", "--draft-max", "8"};
   args.insert(args.end(), spec_args.begin(), spec_args.end());
   ServerProcess server(args);
   ASSERT_TRUE(server.ready());
   auto c = server.client();
   int64_t proposed = 0;
+  size_t compared = 0;
   for (const auto& prompt : prompts()) {
     const int max_tokens = 96;
-    const std::vector<int32_t> want = plain_greedy(ref, prompt, max_tokens);
+    const std::vector<int32_t> want = hyspec_run_greedy(model, prompt, max_tokens, ends);
+    compared += want.size();
     const json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"return_token_ids", true}};
     const HttpReply r = post_json(c, "/v1/completions", body.dump());
     ASSERT_EQ(r.status, 200) << r.body;
@@ -91,6 +106,7 @@ void expect_http_greedy_equals_plain(const std::vector<std::string>& spec_args, 
     EXPECT_EQ(streamed, want);
   }
   EXPECT_GT(proposed, 0) << "the drafter never proposed anything: nothing was verified";
+  EXPECT_GT(compared, 200u) << "too few tokens compared";
   // Opting out per request: plain decoding, same tokens.
   const json body = {{"prompt", prompts()[0]}, {"max_tokens", 32}, {"temperature", 0}, {"return_token_ids", true},
                      {"speculative", false}};
@@ -98,7 +114,7 @@ void expect_http_greedy_equals_plain(const std::vector<std::string>& spec_args, 
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.json["usage"]["hyspec"]["spec_method"], "none");
   EXPECT_EQ(r.json["usage"]["hyspec"]["draft_proposed"], 0);
-  EXPECT_EQ(r.json["choices"][0]["token_ids"].get<std::vector<int32_t>>(), plain_greedy(ref, prompts()[0], 32));
+  EXPECT_EQ(r.json["choices"][0]["token_ids"].get<std::vector<int32_t>>(), hyspec_run_greedy(model, prompts()[0], 32, ends));
   EXPECT_EQ(server.stop(20), 0);
 }
 
