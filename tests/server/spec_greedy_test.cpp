@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/engine_test_util.h"  // fixture_prompts (tests/engine)
 #include "format/gguf.h"
 #include "server_harness.h"
 #include "text/tokenizer.h"
@@ -62,18 +63,6 @@ std::vector<int32_t> hyspec_run_greedy(const std::string& model, const std::vect
   return ids;
 }
 
-std::vector<std::vector<int32_t>> prompts() {
-  const json manifest = read_json_file(fixture_path("qwen35-tiny/manifest.json"));
-  std::vector<std::vector<int32_t>> out;
-  for (const json& c : manifest["cases"]) {
-    auto t = c["tokens"].get<std::vector<int32_t>>();
-    if (t.size() > 64) t.resize(64);
-    out.push_back(t);
-  }
-  out.push_back({10, 20, 30, 40, 50, 10, 20, 30, 40, 50, 10, 20, 30});
-  return out;
-}
-
 void expect_http_greedy_equals_plain(const std::vector<std::string>& spec_args, const std::string& method) {
   const std::string model = tiny_model("f32");
   const std::set<int32_t> ends = end_tokens(model);
@@ -85,7 +74,7 @@ void expect_http_greedy_equals_plain(const std::vector<std::string>& spec_args, 
   auto c = server.client();
   int64_t proposed = 0;
   size_t compared = 0;
-  for (const auto& prompt : prompts()) {
+  for (const auto& prompt : fixture_prompts("qwen35-tiny")) {
     const int max_tokens = 96;
     const std::vector<int32_t> want = hyspec_run_greedy(model, prompt, max_tokens, ends);
     compared += want.size();
@@ -108,13 +97,14 @@ void expect_http_greedy_equals_plain(const std::vector<std::string>& spec_args, 
   EXPECT_GT(proposed, 0) << "the drafter never proposed anything: nothing was verified";
   EXPECT_GT(compared, 200u) << "too few tokens compared";
   // Opting out per request: plain decoding, same tokens.
-  const json body = {{"prompt", prompts()[0]}, {"max_tokens", 32}, {"temperature", 0}, {"return_token_ids", true},
+  const std::vector<int32_t> prompt = fixture_prompts("qwen35-tiny")[0];
+  const json body = {{"prompt", prompt}, {"max_tokens", 32}, {"temperature", 0}, {"return_token_ids", true},
                      {"speculative", false}};
   const HttpReply r = post_json(c, "/v1/completions", body.dump());
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.json["usage"]["hyspec"]["spec_method"], "none");
   EXPECT_EQ(r.json["usage"]["hyspec"]["draft_proposed"], 0);
-  EXPECT_EQ(r.json["choices"][0]["token_ids"].get<std::vector<int32_t>>(), hyspec_run_greedy(model, prompts()[0], 32, ends));
+  EXPECT_EQ(r.json["choices"][0]["token_ids"].get<std::vector<int32_t>>(), hyspec_run_greedy(model, prompt, 32, ends));
   EXPECT_EQ(server.stop(20), 0);
 }
 
