@@ -36,6 +36,7 @@ struct EngineConfig {
   SpecMethod spec = SpecMethod::None;
   std::string draft_model;  // DFlash drafter: GGUF file or HF directory
   int draft_max = 16;       // most drafted tokens per round
+  bool add_ngram = false;   // compose n-gram lookup with the model drafter (the longer draft wins)
   bool use_graphs = true;   // CUDA: replay recorded decode/verify steps
 };
 
