@@ -185,6 +185,9 @@ struct BackendOptions {
   bool exact_activations = false;
 };
 
+// A GGUF tensor's weight geometry (name, type, n_in/n_out/n_expert, row bytes), data not yet set.
+Result<Weight> weight_geometry(const GgufTensorInfo& t);
+
 Result<std::unique_ptr<Backend>> create_backend(BackendKind kind, const BackendOptions& options = {});
 Result<BackendKind> parse_backend_kind(const std::string& name);  // "cpu" | "cuda"
 bool cuda_backend_built();

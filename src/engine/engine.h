@@ -11,6 +11,8 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <memory>
 #include <set>
 #include <string>
@@ -34,6 +36,7 @@ struct EngineConfig {
   SpecMethod spec = SpecMethod::None;
   std::string draft_model;  // DFlash drafter: GGUF file or HF directory
   int draft_max = 16;       // most drafted tokens per round
+  bool add_ngram = false;   // compose n-gram lookup with the model drafter (the longer draft wins)
   bool use_graphs = true;   // CUDA: replay recorded decode/verify steps
 };
 
@@ -44,6 +47,7 @@ struct GenerateOptions {
   bool speculative = true;        // per-request opt-out
   int draft_max = -1;             // -1: engine default
   bool adaptive = true;           // adapt the draft length, turn speculation off where it loses
+  int logprobs = -1;              // >= 0: record each emitted token's logprobs with this many top ids
 };
 
 enum class FinishReason { None, Stop, Length, Context, Cancelled, Error };
@@ -72,6 +76,9 @@ class Session {
   FinishReason finish_reason() const { return finish_; }
   void cancel() { if (!done()) finish_ = FinishReason::Cancelled; }
   const SessionStats& stats() const { return stats_; }
+  // With options.logprobs >= 0: one entry per emitted token, in order (the target's distribution at
+  // that position, the same whether the token came from a draft or not).
+  const std::vector<EmittedLogprobs>& logprobs() const { return logprobs_; }
   // Committed tokens plus the pending one (prompt and output).
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // Logits of the token after the pending one: runs the pending token through the target (tests
@@ -87,9 +94,12 @@ class Session {
   friend class Engine;
   explicit Session(Engine& engine) : engine_(engine) {}
   Status prefill_chunk(std::vector<int32_t>& out);
+  // A decode/verify forward: recorded once per shape as a backend graph and replayed (CUDA), so a
+  // step costs one launch; every per-step input lives in the engine's fixed device buffers.
+  Status run_step(const ForwardArgs& args);
   Status decode_round(std::vector<int32_t>& out);
   int choose_draft_length();
-  void emit(int32_t token, std::vector<int32_t>& out);
+  void emit(int32_t token, std::vector<int32_t>& out, const float* logits_row);
 
   Engine& engine_;
   SequenceState state_;
@@ -101,6 +111,9 @@ class Session {
   int64_t committed_ = 0;  // tokens processed by the target (the pending one is tokens_.back())
   FinishReason finish_ = FinishReason::None;
   SessionStats stats_;
+  std::vector<EmittedLogprobs> logprobs_;
+  std::map<std::tuple<int64_t, bool, int64_t, bool, bool>, std::unique_ptr<StepGraph>> graphs_;
+  bool graphs_failed_ = false;
   // adaptive speculation
   double ema_accept_ = 2.0, ema_spec_rate_ = 0, ema_plain_rate_ = 0;
   int plain_rounds_left_ = 0, rounds_since_probe_ = 0;

@@ -67,14 +67,7 @@ class CpuBackend final : public Backend {
   Status synchronize() override { return Status::ok(); }
 
   Result<Weight> load_weight(const GgufTensorInfo& t, bool dequantize_to_f32) override {
-    Weight w;
-    w.name = t.name;
-    w.type = t.type;
-    w.n_in = t.ne[0];
-    w.n_out = t.n_dims >= 2 ? t.ne[1] : 1;
-    w.n_expert = t.n_dims >= 3 ? t.ne[2] : 1;
-    if (t.n_dims > 3 && t.ne[3] != 1) return Status::errorf("tensor '{}': 4-D weights are not supported", t.name);
-    HS_ASSIGN_OR_RETURN(w.row_bytes, ggml_row_bytes(t.type, w.n_in));
+    HS_ASSIGN_OR_RETURN(Weight w, weight_geometry(t));
     if (!cpu::vec_dot_supported(t.type) && t.type != GgmlType::F32)
       return Status::errorf("tensor '{}': GGML type {} is not supported for weights", t.name, ggml_type_name(t.type));
     w.data = t.data;
