@@ -87,9 +87,11 @@ void ffn(const Ctx& c, const FfnWeights& w, Rows x, Rows out) {
   const Qwen35Hparams& hp = c.hp;
   if (!hp.moe) {
     Rows g = c.buf(c.I.t1, hp.n_ff), u = c.buf(c.I.t2, hp.n_ff);
-    c.be.matmul(w.ffn_gate, x, g);
-    c.be.matmul(w.ffn_up, x, u);
-    c.be.swiglu(g, u, g);
+    if (!c.be.matmul_swiglu(w.ffn_gate, w.ffn_up, x, g)) {
+      c.be.matmul(w.ffn_gate, x, g);
+      c.be.matmul(w.ffn_up, x, u);
+      c.be.swiglu(g, u, g);
+    }
     c.be.matmul(w.ffn_down, g, out);
     return;
   }
@@ -105,9 +107,11 @@ void ffn(const Ctx& c, const FfnWeights& w, Rows x, Rows out) {
   if (w.ffn_gate_shexp.present()) {
     Rows g = c.buf(c.I.t1, hp.n_ff_shexp), u = c.buf(c.I.t2, hp.n_ff_shexp), s = c.buf(c.I.t3, hp.n_embd),
          gate = c.buf(c.I.small, 1);
-    c.be.matmul(w.ffn_gate_shexp, x, g);
-    c.be.matmul(w.ffn_up_shexp, x, u);
-    c.be.swiglu(g, u, g);
+    if (!c.be.matmul_swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, x, g)) {
+      c.be.matmul(w.ffn_gate_shexp, x, g);
+      c.be.matmul(w.ffn_up_shexp, x, u);
+      c.be.swiglu(g, u, g);
+    }
     c.be.matmul(w.ffn_down_shexp, g, s);
     c.be.matmul(w.ffn_gate_inp_shexp, x, gate);
     c.be.add_sigmoid_scaled(s, gate, out);
