@@ -316,6 +316,67 @@ TEST(QuantDot, Q8_0ActivationIsQuantizeRowQ8_0) {
   EXPECT_EQ(act, expected);
 }
 
+TEST(QuantDot, Q8_0ActivationIsBitIdenticalOnEveryPathIncludingTies) {
+  // Blocks whose scale is exactly 1 (amax 127) put x.5 values on exact ties: quantize_row rounds
+  // them away from zero, which the AVX2 quantizer must emulate (vroundps only rounds to even).
+  std::mt19937 rng(17);
+  std::vector<float> x = random_activation(4096, rng);
+  std::uniform_int_distribution<int> code(-126, 126);
+  for (int b = 0; b < 8; ++b) {
+    float* blk = x.data() + 32 * b;
+    blk[0] = b % 2 ? -127.0f : 127.0f;
+    for (int j = 1; j < 32; ++j) blk[j] = static_cast<float>(code(rng)) + (j % 3 == 0 ? 0.5f : j % 3 == 1 ? -0.5f : 0.25f);
+  }
+  // Just below ties in a scale-1 block: must round down (a naive floor(x + 0.5) rounds 0.49999997 up).
+  x[288] = 127.0f;
+  x[300] = 0.49999997f;
+  x[301] = -0.49999997f;
+  x[302] = 2.4999998f;
+  std::vector<uint8_t> expected(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, 4096).value()));
+  ASSERT_TRUE(quantize_row(GgmlType::Q8_0, x.data(), expected.data(), 4096).is_ok());
+  for (DotIsa isa : available_isas()) {
+    std::vector<uint8_t> act(prepared_row_bytes(GgmlType::Q8_0, 4096));
+    prepare_activation_row_on(isa, GgmlType::Q8_0, x.data(), 4096, act.data());
+    EXPECT_EQ(act, expected) << isa_name(isa);
+  }
+}
+
+// vec_dot_tile == vec_dot for every (row, column) pair, on every path, for shapes that leave
+// partial tiles in both directions; Q8_0 has a tile kernel, Q4_K goes through the per-pair loop.
+TEST(QuantDot, TileEqualsDotsForEveryPairAndPartialTile) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F32}) {
+    const int64_t n = t == GgmlType::Q8_0 ? 160 : 512;
+    std::mt19937 rng(41 + static_cast<uint32_t>(t));
+    for (int rows : {1, 3, 4, 9}) {
+      for (int cols : {1, 2, 5}) {
+        const size_t wb = static_cast<size_t>(ggml_row_bytes(t, n).value()), ab = prepared_row_bytes(t, n);
+        std::vector<uint8_t> w, a;
+        for (int r = 0; r < rows; ++r) {
+          const std::vector<uint8_t> row = random_weight_row(t, n, rng);
+          w.insert(w.end(), row.begin(), row.end());
+        }
+        for (int c = 0; c < cols; ++c) {
+          const std::vector<uint8_t> act = prepare(t, random_activation(n, rng));
+          a.insert(a.end(), act.begin(), act.begin() + static_cast<std::ptrdiff_t>(ab));
+        }
+        for (DotIsa isa : available_isas()) {
+          const int64_t stride = rows + 3;  // output rows wider than the tile
+          std::vector<float> out(static_cast<size_t>(cols * stride), -1.0f);
+          vec_dot_tile_on(isa, t, w.data(), wb, a.data(), ab, n, rows, cols, out.data(), stride);
+          for (int c = 0; c < cols; ++c) {
+            for (int r = 0; r < rows; ++r) {
+              const double want = vec_dot_on(isa, t, w.data() + r * wb, a.data() + c * ab, n);
+              EXPECT_NEAR(out[c * stride + r], want, 1e-5 * (1 + std::fabs(want)))
+                  << type_name(t) << " " << isa_name(isa) << " rows " << rows << " cols " << cols << " at " << r << "," << c;
+            }
+            for (int64_t r = rows; r < stride; ++r) EXPECT_EQ(out[c * stride + r], -1.0f) << "wrote outside the tile";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantDot, Q8_1ActivationRoundsHalfAwayFromZeroAndCarriesTheScaledSum) {
   std::vector<float> x(32, 0.0f);
   x[0] = 127.0f;  // amax 127 -> d = 1, codes = round(x)

@@ -11,7 +11,9 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
+#include <vector>
 
 #include "util/half.h"
 
@@ -611,6 +613,143 @@ HS_AVX2 float dot_iq1_m(const void* w, const void* act, int64_t n) {
 
 }  // namespace
 
+namespace {
+
+// ---- tiles: Q8_0 weights x Q8_0 activations ----
+// R weight rows x T activation rows per pass over the blocks: each weight block is loaded and
+// sign-split once per T activation rows, each activation block loaded once per R weight rows.
+// Per (row, col, block), 32 MACs: vpsignb, vpmaddubsw, vpmaddwd, a conversion, a multiply and an
+// FMA. Block scales come pre-converted to f32 (dw per weight row, da per activation row).
+// Bytes: 34 per weight block per T activation rows, 34 per activation block per R weight rows.
+constexpr int kTileR = 4, kTileT = 2;
+
+// Lane i = the sum of the lanes of x_i: three rounds of horizontal adds and a swap of halves.
+HS_AVX2 inline __m256 reduce8(__m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 x4, __m256 x5, __m256 x6, __m256 x7) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(x0, x1), _mm256_hadd_ps(x2, x3));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(x4, x5), _mm256_hadd_ps(x6, x7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+template <int R, int T>
+HS_AVX2 void tile_q8_0_micro(const BlockQ8_0* const* w, const ActQ8_0* const* a, const float* dw, const float* da,
+                             int64_t nb, float* out, int64_t out_stride) {
+  __m256 acc[R][T];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i av[T];
+    __m256 sa[T];
+#pragma GCC unroll 2
+    for (int t = 0; t < T; ++t) {
+      av[t] = load256(a[t][b].qs);
+      sa[t] = _mm256_set1_ps(da[t * nb + b]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i wv = load256(w[r][b].qs);
+      const __m256i wabs = _mm256_sign_epi8(wv, wv);
+      const __m256 sw = _mm256_set1_ps(dw[r * nb + b]);
+#pragma GCC unroll 2
+      for (int t = 0; t < T; ++t) {
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(av[t], wv)), ones);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), sa[t]), sw, acc[r][t]);
+      }
+    }
+  }
+  if constexpr (R == 4 && T == 2) {
+    // 8 sums at once: lanes 0-3 = rows 0-3 of column 0, lanes 4-7 = rows 0-3 of column 1.
+    const __m256 s = reduce8(acc[0][0], acc[1][0], acc[2][0], acc[3][0], acc[0][1], acc[1][1], acc[2][1], acc[3][1]);
+    _mm_storeu_ps(out, _mm256_castps256_ps128(s));
+    _mm_storeu_ps(out + out_stride, _mm256_extractf128_ps(s, 1));
+  } else if constexpr (R == 4 && T == 1) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(acc[0][0], acc[1][0]), _mm256_hadd_ps(acc[2][0], acc[3][0]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) out[t * out_stride + r] = hsum_f32(acc[r][t]);
+  }
+}
+
+using TileMicro = void (*)(const BlockQ8_0* const*, const ActQ8_0* const*, const float*, const float*, int64_t, float*,
+                           int64_t);
+template <int R>
+constexpr TileMicro kMicroRow[kTileT] = {tile_q8_0_micro<R, 1>, tile_q8_0_micro<R, 2>};
+constexpr const TileMicro* kMicro[kTileR] = {kMicroRow<1>, kMicroRow<2>, kMicroRow<3>, kMicroRow<4>};
+
+HS_AVX2 void tile_q8_0(const void* w, size_t w_stride, const void* act, size_t act_stride, int64_t n, int rows,
+                       int cols, float* out, int64_t out_stride) {
+  const int64_t nb = n / 32;
+  thread_local std::vector<float> scales;
+  scales.resize(static_cast<size_t>((cols + kTileR) * nb));
+  float* da = scales.data();
+  float* dw = da + cols * nb;
+  auto act_row = [&](int c) { return reinterpret_cast<const ActQ8_0*>(static_cast<const uint8_t*>(act) + c * act_stride); };
+  auto w_row = [&](int r) { return reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) + r * w_stride); };
+  for (int c = 0; c < cols; ++c)
+    for (int64_t b = 0; b < nb; ++b) da[c * nb + b] = f16(act_row(c)[b].d);
+  for (int r0 = 0; r0 < rows; r0 += kTileR) {
+    const int R = std::min(kTileR, rows - r0);
+    const BlockQ8_0* wr[kTileR];
+    for (int r = 0; r < R; ++r) {
+      wr[r] = w_row(r0 + r);
+      for (int64_t b = 0; b < nb; ++b) dw[r * nb + b] = f16(wr[r][b].d);
+    }
+    for (int c0 = 0; c0 < cols; c0 += kTileT) {
+      const int T = std::min(kTileT, cols - c0);
+      const ActQ8_0* ar[kTileT];
+      for (int t = 0; t < T; ++t) ar[t] = act_row(c0 + t);
+      kMicro[R - 1][T - 1](wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride + r0, out_stride);
+    }
+  }
+}
+
+// ---- activation preparation ----
+
+// quantize_row's Q8_0, bit for bit: d = amax/127 (fp16, round to nearest even as F16C does),
+// codes = round-half-away(x * (1/d)). vroundps has no half-away mode, so: truncate, then step one
+// away from zero where the (exact) fraction is at least one half. ~12 ops per 8 elements.
+HS_AVX2 void quantize_q8_0(const float* x, int64_t n, void* out) {
+  auto* y = static_cast<ActQ8_0*>(out);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 8 * i);
+      amax = _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[i]), amax);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = static_cast<uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT), 0));
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 s = _mm256_mul_ps(v[i], idv);
+      const __m256 t = _mm256_round_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m256 frac = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(s, t));
+      const __m256 away = _mm256_or_ps(_mm256_and_ps(s, sign_bit), one);  // ±1 with the sign of s
+      const __m256 r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ), away));
+      q[i] = _mm256_cvtps_epi32(r);
+    }
+    // int32 -> int8: the packs interleave 128-bit lanes; one permute restores the order.
+    const __m256i q16a = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16a, q16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), q8);
+  }
+}
+
+}  // namespace
+
+DotTileKernel avx2_dot_tile_kernel(GgmlType wt) { return wt == GgmlType::Q8_0 ? tile_q8_0 : nullptr; }
+QuantizeKernel avx2_quantize_q8_0() { return quantize_q8_0; }
+
 DotKernel avx2_dot_kernel(GgmlType wt) {
   switch (wt) {
 #define HS_KERNEL_CASE(type, suffix) \
@@ -627,6 +766,8 @@ DotKernel avx2_dot_kernel(GgmlType wt) {
 
 namespace hyspec::cpu {
 DotKernel avx2_dot_kernel(GgmlType) { return nullptr; }
+DotTileKernel avx2_dot_tile_kernel(GgmlType) { return nullptr; }
+QuantizeKernel avx2_quantize_q8_0() { return nullptr; }
 }  // namespace hyspec::cpu
 
 #endif
