@@ -212,10 +212,11 @@ Expected against_original(GgmlType t, const uint8_t* w, const std::vector<float>
 std::vector<DotIsa> available_isas() {
   std::vector<DotIsa> isas = {DotIsa::Scalar};
   if (dot_isa_available(DotIsa::Avx2)) isas.push_back(DotIsa::Avx2);
+  if (dot_isa_available(DotIsa::Avx512)) isas.push_back(DotIsa::Avx512);
   return isas;
 }
 
-const char* isa_name(DotIsa isa) { return isa == DotIsa::Avx2 ? "avx2" : "scalar"; }
+const char* isa_name(DotIsa isa) { return isa == DotIsa::Avx512 ? "avx512" : isa == DotIsa::Avx2 ? "avx2" : "scalar"; }
 
 class QuantDotType : public ::testing::TestWithParam<GgmlType> {};
 
@@ -344,11 +345,17 @@ TEST(QuantDot, Q8_0ActivationIsBitIdenticalOnEveryPathIncludingTies) {
 // vec_dot_tile == vec_dot for every (row, column) pair, on every path, for shapes that leave
 // partial tiles in both directions; Q8_0 has a tile kernel, Q4_K goes through the per-pair loop.
 TEST(QuantDot, TileEqualsDotsForEveryPairAndPartialTile) {
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F32}) {
-    const int64_t n = t == GgmlType::Q8_0 ? 160 : 512;
-    std::mt19937 rng(41 + static_cast<uint32_t>(t));
+  struct Case {
+    GgmlType t;
+    int64_t n;  // Q8_0: one block, and an odd count of blocks (pairs + a lone block on AVX-512)
+  };
+  for (const Case tc : {Case{GgmlType::Q8_0, 32}, Case{GgmlType::Q8_0, 160}, Case{GgmlType::Q4_K, 512},
+                        Case{GgmlType::F32, 40}}) {
+    const GgmlType t = tc.t;
+    const int64_t n = tc.n;
+    std::mt19937 rng(41 + static_cast<uint32_t>(t) + static_cast<uint32_t>(n));
     for (int rows : {1, 3, 4, 9}) {
-      for (int cols : {1, 2, 5}) {
+      for (int cols : {1, 2, 5, 8}) {
         const size_t wb = static_cast<size_t>(ggml_row_bytes(t, n).value()), ab = prepared_row_bytes(t, n);
         std::vector<uint8_t> w, a;
         for (int r = 0; r < rows; ++r) {
@@ -411,15 +418,20 @@ TEST(QuantDot, Q8_KActivationUsesTheSignedExtremeAndRoundsHalfToEven) {
   for (int g = 2; g < 16; ++g) EXPECT_EQ(b.bsums[g], 0);
 }
 
-TEST(QuantDot, EnvironmentForcesTheScalarPath) {
+TEST(QuantDot, EnvironmentCapsThePath) {
   const char* old = std::getenv("HYSPEC_CPU_ISA");
   const std::string saved = old ? old : "";
+  const DotIsa best = dot_isa_available(DotIsa::Avx512) ? DotIsa::Avx512
+                      : dot_isa_available(DotIsa::Avx2) ? DotIsa::Avx2
+                                                        : DotIsa::Scalar;
   setenv("HYSPEC_CPU_ISA", "scalar", 1);
   EXPECT_EQ(detect_dot_isa(), DotIsa::Scalar);
+  setenv("HYSPEC_CPU_ISA", "avx2", 1);
+  EXPECT_EQ(detect_dot_isa(), best == DotIsa::Avx512 ? DotIsa::Avx2 : best);
   unsetenv("HYSPEC_CPU_ISA");
-  EXPECT_EQ(detect_dot_isa(), dot_isa_available(DotIsa::Avx2) ? DotIsa::Avx2 : DotIsa::Scalar);
+  EXPECT_EQ(detect_dot_isa(), best);
   if (old) setenv("HYSPEC_CPU_ISA", saved.c_str(), 1);
-  EXPECT_STREQ(vec_dot_isa(), detect_dot_isa() == DotIsa::Avx2 ? "avx2" : "scalar");
+  EXPECT_STREQ(vec_dot_isa(), isa_name(detect_dot_isa()));
 }
 
 }  // namespace

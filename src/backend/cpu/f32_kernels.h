@@ -76,7 +76,7 @@ inline size_t attention_scratch_floats(int m, int64_t max_kv_len) {
   return static_cast<size_t>(m) * static_cast<size_t>((max_kv_len + 7) / 8 * 8 + 1);
 }
 
-// The kernels of one path (Avx2 only when dot_isa_available(DotIsa::Avx2)).
+// The kernels of one path: Avx2 and Avx512 give the AVX2 kernels when the CPU has AVX2, else scalar.
 const F32Kernels& f32_kernels(DotIsa isa);
 // The path the backend uses: the same choice as the dot kernels (HYSPEC_CPU_ISA=scalar forces scalar).
 const F32Kernels& f32_kernels();

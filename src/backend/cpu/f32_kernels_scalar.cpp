@@ -68,7 +68,7 @@ const F32Kernels& scalar_f32_kernels() { return kKernels; }
 const F32Kernels& f32_kernels(DotIsa isa) {
 #if defined(__x86_64__) || defined(_M_X64)
   static const bool avx2 = dot_isa_available(DotIsa::Avx2);
-  if (isa == DotIsa::Avx2 && avx2) return avx2_f32_kernels();
+  if (isa != DotIsa::Scalar && avx2) return avx2_f32_kernels();  // Avx512 runs the AVX2 float kernels
 #endif
   (void)isa;
   return kKernels;

@@ -106,9 +106,19 @@ bool avx2_ready() {
   return available;
 }
 
+bool avx512_ready() {
+  static const bool available = dot_isa_available(DotIsa::Avx512);
+  return available;
+}
+
+// Whether `isa` names a SIMD path this CPU runs (Avx512 implies Avx2).
+bool runs(DotIsa isa) {
+  return isa == DotIsa::Scalar || (isa == DotIsa::Avx2 && avx2_ready()) || (isa == DotIsa::Avx512 && avx512_ready());
+}
+
 DotKernel kernel_for(DotIsa isa, GgmlType wt) {
   if (isa == DotIsa::Scalar) return scalar_dot_kernel(wt);
-  return avx2_ready() ? avx2_dot_kernel(wt) : nullptr;
+  return runs(isa) ? avx2_dot_kernel(wt) : nullptr;
 }
 
 DotIsa active_isa() {
@@ -137,7 +147,7 @@ void prepare_activation_row_on(DotIsa isa, GgmlType wt, const float* x, int64_t 
   switch (act_kind(wt)) {
     case ActKind::F32: std::memcpy(out, x, static_cast<size_t>(n) * sizeof(float)); return;
     case ActKind::Q8_0:
-      if (isa == DotIsa::Avx2 && avx2_ready()) {
+      if (isa != DotIsa::Scalar && runs(isa)) {
         avx2_quantize_q8_0()(x, n, out);
       } else {
         (void)quantize_row(GgmlType::Q8_0, x, out, n);  // ActQ8_0 == BlockQ8_0
@@ -154,6 +164,7 @@ bool vec_dot_supported(GgmlType wt) { return act_kind(wt) != ActKind::None; }
 DotIsa detect_dot_isa() {
   const char* forced = std::getenv("HYSPEC_CPU_ISA");
   if (forced && std::string_view(forced) == "scalar") return DotIsa::Scalar;
+  if (dot_isa_available(DotIsa::Avx512) && !(forced && std::string_view(forced) == "avx2")) return DotIsa::Avx512;
   return dot_isa_available(DotIsa::Avx2) ? DotIsa::Avx2 : DotIsa::Scalar;
 }
 
@@ -161,13 +172,23 @@ bool dot_isa_available(DotIsa isa) {
   if (isa == DotIsa::Scalar) return true;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (isa == DotIsa::Avx2) return avx2;
+  return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #else
   return false;
 #endif
 }
 
-const char* vec_dot_isa() { return active_isa() == DotIsa::Avx2 ? "avx2" : "scalar"; }
+const char* vec_dot_isa() {
+  switch (active_isa()) {
+    case DotIsa::Avx512: return "avx512";
+    case DotIsa::Avx2: return "avx2";
+    case DotIsa::Scalar: break;
+  }
+  return "scalar";
+}
 
 float vec_dot_on(DotIsa isa, GgmlType wt, const void* w_row, const void* act, int64_t n) {
   const DotKernel k = kernel_for(isa, wt);
@@ -180,8 +201,10 @@ float vec_dot(GgmlType wt, const void* w_row, const void* act, int64_t n) {
 
 void vec_dot_tile_on(DotIsa isa, GgmlType wt, const void* w, size_t w_stride, const void* act, size_t act_stride,
                      int64_t n, int rows, int cols, float* out, int64_t out_stride) {
-  if (isa == DotIsa::Avx2 && avx2_ready()) {
-    if (const DotTileKernel tile = avx2_dot_tile_kernel(wt)) {
+  if (isa != DotIsa::Scalar && runs(isa)) {
+    DotTileKernel tile = isa == DotIsa::Avx512 ? avx512_dot_tile_kernel(wt) : nullptr;
+    if (!tile) tile = avx2_dot_tile_kernel(wt);
+    if (tile) {
       tile(w, w_stride, act, act_stride, n, rows, cols, out, out_stride);
       return;
     }

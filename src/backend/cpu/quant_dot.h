@@ -30,13 +30,14 @@ void vec_dot_tile(GgmlType wt, const void* w, size_t w_stride, const void* act, 
                   int rows, int cols, float* out, int64_t out_stride);
 // True when vec_dot supports wt (every type ggml_type_traits marks dequantizable).
 bool vec_dot_supported(GgmlType wt);
-// Which SIMD path vec_dot uses on this machine ("avx2" or "scalar").
+// Which SIMD path the CPU kernels use on this machine ("avx512", "avx2" or "scalar").
 const char* vec_dot_isa();
 
-// Explicit paths, for tests and benchmarks that compare them on one machine.
-enum class DotIsa { Scalar, Avx2 };
-// The path vec_dot picks (once, at first use): Scalar when HYSPEC_CPU_ISA=scalar or the CPU lacks
-// AVX2/FMA/F16C, else Avx2.
+// Explicit paths, for tests and benchmarks that compare them on one machine. Avx512 is the Avx2
+// path with AVX-512 VNNI tile kernels where they exist (Q8_0); everything else runs AVX2 code.
+enum class DotIsa { Scalar, Avx2, Avx512 };
+// The path the kernels use (chosen once, at first use): the best this CPU runs, capped by
+// HYSPEC_CPU_ISA=scalar|avx2 when set.
 DotIsa detect_dot_isa();
 // True when this CPU and build can run `isa`.
 bool dot_isa_available(DotIsa isa);

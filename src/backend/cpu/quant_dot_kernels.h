@@ -127,6 +127,8 @@ DotKernel scalar_dot_kernel(GgmlType wt);
 DotKernel avx2_dot_kernel(GgmlType wt);
 // AVX2 tile kernels for the types that have one (Q8_0), else null: the caller loops over dots.
 DotTileKernel avx2_dot_tile_kernel(GgmlType wt);
+// AVX-512 VNNI tile kernels (quant_dot_avx512.cpp): Q8_0, else null.
+DotTileKernel avx512_dot_tile_kernel(GgmlType wt);
 // AVX2 Q8_0 activation quantization, bit-identical to quantize_row (null off x86-64).
 QuantizeKernel avx2_quantize_q8_0();
 
