@@ -631,8 +631,9 @@ HS_AVX2 inline __m256 reduce8(__m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256
 }
 
 template <int R, int T>
-HS_AVX2 void tile_q8_0_micro(const BlockQ8_0* const* w, const ActQ8_0* const* a, const float* dw, const float* da,
-                             int64_t nb, float* out, int64_t out_stride) {
+HS_AVX2 inline __attribute__((always_inline)) void tile_q8_0_micro(const BlockQ8_0* const* w, const ActQ8_0* const* a,
+                                                                   const float* dw, const float* da, int64_t nb,
+                                                                   float* out, int64_t out_stride) {
   __m256 acc[R][T];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -673,11 +674,22 @@ HS_AVX2 void tile_q8_0_micro(const BlockQ8_0* const* w, const ActQ8_0* const* a,
   }
 }
 
-using TileMicro = void (*)(const BlockQ8_0* const*, const ActQ8_0* const*, const float*, const float*, int64_t, float*,
-                           int64_t);
+// R weight rows (one row group) against all `cols` activation rows: full tiles in a loop, then the
+// remainder; one function per R so the tile body is inlined into its loop.
 template <int R>
-constexpr TileMicro kMicroRow[kTileT] = {tile_q8_0_micro<R, 1>, tile_q8_0_micro<R, 2>};
-constexpr const TileMicro* kMicro[kTileR] = {kMicroRow<1>, kMicroRow<2>, kMicroRow<3>, kMicroRow<4>};
+HS_AVX2 void tile_q8_0_row_group(const BlockQ8_0* const* wr, const float* dw, const uint8_t* act, size_t act_stride,
+                                 const float* da, int64_t nb, int cols, float* out, int64_t out_stride) {
+  const ActQ8_0* ar[kTileT];
+  int c0 = 0;
+  for (; c0 + kTileT <= cols; c0 += kTileT) {
+    for (int t = 0; t < kTileT; ++t) ar[t] = reinterpret_cast<const ActQ8_0*>(act + (c0 + t) * act_stride);
+    tile_q8_0_micro<R, kTileT>(wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride, out_stride);
+  }
+  if (c0 < cols) {  // kTileT == 2: one column left
+    ar[0] = reinterpret_cast<const ActQ8_0*>(act + c0 * act_stride);
+    tile_q8_0_micro<R, 1>(wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride, out_stride);
+  }
+}
 
 HS_AVX2 void tile_q8_0(const void* w, size_t w_stride, const void* act, size_t act_stride, int64_t n, int rows,
                        int cols, float* out, int64_t out_stride) {
@@ -697,11 +709,13 @@ HS_AVX2 void tile_q8_0(const void* w, size_t w_stride, const void* act, size_t a
       wr[r] = w_row(r0 + r);
       for (int64_t b = 0; b < nb; ++b) dw[r * nb + b] = f16(wr[r][b].d);
     }
-    for (int c0 = 0; c0 < cols; c0 += kTileT) {
-      const int T = std::min(kTileT, cols - c0);
-      const ActQ8_0* ar[kTileT];
-      for (int t = 0; t < T; ++t) ar[t] = act_row(c0 + t);
-      kMicro[R - 1][T - 1](wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride + r0, out_stride);
+    const auto* ab = static_cast<const uint8_t*>(act);
+    float* o = out + r0;
+    switch (R) {
+      case 1: tile_q8_0_row_group<1>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
+      case 2: tile_q8_0_row_group<2>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
+      case 3: tile_q8_0_row_group<3>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
+      default: tile_q8_0_row_group<4>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
     }
   }
 }

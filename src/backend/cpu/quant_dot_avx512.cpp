@@ -37,6 +37,7 @@ constexpr int kTileR = 4, kTileT = 4;
 // Two consecutive 32-byte code arrays (blocks b and b+1, 34 bytes apart) as one vector; the upper
 // half is zero when there is no second block.
 HS_AVX512 inline __m512i load_block_pair(const int8_t* first, const int8_t* second) {
+  // (second is a constant null for a lone block, so the branch folds away)
   const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first));
   if (!second) return _mm512_zextsi256_si512(lo);
   return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(second)), 1);
@@ -55,34 +56,41 @@ HS_AVX512 inline __m256 fold(__m512 v) {
   return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
+// One step of the tile over blocks b and b+1 (kPair) or block b alone.
+template <int R, int T, bool kPair>
+HS_AVX512 inline void tile_step(const BlockQ8_0* const* w, const ActQ8_0* const* a, const float* dw, const float* da,
+                                int64_t nb, int64_t b, __m512 (&acc)[R][T]) {
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i av[T];
+  __m512 sa[T];
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    av[t] = _mm512_xor_si512(load_block_pair(a[t][b].qs, kPair ? a[t][b + 1].qs : nullptr), offset);
+    sa[t] = scale_pair(da + t * nb + b, kPair);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m512i wv = load_block_pair(w[r][b].qs, kPair ? w[r][b + 1].qs : nullptr);
+    const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, wv));
+    const __m512 sw = scale_pair(dw + r * nb + b, kPair);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) {
+      const __m512i p = _mm512_dpbusd_epi32(start, av[t], wv);
+      acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sa[t], sw), acc[r][t]);
+    }
+  }
+}
+
 template <int R, int T>
-HS_AVX512 void tile_micro(const BlockQ8_0* const* w, const ActQ8_0* const* a, const float* dw, const float* da,
-                          int64_t nb, float* out, int64_t out_stride) {
+HS_AVX512 inline __attribute__((always_inline)) void tile_micro(const BlockQ8_0* const* w, const ActQ8_0* const* a,
+                                                                const float* dw, const float* da, int64_t nb, float* out,
+                                                                int64_t out_stride) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t b = 0; b < nb; b += 2) {
-    const bool pair = b + 1 < nb;
-    __m512i av[T];
-    __m512 sa[T];
-#pragma GCC unroll 4
-    for (int t = 0; t < T; ++t) {
-      av[t] = _mm512_xor_si512(load_block_pair(a[t][b].qs, pair ? a[t][b + 1].qs : nullptr), offset);
-      sa[t] = scale_pair(da + t * nb + b, pair);
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512i wv = load_block_pair(w[r][b].qs, pair ? w[r][b + 1].qs : nullptr);
-      const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, wv));
-      const __m512 sw = scale_pair(dw + r * nb + b, pair);
-#pragma GCC unroll 4
-      for (int t = 0; t < T; ++t) {
-        const __m512i p = _mm512_dpbusd_epi32(start, av[t], wv);
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sa[t], sw), acc[r][t]);
-      }
-    }
-  }
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) tile_step<R, T, true>(w, a, dw, da, nb, b, acc);
+  if (b < nb) tile_step<R, T, false>(w, a, dw, da, nb, b, acc);
   if constexpr (R == 4 && T % 2 == 0) {
     // Fold each accumulator to 8 lanes, then 8 of them at once to one vector: rows 0-3 of column t
     // in lanes 0-3, of column t+1 in lanes 4-7.
@@ -105,11 +113,28 @@ HS_AVX512 void tile_micro(const BlockQ8_0* const* w, const ActQ8_0* const* a, co
   }
 }
 
-using TileMicro = void (*)(const BlockQ8_0* const*, const ActQ8_0* const*, const float*, const float*, int64_t, float*,
-                           int64_t);
+// R weight rows (one row group) against all `cols` activation rows: full 4-column tiles in a loop,
+// then the remainder; one function per R so the tile body is inlined into its loop.
 template <int R>
-constexpr TileMicro kMicroRow[kTileT] = {tile_micro<R, 1>, tile_micro<R, 2>, tile_micro<R, 3>, tile_micro<R, 4>};
-constexpr const TileMicro* kMicro[kTileR] = {kMicroRow<1>, kMicroRow<2>, kMicroRow<3>, kMicroRow<4>};
+HS_AVX512 void tile_row_group(const BlockQ8_0* const* wr, const float* dw, const uint8_t* act, size_t act_stride,
+                              const float* da, int64_t nb, int cols, float* out, int64_t out_stride) {
+  auto rows_at = [&](int c0, const ActQ8_0** ar, int T) HS_AVX512 {
+    for (int t = 0; t < T; ++t) ar[t] = reinterpret_cast<const ActQ8_0*>(act + (c0 + t) * act_stride);
+  };
+  const ActQ8_0* ar[kTileT];
+  int c0 = 0;
+  for (; c0 + kTileT <= cols; c0 += kTileT) {
+    rows_at(c0, ar, kTileT);
+    tile_micro<R, kTileT>(wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride, out_stride);
+  }
+  rows_at(c0, ar, cols - c0);
+  switch (cols - c0) {
+    case 1: tile_micro<R, 1>(wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride, out_stride); break;
+    case 2: tile_micro<R, 2>(wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride, out_stride); break;
+    case 3: tile_micro<R, 3>(wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride, out_stride); break;
+    default: break;
+  }
+}
 
 HS_AVX512 void tile_q8_0(const void* w, size_t w_stride, const void* act, size_t act_stride, int64_t n, int rows,
                          int cols, float* out, int64_t out_stride) {
@@ -129,11 +154,13 @@ HS_AVX512 void tile_q8_0(const void* w, size_t w_stride, const void* act, size_t
       wr[r] = w_row(r0 + r);
       for (int64_t b = 0; b < nb; ++b) dw[r * nb + b] = _cvtsh_ss(wr[r][b].d);
     }
-    for (int c0 = 0; c0 < cols; c0 += kTileT) {
-      const int T = std::min(kTileT, cols - c0);
-      const ActQ8_0* ar[kTileT];
-      for (int t = 0; t < T; ++t) ar[t] = act_row(c0 + t);
-      kMicro[R - 1][T - 1](wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride + r0, out_stride);
+    const auto* ab = static_cast<const uint8_t*>(act);
+    float* o = out + r0;
+    switch (R) {
+      case 1: tile_row_group<1>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
+      case 2: tile_row_group<2>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
+      case 3: tile_row_group<3>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
+      default: tile_row_group<4>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
     }
   }
 }
