@@ -331,7 +331,7 @@ TEST(CpuOps, RowOpsGiveTheSameResultWithOneOrFourThreads) {
 TEST(F32Kernels, Avx2AgreesWithScalarOnAttentionAndGdnBlocks) {
   if (!dot_isa_available(DotIsa::Avx2)) GTEST_SKIP() << "CPU without AVX2/FMA/F16C";
   std::mt19937 rng(9);
-  const int d = 64, len = 45, m = 5;
+  const int d = 64, len = 45, m = 13;  // one transposed group of 8 rows, then pairs and a lone row
   const std::vector<float> q = randn(m * d, rng), kv = randn(2 * len * d, rng);
   std::vector<float> outs[2];
   for (int p = 0; p < 2; ++p) {
@@ -342,7 +342,7 @@ TEST(F32Kernels, Avx2AgreesWithScalarOnAttentionAndGdnBlocks) {
     for (int r = 0; r < m; ++r) {
       qr[r] = &q[r * d];
       orow[r] = &outs[p][r * d];
-      lens[r] = len - 2 * r;
+      lens[r] = len - 3 * r;
     }
     AttentionTile t;
     t.m = m;
@@ -354,7 +354,7 @@ TEST(F32Kernels, Avx2AgreesWithScalarOnAttentionAndGdnBlocks) {
     t.v = kv.data() + len * d;
     t.kv_stride = d;
     t.scale = 0.125f;
-    std::vector<float> scratch(attention_scratch_floats(m, len));
+    std::vector<float> scratch(attention_scratch_floats(m, d, len));
     f32_kernels(p ? DotIsa::Avx2 : DotIsa::Scalar).attention_tile(t, scratch.data());
   }
   for (int i = 0; i < m * d; ++i) EXPECT_NEAR(outs[0][i], outs[1][i], 1e-5) << i;

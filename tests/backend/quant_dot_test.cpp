@@ -318,27 +318,40 @@ TEST(QuantDot, Q8_0ActivationIsQuantizeRowQ8_0) {
 }
 
 TEST(QuantDot, Q8_0ActivationIsBitIdenticalOnEveryPathIncludingTies) {
-  // Blocks whose scale is exactly 1 (amax 127) put x.5 values on exact ties: quantize_row rounds
-  // them away from zero, which the AVX2 quantizer must emulate (vroundps only rounds to even).
+  // Blocks with amax = 127 * 2^e have d = 2^e exactly, so (k + 1/2) * 2^e lands on exact ties, which
+  // quantize_row rounds away from zero (vroundps only rounds to even); e = -20 gives an fp16
+  // subnormal d. Other blocks span magnitudes from 1e-6 to 1e4.
   std::mt19937 rng(17);
-  std::vector<float> x = random_activation(4096, rng);
+  std::vector<float> x = random_activation(8192, rng);
   std::uniform_int_distribution<int> code(-126, 126);
-  for (int b = 0; b < 8; ++b) {
+  std::uniform_real_distribution<float> log_mag(-6.0f, 4.0f);
+  const int exps[] = {-20, -3, 0, 5};
+  for (int b = 0; b < 256; ++b) {
     float* blk = x.data() + 32 * b;
-    blk[0] = b % 2 ? -127.0f : 127.0f;
-    for (int j = 1; j < 32; ++j) blk[j] = static_cast<float>(code(rng)) + (j % 3 == 0 ? 0.5f : j % 3 == 1 ? -0.5f : 0.25f);
+    if (b % 3 == 0) {
+      const float unit = std::ldexp(1.0f, exps[(b / 3) % 4]);
+      blk[0] = (b % 2 ? -127.0f : 127.0f) * unit;
+      for (int j = 1; j < 32; ++j)
+        blk[j] = (static_cast<float>(code(rng)) + (j % 3 == 0 ? 0.5f : j % 3 == 1 ? -0.5f : 0.25f)) * unit;
+    } else if (b % 3 == 1) {
+      const float mag = std::pow(10.0f, log_mag(rng));
+      for (int j = 0; j < 32; ++j) blk[j] *= mag;
+    }
   }
   // Just below ties in a scale-1 block: must round down (a naive floor(x + 0.5) rounds 0.49999997 up).
   x[288] = 127.0f;
   x[300] = 0.49999997f;
   x[301] = -0.49999997f;
   x[302] = 2.4999998f;
-  std::vector<uint8_t> expected(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, 4096).value()));
-  ASSERT_TRUE(quantize_row(GgmlType::Q8_0, x.data(), expected.data(), 4096).is_ok());
-  for (DotIsa isa : available_isas()) {
-    std::vector<uint8_t> act(prepared_row_bytes(GgmlType::Q8_0, 4096));
-    prepare_activation_row_on(isa, GgmlType::Q8_0, x.data(), 4096, act.data());
-    EXPECT_EQ(act, expected) << isa_name(isa);
+  std::fill(x.begin() + 320, x.begin() + 352, 0.0f);  // an all-zero block: d = 0, codes 0
+  for (int64_t n : {int64_t{8192}, int64_t{128}, int64_t{32}}) {  // groups of 8 blocks, fewer, one
+    std::vector<uint8_t> expected(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, n).value()));
+    ASSERT_TRUE(quantize_row(GgmlType::Q8_0, x.data(), expected.data(), n).is_ok());
+    for (DotIsa isa : available_isas()) {
+      std::vector<uint8_t> act(prepared_row_bytes(GgmlType::Q8_0, n));
+      prepare_activation_row_on(isa, GgmlType::Q8_0, x.data(), n, act.data());
+      EXPECT_EQ(act, expected) << isa_name(isa) << " n=" << n;
+    }
   }
 }
 

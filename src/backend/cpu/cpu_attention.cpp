@@ -134,7 +134,7 @@ void attention(ThreadPool& pool, const AttentionArgs& a, const F32Kernels& k) {
         tt.v = static_cast<const float*>(a.kv.v) + static_cast<int64_t>(kvh) * d;
         tt.kv_stride = a.kv.width;
       }
-      k.attention_tile(tt, scratch_floats(attention_scratch_floats(m, max_len), 1));
+      k.attention_tile(tt, scratch_floats(attention_scratch_floats(m, d, max_len), 1));
     }
   };
   parallel_for_cost(pool, items, ns_per_row * tile_tokens * group, work);

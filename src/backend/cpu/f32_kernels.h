@@ -4,6 +4,7 @@
 // portable scalar code (f32_kernels_scalar.cpp, the path on other CPUs). Drivers in cpu_*.cpp split
 // the work across threads and call these on one part at a time. Thread-safe (no state).
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -67,13 +68,14 @@ struct F32Kernels {
   // of hist (the previous inputs, oldest first) for s < 0. All row strides in floats.
   void (*conv_silu)(const float* x, int64_t x_stride, const float* hist, int64_t hist_stride, const float* taps,
                     int64_t taps_stride, int kernel, int64_t n, int64_t C, float* y, int64_t y_stride);
-  // Attention for one tile; scratch holds at least attention_scratch_floats(m, max kv_len) floats.
+  // Attention for one tile; scratch holds at least attention_scratch_floats(m, d, max kv_len) floats.
   void (*attention_tile)(const AttentionTile& t, float* scratch);
   void (*gdn_row_block)(const GdnRowBlock& b);
 };
 
-inline size_t attention_scratch_floats(int m, int64_t max_kv_len) {
-  return static_cast<size_t>(m) * static_cast<size_t>((max_kv_len + 7) / 8 * 8 + 1);
+inline size_t attention_scratch_floats(int m, int d, int64_t max_kv_len) {
+  const size_t keys = static_cast<size_t>((max_kv_len + 7) / 8 * 8);
+  return static_cast<size_t>(std::max(m, 8)) * (keys + 1) + static_cast<size_t>(8 * d);
 }
 
 // The kernels of one path: Avx2 and Avx512 give the AVX2 kernels when the CPU has AVX2, else scalar.

@@ -34,6 +34,8 @@ struct V {
   static V min(V a, V b) { return {_mm256_min_ps(a.v, b.v)}; }
   static V round(V a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
   static V sqrt(V a) { return {_mm256_sqrt_ps(a.v)}; }
+  // (a < b) ? x : y per lane
+  static V select_lt(V a, V b, V x, V y) { return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))}; }
   static V pow2i(V n) {
     const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};

@@ -33,6 +33,7 @@ struct V {
   static V min(V a, V b) { return map([&](int i) { return a.v[i] < b.v[i] ? a.v[i] : b.v[i]; }); }
   static V round(V a) { return map([&](int i) { return std::nearbyint(a.v[i]); }); }
   static V sqrt(V a) { return map([&](int i) { return std::sqrt(a.v[i]); }); }
+  static V select_lt(V a, V b, V x, V y) { return map([&](int i) { return a.v[i] < b.v[i] ? x.v[i] : y.v[i]; }); }
   static V pow2i(V n) {
     return map([&](int i) { return std::bit_cast<float>(static_cast<uint32_t>(static_cast<int>(n.v[i]) + 127) << 23); });
   }
