@@ -355,6 +355,36 @@ TEST(QuantDot, Q8_0ActivationIsBitIdenticalOnEveryPathIncludingTies) {
   }
 }
 
+TEST(QuantDot, Q8_KActivationIsBitIdenticalOnEveryPath) {
+  // Random magnitudes, a zero block, blocks whose extreme magnitude appears with both signs (the
+  // first occurrence sets the sign of d), and exact ties for the half-to-even rounding.
+  std::mt19937 rng(23);
+  const int64_t n = 256 * 12;
+  std::vector<float> x = random_activation(n, rng);
+  std::uniform_real_distribution<float> log_mag(-6.0f, 4.0f);
+  for (int b = 0; b < 12; ++b) {
+    float* blk = x.data() + 256 * b;
+    const float mag = std::pow(10.0f, log_mag(rng));
+    for (int j = 0; j < 256; ++j) blk[j] *= mag;
+    if (b % 4 == 1) {
+      blk[40] = -1000.0f * mag;
+      blk[200] = 1000.0f * mag;
+    }
+    if (b % 4 == 2) {  // iscale = -1: codes are -x, ties at .5
+      for (int j = 0; j < 256; ++j) blk[j] = static_cast<float>(static_cast<int>(rng() % 200) - 100) + 0.5f;
+      blk[7] = 127.0f;
+    }
+  }
+  std::fill(x.begin() + 256 * 3, x.begin() + 256 * 4, 0.0f);
+  std::vector<uint8_t> want(prepared_row_bytes(GgmlType::Q4_K, n));
+  prepare_activation_row_on(DotIsa::Scalar, GgmlType::Q4_K, x.data(), n, want.data());
+  for (DotIsa isa : available_isas()) {
+    std::vector<uint8_t> act(want.size());
+    prepare_activation_row_on(isa, GgmlType::Q4_K, x.data(), n, act.data());
+    EXPECT_EQ(act, want) << isa_name(isa);
+  }
+}
+
 // vec_dot_tile == vec_dot for every (row, column) pair, on every path, for shapes that leave
 // partial tiles in both directions; Q8_0 has a tile kernel, Q4_K goes through the per-pair loop.
 TEST(QuantDot, TileEqualsDotsForEveryPairAndPartialTile) {

@@ -1,8 +1,8 @@
 // Activation preparation and run-time dispatch of the CPU dot kernels (quant_dot_scalar.cpp,
 // quant_dot_avx2.cpp). Preparation is O(n) once per matmul row against O(n * n_out) dot work, but
 // with small weights (n_out of a few hundred) a scalar quantizer (a libm roundf per element) costs
-// as much as the dots, so Q8_0 has an AVX2 quantizer, bit-identical to quantize_row; the Q8_1 and
-// Q8_K quantizers below are scalar and shared by both paths.
+// as much as the dots, so Q8_0 and Q8_K have AVX2 quantizers, bit-identical to the scalar ones
+// (quantize_row's Q8_0 and quantize_q8_k below); Q8_1 (Q4_1/Q5_1 weights) stays scalar.
 #include "backend/cpu/quant_dot.h"
 
 #include <algorithm>
@@ -154,7 +154,13 @@ void prepare_activation_row_on(DotIsa isa, GgmlType wt, const float* x, int64_t 
       }
       return;
     case ActKind::Q8_1: quantize_q8_1(x, n, static_cast<ActQ8_1*>(out)); return;
-    case ActKind::Q8_K: quantize_q8_k(x, n, static_cast<ActQ8_K*>(out)); return;
+    case ActKind::Q8_K:
+      if (isa != DotIsa::Scalar && runs(isa)) {
+        avx2_quantize_q8_k()(x, n, out);
+      } else {
+        quantize_q8_k(x, n, static_cast<ActQ8_K*>(out));
+      }
+      return;
     case ActKind::None: return;
   }
 }

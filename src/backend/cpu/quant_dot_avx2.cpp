@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <array>
 #include <vector>
 
@@ -770,10 +771,67 @@ HS_AVX2 void quantize_q8_0(const float* x, int64_t n, void* out) {
   }
 }
 
+// quantize_q8_k (quant_dot.cpp), bit for bit: scale from the first element of largest magnitude
+// (d = max / -127 in f32), codes = nearbyint(x * -127/max) (vcvtps2dq rounds to nearest even, as
+// nearbyint does in the default mode) capped at 127, and the 16 per-16 code sums. ~3 passes over
+// the 256 values.
+HS_AVX2 void quantize_q8_k(const float* x, int64_t n, void* out) {
+  auto* y = static_cast<ActQ8_K*>(out);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < n / 256; ++b, x += 256) {
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 32; ++i) m = _mm256_max_ps(_mm256_andnot_ps(sign_bit, _mm256_loadu_ps(x + 8 * i)), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    if (amax == 0) {
+      std::memset(&y[b], 0, sizeof(ActQ8_K));
+      continue;
+    }
+    // The first element whose magnitude is amax carries the sign (the scalar code's strict >).
+    const __m256 amax_v = _mm256_set1_ps(amax);
+    float max = 0;
+    for (int i = 0; i < 32; ++i) {
+      const __m256 v = _mm256_loadu_ps(x + 8 * i);
+      const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign_bit, v), amax_v, _CMP_EQ_OQ));
+      if (hit) {
+        max = x[8 * i + __builtin_ctz(static_cast<unsigned>(hit))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m256 is = _mm256_set1_ps(iscale);
+    __m256i sums[16];
+    for (int g = 0; g < 16; ++g) {
+      const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g), is));
+      const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g + 8), is));
+      // packs_epi32 leaves the four 4-code quarters as q0[0:4] q1[0:4] q0[4:8] q1[4:8]; reorder them.
+      const __m256i q16 = _mm256_permute4x64_epi64(
+          _mm256_min_epi16(_mm256_packs_epi32(q0, q1), _mm256_set1_epi16(127)), 0xD8);
+      sums[g] = _mm256_madd_epi16(q16, ones16);
+      // To bytes: each 128-bit lane packs its 8 codes (twice); keep the first copy of each lane.
+      const __m256i q8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(q16, q16), 0x08);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16 * g), _mm256_castsi256_si128(q8));
+    }
+    // 16 vectors of 8 int32 partial sums -> the 16 group sums (two transposing reductions).
+    for (int half = 0; half < 2; ++half) {
+      const __m256i* s8 = sums + 8 * half;
+      const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s8[0], s8[1]), _mm256_hadd_epi32(s8[2], s8[3]));
+      const __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s8[4], s8[5]), _mm256_hadd_epi32(s8[6], s8[7]));
+      const __m256i t = _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+      const __m128i t16 = _mm_packs_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].bsums + 8 * half), t16);
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+
 }  // namespace
 
 DotTileKernel avx2_dot_tile_kernel(GgmlType wt) { return wt == GgmlType::Q8_0 ? tile_q8_0 : nullptr; }
 QuantizeKernel avx2_quantize_q8_0() { return quantize_q8_0; }
+QuantizeKernel avx2_quantize_q8_k() { return quantize_q8_k; }
 
 DotKernel avx2_dot_kernel(GgmlType wt) {
   switch (wt) {
@@ -793,6 +851,7 @@ namespace hyspec::cpu {
 DotKernel avx2_dot_kernel(GgmlType) { return nullptr; }
 DotTileKernel avx2_dot_tile_kernel(GgmlType) { return nullptr; }
 QuantizeKernel avx2_quantize_q8_0() { return nullptr; }
+QuantizeKernel avx2_quantize_q8_k() { return nullptr; }
 }  // namespace hyspec::cpu
 
 #endif

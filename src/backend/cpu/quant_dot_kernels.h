@@ -131,5 +131,7 @@ DotTileKernel avx2_dot_tile_kernel(GgmlType wt);
 DotTileKernel avx512_dot_tile_kernel(GgmlType wt);
 // AVX2 Q8_0 activation quantization, bit-identical to quantize_row (null off x86-64).
 QuantizeKernel avx2_quantize_q8_0();
+// AVX2 Q8_K activation quantization, bit-identical to the scalar quantize_q8_k (null off x86-64).
+QuantizeKernel avx2_quantize_q8_k();
 
 }  // namespace hyspec::cpu
