@@ -41,6 +41,10 @@ struct Weight {
   size_t row_bytes = 0;
   const void* data = nullptr;
   std::shared_ptr<void> owner;  // keeps uploaded/converted data alive (empty for mmap views)
+  // CPU: dot products use f32 activations against the dequantized weight rows (no activation
+  // quantization), so results are exactly what the dequantized weights say. Set by load_weight
+  // when the backend was created with exact_activations.
+  bool exact = false;
 
   bool present() const { return data != nullptr; }
   const float* f32() const { return static_cast<const float*>(data); }  // for F32 vectors (norms, biases)
@@ -170,7 +174,12 @@ class Backend {
 struct BackendOptions {
   int n_threads = 0;  // CPU: 0 = all cores
   int device = 0;     // CUDA device ordinal
+  // CPU: never quantize activations (see Weight::exact); slower on quantized weights.
+  bool exact_activations = false;
 };
+
+// A GGUF tensor's weight geometry (name, type, n_in/n_out/n_expert, row bytes), data not yet set.
+Result<Weight> weight_geometry(const GgufTensorInfo& t);
 
 Result<std::unique_ptr<Backend>> create_backend(BackendKind kind, const BackendOptions& options = {});
 Result<BackendKind> parse_backend_kind(const std::string& name);  // "cpu" | "cuda"

@@ -14,8 +14,8 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
   cmd.add_flag("--dequantize", dequantize, "Convert every weight to F32 at load (kernel parity checks)");
   cmd.add_flag("--no-graphs", no_graphs, "CUDA: do not record/replay steps as CUDA graphs");
   if (with_spec) {
-    cmd.add_option("--spec", spec, "Speculative decoding: none, ngram, mtp, dflash")
-        ->check(CLI::IsMember({"none", "ngram", "mtp", "dflash"}));
+    cmd.add_option("--spec", spec, "Speculative decoding: none, ngram, mtp, dflash, mtp+ngram, dflash+ngram")
+        ->check(CLI::IsMember({"none", "ngram", "mtp", "dflash", "mtp+ngram", "dflash+ngram"}));
     cmd.add_option("--draft-model", draft_model, "DFlash drafter: GGUF file or HF directory");
     cmd.add_option("--draft-max", draft_max, "Most drafted tokens per round (0..64)");
   }
@@ -30,7 +30,9 @@ Result<EngineConfig> EngineFlags::to_config() const {
   c.n_ctx = ctx;
   c.n_batch = batch;
   c.kv_type = kv_type == "f16" ? GgmlType::F16 : GgmlType::F32;
-  HS_ASSIGN_OR_RETURN(c.spec, parse_spec_method(spec));
+  const std::string suffix = "+ngram";
+  c.add_ngram = spec.size() > suffix.size() && spec.ends_with(suffix);
+  HS_ASSIGN_OR_RETURN(c.spec, parse_spec_method(c.add_ngram ? spec.substr(0, spec.size() - suffix.size()) : spec));
   c.draft_model = draft_model;
   c.draft_max = draft_max;
   c.dequantize = dequantize;

@@ -92,6 +92,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
 }
 
 Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
+  if (config_.add_ngram && (config_.spec == SpecMethod::Mtp || config_.spec == SpecMethod::Dflash)) {
+    HS_ASSIGN_OR_RETURN(auto model, config_.spec == SpecMethod::Mtp
+                                        ? make_mtp_drafter(*model_, config_.n_batch)
+                                        : make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_));
+    return make_longest_of(std::move(model), make_ngram_drafter());
+  }
   switch (config_.spec) {
     case SpecMethod::None: return std::unique_ptr<Drafter>();
     case SpecMethod::Ngram: return make_ngram_drafter();
@@ -153,8 +159,9 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
   const int64_t cap = std::max<int64_t>(n, config_.n_batch);
   int32_t* tok_dev = ints.as<int32_t>();
   int32_t* pos_dev = tok_dev + cap;
+  // Synthetic tokens at positions start..start+m-1 into the step buffers, and the step's arguments.
   std::vector<int32_t> tok, pos;
-  auto forward = [&](int64_t start, int64_t m, bool prefill) -> Status {
+  auto stage = [&](int64_t start, int64_t m) {
     tok.resize(m);
     pos.resize(m);
     for (int64_t i = 0; i < m; ++i) {
@@ -163,6 +170,8 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
     }
     backend_->upload(tok_dev, tok.data(), m * sizeof(int32_t));
     backend_->upload(pos_dev, pos.data(), m * sizeof(int32_t));
+  };
+  auto args = [&](int64_t m, bool prefill) {
     ForwardArgs a;
     a.n = m;
     a.tokens = tok_dev;
@@ -170,16 +179,32 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
     a.gdn_chunked = prefill;
     a.capture = !prefill && capture;
     a.logits = Rows(logits.as<float>(), prefill ? 1 : m, hp.n_vocab);
-    return run_forward(a, st);
+    return a;
+  };
+  auto forward = [&](int64_t start, int64_t m, bool prefill) {
+    stage(start, m);
+    return run_forward(args(m, prefill), st);
   };
   for (int64_t s = 0; s < depth; s += config_.n_batch)
     HS_RETURN_IF_ERROR(forward(s, std::min<int64_t>(config_.n_batch, depth - s), true));
   const bool prefill = n > max_verify_ && !capture;  // a prompt-sized batch runs the prompt form
+  // Decode/verify-sized steps run as the session runs them: recorded once, replayed (CUDA graphs).
+  std::unique_ptr<StepGraph> graph;
+  if (!prefill && config_.use_graphs && backend_->kind() == BackendKind::Cuda) {
+    stage(depth, n);
+    Status recorded;
+    auto g = backend_->capture([&] { recorded = run_forward(args(n, false), st); });
+    if (g && recorded.is_ok()) graph = std::move(g).value();
+  }
   std::vector<double> times;
   for (int r = 0; r < reps + 1; ++r) {
     HS_RETURN_IF_ERROR(backend_->synchronize());
     const double t0 = now_s();
-    HS_RETURN_IF_ERROR(forward(depth, n, prefill));
+    if (graph) {
+      HS_RETURN_IF_ERROR(graph->replay());
+    } else {
+      HS_RETURN_IF_ERROR(forward(depth, n, prefill));
+    }
     HS_RETURN_IF_ERROR(backend_->synchronize());
     if (r > 0) times.push_back(now_s() - t0);  // the first run warms up
   }
@@ -375,7 +400,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     a.features = Rows(e.features_.as<float>(), n, e.feature_width_);
     a.taps = e.needs_.taps;
   }
-  HS_RETURN_IF_ERROR(e.run_forward(a, state_));
+  HS_RETURN_IF_ERROR(run_step(a));
 
   // 3. accept: the emitted tokens are the accepted drafts plus one token from the target
   std::vector<int32_t> emitted;
@@ -458,6 +483,26 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   }
   stats_.decode_s += dt;
   return Status::ok();
+}
+
+Status Session::run_step(const ForwardArgs& args) {
+  Engine& e = engine_;
+  if (!e.config_.use_graphs || graphs_failed_ || e.backend_->kind() != BackendKind::Cuda)
+    return e.run_forward(args, state_);
+  const auto key = std::make_tuple(args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
+                                   args.features.data != nullptr);
+  std::unique_ptr<StepGraph>& graph = graphs_[key];
+  if (!graph) {
+    Status recorded;
+    auto g = e.backend_->capture([this, args, &recorded] { recorded = engine_.run_forward(args, state_); });
+    if (!g || !recorded.is_ok()) {  // a step that cannot be recorded still runs, unrecorded
+      graphs_.erase(key);
+      graphs_failed_ = true;
+      return e.run_forward(args, state_);
+    }
+    graph = std::move(g).value();
+  }
+  return graph->replay();
 }
 
 Result<std::vector<float>> Session::probe_next_logits() {

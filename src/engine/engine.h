@@ -11,6 +11,8 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <memory>
 #include <set>
 #include <string>
@@ -34,6 +36,7 @@ struct EngineConfig {
   SpecMethod spec = SpecMethod::None;
   std::string draft_model;  // DFlash drafter: GGUF file or HF directory
   int draft_max = 16;       // most drafted tokens per round
+  bool add_ngram = false;   // compose n-gram lookup with the model drafter (the longer draft wins)
   bool use_graphs = true;   // CUDA: replay recorded decode/verify steps
 };
 
@@ -87,6 +90,9 @@ class Session {
   friend class Engine;
   explicit Session(Engine& engine) : engine_(engine) {}
   Status prefill_chunk(std::vector<int32_t>& out);
+  // A decode/verify forward: recorded once per shape as a backend graph and replayed (CUDA), so a
+  // step costs one launch; every per-step input lives in the engine's fixed device buffers.
+  Status run_step(const ForwardArgs& args);
   Status decode_round(std::vector<int32_t>& out);
   int choose_draft_length();
   void emit(int32_t token, std::vector<int32_t>& out);
@@ -101,6 +107,8 @@ class Session {
   int64_t committed_ = 0;  // tokens processed by the target (the pending one is tokens_.back())
   FinishReason finish_ = FinishReason::None;
   SessionStats stats_;
+  std::map<std::tuple<int64_t, bool, int64_t, bool, bool>, std::unique_ptr<StepGraph>> graphs_;
+  bool graphs_failed_ = false;
   // adaptive speculation
   double ema_accept_ = 2.0, ema_spec_rate_ = 0, ema_plain_rate_ = 0;
   int plain_rounds_left_ = 0, rounds_since_probe_ = 0;

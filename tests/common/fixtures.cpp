@@ -42,6 +42,11 @@ std::string read_text_file(const std::string& path) {
 nlohmann::json read_json_file(const std::string& path) { return nlohmann::json::parse(read_text_file(path)); }
 
 std::string hyspec_binary() { return HYSPEC_BINARY; }
+
+BackendKind test_backend_kind() {
+  const char* env = std::getenv("HYSPEC_TEST_BACKEND");
+  return env && std::string(env) == "cuda" ? BackendKind::Cuda : BackendKind::Cpu;
+}
 std::string source_dir() { return HYSPEC_SOURCE_DIR; }
 
 }  // namespace hyspec::test

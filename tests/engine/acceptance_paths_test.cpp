@@ -180,5 +180,23 @@ TEST_F(AcceptancePaths, ContextLimitStopsCleanly) {
   EXPECT_EQ(last_.finish, FinishReason::Context);
 }
 
+TEST_F(AcceptancePaths, AdaptiveSpeculationBacksOffWhenDraftsAreNeverAccepted) {
+  GenerateOptions o;
+  o.max_tokens = 60;
+  o.adaptive = true;
+  auto s = spec_->new_session();
+  ASSERT_TRUE(s.is_ok());
+  (*s)->set_drafter(std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, [](int, int) { return true; }));
+  ASSERT_TRUE((*s)->start(prompt_, o).is_ok());
+  std::vector<int32_t> out;
+  while (!(*s)->done()) ASSERT_TRUE((*s)->step(out).is_ok());
+  EXPECT_EQ(out, ref_.size() >= 60 ? std::vector<int32_t>(ref_.begin(), ref_.begin() + 60) : ref_);
+  const SessionStats& st = (*s)->stats();
+  EXPECT_EQ(st.accepted, 0);
+  // Zero acceptance: drafts shrink to one token and speculation is switched off most of the time.
+  EXPECT_LE(st.drafted, 3 * st.spec_rounds);  // without adaptation: 8 per round
+  EXPECT_LT(st.spec_rounds * 2, st.rounds) << st.spec_rounds << " speculative rounds of " << st.rounds;
+}
+
 }  // namespace
 }  // namespace hyspec

@@ -11,15 +11,18 @@
 namespace hyspec::test {
 
 inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecMethod spec, int draft_max = 8,
-                                           int64_t n_ctx = 512, std::string draft_model = "") {
+                                           int64_t n_ctx = 512, std::string draft_model = "",
+                                           bool add_ngram = false) {
   EngineConfig c;
   c.model_path = fixture_path(fixture_dir + "/" + fixture_dir + "-f32.gguf");
   c.spec = spec;
+  c.backend = test_backend_kind();
   c.draft_max = draft_max;
   c.n_ctx = n_ctx;
   c.n_batch = 64;
   c.n_threads = 2;
   c.draft_model = std::move(draft_model);
+  c.add_ngram = add_ngram;
   auto e = Engine::create(c);
   EXPECT_TRUE(e.is_ok()) << e.message();
   return e.is_ok() ? std::move(e).value() : nullptr;

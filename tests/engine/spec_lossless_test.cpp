@@ -11,6 +11,7 @@ struct Case {
   std::string fixture;
   SpecMethod spec;
   std::string draft_model;  // relative to the fixtures
+  bool add_ngram = false;
 };
 
 class SpecLossless : public ::testing::TestWithParam<Case> {};
@@ -19,7 +20,7 @@ TEST_P(SpecLossless, GreedySpeculativeOutputEqualsPlainGreedyOver200Tokens) {
   const Case c = GetParam();
   auto plain = test::make_engine(c.fixture, SpecMethod::None);
   auto spec = test::make_engine(c.fixture, c.spec, 8, 512,
-                               c.draft_model.empty() ? "" : test::fixture_path(c.draft_model));
+                               c.draft_model.empty() ? "" : test::fixture_path(c.draft_model), c.add_ngram);
   ASSERT_TRUE(plain && spec);
   GenerateOptions o;
   o.max_tokens = 200;
@@ -43,11 +44,13 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf"},
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/hf"},
                                            Case{"qwen35moe-tiny", SpecMethod::Ngram, ""},
-                                           Case{"qwen35moe-tiny", SpecMethod::Mtp, ""}),
+                                           Case{"qwen35moe-tiny", SpecMethod::Mtp, ""},
+                                           Case{"qwen35moe-tiny", SpecMethod::Mtp, "", true}),
                          [](const auto& info) {
                            std::string f = info.param.fixture == "qwen35-tiny" ? "dense" : "moe";
                            std::string hf = info.param.draft_model.ends_with("hf") ? "_hf" : "";
-                           return f + "_" + spec_method_name(info.param.spec) + hf;
+                           return f + "_" + spec_method_name(info.param.spec) + hf +
+                                  (info.param.add_ngram ? "_ngram" : "");
                          });
 
 TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {

@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "backend/backend.h"
+#include "common/backend_io.h"
 #include "common/fixtures.h"
 #include "format/gguf_writer.h"
 #include "format/safetensors.h"
@@ -39,7 +40,7 @@ Target load_target() {
   auto f = GgufFile::open(test::fixture_path("qwen35-tiny/qwen35-tiny-f32.gguf"));
   EXPECT_TRUE(f.is_ok()) << f.message();
   t.file = std::move(f).value();
-  auto be = create_backend(BackendKind::Cpu);
+  auto be = create_backend(test::test_backend_kind());
   EXPECT_TRUE(be.is_ok());
   t.backend = std::move(be).value();
   auto m = Qwen35Model::load(*t.backend, *t.file, LoadOptions{});
@@ -82,18 +83,19 @@ Prefill run_target(Target& t, const std::vector<int32_t>& tokens, const std::vec
   std::vector<int32_t> pos(n);
   for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
   Prefill p;
-  p.features.resize(static_cast<size_t>(n * n_features));
-  p.last_logits.resize(static_cast<size_t>(V));
+  test::BackendArena io(*t.backend);
   ForwardArgs a;
   a.n = n;
-  a.tokens = tokens.data();
-  a.positions = pos.data();
+  a.tokens = io.put(tokens);
+  a.positions = io.put(pos);
   a.gdn_chunked = true;
-  a.logits = Rows(p.last_logits.data(), 1, V);
-  a.features = Rows(p.features.data(), n, n_features);
+  a.logits = io.rows(1, V);
+  a.features = io.rows(n, n_features);
   a.taps = taps;
   Status s = t.model->forward(a, *st);
   EXPECT_TRUE(s.is_ok()) << s.message();
+  p.last_logits = io.get(a.logits);
+  p.features = io.get(a.features);
   return p;
 }
 
@@ -108,21 +110,21 @@ std::vector<float> inject_and_draft(DflashModel& d, const std::vector<float>& fe
   for (int64_t i = 0; i < n; ++i) ctx_pos[i] = static_cast<int32_t>(i);
   for (int64_t i = 0; i < B; ++i) block_pos[i] = static_cast<int32_t>(n + i);
   block[0] = last;
+  test::BackendArena io(d.backend());
   DflashInjectArgs in;
   in.n = n;
-  in.features = Rows(const_cast<float*>(features.data()), n, hp.n_features());
-  in.positions = ctx_pos.data();
+  in.features = Rows(io.put(features), n, hp.n_features());
+  in.positions = io.put(ctx_pos);
   Status s = d.inject(in, *st);
   EXPECT_TRUE(s.is_ok()) << s.message();
-  std::vector<float> logits(static_cast<size_t>(B * V));
   DflashDraftArgs da;
   da.n = B;
-  da.tokens = block.data();
-  da.positions = block_pos.data();
-  da.logits = Rows(logits.data(), B, V);
+  da.tokens = io.put(block);
+  da.positions = io.put(block_pos);
+  da.logits = io.rows(B, V);
   s = d.draft(da, *st);
   EXPECT_TRUE(s.is_ok()) << s.message();
-  return logits;
+  return io.get(da.logits);
 }
 
 // Every manifest case: the target's features, then the drafter's block logits and drafts.
@@ -289,29 +291,30 @@ TEST(Dflash, InjectingTheContextInPiecesEqualsOneInject) {
   // A stale draft block first (as after a verify), then the context in three pieces over it.
   std::vector<int32_t> block(B, m.hparams().mask_token_id);
   block[0] = 7;
+  test::BackendArena io(m.backend());
+  int32_t* pos_dev = io.put(pos);
+  float* features_dev = io.put(features);
   DflashDraftArgs stale;
   stale.n = B;
-  stale.tokens = block.data();
-  stale.positions = pos.data() + 40;
+  stale.tokens = io.put(block);
+  stale.positions = pos_dev + 40;
   ASSERT_TRUE(m.draft(stale, *st).is_ok());
   for (int64_t s : {int64_t{0}, int64_t{37}, int64_t{41}}) {
     const int64_t e = s == 0 ? 37 : (s == 37 ? 41 : n);
     DflashInjectArgs in;
     in.n = e - s;
-    in.features =
-        Rows(const_cast<float*>(features.data()) + s * m.hparams().n_features(), e - s, m.hparams().n_features());
-    in.positions = pos.data() + s;
+    in.features = Rows(features_dev + s * m.hparams().n_features(), e - s, m.hparams().n_features());
+    in.positions = pos_dev + s;
     ASSERT_TRUE(m.inject(in, *st).is_ok());
   }
   block[0] = 252;
-  std::vector<float> logits(static_cast<size_t>(B * m.n_vocab_draft()));
   DflashDraftArgs da;
   da.n = B;
-  da.tokens = block.data();
-  da.positions = pos.data() + n;
-  da.logits = Rows(logits.data(), B, m.n_vocab_draft());
+  da.tokens = io.put(block);
+  da.positions = pos_dev + n;
+  da.logits = io.rows(B, m.n_vocab_draft());
   ASSERT_TRUE(m.draft(da, *st).is_ok());
-  EXPECT_EQ(max_abs_diff(logits, one_shot), 0.0f);
+  EXPECT_EQ(max_abs_diff(io.get(da.logits), one_shot), 0.0f);
 }
 
 TEST(Dflash, DraftRejectsMisshapenArguments) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "backend/backend.h"
+#include "common/backend_io.h"
 #include "common/fixtures.h"
 #include "model/qwen35.h"
 
@@ -27,7 +28,7 @@ TEST_P(MtpFixture, HeadLogitsMatchLlamaCppForEveryRowAndTheChainedStep) {
   const auto mtp_manifest = test::read_json_file(test::fixture_path(dir + "/mtp_manifest.json"));
   auto file = GgufFile::open(test::fixture_path(dir + "/" + dir + "-f32.gguf"));
   ASSERT_TRUE(file.is_ok());
-  auto backend = create_backend(BackendKind::Cpu);
+  auto backend = create_backend(test::test_backend_kind());
   auto model = Qwen35Model::load(**backend, **file, {});
   ASSERT_TRUE(model.is_ok()) << model.message();
   Qwen35Model& m = **model;
@@ -44,17 +45,17 @@ TEST_P(MtpFixture, HeadLogitsMatchLlamaCppForEveryRowAndTheChainedStep) {
     ASSERT_TRUE(st.is_ok());
     std::vector<int32_t> pos(n + 1);
     for (int64_t i = 0; i <= n; ++i) pos[i] = static_cast<int32_t>(i);
-    std::vector<float> hidden(n * E), logits(V);
+    test::BackendArena io(**backend);
+    const int32_t* pos_dev = io.put(pos);
     ForwardArgs f;
     f.n = n;
-    f.tokens = tokens.data();
-    f.positions = pos.data();
+    f.tokens = io.put(tokens);
+    f.positions = pos_dev;
     f.gdn_chunked = true;
-    f.final_hidden = Rows(hidden.data(), n, E);
-
-    f.logits = Rows(logits.data(), 1, V);
+    f.final_hidden = io.rows(n, E);
+    f.logits = io.rows(1, V);
     ASSERT_TRUE(m.forward(f, *st).is_ok());
-
+    const auto logits = io.get(f.logits);
     const int32_t last = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     EXPECT_EQ(last, mc["last_token"].get<int32_t>());
 
@@ -62,16 +63,15 @@ TEST_P(MtpFixture, HeadLogitsMatchLlamaCppForEveryRowAndTheChainedStep) {
     // relative, so hyspec uses position k (the hidden row's own), which keeps KV slots dense from 0.
     std::vector<int32_t> mtp_tokens(tokens.begin() + 1, tokens.end());
     mtp_tokens.push_back(last);
-
-    std::vector<float> mtp_logits(n * V), mtp_hidden(n * E);
     MtpArgs a;
     a.n = n;
-    a.hidden = Rows(hidden.data(), n, E);
-    a.tokens = mtp_tokens.data();
-    a.positions = pos.data();
-    a.logits = Rows(mtp_logits.data(), n, V);
-    a.out_hidden = Rows(mtp_hidden.data(), n, E);
+    a.hidden = f.final_hidden;
+    a.tokens = io.put(mtp_tokens);
+    a.positions = pos_dev;
+    a.logits = io.rows(n, V);
+    a.out_hidden = io.rows(n, E);
     ASSERT_TRUE(m.forward_mtp(a, *st).is_ok());
+    const auto mtp_logits = io.get(a.logits);
     const auto want = test::read_f32_file(test::fixture_path(dir + "/" + mc["mtp_logits"].get<std::string>()));
     ASSERT_EQ(want.size(), mtp_logits.size());
     EXPECT_LE(max_abs_diff(mtp_logits.data(), want.data(), want.size()), 2e-3f) << mc["name"];
@@ -83,15 +83,14 @@ TEST_P(MtpFixture, HeadLogitsMatchLlamaCppForEveryRowAndTheChainedStep) {
     EXPECT_EQ(draft1, mc["draft1"].get<int32_t>());
 
     // Chained step: draft1 one position after row n-1, with the head's own output hidden of row n-1.
-    std::vector<float> step2(V);
-    int32_t pos2 = static_cast<int32_t>(n);
     MtpArgs b;
     b.n = 1;
-    b.hidden = Rows(mtp_hidden.data() + (n - 1) * E, 1, E);
-    b.tokens = &draft1;
-    b.positions = &pos2;
-    b.logits = Rows(step2.data(), 1, V);
+    b.hidden = a.out_hidden.rows(n - 1, 1);
+    b.tokens = io.put(&draft1, 1);
+    b.positions = pos_dev + n;
+    b.logits = io.rows(1, V);
     ASSERT_TRUE(m.forward_mtp(b, *st).is_ok());
+    const auto step2 = io.get(b.logits);
     const auto want2 = test::read_f32_file(test::fixture_path(dir + "/" + mc["mtp_step2_logits"].get<std::string>()));
     ASSERT_EQ(want2.size(), step2.size());
     EXPECT_LE(max_abs_diff(step2.data(), want2.data(), want2.size()), 2e-3f) << mc["name"] << " step 2";

@@ -1,30 +1,15 @@
 // TokenStreamDecoder: streamed output never splits a UTF-8 character and loses no byte.
 #include <gtest/gtest.h>
 
-#include "common/fixtures.h"
-#include "format/gguf.h"
+#include "fixture_tokenizer.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
 namespace hyspec {
 namespace {
 
-std::unique_ptr<Tokenizer> load(const std::string& fixture) {
-  auto gguf = GgufFile::open(test::fixture_path(fixture));
-  EXPECT_TRUE(gguf.is_ok()) << gguf.message();
-  auto t = Tokenizer::from_gguf(**gguf);
-  EXPECT_TRUE(t.is_ok()) << t.message();
-  return std::move(t).value();
-}
-
-const Tokenizer& qwen35() {
-  static auto t = load("tokenizer/ggml-vocab-qwen35.gguf");
-  return *t;
-}
-const Tokenizer& tiny() {
-  static auto t = load("qwen35-tiny/qwen35-tiny-f32.gguf");
-  return *t;
-}
+const Tokenizer& qwen35() { return test::qwen35_tokenizer(); }
+const Tokenizer& tiny() { return test::tiny_tokenizer(); }
 
 bool valid_utf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/fixtures.h"
+#include "fixture_tokenizer.h"
 #include "reference_bpe.h"
 #include "format/gguf.h"
 #include "text/pretokenizer.h"
@@ -16,16 +17,7 @@
 namespace hyspec {
 namespace {
 
-const Tokenizer& tiny() {
-  static std::unique_ptr<Tokenizer> tok = [] {
-    auto gguf = GgufFile::open(test::fixture_path("qwen35-tiny/qwen35-tiny-f32.gguf"));
-    EXPECT_TRUE(gguf.is_ok()) << gguf.message();
-    auto t = Tokenizer::from_gguf(**gguf);
-    EXPECT_TRUE(t.is_ok()) << t.message();
-    return std::move(t).value();
-  }();
-  return *tok;
-}
+const Tokenizer& tiny() { return test::tiny_tokenizer(); }
 
 struct TokenizerJson {
   std::map<std::string, int32_t> vocab, added;

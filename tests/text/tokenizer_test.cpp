@@ -11,22 +11,14 @@
 #include <thread>
 
 #include "common/fixtures.h"
+#include "fixture_tokenizer.h"
 #include "format/gguf.h"
 #include "reference_bpe.h"
 
 namespace hyspec {
 namespace {
 
-const Tokenizer& qwen35() {
-  static std::unique_ptr<Tokenizer> tok = [] {
-    auto gguf = GgufFile::open(test::fixture_path("tokenizer/ggml-vocab-qwen35.gguf"));
-    EXPECT_TRUE(gguf.is_ok()) << gguf.message();
-    auto t = Tokenizer::from_gguf(**gguf);
-    EXPECT_TRUE(t.is_ok()) << t.message();
-    return std::move(t).value();
-  }();
-  return *tok;
-}
+const Tokenizer& qwen35() { return test::qwen35_tokenizer(); }
 
 struct VocabCase {
   std::string text;

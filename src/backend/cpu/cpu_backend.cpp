@@ -39,7 +39,7 @@ class CpuGraph final : public StepGraph {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  CpuBackend(int n_threads, bool exact) : pool_(n_threads), exact_(exact) {}
 
   BackendKind kind() const override { return BackendKind::Cpu; }
   std::string name() const override {
@@ -61,17 +61,11 @@ class CpuBackend final : public Backend {
   Status synchronize() override { return Status::ok(); }
 
   Result<Weight> load_weight(const GgufTensorInfo& t, bool dequantize_to_f32) override {
-    Weight w;
-    w.name = t.name;
-    w.type = t.type;
-    w.n_in = t.ne[0];
-    w.n_out = t.n_dims >= 2 ? t.ne[1] : 1;
-    w.n_expert = t.n_dims >= 3 ? t.ne[2] : 1;
-    if (t.n_dims > 3 && t.ne[3] != 1) return Status::errorf("tensor '{}': 4-D weights are not supported", t.name);
-    HS_ASSIGN_OR_RETURN(w.row_bytes, ggml_row_bytes(t.type, w.n_in));
+    HS_ASSIGN_OR_RETURN(Weight w, weight_geometry(t));
     if (!cpu::vec_dot_supported(t.type) && t.type != GgmlType::F32)
       return Status::errorf("tensor '{}': GGML type {} is not supported for weights", t.name, ggml_type_name(t.type));
     w.data = t.data;
+    w.exact = exact_;
     if (dequantize_to_f32 && t.type != GgmlType::F32) {
       const int64_t rows = w.n_out * w.n_expert;
       HS_ASSIGN_OR_RETURN(Buffer b, alloc(static_cast<size_t>(rows * w.n_in) * sizeof(float)));
@@ -155,12 +149,13 @@ class CpuBackend final : public Backend {
 
  private:
   ThreadPool pool_;
+  bool exact_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Backend>> create_cpu_backend(const BackendOptions& options) {
-  return std::unique_ptr<Backend>(new CpuBackend(options.n_threads));
+  return std::unique_ptr<Backend>(new CpuBackend(options.n_threads, options.exact_activations));
 }
 
 }  // namespace hyspec

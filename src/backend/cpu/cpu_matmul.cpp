@@ -32,6 +32,7 @@ Weight expert_slice(const Weight& w, int64_t expert) {
 }
 
 void matmul(ThreadPool& pool, const Weight& w, Rows x, Rows y) {
+  if (w.exact && w.type != GgmlType::F32) return matmul_exact(pool, w, x, y);
   const int64_t n = x.n_rows, k = w.n_in, m = w.n_out;
   const size_t act_bytes = prepared_row_bytes(w.type, k);
   thread_local std::vector<uint8_t> act;  // the caller's; workers only read it

@@ -33,6 +33,8 @@ void parallel_for_cost(ThreadPool& pool, int64_t n, double ns_per_index, Fn&& fn
 }
 
 void matmul(ThreadPool& pool, const Weight& w, Rows x, Rows y);
+// Weight::exact: each weight row dequantized to f32 once per call and dotted with f32 activations.
+void matmul_exact(ThreadPool& pool, const Weight& w, Rows x, Rows y);
 // One expert of a stacked expert tensor as a plain weight.
 Weight expert_slice(const Weight& w, int64_t expert);
 

@@ -46,7 +46,42 @@ class NgramDrafter final : public Drafter {
   std::vector<int32_t> tokens_;
 };
 
+class LongestOfDrafter final : public Drafter {
+ public:
+  LongestOfDrafter(std::unique_ptr<Drafter> a, std::unique_ptr<Drafter> b) : a_(std::move(a)), b_(std::move(b)) {}
+  std::string name() const override { return a_->name() + "+" + b_->name(); }
+  DrafterNeeds needs() const override {
+    DrafterNeeds n = a_->needs(), m = b_->needs();
+    n.final_hidden = n.final_hidden || m.final_hidden;
+    if (n.taps.empty()) n.taps = m.taps;
+    return n;
+  }
+  int max_draft() const override { return std::max(a_->max_draft(), b_->max_draft()); }
+  Status reset(SequenceState& s) override {
+    HS_RETURN_IF_ERROR(a_->reset(s));
+    return b_->reset(s);
+  }
+  Status observe(const CommittedRows& rows) override {
+    HS_RETURN_IF_ERROR(a_->observe(rows));
+    return b_->observe(rows);
+  }
+  Result<std::vector<int32_t>> propose(int max_k) override {
+    // The cheap lookup first: a long match makes the model's draft pass unnecessary.
+    HS_ASSIGN_OR_RETURN(std::vector<int32_t> lookup, b_->propose(std::min(max_k, b_->max_draft())));
+    if (static_cast<int>(lookup.size()) >= std::min(max_k, a_->max_draft())) return lookup;
+    HS_ASSIGN_OR_RETURN(std::vector<int32_t> model, a_->propose(std::min(max_k, a_->max_draft())));
+    return model.size() >= lookup.size() ? model : lookup;
+  }
+
+ private:
+  std::unique_ptr<Drafter> a_, b_;
+};
+
 }  // namespace
+
+std::unique_ptr<Drafter> make_longest_of(std::unique_ptr<Drafter> model, std::unique_ptr<Drafter> ngram) {
+  return std::make_unique<LongestOfDrafter>(std::move(model), std::move(ngram));
+}
 
 std::unique_ptr<Drafter> make_ngram_drafter(const NgramOptions& options) {
   return std::make_unique<NgramDrafter>(options);

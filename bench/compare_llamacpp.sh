@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Side by side with llama.cpp on the GPU machine, on the same GGUF files:
+#   llama.cpp = the source pinned by node-llama-cpp@3.22.1 (npm pack here; the device has no network),
+#   built and benchmarked by ../shared/tools/llamacpp_anchor.sh on a random-weight Qwen3.5 checkpoint
+#   of SHAPE that it converts (BF16) and quantizes (Q4_K_M) with that llama.cpp's own tools;
+#   hyspec = `hyspec bench --backend cuda` on those two files (pp512, tg128 at depth 0/4k/16k, verify-k).
+#
+# Here, once:  bench/pack_llamacpp.sh   (llama.cpp source as .anchor/llama.cpp-src.tar.xz + the anchor
+#              script; scripts/device/pack.sh for the hyspec build in .device/)
+# There:       bench/compare_llamacpp.sh start [SHAPE]   # returns at once; the anchor runs detached
+#              bench/compare_llamacpp.sh finish [SHAPE]  # waits for it, then benchmarks hyspec
+# (two calls so that neither passes the 10-minute limit of one device command.)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:?start|finish}; SHAPE=${2:-9b}
+W=/tmp/anchor; OUT=${OUT:-/tmp/hyspec-out}
+mkdir -p "$W" "$OUT"
+[ -d .device/bin ] || tar xJf .device/bin.tar.xz -C .device
+export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+if [ "$MODE" = start ]; then
+  mkdir -p "$W/llama.cpp" && tar xJf .anchor/llama.cpp-src.tar.xz -C "$W/llama.cpp"
+  # the anchor clones its first argument only when WORKDIR/llama.cpp is absent; it is present now
+  setsid nohup bash -c "bash .anchor/llamacpp_anchor.sh .anchor/llama.cpp-src.tar.xz $W $SHAPE > $W/anchor.md 2> $W/anchor.err; echo done > $W/anchor.done" > /dev/null 2>&1 &
+  echo "anchor started in $W"
+  exit 0
+fi
+for _ in $(seq 1 110); do [ -f "$W/anchor.done" ] && break; sleep 5; done
+if [ ! -f "$W/anchor.done" ]; then
+  echo "anchor still running: $(ls $W) $(tail -2 $W/*.log 2>/dev/null)"; exit 3
+fi
+echo "== llama.cpp (llama-bench, -fa 1, -ngl 99)"; cat "$W/anchor.md"; tail -3 "$W/anchor.err"
+cp "$W/anchor.md" "$OUT/llamacpp.md"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+for f in "$W/$SHAPE-q4km.gguf" "$W/$SHAPE-bf16.gguf"; do
+  echo "== hyspec $(basename "$f")"
+  .device/bin/hyspec bench -m "$f" --backend cuda -p 512 -n 128 -d 0,4096,16384 --verify 1,2,4,8,16,32 -c 17000 \
+    --kv-type f16 2>&1 | tee -a "$OUT/hyspec.md"
+done

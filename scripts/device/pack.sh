@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Here (no GPU): put the CUDA build, the shared libraries the GPU machine lacks and the fixtures the
+# device tests read into .device/ (git-ignored), for `run` with carry [".device"] (64 MiB in all).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+FIX="${HYSPEC_FIXTURES:-$(pwd)/../shared/fixtures}"
+rm -rf .device && mkdir -p .device/bin .device/lib .device/fixtures
+cmake --preset cuda > /dev/null
+cmake --build --preset cuda -j "$(nproc)" --target hyspec test_backend test_model test_engine test_util
+for b in build-cuda/hyspec build-cuda/tests/test_backend build-cuda/tests/test_model build-cuda/tests/test_engine \
+         build-cuda/tests/test_util; do
+  strip -o ".device/bin/$(basename "$b")" "$b"
+done
+# Libraries from Debian packages that an Ubuntu CUDA image does not have.
+for lib in libfmt.so.9 libpcre2-8.so.0; do cp -L "/usr/lib/x86_64-linux-gnu/$lib" .device/lib/; done
+# The fixtures the model and engine tests read (not the tokenizer or quant ones: text/format tests stay on CI).
+for d in qwen35-tiny qwen35moe-tiny dflash-tiny quants; do cp -r "$FIX/$d" .device/fixtures/; done
+# Binaries travel compressed (the working tree that travels is capped at 64 MiB); test.sh unpacks them.
+tar cJf .device/bin.tar.xz -C .device bin && rm -rf .device/bin
+du -sh .device

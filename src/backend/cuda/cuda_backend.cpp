@@ -1,0 +1,485 @@
+// The CUDA backend: argument checks, memory, scratch arenas, graph capture and error recording
+// around the kernel launchers of kernels.h. Every op is enqueued on one non-blocking stream.
+//
+// Errors: ops return void, so the first failure (a CUDA call, an unsupported type or shape) is kept
+// as a Status and returned, then cleared, by the next synchronize(); download() and graph replay
+// report through it too. Nothing aborts.
+//
+// Scratch: two arenas (one private to matmul, one for the intermediates of attention, GDN and MoE)
+// that grow on demand, also while capturing (relaxed capture mode). A grown arena never frees its
+// old buffer before the backend dies, because a captured graph may still point at it.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "format/quants.h"
+
+namespace hyspec {
+namespace {
+
+using cuda::Mat;
+
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+
+Mat mat(const Rows& r) { return Mat{r.data, r.n_rows, r.n_cols, r.stride}; }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+class CudaBackend;
+
+class CudaGraph final : public StepGraph {
+ public:
+  CudaGraph(CudaBackend* backend, cudaGraphExec_t exec) : backend_(backend), exec_(exec) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  Status replay() override;
+
+ private:
+  CudaBackend* backend_;  // the graph must not outlive its backend
+  cudaGraphExec_t exec_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<Backend>> create(const BackendOptions& options) {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      return Status::errorf("no CUDA device ({})", e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+    }
+    if (options.device < 0 || options.device >= count)
+      return Status::errorf("CUDA device {} does not exist ({} present)", options.device, count);
+    std::unique_ptr<CudaBackend> b(new CudaBackend(options.device));
+    HS_RETURN_IF_ERROR(b->init());
+    return std::unique_ptr<Backend>(std::move(b));
+  }
+
+  ~CudaBackend() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (cublas_) cublasDestroy(cublas_);
+    for (void* p : owned_) cudaFree(p);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  BackendKind kind() const override { return BackendKind::Cuda; }
+  std::string name() const override { return name_; }
+
+  // ---- memory ----
+  Result<Buffer> alloc(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Status::errorf("cudaMalloc of {} bytes failed: {}", bytes, cudaGetErrorString(e));
+    }
+    Buffer b;
+    b.holder = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    b.size = bytes;
+    return b;
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (!not_capturing("upload")) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (!not_capturing("download")) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
+    check(cudaStreamSynchronize(stream_), "download");
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+  }
+  void fill_zero(void* dst, size_t bytes) override { check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero"); }
+  Status synchronize() override {
+    if (!capturing_) check(cudaStreamSynchronize(stream_), "synchronize");
+    Status s = error_;
+    error_ = Status::ok();
+    return s;
+  }
+
+  // ---- weights ----
+  Result<Weight> load_weight(const GgufTensorInfo& t, bool dequantize_to_f32) override {
+    HS_ASSIGN_OR_RETURN(Weight w, weight_geometry(t));
+    const int64_t rows = w.n_out * w.n_expert;
+    if (dequantize_to_f32 && t.type != GgmlType::F32) {
+      std::vector<float> host(static_cast<size_t>(rows * w.n_in));
+      for (int64_t r = 0; r < rows; ++r)
+        HS_RETURN_IF_ERROR(dequantize_row(t.type, t.data + r * w.row_bytes, host.data() + r * w.n_in, w.n_in)
+                               .with_context("tensor '" + t.name + "'"));
+      w.type = GgmlType::F32;
+      w.row_bytes = static_cast<size_t>(w.n_in) * sizeof(float);
+      HS_ASSIGN_OR_RETURN(w.owner, upload_weight(host.data(), host.size() * sizeof(float), t.name));
+    } else {
+      if (!ggml_type_traits(t.type).dequantizable && t.type != GgmlType::F32)
+        return Status::errorf("tensor '{}': GGML type {} is not supported for weights", t.name, ggml_type_name(t.type));
+      HS_ASSIGN_OR_RETURN(w.owner, upload_weight(t.data, w.row_bytes * rows, t.name));
+    }
+    w.data = w.owner.get();
+    return w;
+  }
+
+  Result<Weight> weight_from_f32(const std::string& name, const float* data, int64_t n_in, int64_t n_out) override {
+    Weight w;
+    w.name = name;
+    w.type = GgmlType::F32;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = static_cast<size_t>(n_in) * sizeof(float);
+    HS_ASSIGN_OR_RETURN(w.owner, upload_weight(data, w.row_bytes * n_out, name));
+    w.data = w.owner.get();
+    return w;
+  }
+
+  // ---- ops ----
+  void embed(const Weight& table, const int32_t* tokens, int64_t n, Rows out) override {
+    if (!expect(cuda::matmul_type_supported(table.type), "embed '{}': type {} not supported on CUDA", table.name,
+                ggml_type_name(table.type)) ||
+        !expect(out.n_cols == table.n_in && out.n_rows >= n, "embed '{}': output [{}, {}] for {} tokens of width {}",
+                table.name, out.n_rows, out.n_cols, n, table.n_in))
+      return;
+    check(cuda::embed_launch(view(table), tokens, Mat{out.data, n, out.n_cols, out.stride}, stream_), "embed");
+  }
+
+  void matmul(const Weight& w, Rows x, Rows y) override {
+    if (!expect(w.present(), "matmul: weight '{}' is not loaded", w.name) ||
+        !expect(cuda::matmul_type_supported(w.type), "matmul '{}': type {} not supported on CUDA", w.name,
+                ggml_type_name(w.type)) ||
+        !expect(x.n_cols == w.n_in && y.n_cols == w.n_out && x.n_rows == y.n_rows,
+                "matmul '{}' [{} -> {}]: x [{}, {}], y [{}, {}]", w.name, w.n_in, w.n_out, x.n_rows, x.n_cols,
+                y.n_rows, y.n_cols))
+      return;
+    const cuda::WeightView v = view(w);
+    void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(v, x.n_rows));
+    if (!s) return;
+    check(cuda::matmul_launch(v, mat(x), mat(y), {s, matmul_arena_.size}, cublas_, stream_), "matmul");
+  }
+
+  void rms_norm(Rows x, const float* w, int64_t group, float eps, Rows y) override {
+    if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, y), "rms_norm: group {} over [{}, {}] -> [{}, {}]",
+                group, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
+      return;
+    check(cuda::rms_norm_launch(mat(x), nullptr, 0, w, group, eps, mat(y), stream_), "rms_norm");
+  }
+  void gated_rms_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) override {
+    if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, y) && same_shape(x, z),
+                "gated_rms_norm: group {} over [{}, {}]", group, x.n_rows, x.n_cols))
+      return;
+    check(cuda::rms_norm_launch(mat(x), z.data, z.stride, w, group, eps, mat(y), stream_), "gated_rms_norm");
+  }
+  void add(Rows a, Rows b, Rows y) override { binary(cuda::Binary::Add, a, b, y, "add"); }
+  void swiglu(Rows gate, Rows up, Rows y) override { binary(cuda::Binary::SwiGlu, gate, up, y, "swiglu"); }
+  void sigmoid_mul(Rows x, Rows gate, Rows y) override { binary(cuda::Binary::SigmoidMul, x, gate, y, "sigmoid_mul"); }
+  void add_sigmoid_scaled(Rows x, Rows g, Rows y) override {
+    if (!expect(same_shape(x, y) && g.n_rows == x.n_rows && g.n_cols >= 1, "add_sigmoid_scaled: shapes")) return;
+    check(cuda::binary_launch(cuda::Binary::AddSigmoidScaled, mat(x), mat(g), mat(y), stream_), "add_sigmoid_scaled");
+  }
+  void copy_rows(Rows src, Rows dst) override {
+    if (!expect(same_shape(src, dst), "copy_rows: [{}, {}] -> [{}, {}]", src.n_rows, src.n_cols, dst.n_rows,
+                dst.n_cols) ||
+        src.n_rows == 0)
+      return;
+    check(cudaMemcpy2DAsync(dst.data, dst.stride * sizeof(float), src.data, src.stride * sizeof(float),
+                            src.n_cols * sizeof(float), src.n_rows, cudaMemcpyDeviceToDevice, stream_),
+          "copy_rows");
+  }
+  void rope_neox(Rows x, int head_dim, int n_rot, const int32_t* positions, float freq_base) override {
+    if (!expect(head_dim > 0 && x.n_cols % head_dim == 0 && n_rot % 2 == 0 && n_rot <= head_dim,
+                "rope_neox: head_dim {}, n_rot {}, {} columns", head_dim, n_rot, x.n_cols))
+      return;
+    check(cuda::rope_neox_launch(mat(x), head_dim, n_rot, positions, freq_base, stream_), "rope_neox");
+  }
+  void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) override {
+    if (!expect(kv.type == GgmlType::F32 || kv.type == GgmlType::F16, "kv_store: KV type {} (F32 or F16)",
+                ggml_type_name(kv.type)) ||
+        !expect(k.n_cols == kv.width && v.n_cols == kv.width && k.n_rows == v.n_rows, "kv_store: rows of {}/{} for width {}",
+                k.n_cols, v.n_cols, kv.width))
+      return;
+    check(cuda::kv_store_launch(mat(k), mat(v), kv.k, kv.v, kv.type == GgmlType::F16, kv.width, kv.capacity,
+                                positions, stream_),
+          "kv_store");
+  }
+
+  void attention(const AttentionArgs& a) override {
+    const int64_t width = static_cast<int64_t>(a.n_head) * a.head_dim;
+    if (!expect(cuda::attention_head_dim_supported(a.head_dim), "attention: head_dim {} (32, 64, 128 or 256)",
+                a.head_dim) ||
+        !expect(a.n_kv_head > 0 && a.n_head % a.n_kv_head == 0, "attention: {} heads over {} kv heads", a.n_head,
+                a.n_kv_head) ||
+        !expect(a.kv.type == GgmlType::F32 || a.kv.type == GgmlType::F16, "attention: KV type {}",
+                ggml_type_name(a.kv.type)) ||
+        !expect(a.kv.width == static_cast<int64_t>(a.n_kv_head) * a.head_dim, "attention: KV width {} for {}x{}",
+                a.kv.width, a.n_kv_head, a.head_dim) ||
+        !expect(a.q.n_cols >= width && a.out.n_cols >= width && a.out.n_rows == a.q.n_rows,
+                "attention: q [{}, {}], out [{}, {}] for {} heads of {}", a.q.n_rows, a.q.n_cols, a.out.n_rows,
+                a.out.n_cols, a.n_head, a.head_dim) ||
+        !expect(aligned16(a.q.data) && aligned16(a.out.data) && a.q.stride % 4 == 0 && a.out.stride % 4 == 0 &&
+                    aligned16(a.kv.k) && aligned16(a.kv.v),
+                "attention: q, out and the KV cache must be 16-byte aligned with strides a multiple of 4"))
+      return;
+    cuda::AttentionParams p;
+    p.q = mat(a.q);
+    p.out = mat(a.out);
+    p.k = a.kv.k;
+    p.v = a.kv.v;
+    p.kv_f16 = a.kv.type == GgmlType::F16;
+    p.kv_width = a.kv.width;
+    p.kv_capacity = a.kv.capacity;
+    p.positions = a.positions;
+    p.n_head = a.n_head;
+    p.n_kv_head = a.n_kv_head;
+    p.head_dim = a.head_dim;
+    p.scale = a.scale;
+    p.causal = a.causal;
+    const int splits = cuda::attention_splits(p, n_sm_);
+    float* scratch = nullptr;
+    if (splits > 1 && !(scratch = static_cast<float*>(arena(op_arena_, cuda::attention_scratch_bytes(p, splits)))))
+      return;
+    check(cuda::attention_launch(p, splits, scratch, stream_), "attention");
+  }
+
+  void causal_conv_silu(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) override {
+    if (!expect(kernel >= 1 && kernel <= 8 && same_shape(x, y), "causal_conv_silu: kernel {} (1..8), [{}, {}] -> [{}, {}]",
+                kernel, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
+      return;
+    check(cuda::causal_conv_silu_launch(mat(x), weight, kernel, conv_state, capture, mat(y), stream_),
+          "causal_conv_silu");
+  }
+
+  void gated_delta_net(const GdnArgs& a) override {
+    const int64_t n = a.q.n_rows;
+    if (!expect(cuda::gdn_head_dim_supported(a.head_dim), "gated_delta_net: head_dim {} (16..512, a power of 2)",
+                a.head_dim) ||
+        !expect(a.n_k_heads > 0 && a.n_v_heads > 0 && a.k.n_rows == n && a.v.n_rows == n && a.out.n_rows == n &&
+                    a.beta_logit.n_rows == n && a.alpha.n_rows == n,
+                "gated_delta_net: inconsistent shapes") ||
+        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.q.data) && aligned16(a.k.data) &&
+                    a.q.stride % 4 == 0 && a.k.stride % 4 == 0,
+                "gated_delta_net: state, capture, q and k rows must be 16-byte aligned"))
+      return;
+    cuda::GdnParams p;
+    p.q = mat(a.q);
+    p.k = mat(a.k);
+    p.v = mat(a.v);
+    p.beta_logit = mat(a.beta_logit);
+    p.alpha = mat(a.alpha);
+    p.out = mat(a.out);
+    p.ssm_a = a.ssm_a;
+    p.dt_bias = a.dt_bias;
+    p.n_k_heads = a.n_k_heads;
+    p.n_v_heads = a.n_v_heads;
+    p.head_dim = a.head_dim;
+    p.eps = a.eps;
+    p.state = a.state;
+    p.capture = a.capture;
+    check(cuda::gdn_launch(p, stream_), "gated_delta_net");
+  }
+
+  // Router matmul -> softmax/top-k on the device -> for every (token, slot) the expert's gate and up
+  // rows (one matvec each, expert weights read once per use) -> swiglu -> down -> weighted sum.
+  void moe_ffn(const MoeArgs& a) override {
+    const int64_t n = a.x.n_rows, hidden = a.x.n_cols;
+    if (!expect(a.router && a.gate_exps && a.up_exps && a.down_exps, "moe_ffn: missing weights") ||
+        !expect(a.top_k >= 1 && a.top_k <= 32 && a.top_k <= a.router->n_out, "moe_ffn: top_k {} of {} experts",
+                a.top_k, a.router ? a.router->n_out : 0) ||
+        !expect(a.router->n_in == hidden && a.gate_exps->n_in == hidden && a.up_exps->n_in == hidden &&
+                    a.down_exps->n_out == hidden && a.down_exps->n_in == a.gate_exps->n_out &&
+                    a.out.n_cols == hidden && a.out.n_rows == n,
+                "moe_ffn: inconsistent shapes") ||
+        !expect(cuda::matmul_type_supported(a.gate_exps->type) && cuda::matmul_type_supported(a.up_exps->type) &&
+                    cuda::matmul_type_supported(a.down_exps->type),
+                "moe_ffn: expert types/widths not supported on CUDA"))
+      return;
+    if (n == 0) return;
+    const int64_t E = a.router->n_out, k = a.top_k, nk = n * k, ffn = a.gate_exps->n_out;
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+      const size_t at = off;
+      off += (bytes + 255) / 256 * 256;
+      return at;
+    };
+    const size_t o_logits = take(n * E * 4), o_ids = take(nk * 4), o_w = take(nk * 4), o_g = take(nk * ffn * 4),
+                 o_u = take(nk * ffn * 4), o_d = take(nk * hidden * 4);
+    auto* base = static_cast<char*>(arena(op_arena_, off));
+    if (!base) return;
+    auto* logits = reinterpret_cast<float*>(base + o_logits);
+    auto* ids = reinterpret_cast<int32_t*>(base + o_ids);
+    auto* weights = reinterpret_cast<float*>(base + o_w);
+    Mat g{reinterpret_cast<float*>(base + o_g), nk, ffn, ffn}, u{reinterpret_cast<float*>(base + o_u), nk, ffn, ffn},
+        d{reinterpret_cast<float*>(base + o_d), nk, hidden, hidden};
+    matmul(*a.router, a.x, Rows(logits, n, E));
+    check(cuda::moe_route_launch(Mat{logits, n, E, E}, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");
+    const cuda::WeightView gv = view(*a.gate_exps), uv = view(*a.up_exps), dv = view(*a.down_exps);
+    void* s = arena(matmul_arena_, std::max(cuda::matmul_experts_scratch_bytes(gv, n),
+                                            cuda::matmul_experts_scratch_bytes(dv, nk)));
+    if (!s) return;
+    const cuda::MatmulScratch ms{s, matmul_arena_.size};
+    check(cuda::matmul_experts_launch(gv, ids, nk, static_cast<int>(k), mat(a.x), g, ms, stream_), "moe_ffn gate");
+    check(cuda::matmul_experts_launch(uv, ids, nk, static_cast<int>(k), mat(a.x), u, ms, stream_), "moe_ffn up");
+    check(cuda::binary_launch(cuda::Binary::SwiGlu, g, u, g, stream_), "moe_ffn swiglu");
+    check(cuda::matmul_experts_launch(dv, ids, nk, 1, g, d, ms, stream_), "moe_ffn down");
+    check(cuda::moe_combine_launch(d, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
+  }
+
+  void argmax(Rows x, int32_t* out) override {
+    if (!expect(x.n_cols > 0, "argmax: empty rows")) return;
+    check(cuda::argmax_launch(mat(x), out, stream_), "argmax");
+  }
+
+  // ---- graphs ----
+  Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) override {
+    if (!error_.is_ok()) return synchronize().with_context("before capture");
+    if (capturing_) return Status::error("capture: already capturing");
+    cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
+    if (e != cudaSuccess) return Status::errorf("capture: cudaStreamBeginCapture: {}", cudaGetErrorString(e));
+    capturing_ = true;
+    step();
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    e = cudaStreamEndCapture(stream_, &graph);
+    Status st = error_;
+    error_ = Status::ok();
+    if (st.is_ok() && e != cudaSuccess) st = Status::errorf("cudaStreamEndCapture: {}", cudaGetErrorString(e));
+    cudaGetLastError();
+    if (!st.is_ok()) {
+      if (graph) cudaGraphDestroy(graph);
+      return st.with_context("capture");
+    }
+    cudaGraphExec_t exec = nullptr;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Status::errorf("capture: cudaGraphInstantiate: {}", cudaGetErrorString(e));
+    }
+    return std::unique_ptr<StepGraph>(new CudaGraph(this, exec));
+  }
+
+  Status launch_graph(cudaGraphExec_t exec) {
+    if (capturing_) return Status::error("replay: cannot replay a graph while capturing");
+    const cudaError_t e = cudaGraphLaunch(exec, stream_);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Status::errorf("replay: cudaGraphLaunch: {}", cudaGetErrorString(e));
+    }
+    return Status::ok();
+  }
+
+ private:
+  struct Arena {
+    void* data = nullptr;
+    size_t size = 0;
+  };
+
+  explicit CudaBackend(int device) : device_(device) {}
+
+  Status init() {
+    cudaError_t e = cudaSetDevice(device_);
+    cudaDeviceProp prop{};
+    if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, device_);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Status::errorf("CUDA device {}: {}", device_, cudaGetErrorString(e));
+    }
+    if (prop.major < 8)
+      return Status::errorf("CUDA device {} ({}) has compute capability {}.{}; hyspec needs 8.0+", device_, prop.name,
+                            prop.major, prop.minor);
+    name_ = fmt::format("cuda:{} {}", device_, prop.name);
+    n_sm_ = prop.multiProcessorCount;
+    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return Status::error("cuBLAS initialisation failed");
+    void* ws = nullptr;
+    if (cudaMalloc(&ws, kCublasWorkspace) != cudaSuccess) return Status::error("cudaMalloc of the cuBLAS workspace failed");
+    owned_.push_back(ws);
+    if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(cublas_, ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS)
+      return Status::error("cuBLAS stream/workspace setup failed");
+    // Enough for every decode-width op of the real models; prefill grows them once.
+    if (!arena(matmul_arena_, size_t(8) << 20) || !arena(op_arena_, size_t(32) << 20)) return synchronize();
+    return Status::ok();
+  }
+
+  // Upload with padding (see cuda::kWeightPad); synchronous, so the host source may go right after.
+  Result<std::shared_ptr<void>> upload_weight(const void* src, size_t bytes, const std::string& name) {
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes + cuda::kWeightPad);
+    if (e == cudaSuccess) e = cudaMemset(p, 0, bytes + cuda::kWeightPad);
+    if (e == cudaSuccess && bytes) e = cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      if (p) cudaFree(p);
+      return Status::errorf("tensor '{}': uploading {} bytes: {}", name, bytes, cudaGetErrorString(e));
+    }
+    return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  }
+
+  static cuda::WeightView view(const Weight& w) {
+    return cuda::WeightView{static_cast<const uint8_t*>(w.data), w.type, w.n_in, w.n_out, w.row_bytes};
+  }
+
+  static bool same_shape(const Rows& a, const Rows& b) { return a.n_rows == b.n_rows && a.n_cols == b.n_cols; }
+
+  void binary(cuda::Binary op, Rows a, Rows b, Rows y, const char* what) {
+    if (!expect(same_shape(a, b) && same_shape(a, y), "{}: [{}, {}], [{}, {}] -> [{}, {}]", what, a.n_rows, a.n_cols,
+                b.n_rows, b.n_cols, y.n_rows, y.n_cols))
+      return;
+    check(cuda::binary_launch(op, mat(a), mat(b), mat(y), stream_), what);
+  }
+
+  void* arena(Arena& a, size_t bytes) {
+    if (bytes <= a.size) return a.data;
+    const size_t size = std::max(bytes, a.size * 2);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, size);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      record(Status::errorf("scratch of {} bytes: {}", size, cudaGetErrorString(e)));
+      return nullptr;
+    }
+    owned_.push_back(p);  // the old buffer stays alive: captured graphs may use it
+    a = {p, size};
+    return p;
+  }
+
+  void record(Status s) {
+    if (error_.is_ok()) error_ = std::move(s);
+  }
+  void check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    cudaGetLastError();  // clear non-sticky errors so later ops report their own
+    record(Status::errorf("{}: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e)));
+  }
+  template <typename... Args>
+  bool expect(bool cond, fmt::format_string<Args...> f, Args&&... args) {
+    if (!cond) record(Status::errorf(f, std::forward<Args>(args)...));
+    return cond;
+  }
+  bool not_capturing(const char* what) {
+    return expect(!capturing_, "{}: not allowed while capturing a graph (per-step values live in device memory)", what);
+  }
+
+  int device_ = 0;
+  int n_sm_ = 1;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  Status error_;
+  bool capturing_ = false;
+  Arena matmul_arena_, op_arena_;
+  std::vector<void*> owned_;
+};
+
+Status CudaGraph::replay() { return backend_->launch_graph(exec_); }
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> create_cuda_backend(const BackendOptions& options) {
+  return CudaBackend::create(options);
+}
+
+}  // namespace hyspec

@@ -1,0 +1,240 @@
+// Row-wise and elementwise ops: rms norms, binary ops, RoPE, KV store, argmax, MoE routing.
+// All are memory-bound single passes (each input read once, each output written once).
+#include <cuda_fp16.h>
+
+#include <cfloat>
+
+#include "backend/cuda/kernels.h"
+
+namespace hyspec::cuda {
+namespace {
+
+unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+struct NormArgs {
+  Mat x, y;
+  const float* z;
+  int64_t z_stride;
+  const float* w;
+  int64_t group, groups_per_row;
+  float eps;
+  int tpg;  // threads per group: 32 (a warp per group) or blockDim.x (a block per group)
+};
+
+// y = x / sqrt(mean(x^2) + eps) * w  [* silu(z)] over each group of columns; 2 reads + 1 write.
+template <bool kGated>
+__global__ void rms_norm_kernel(NormArgs a) {
+  __shared__ float partial[32];
+  const int tpg = a.tpg, lt = threadIdx.x % tpg;
+  const int64_t gidx = blockIdx.x * int64_t(blockDim.x / tpg) + threadIdx.x / tpg;
+  const bool valid = gidx < a.x.rows * a.groups_per_row;
+  const int64_t r = valid ? gidx / a.groups_per_row : 0, gc = valid ? gidx % a.groups_per_row * a.group : 0;
+  const float* xr = a.x.data + r * a.x.stride + gc;
+  float ss = 0.0f;
+  if (valid)
+    for (int64_t c = lt; c < a.group; c += tpg) ss += xr[c] * xr[c];
+  ss = warp_sum(ss);
+  if (tpg > 32) {
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    ss = 0.0f;
+    for (int i = 0; i < tpg / 32; ++i) ss += partial[i];
+  }
+  if (!valid) return;
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.group) + a.eps);
+  float* yr = a.y.data + r * a.y.stride + gc;
+  for (int64_t c = lt; c < a.group; c += tpg) {
+    float v = xr[c] * inv;
+    if (a.w) v *= a.w[c];
+    if constexpr (kGated) v *= silu(a.z[r * a.z_stride + gc + c]);
+    yr[c] = v;
+  }
+}
+
+__global__ void binary_kernel(Binary op, Mat a, Mat b, Mat y) {
+  const int64_t total = y.rows * y.cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / y.cols, c = i % y.cols;
+    const float av = a.data[r * a.stride + c];
+    float* out = y.data + r * y.stride + c;
+    switch (op) {
+      case Binary::Add: *out = av + b.data[r * b.stride + c]; break;
+      case Binary::SwiGlu: *out = silu(av) * b.data[r * b.stride + c]; break;
+      case Binary::SigmoidMul: *out = av * sigmoid(b.data[r * b.stride + c]); break;
+      case Binary::AddSigmoidScaled: *out += sigmoid(b.data[r * b.stride]) * av; break;
+    }
+  }
+}
+
+// NeoX RoPE in place: pairs (i, i + n_rot/2) of each head rotated by pos * base^(-2i/n_rot).
+// As the CPU backend: inv_freq rounded to f32, the angle and its sin/cos in double (positions reach
+// 1e5+, where an f32 angle would be off by ~1e-2 rad).
+__global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* __restrict__ positions,
+                                 float freq_base) {
+  const int half = n_rot / 2;
+  const int64_t heads = x.cols / head_dim, total = x.rows * heads * half;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const int64_t h = idx / half % heads, r = idx / half / heads;
+    const double inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / n_rot));
+    double s, c;
+    sincos(static_cast<double>(positions[r]) * inv_freq, &s, &c);
+    float* p = x.data + r * x.stride + h * head_dim;
+    const float x0 = p[i], x1 = p[i + half];
+    p[i] = static_cast<float>(x0 * c - x1 * s);
+    p[i + half] = static_cast<float>(x0 * s + x1 * c);
+  }
+}
+
+template <typename C>
+__global__ void kv_store_kernel(Mat k, Mat v, C* __restrict__ kc, C* __restrict__ vc, int64_t width, int64_t capacity,
+                                const int32_t* __restrict__ positions) {
+  const int64_t total = k.rows * width;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / width, c = i % width, pos = positions[t], dst = pos * width + c;
+    if (pos < 0 || pos >= capacity) continue;
+    if constexpr (sizeof(C) == 2) {
+      kc[dst] = __float2half_rn(k.data[t * k.stride + c]);
+      vc[dst] = __float2half_rn(v.data[t * v.stride + c]);
+    } else {
+      kc[dst] = k.data[t * k.stride + c];
+      vc[dst] = v.data[t * v.stride + c];
+    }
+  }
+}
+
+// Better of (v, i) and (ov, oi): larger value, then smaller index.
+__device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+}
+
+__global__ void argmax_kernel(Mat x, int32_t* out) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const float* row = x.data + blockIdx.x * x.stride;
+  float v = -FLT_MAX;
+  int idx = 0x7fffffff;
+  for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) arg_better(v, idx, row[c], static_cast<int>(c));
+  for (int o = 16; o > 0; o >>= 1)
+    arg_better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+  if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = v, si[threadIdx.x >> 5] = idx;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) arg_better(v, idx, sv[w], si[w]);
+  out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
+}
+
+// One warp per token: p_e = exp(l_e - max) (the softmax normaliser cancels in the renormalisation),
+// k rounds of argmax (first index on ties), weights p_sel / sum(p_sel).
+__global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* weights) {
+  extern __shared__ float p[];
+  const int lane = threadIdx.x;
+  const float* l = logits.data + blockIdx.x * logits.stride;
+  const int n = static_cast<int>(logits.cols);
+  float m = -FLT_MAX;
+  for (int e = lane; e < n; e += 32) m = fmaxf(m, l[e]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  for (int e = lane; e < n; e += 32) p[e] = expf(l[e] - m);
+  __syncwarp();
+  float total = 0.0f;
+  for (int s = 0; s < top_k; ++s) {
+    float v = -1.0f;
+    int idx = 0x7fffffff;
+    for (int e = lane; e < n; e += 32) arg_better(v, idx, p[e], e);
+    for (int o = 16; o > 0; o >>= 1)
+      arg_better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+    total += v;
+    if (lane == 0) {
+      ids[blockIdx.x * top_k + s] = idx;
+      weights[blockIdx.x * top_k + s] = v;
+      p[idx] = -2.0f;
+    }
+    __syncwarp();
+  }
+  if (lane < top_k) weights[blockIdx.x * top_k + lane] /= total;
+}
+
+__global__ void moe_combine_kernel(Mat eo, const float* __restrict__ w, int top_k, Mat out) {
+  const int64_t total = out.rows * out.cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / out.cols, c = i % out.cols;
+    float s = 0.0f;
+    for (int k = 0; k < top_k; ++k) s += w[t * top_k + k] * eo.data[(t * top_k + k) * eo.stride + c];
+    out.data[t * out.stride + c] = s;
+  }
+}
+
+}  // namespace
+
+cudaError_t rms_norm_launch(Mat x, const float* z, int64_t z_stride, const float* w, int64_t group, float eps, Mat y,
+                            cudaStream_t stream) {
+  if (x.rows == 0) return cudaSuccess;
+  NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, group > 512 ? 256 : 32};
+  const int64_t groups = x.rows * a.groups_per_row;
+  const unsigned blocks = a.tpg == 32 ? grid_for(groups, 8) : static_cast<unsigned>(groups);
+  if (z)
+    rms_norm_kernel<true><<<blocks, 256, 0, stream>>>(a);
+  else
+    rms_norm_kernel<false><<<blocks, 256, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream) {
+  if (y.rows == 0 || y.cols == 0) return cudaSuccess;
+  binary_kernel<<<grid_for(y.rows * y.cols, 256, 65535), 256, 0, stream>>>(op, a, b, y);
+  return cudaGetLastError();
+}
+
+cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
+                             cudaStream_t stream) {
+  const int64_t total = x.rows * (x.cols / head_dim) * (n_rot / 2);
+  if (total == 0) return cudaSuccess;
+  rope_neox_kernel<<<grid_for(total, 256, 65535), 256, 0, stream>>>(x, head_dim, n_rot, positions, freq_base);
+  return cudaGetLastError();
+}
+
+cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width, int64_t capacity,
+                            const int32_t* positions, cudaStream_t stream) {
+  if (k.rows == 0) return cudaSuccess;
+  const unsigned blocks = grid_for(k.rows * width, 256, 65535);
+  if (f16)
+    kv_store_kernel<__half><<<blocks, 256, 0, stream>>>(k, v, static_cast<__half*>(k_cache),
+                                                         static_cast<__half*>(v_cache), width, capacity, positions);
+  else
+    kv_store_kernel<float><<<blocks, 256, 0, stream>>>(k, v, static_cast<float*>(k_cache),
+                                                        static_cast<float*>(v_cache), width, capacity, positions);
+  return cudaGetLastError();
+}
+
+cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream) {
+  if (x.rows == 0) return cudaSuccess;
+  argmax_kernel<<<static_cast<unsigned>(x.rows), 1024, 0, stream>>>(x, out);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream) {
+  if (logits.rows == 0) return cudaSuccess;
+  moe_route_kernel<<<static_cast<unsigned>(logits.rows), 32, logits.cols * sizeof(float), stream>>>(logits, top_k, ids,
+                                                                                                     weights);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_combine_launch(Mat expert_out, const float* weights, int top_k, Mat out, cudaStream_t stream) {
+  if (out.rows == 0) return cudaSuccess;
+  moe_combine_kernel<<<grid_for(out.rows * out.cols, 256, 65535), 256, 0, stream>>>(expert_out, weights, top_k, out);
+  return cudaGetLastError();
+}
+
+}  // namespace hyspec::cuda

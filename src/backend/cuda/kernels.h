@@ -1,0 +1,107 @@
+// Kernel launchers of the CUDA backend (private to src/backend/cuda/). Each enqueues work on `stream`
+// and returns the launch status; argument checks live in cuda_backend.cu. Shapes use the conventions
+// of backend.h: f32 row-major rows with a stride in elements.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "format/ggml_types.h"
+
+namespace hyspec::cuda {
+
+// Bytes of zero padding after every weight upload: decoders of 2-byte aligned blocks read whole
+// aligned words and may touch up to 4 bytes past a row's last block.
+constexpr size_t kWeightPad = 64;
+
+// A strided f32 matrix on the device.
+struct Mat {
+  float* data = nullptr;
+  int64_t rows = 0, cols = 0, stride = 0;
+};
+
+// Scratch the matmul may use for its own staging (activations as f16, dequantised weight tiles).
+struct MatmulScratch {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// A weight as the kernels see it: n_out rows of n_in elements of `type`; experts are n_out rows apart.
+struct WeightView {
+  const uint8_t* data = nullptr;
+  GgmlType type = GgmlType::F32;
+  int64_t n_in = 0, n_out = 0;
+  size_t row_bytes = 0;
+};
+
+// True when matmul/embed support the type.
+bool matmul_type_supported(GgmlType t);
+// Bytes of scratch matmul_launch needs for n rows of x.
+size_t matmul_scratch_bytes(const WeightView& w, int64_t n);
+
+// y[t] = W x[t] for t < x.rows. Widths <= 32 read each weight byte once (tensor-core matvec); wider
+// inputs dequantise weight tiles to f16 and call cuBLAS.
+cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scratch, cublasHandle_t cublas,
+                          cudaStream_t stream);
+
+// Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div].
+cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids, int64_t n_batch, int x_div,
+                                  Mat x, Mat y, MatmulScratch scratch, cudaStream_t stream);
+size_t matmul_experts_scratch_bytes(const WeightView& w, int64_t n_x_rows);
+
+// out[t] = row tokens[t] of the table, dequantised to f32.
+cudaError_t embed_launch(const WeightView& table, const int32_t* tokens, Mat out, cudaStream_t stream);
+
+// ---- elementwise and normalisation (elementwise.cu) ----
+cudaError_t rms_norm_launch(Mat x, const float* z_gate, int64_t z_stride, const float* w, int64_t group, float eps,
+                            Mat y, cudaStream_t stream);  // z_gate == nullptr: plain rms norm
+enum class Binary { Add, SwiGlu, SigmoidMul, AddSigmoidScaled };
+cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream);
+cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
+                             cudaStream_t stream);
+// Rows whose position is outside [0, capacity) are skipped.
+cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width, int64_t capacity,
+                            const int32_t* positions, cudaStream_t stream);
+cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream);
+// Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
+cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
+// out[t] = sum_s weights[t][s] * expert_out[t*k + s]
+cudaError_t moe_combine_launch(Mat expert_out, const float* weights, int top_k, Mat out, cudaStream_t stream);
+
+// ---- attention (attention.cu) ----
+struct AttentionParams {
+  Mat q, out;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  bool kv_f16 = false;
+  int64_t kv_width = 0, kv_capacity = 0;
+  const int32_t* positions = nullptr;
+  int n_head = 0, n_kv_head = 0, head_dim = 0;
+  float scale = 1.0f;
+  bool causal = true;
+};
+bool attention_head_dim_supported(int head_dim);
+// Split count the launcher will use, and the scratch it needs for the partial results.
+int attention_splits(const AttentionParams& p, int n_sm);
+size_t attention_scratch_bytes(const AttentionParams& p, int n_splits);
+cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scratch, cudaStream_t stream);
+
+// ---- recurrent ops (recurrent.cu) ----
+cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, float* conv_state, float* capture, Mat y,
+                                    cudaStream_t stream);
+struct GdnParams {
+  Mat q, k, v, beta_logit, alpha, out;
+  const float* ssm_a = nullptr;
+  const float* dt_bias = nullptr;
+  int n_k_heads = 0, n_v_heads = 0, head_dim = 0;
+  float eps = 1e-6f;
+  float* state = nullptr;
+  float* capture = nullptr;
+};
+bool gdn_head_dim_supported(int head_dim);
+// q, k: 16-byte aligned rows (float4 loads); state and capture 16-byte aligned.
+cudaError_t gdn_launch(const GdnParams& p, cudaStream_t stream);
+
+}  // namespace hyspec::cuda

@@ -1,0 +1,408 @@
+// Device-side decoding of GGML weight types, one struct per type. Adding a type = one struct here
+// plus one line in the dispatch of matmul.cu. Each struct provides:
+//   kBlock          elements per block (a multiple of 32)
+//   value(row, i)   element i of a row as f32, evaluated like src/format/quants.cpp (exact; embed
+//                   and the fallback matmul use it)
+//   Raw, load(row, c, raw), decode(row, raw, c, a)
+//                   the 32 elements of chunk c (elements [32c, 32c+32) of the row *as permuted*)
+//                   as 16 half2, the fast path of the tensor-core matmul, split in two so the
+//                   matvec can issue the loads of its next step before decoding this one
+//   chunk(row, c, a)  load + decode
+//   kSwizzle        each aligned group of 4 chunk positions holds 4 consecutive elements, in the
+//                   order {0,1,2,3} (false) or {0,2,1,3} (true); lets the matvec read activations
+//                   as float4 straight from f32 rows
+//   perm(j)         which element of its block chunk position j holds: chunk(row, c, a) yields
+//                   a[m].x = element perm(32c' + 2m), a[m].y = element perm(32c' + 2m + 1) of the
+//                   block, c' = c % (kBlock/32). The permutation lets each type emit values in the
+//                   order its bit tricks produce them; the activations are permuted the same way once
+//                   per matmul, so no shuffling happens in the inner loop (a dot product does not care
+//                   about the order of its terms).
+// Blocks of some types (Q8_0, Q4_0, Q6_K) are only 2-byte aligned; load_a2/words_a2 read them with
+// aligned 4-byte loads and funnel shifts. It may read up to 4 bytes past the block: every weight
+// allocation carries kWeightPad (kernels.h) bytes of padding.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace hyspec::cuda {
+
+__device__ __forceinline__ half2 as_half2(uint32_t u) {
+  half2 h;
+  static_assert(sizeof(h) == 4);
+  __builtin_memcpy(&h, &u, 4);
+  return h;
+}
+__device__ __forceinline__ uint32_t as_u32(half2 h) {
+  uint32_t u;
+  __builtin_memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ float ld_f16(const uint8_t* p) {
+  return __half2float(*reinterpret_cast<const __half*>(p));
+}
+
+// N little-endian words starting at a 2-byte aligned address: the N+1 aligned words around them
+// (load_a2), realigned with funnel shifts (words_a2) once they have arrived.
+template <int N>
+struct A2Words {
+  uint32_t r[N + 1];
+};
+template <int N>
+__device__ __forceinline__ void load_a2(const uint8_t* p, A2Words<N>& raw) {
+  const uint32_t* base = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+#pragma unroll
+  for (int i = 0; i <= N; ++i) raw.r[i] = __ldg(base + i);
+}
+template <int N>
+__device__ __forceinline__ void words_a2(const uint8_t* p, const A2Words<N>& raw, uint32_t (&w)[N]) {
+  const uint32_t sh = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 3) * 8;  // 0 or 16
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw.r[i], raw.r[i + 1], sh);
+}
+__device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+__device__ __forceinline__ half2 h2_of_u16(uint16_t h) {
+  return __half2half2(__ushort_as_half(h));
+}
+// Two 4-bit (plus high bits, already or-ed in) values in the low bits of each 16-bit half of u,
+// made into the halves 1024 + q by or-ing in the exponent of 1024.
+__device__ __forceinline__ half2 magic_h2(uint32_t u) { return as_half2(u | 0x64006400u); }
+
+// Chunk position j -> offset inside a group of 8 for the nibble order the 4-bit decoders emit:
+// a word w = bytes b0..b3 gives (b0,b2) and (b1,b3) low nibbles, then the same high nibbles.
+__host__ __device__ constexpr int nibble_pair_offset(int r) { return (r & 1) * 2 + ((r >> 1) & 1); }
+
+// chunk() for every type: load, then decode.
+#define HS_CHUNK_FROM_LOAD_DECODE                                                   \
+  __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {     \
+    Raw raw;                                                                        \
+    load(row, c, raw);                                                              \
+    decode(row, raw, c, a);                                                         \
+  }
+
+struct TypeF32 {
+  static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = false;
+  struct Raw {
+    float4 v[8];
+  };
+  __device__ static float value(const uint8_t* row, int64_t i) { return reinterpret_cast<const float*>(row)[i]; }
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
+    const float4* p = reinterpret_cast<const float4*>(row) + c * 8;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r.v[k] = __ldg(p + k);
+  }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t, half2 (&a)[16]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      a[2 * k] = __floats2half2_rn(r.v[k].x, r.v[k].y);
+      a[2 * k + 1] = __floats2half2_rn(r.v[k].z, r.v[k].w);
+    }
+  }
+  HS_CHUNK_FROM_LOAD_DECODE
+  __host__ __device__ static constexpr int perm(int j) { return j; }
+};
+
+struct TypeF16 {
+  static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = false;
+  struct Raw {
+    uint4 v[4];
+  };
+  __device__ static float value(const uint8_t* row, int64_t i) { return ld_f16(row + 2 * i); }
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + c * 64);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) r.v[k] = __ldg(p + k);
+  }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t, half2 (&a)[16]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      a[4 * k] = as_half2(r.v[k].x), a[4 * k + 1] = as_half2(r.v[k].y);
+      a[4 * k + 2] = as_half2(r.v[k].z), a[4 * k + 3] = as_half2(r.v[k].w);
+    }
+  }
+  HS_CHUNK_FROM_LOAD_DECODE
+  __host__ __device__ static constexpr int perm(int j) { return j; }
+};
+
+struct TypeBF16 {
+  static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = false;
+  using Raw = TypeF16::Raw;
+  __device__ static float value(const uint8_t* row, int64_t i) {
+    return __uint_as_float(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(row)[i]) << 16);
+  }
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) { TypeF16::load(row, c, r); }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t, half2 (&a)[16]) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(r.v);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) a[k] = __floats2half2_rn(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
+  }
+  HS_CHUNK_FROM_LOAD_DECODE
+  __host__ __device__ static constexpr int perm(int j) { return j; }
+};
+
+// Q8_0 (34 B): d f16, qs[32] int8; y = d*q.
+struct TypeQ8_0 {
+  static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = false;
+  struct Raw {
+    uint16_t d;
+    A2Words<8> q;
+  };
+  __device__ static float value(const uint8_t* row, int64_t i) {
+    const uint8_t* b = row + (i / 32) * 34;
+    return __fmul_rn(ld_f16(b), static_cast<float>(reinterpret_cast<const int8_t*>(b + 2)[i % 32]));
+  }
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
+    const uint8_t* b = row + c * 34;
+    r.d = ld_u16(b);
+    load_a2(b + 2, r.q);
+  }
+  __device__ static void decode(const uint8_t* row, const Raw& r, int64_t c, half2 (&a)[16]) {
+    uint32_t w[8];
+    words_a2(row + c * 34 + 2, r.q, w);
+    const half2 d = h2_of_u16(r.d);
+    const half2 bias = __float2half2_rn(1152.0f);  // 1024 + 128
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t x = w[k] ^ 0x80808080u;  // q + 128 as unsigned bytes
+      a[2 * k] = __hmul2(__hsub2(as_half2(__byte_perm(x, 0x64646464u, 0x4140)), bias), d);
+      a[2 * k + 1] = __hmul2(__hsub2(as_half2(__byte_perm(x, 0x64646464u, 0x4342)), bias), d);
+    }
+  }
+  HS_CHUNK_FROM_LOAD_DECODE
+  __host__ __device__ static constexpr int perm(int j) { return j; }
+};
+
+// Q4_0 (18 B): d f16, qs[16]; element j<16 = low nibble of qs[j], j>=16 = high nibble of qs[j-16];
+// y = d*(q-8).
+struct TypeQ4_0 {
+  static constexpr int kBlock = 32;
+  static constexpr bool kSwizzle = true;
+  struct Raw {
+    uint16_t d;
+    A2Words<4> q;
+  };
+  __device__ static float value(const uint8_t* row, int64_t i) {
+    const uint8_t* b = row + (i / 32) * 18;
+    const int j = static_cast<int>(i % 32);
+    const int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+    return __fmul_rn(ld_f16(b), static_cast<float>(q - 8));
+  }
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
+    const uint8_t* b = row + c * 18;
+    r.d = ld_u16(b);
+    load_a2(b + 2, r.q);
+  }
+  __device__ static void decode(const uint8_t* row, const Raw& r, int64_t c, half2 (&a)[16]) {
+    uint32_t w[4];
+    words_a2(row + c * 18 + 2, r.q, w);
+    const half2 d = h2_of_u16(r.d);
+    const half2 bias = __float2half2_rn(1032.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      a[4 * k + 0] = __hmul2(__hsub2(magic_h2(w[k] & 0x000F000Fu), bias), d);
+      a[4 * k + 1] = __hmul2(__hsub2(magic_h2((w[k] >> 8) & 0x000F000Fu), bias), d);
+      a[4 * k + 2] = __hmul2(__hsub2(magic_h2((w[k] >> 4) & 0x000F000Fu), bias), d);
+      a[4 * k + 3] = __hmul2(__hsub2(magic_h2((w[k] >> 12) & 0x000F000Fu), bias), d);
+    }
+  }
+  HS_CHUNK_FROM_LOAD_DECODE
+  // word k of the chunk: positions 8k..8k+7 hold elements 4k + {0,2,1,3} then 16 + 4k + {0,2,1,3}.
+  __host__ __device__ static constexpr int perm(int j) {
+    return 4 * ((j & 31) >> 3) + nibble_pair_offset(j & 3) + ((j & 4) ? 16 : 0);
+  }
+};
+
+// Scale and min of sub-block s (0..7) of the 12 packed bytes of Q4_K/Q5_K (words s0..s2).
+__device__ __forceinline__ void k_scale_min(const uint32_t (&s)[3], int sub, int& sc, int& mn) {
+  auto byte = [&](int i) { return static_cast<int>((s[i >> 2] >> (8 * (i & 3))) & 0xff); };
+  if (sub < 4) {
+    sc = byte(sub) & 63;
+    mn = byte(sub + 4) & 63;
+  } else {
+    sc = (byte(sub + 4) & 0xF) | ((byte(sub - 4) >> 6) << 4);
+    mn = (byte(sub + 4) >> 4) | ((byte(sub) >> 6) << 4);
+  }
+}
+
+// Chunk layout shared by Q4_K and Q5_K: chunk cb (0..7) of a block covers qs bytes
+// [32*(cb/2) + 16*(cb%2), +16): their low nibbles are elements 64*(cb/2) + 16*(cb%2) + l (sub-block
+// 2*(cb/2)), their high nibbles the same + 32 (sub-block 2*(cb/2)+1).
+__host__ __device__ constexpr int k4_perm(int j) {
+  const int cb = j >> 5, jj = j & 31;
+  return 64 * (cb >> 1) + 16 * (cb & 1) + 4 * (jj >> 3) + nibble_pair_offset(jj & 3) + ((jj & 4) ? 32 : 0);
+}
+
+// Scales of the two sub-blocks of chunk group jg from the 16-byte header (d, dmin, scales[12]):
+// y = q*d1 + m1 (low nibbles), q*d2 + m2 (high nibbles). Branch-free: the 6-bit scales and mins of
+// sub-blocks 0-3 and 4-7 are assembled as 4 bytes per word, then two bytes picked.
+__device__ __forceinline__ void k4_scales(const uint4& hdr, int jg, half2& d1, half2& m1, half2& d2, half2& m2) {
+  const uint32_t s0 = hdr.y, s1 = hdr.z, s2 = hdr.w;
+  const bool hi = jg >= 2;
+  const uint32_t sc = hi ? (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u) : s0 & 0x3f3f3f3fu;
+  const uint32_t mn = hi ? ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u) : s1 & 0x3f3f3f3fu;
+  const int sh = (jg & 1) * 16;
+  const float2 dm = __half22float2(as_half2(hdr.x));
+  d1 = __float2half2_rn(dm.x * static_cast<float>((sc >> sh) & 0xffu));
+  d2 = __float2half2_rn(dm.x * static_cast<float>((sc >> (sh + 8)) & 0xffu));
+  m1 = __float2half2_rn(-dm.y * static_cast<float>((mn >> sh) & 0xffu));
+  m2 = __float2half2_rn(-dm.y * static_cast<float>((mn >> (sh + 8)) & 0xffu));
+}
+
+// Q4_K (144 B): d, dmin f16, scales[12], qs[128]; y = d*sc*q - dmin*m per 32-element sub-block.
+struct TypeQ4_K {
+  static constexpr int kBlock = 256;
+  static constexpr bool kSwizzle = true;
+  struct Raw {
+    uint4 hdr, qs;
+  };
+  __device__ static float value(const uint8_t* row, int64_t i) {
+    const uint8_t* b = row + (i / 256) * 144;
+    const int e = static_cast<int>(i % 256), sub = e / 32, l = e % 32;
+    uint32_t s[3];
+    __builtin_memcpy(s, b + 4, 12);
+    int sc, mn;
+    k_scale_min(s, sub, sc, mn);
+    const int q = (b[16 + 32 * (sub / 2) + l] >> (4 * (sub % 2))) & 15;
+    const float dk = __fmul_rn(ld_f16(b), static_cast<float>(sc));
+    const float mk = __fmul_rn(ld_f16(b + 2), static_cast<float>(mn));
+    return __fsub_rn(__fmul_rn(dk, static_cast<float>(q)), mk);
+  }
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
+    const uint8_t* b = row + (c >> 3) * 144;
+    const int cb = static_cast<int>(c & 7);
+    r.hdr = __ldg(reinterpret_cast<const uint4*>(b));
+    r.qs = __ldg(reinterpret_cast<const uint4*>(b + 16 + 32 * (cb >> 1) + 16 * (cb & 1)));
+  }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t c, half2 (&a)[16]) {
+    half2 d1, m1, d2, m2;
+    k4_scales(r.hdr, static_cast<int>(c & 7) >> 1, d1, m1, d2, m2);
+    const uint32_t w[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
+    const half2 bias = __float2half2_rn(1024.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      a[4 * k + 0] = __hfma2(__hsub2(magic_h2(w[k] & 0x000F000Fu), bias), d1, m1);
+      a[4 * k + 1] = __hfma2(__hsub2(magic_h2((w[k] >> 8) & 0x000F000Fu), bias), d1, m1);
+      a[4 * k + 2] = __hfma2(__hsub2(magic_h2((w[k] >> 4) & 0x000F000Fu), bias), d2, m2);
+      a[4 * k + 3] = __hfma2(__hsub2(magic_h2((w[k] >> 12) & 0x000F000Fu), bias), d2, m2);
+    }
+  }
+  HS_CHUNK_FROM_LOAD_DECODE
+  __host__ __device__ static constexpr int perm(int j) { return k4_perm(j); }
+};
+
+// Q5_K (176 B): d, dmin, scales[12], qh[32], qs[128]; as Q4_K with bit `sub` of qh[l] as fifth bit.
+struct TypeQ5_K {
+  static constexpr int kBlock = 256;
+  static constexpr bool kSwizzle = true;
+  struct Raw {
+    uint4 hdr, qs, qh;
+  };
+  __device__ static float value(const uint8_t* row, int64_t i) {
+    const uint8_t* b = row + (i / 256) * 176;
+    const int e = static_cast<int>(i % 256), sub = e / 32, l = e % 32;
+    uint32_t s[3];
+    __builtin_memcpy(s, b + 4, 12);
+    int sc, mn;
+    k_scale_min(s, sub, sc, mn);
+    const int q = ((b[48 + 32 * (sub / 2) + l] >> (4 * (sub % 2))) & 15) | (((b[16 + l] >> sub) & 1) << 4);
+    const float dk = __fmul_rn(ld_f16(b), static_cast<float>(sc));
+    const float mk = __fmul_rn(ld_f16(b + 2), static_cast<float>(mn));
+    return __fsub_rn(__fmul_rn(dk, static_cast<float>(q)), mk);
+  }
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
+    const uint8_t* b = row + (c >> 3) * 176;
+    const int cb = static_cast<int>(c & 7);
+    r.hdr = __ldg(reinterpret_cast<const uint4*>(b));
+    r.qs = __ldg(reinterpret_cast<const uint4*>(b + 48 + 32 * (cb >> 1) + 16 * (cb & 1)));
+    r.qh = __ldg(reinterpret_cast<const uint4*>(b + 16 + 16 * (cb & 1)));
+  }
+  __device__ static void decode(const uint8_t*, const Raw& r, int64_t c, half2 (&a)[16]) {
+    const int jg = static_cast<int>(c & 7) >> 1;
+    half2 d1, m1, d2, m2;
+    k4_scales(r.hdr, jg, d1, m1, d2, m2);
+    const uint32_t w[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w}, u[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+    const half2 bias = __float2half2_rn(1024.0f);
+    const int s1 = 2 * jg, s2 = 2 * jg + 1;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t h02 = ((u[k] >> s1) & 0x00010001u) << 4, h13 = ((u[k] >> (s1 + 8)) & 0x00010001u) << 4;
+      const uint32_t g02 = ((u[k] >> s2) & 0x00010001u) << 4, g13 = ((u[k] >> (s2 + 8)) & 0x00010001u) << 4;
+      a[4 * k + 0] = __hfma2(__hsub2(magic_h2((w[k] & 0x000F000Fu) | h02), bias), d1, m1);
+      a[4 * k + 1] = __hfma2(__hsub2(magic_h2(((w[k] >> 8) & 0x000F000Fu) | h13), bias), d1, m1);
+      a[4 * k + 2] = __hfma2(__hsub2(magic_h2(((w[k] >> 4) & 0x000F000Fu) | g02), bias), d2, m2);
+      a[4 * k + 3] = __hfma2(__hsub2(magic_h2(((w[k] >> 12) & 0x000F000Fu) | g13), bias), d2, m2);
+    }
+  }
+  HS_CHUNK_FROM_LOAD_DECODE
+  __host__ __device__ static constexpr int perm(int j) { return k4_perm(j); }
+};
+
+// Q6_K (210 B): ql[128], qh[64], scales[16] int8, d f16; y = d*sc*(q-32).
+// Chunk cb (0..7): half nh = cb/4, ql source src = (cb/2)%2, l in 16*(cb%2) + [0,16): the low nibbles
+// of ql[64nh + 32src + l] are elements 128nh + 32src + l, the high nibbles the same + 64.
+struct TypeQ6_K {
+  static constexpr int kBlock = 256;
+  static constexpr bool kSwizzle = true;
+  struct Raw {
+    A2Words<4> ql, qh;
+    uint16_t d;
+    int8_t sc_lo, sc_hi;
+  };
+  __device__ static float value(const uint8_t* row, int64_t i) {
+    const uint8_t* b = row + (i / 256) * 210;
+    const int e = static_cast<int>(i % 256), j = e / 128, r = e % 128;
+    const int lo = (b[64 * j + r % 64] >> (4 * (r / 64))) & 15;
+    const int hi = (b[128 + 32 * j + r % 32] >> (2 * (r / 32))) & 3;
+    const float ds = __fmul_rn(ld_f16(b + 208), static_cast<float>(reinterpret_cast<const int8_t*>(b + 192)[e / 16]));
+    return __fmul_rn(ds, static_cast<float>((lo | (hi << 4)) - 32));
+  }
+  __device__ static const uint8_t* ql_at(const uint8_t* b, int cb) { return b + 64 * (cb >> 2) + 32 * ((cb >> 1) & 1) + 16 * (cb & 1); }
+  __device__ static const uint8_t* qh_at(const uint8_t* b, int cb) { return b + 128 + 32 * (cb >> 2) + 16 * (cb & 1); }
+  __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
+    const uint8_t* b = row + (c >> 3) * 210;
+    const int cb = static_cast<int>(c & 7), nh = cb >> 2, src = (cb >> 1) & 1, hh = cb & 1;
+    load_a2(ql_at(b, cb), r.ql);
+    load_a2(qh_at(b, cb), r.qh);
+    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+    r.sc_lo = __ldg(scales + 8 * nh + hh + 2 * src);
+    r.sc_hi = __ldg(scales + 8 * nh + hh + 2 * src + 4);
+    r.d = ld_u16(b + 208);
+  }
+  __device__ static void decode(const uint8_t* row, const Raw& r, int64_t c, half2 (&a)[16]) {
+    const uint8_t* b = row + (c >> 3) * 210;
+    const int cb = static_cast<int>(c & 7), src = (cb >> 1) & 1;
+    uint32_t w[4], u[4];
+    words_a2(ql_at(b, cb), r.ql, w);
+    words_a2(qh_at(b, cb), r.qh, u);
+    const float d = __half2float(__ushort_as_half(r.d));
+    const half2 d_lo = __float2half2_rn(d * r.sc_lo), d_hi = __float2half2_rn(d * r.sc_hi);
+    const int s_lo = 2 * src, s_hi = 2 * src + 4;
+    const half2 bias = __float2half2_rn(1056.0f);  // 1024 + 32
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t h02 = ((u[k] >> s_lo) & 0x00030003u) << 4, h13 = ((u[k] >> (s_lo + 8)) & 0x00030003u) << 4;
+      const uint32_t g02 = ((u[k] >> s_hi) & 0x00030003u) << 4, g13 = ((u[k] >> (s_hi + 8)) & 0x00030003u) << 4;
+      a[4 * k + 0] = __hmul2(__hsub2(magic_h2((w[k] & 0x000F000Fu) | h02), bias), d_lo);
+      a[4 * k + 1] = __hmul2(__hsub2(magic_h2(((w[k] >> 8) & 0x000F000Fu) | h13), bias), d_lo);
+      a[4 * k + 2] = __hmul2(__hsub2(magic_h2(((w[k] >> 4) & 0x000F000Fu) | g02), bias), d_hi);
+      a[4 * k + 3] = __hmul2(__hsub2(magic_h2(((w[k] >> 12) & 0x000F000Fu) | g13), bias), d_hi);
+    }
+  }
+  HS_CHUNK_FROM_LOAD_DECODE
+  __host__ __device__ static constexpr int perm(int j) {
+    const int cb = j >> 5, jj = j & 31;
+    const int l = 16 * (cb & 1) + 4 * (jj >> 3) + nibble_pair_offset(jj & 3);
+    return 128 * (cb >> 2) + 32 * ((cb >> 1) & 1) + l + ((jj & 4) ? 64 : 0);
+  }
+};
+
+#undef HS_CHUNK_FROM_LOAD_DECODE
+
+}  // namespace hyspec::cuda

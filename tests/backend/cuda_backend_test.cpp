@@ -1,0 +1,638 @@
+// The CUDA backend against the CPU backend, op by op, on random inputs (never zeros), with every
+// output poisoned (NaN) before the op so an unwritten element fails. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "format/quants.h"
+#include "util/half.h"
+
+namespace hyspec {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// ||a - b|| / ||b||, or infinity when a holds a non-finite value.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// A buffer on one backend with its host mirror.
+struct Tensor {
+  Buffer buf;
+  size_t n = 0;
+  float* f() const { return buf.as<float>(); }
+  Rows rows(int64_t r, int64_t c, int64_t stride = -1) const { return Rows(f(), r, c, stride); }
+};
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto g = create_backend(BackendKind::Cuda);
+    if (!g.is_ok()) GTEST_SKIP() << "no CUDA device: " << g.message();
+    gpu_ = std::move(g).value();
+    auto c = create_backend(BackendKind::Cpu);
+    ASSERT_TRUE(c.is_ok()) << c.message();
+    cpu_ = std::move(c).value();
+  }
+  void TearDown() override {
+    if (gpu_) {
+      Status s = gpu_->synchronize();
+      EXPECT_TRUE(s.is_ok()) << s.message();
+    }
+  }
+
+  std::vector<float> randn(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng_);
+    return v;
+  }
+  int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+
+  static Tensor put(Backend& b, const std::vector<float>& v) {
+    Tensor t{b.alloc(v.size() * sizeof(float)).value(), v.size()};
+    b.upload(t.f(), v.data(), v.size() * sizeof(float));
+    return t;
+  }
+  static Tensor poison(Backend& b, size_t n) { return put(b, std::vector<float>(n, kNaN)); }
+  static Buffer put_i32(Backend& b, const std::vector<int32_t>& v) {
+    Buffer buf = b.alloc(v.size() * sizeof(int32_t)).value();
+    b.upload(buf.data(), v.data(), v.size() * sizeof(int32_t));
+    return buf;
+  }
+  static std::vector<float> get(Backend& b, const Tensor& t) {
+    std::vector<float> v(t.n);
+    b.download(v.data(), t.f(), t.n * sizeof(float));
+    return v;
+  }
+  std::vector<float> get_gpu(const Tensor& t) {
+    auto v = get(*gpu_, t);
+    Status s = gpu_->synchronize();
+    EXPECT_TRUE(s.is_ok()) << s.message();
+    return v;
+  }
+
+  // Same inputs on both backends.
+  struct Pair {
+    Tensor c, g;
+  };
+  Pair both(const std::vector<float>& v) { return {put(*cpu_, v), put(*gpu_, v)}; }
+  Pair both_poison(size_t n) { return {poison(*cpu_, n), poison(*gpu_, n)}; }
+  void expect_close(const Pair& p, double tol, const std::string& what) {
+    const auto c = get(*cpu_, p.c), g = get_gpu(p.g);
+    const double e = rel_err(g, c);
+    EXPECT_LE(e, tol) << what;
+  }
+
+  std::unique_ptr<Backend> cpu_, gpu_;
+  std::mt19937 rng_{20261122};
+};
+
+// ---- weights ----
+
+// Random GGML blocks of n_out rows x n_in: real quantization where hyspec can quantize, else random
+// bytes with small, finite scales.
+std::vector<uint8_t> random_weight_bytes(GgmlType type, int64_t n_in, int64_t n_out, std::mt19937& rng) {
+  const size_t row_bytes = ggml_row_bytes(type, n_in).value();
+  std::vector<uint8_t> bytes(row_bytes * n_out);
+  if (type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K) {
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    const size_t bs = ggml_type_traits(type).type_size;
+    for (size_t off = 0; off < bytes.size(); off += bs) {
+      auto put16 = [&](size_t at, float v) {
+        const uint16_t h = fp32_to_fp16(v);
+        std::memcpy(&bytes[off + at], &h, 2);
+      };
+      if (type == GgmlType::Q6_K) {
+        put16(208, 2e-3f * u(rng));
+      } else {
+        put16(0, 4e-3f * u(rng));
+        put16(2, 2e-3f * u(rng));
+      }
+    }
+    return bytes;
+  }
+  std::normal_distribution<float> d(0.0f, 0.05f);
+  std::vector<float> row(n_in);
+  for (int64_t r = 0; r < n_out; ++r) {
+    for (auto& x : row) x = d(rng);
+    EXPECT_TRUE(quantize_row(type, row.data(), bytes.data() + r * row_bytes, n_in).is_ok());
+  }
+  return bytes;
+}
+
+GgufTensorInfo tensor_info(const std::string& name, GgmlType type, const std::vector<uint8_t>& bytes, int64_t n_in,
+                           int64_t n_out, int64_t n_expert = 1) {
+  GgufTensorInfo t;
+  t.name = name;
+  t.type = type;
+  t.n_dims = n_expert > 1 ? 3 : 2;
+  t.ne[0] = n_in;
+  t.ne[1] = n_out;
+  t.ne[2] = n_expert;
+  t.nbytes = bytes.size();
+  t.data = bytes.data();
+  return t;
+}
+
+const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
+                           GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+const int64_t kWidths[] = {1, 2, 3, 8, 16, 32, 100};
+
+// The oracle is the CPU on the f32 dequantisation (exact f32 dots); the CUDA kernels for stored
+// F16/BF16/quant weights multiply in f16 with f32 accumulation, ~3e-4 relative.
+TEST_F(CudaBackendTest, MatmulEveryTypeAndWidthMatchesDequantizedReference) {
+  const int64_t K = 512, N = 72;  // N not a multiple of 16: partial row tiles
+  for (GgmlType type : kTypes) {
+    const auto bytes = random_weight_bytes(type, K, N, rng_);
+    const GgufTensorInfo info = tensor_info("w", type, bytes, K, N);
+    auto wc = cpu_->load_weight(info, /*dequantize_to_f32=*/true);
+    auto wg = gpu_->load_weight(info);
+    auto wg32 = gpu_->load_weight(info, true);
+    ASSERT_TRUE(wc.is_ok() && wg.is_ok() && wg32.is_ok()) << wc.message() << wg.message();
+    for (int64_t n : kWidths) {
+      // x is a column slice of a wider buffer, y too.
+      const auto xv = randn(n * (K + 8));
+      Pair x = both(xv), y = both_poison(n * (N + 4)), y32 = both_poison(n * N);
+      cpu_->matmul(*wc, x.c.rows(n, K, K + 8), y.c.rows(n, N, N + 4));
+      gpu_->matmul(*wg, x.g.rows(n, K, K + 8), y.g.rows(n, N, N + 4));
+      gpu_->matmul(*wg32, x.g.rows(n, K, K + 8), y32.g.rows(n, N));
+      const auto c = get(*cpu_, y.c), g = get_gpu(y.g), g32 = get_gpu(y32.g);
+      std::vector<float> cs, gs;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t o = 0; o < N; ++o) cs.push_back(c[t * (N + 4) + o]), gs.push_back(g[t * (N + 4) + o]);
+      // F32 weights (and the dequantized copies) take the exact f32 path.
+      EXPECT_LE(rel_err(gs, cs), type == GgmlType::F32 ? 1e-5 : 1e-3) << ggml_type_name(type) << " n=" << n;
+      EXPECT_LE(rel_err(g32, cs), 1e-5) << ggml_type_name(type) << " dequantized, n=" << n;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t o = N; o < N + 4; ++o) ASSERT_TRUE(std::isnan(g[t * (N + 4) + o])) << "wrote past the slice";
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, MatmulRowsNotMultipleOf32UseExactFallback) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+    const int64_t K = 40, N = 9, n = 5;
+    const auto bytes = random_weight_bytes(type, K, N, rng_);
+    const GgufTensorInfo info = tensor_info("w", type, bytes, K, N);
+    auto wc = cpu_->load_weight(info, true);
+    auto wg = gpu_->load_weight(info);
+    ASSERT_TRUE(wc.is_ok() && wg.is_ok());
+    Pair x = both(randn(n * K)), y = both_poison(n * N);
+    cpu_->matmul(*wc, x.c.rows(n, K), y.c.rows(n, N));
+    gpu_->matmul(*wg, x.g.rows(n, K), y.g.rows(n, N));
+    expect_close(y, 1e-5, std::string(ggml_type_name(type)));
+  }
+}
+
+TEST_F(CudaBackendTest, EmbedEveryTypeIsExact) {
+  const int64_t K = 256, V = 40, n = 7;
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = uniform(0, V - 1);
+  ids[3] = V + 5;  // out of range: zeros on both
+  for (GgmlType type : kTypes) {
+    const auto bytes = random_weight_bytes(type, K, V, rng_);
+    const GgufTensorInfo info = tensor_info("tok", type, bytes, K, V);
+    auto wc = cpu_->load_weight(info);
+    auto wg = gpu_->load_weight(info);
+    ASSERT_TRUE(wc.is_ok() && wg.is_ok());
+    Buffer tc = put_i32(*cpu_, ids), tg = put_i32(*gpu_, ids);
+    Pair out = both_poison(n * K);
+    cpu_->embed(*wc, tc.as<int32_t>(), n, out.c.rows(n, K));
+    gpu_->embed(*wg, tg.as<int32_t>(), n, out.g.rows(n, K));
+    expect_close(out, 1e-6, std::string(ggml_type_name(type)));
+  }
+}
+
+TEST_F(CudaBackendTest, RmsNormsMatchCpu) {
+  for (int64_t group : {64, 1000}) {
+    const int64_t n = 5, C = group * 3;
+    const auto xv = randn(n * (C + 4), 3.0f), zv = randn(n * C), wv = randn(group);
+    Pair x = both(xv), z = both(zv), w = both(wv), y = both_poison(n * C), y2 = both_poison(n * C);
+    Pair g = both_poison(n * C);
+    for (Backend* b : {cpu_.get(), gpu_.get()}) {
+      const bool is_gpu = b == gpu_.get();
+      auto& X = is_gpu ? x.g : x.c;
+      b->rms_norm(X.rows(n, C, C + 4), (is_gpu ? w.g : w.c).f(), group, 1e-6f, (is_gpu ? y.g : y.c).rows(n, C));
+      b->rms_norm(X.rows(n, C, C + 4), nullptr, group, 1e-6f, (is_gpu ? y2.g : y2.c).rows(n, C));
+      b->gated_rms_norm(X.rows(n, C, C + 4), (is_gpu ? z.g : z.c).rows(n, C), (is_gpu ? w.g : w.c).f(), group, 1e-6f,
+                        (is_gpu ? g.g : g.c).rows(n, C));
+    }
+    expect_close(y, 1e-5, "rms_norm group " + std::to_string(group));
+    expect_close(y2, 1e-5, "rms_norm without weight");
+    expect_close(g, 1e-5, "gated_rms_norm");
+  }
+}
+
+TEST_F(CudaBackendTest, ElementwiseOpsMatchCpu) {
+  const int64_t n = 7, C = 300, S = 310;
+  const auto av = randn(n * S), bv = randn(n * S), yv = randn(n * C);
+  for (int op = 0; op < 5; ++op) {
+    Pair a = both(av), b = both(bv), y = op == 3 ? both(yv) : both_poison(n * C);
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      Rows A = (g ? a.g : a.c).rows(n, C, S), B = (g ? b.g : b.c).rows(n, C, S), Y = (g ? y.g : y.c).rows(n, C);
+      switch (op) {
+        case 0: be->add(A, B, Y); break;
+        case 1: be->swiglu(A, B, Y); break;
+        case 2: be->sigmoid_mul(A, B, Y); break;
+        case 3: be->add_sigmoid_scaled(A, (g ? b.g : b.c).rows(n, 1, S), Y); break;
+        case 4: be->copy_rows(A, Y); break;
+      }
+    }
+    expect_close(y, 1e-6, "op " + std::to_string(op));
+  }
+  // In place (y aliases a).
+  Pair a = both(av), b = both(bv);
+  cpu_->add(a.c.rows(n, C, S), b.c.rows(n, C, S), a.c.rows(n, C, S));
+  gpu_->add(a.g.rows(n, C, S), b.g.rows(n, C, S), a.g.rows(n, C, S));
+  expect_close(a, 1e-6, "add in place");
+}
+
+TEST_F(CudaBackendTest, RopeNeoxMatchesCpu) {
+  const int64_t n = 9, heads = 3;
+  std::vector<int32_t> pos(n);
+  for (auto& p : pos) p = uniform(0, 5000);
+  for (int n_rot : {16, 64}) {
+    const int head_dim = 64;
+    Pair x = both(randn(n * heads * head_dim));
+    Buffer pc = put_i32(*cpu_, pos), pg = put_i32(*gpu_, pos);
+    cpu_->rope_neox(x.c.rows(n, heads * head_dim), head_dim, n_rot, pc.as<int32_t>(), 1e7f);
+    gpu_->rope_neox(x.g.rows(n, heads * head_dim), head_dim, n_rot, pg.as<int32_t>(), 1e7f);
+    expect_close(x, 1e-5, "n_rot " + std::to_string(n_rot));
+  }
+}
+
+TEST_F(CudaBackendTest, ArgmaxFirstIndexOnTies) {
+  const int64_t n = 6, C = 5000;
+  auto xv = randn(n * C);
+  xv[2 * C + 100] = 50.0f;
+  xv[2 * C + 200] = 50.0f;
+  Pair x = both(xv);
+  std::vector<int32_t> init(n, -7);
+  Buffer oc = put_i32(*cpu_, init), og = put_i32(*gpu_, init);
+  cpu_->argmax(x.c.rows(n, C), oc.as<int32_t>());
+  gpu_->argmax(x.g.rows(n, C), og.as<int32_t>());
+  std::vector<int32_t> c(n), g(n);
+  cpu_->download(c.data(), oc.data(), n * 4);
+  gpu_->download(g.data(), og.data(), n * 4);
+  EXPECT_EQ(c, g);
+  EXPECT_EQ(g[2], 100);
+}
+
+// KV cache with `ctx` earlier positions stored, then n new rows at ctx..ctx+n-1.
+struct AttnCase {
+  int n_head, n_kv, head_dim;
+  int64_t ctx;
+};
+
+TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
+  const AttnCase cases[] = {{4, 2, 64, 37}, {8, 2, 256, 700}, {6, 2, 128, 1500}, {2, 2, 32, 0}};
+  for (const AttnCase& ac : cases) {
+    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16}) {
+      for (int64_t n : kWidths) {
+        for (bool causal : {true, false}) {
+          const int64_t D = ac.head_dim, W = ac.n_kv * D, cap = ac.ctx + n + 3, total = ac.ctx + n;
+          const size_t esz = kv_type == GgmlType::F16 ? 2 : 4;
+          std::vector<int32_t> pos(total);
+          for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
+          Pair k = both(randn(total * W)), v = both(randn(total * W)), q = both(randn(n * ac.n_head * D));
+          Pair out = both_poison(n * ac.n_head * D);
+          for (Backend* be : {cpu_.get(), gpu_.get()}) {
+            const bool g = be == gpu_.get();
+            Buffer kc = be->alloc(cap * W * esz).value(), vc = be->alloc(cap * W * esz).value();
+            Buffer p = put_i32(*be, pos);
+            KvLayer kv{kc.data(), vc.data(), kv_type, cap, W};
+            be->kv_store((g ? k.g : k.c).rows(total, W), (g ? v.g : v.c).rows(total, W), kv, p.as<int32_t>());
+            AttentionArgs a;
+            a.q = (g ? q.g : q.c).rows(n, ac.n_head * D);
+            a.kv = kv;
+            a.positions = p.as<int32_t>() + ac.ctx;
+            a.n_head = ac.n_head;
+            a.n_kv_head = ac.n_kv;
+            a.head_dim = ac.head_dim;
+            a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+            a.causal = causal;
+            a.out = (g ? out.g : out.c).rows(n, ac.n_head * D);
+            be->attention(a);
+            ASSERT_TRUE(be->synchronize().is_ok());
+          }
+          expect_close(out, 1e-4,
+                       fmt::format("H={} Hkv={} D={} ctx={} kv={} n={} causal={}", ac.n_head, ac.n_kv, D, ac.ctx,
+                                   ggml_type_name(kv_type), n, causal));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, CausalConvMatchesCpuWithStateAndCapture) {
+  const int64_t C = 96;
+  const int K = 4;
+  const auto wv = randn(C * K, 0.5f);
+  for (int64_t n : {1, 3, 8, 100}) {
+    for (bool in_place : {false, true}) {
+      const auto xv = randn(n * C), sv = randn((K - 1) * C);
+      Pair x = both(xv), w = both(wv), st = both(sv), cap = both_poison(n * (K - 1) * C), y = both_poison(n * C);
+      for (Backend* be : {cpu_.get(), gpu_.get()}) {
+        const bool g = be == gpu_.get();
+        Rows X = (g ? x.g : x.c).rows(n, C);
+        be->causal_conv_silu(X, (g ? w.g : w.c).f(), K, (g ? st.g : st.c).f(), (g ? cap.g : cap.c).f(),
+                             in_place ? X : (g ? y.g : y.c).rows(n, C));
+      }
+      const std::string what = fmt::format("n={} in_place={}", n, in_place);
+      expect_close(in_place ? x : y, 1e-5, what + " y");
+      expect_close(st, 1e-6, what + " state");
+      expect_close(cap, 1e-6, what + " capture");
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, GatedDeltaNetMatchesCpuRecurrentAndChunked) {
+  struct Case {
+    int n_k, n_v, d;
+  };
+  for (const Case cs : {Case{2, 4, 32}, Case{1, 2, 128}}) {
+    for (int64_t n : kWidths) {
+      for (bool chunked : {false, true}) {
+        const int64_t Kc = int64_t{cs.n_k} * cs.d, Vc = int64_t{cs.n_v} * cs.d, S = cs.n_v * cs.d * cs.d;
+        Pair qkv = both(randn(n * (2 * Kc + Vc))), beta = both(randn(n * cs.n_v)), alpha = both(randn(n * cs.n_v));
+        std::vector<float> a_log = randn(cs.n_v), ssm_a(cs.n_v);
+        for (int h = 0; h < cs.n_v; ++h) ssm_a[h] = -std::exp(0.5f * a_log[h]);
+        Pair A = both(ssm_a), dt = both(randn(cs.n_v)), state = both(randn(S, 0.1f));
+        Pair cap = both_poison(chunked ? 1 : n * S), out = both_poison(n * Vc);
+        for (Backend* be : {cpu_.get(), gpu_.get()}) {
+          const bool g = be == gpu_.get();
+          Rows X = (g ? qkv.g : qkv.c).rows(n, 2 * Kc + Vc);
+          GdnArgs a;
+          a.q = X.cols(0, Kc);
+          a.k = X.cols(Kc, Kc);
+          a.v = X.cols(2 * Kc, Vc);
+          a.beta_logit = (g ? beta.g : beta.c).rows(n, cs.n_v);
+          a.alpha = (g ? alpha.g : alpha.c).rows(n, cs.n_v);
+          a.ssm_a = (g ? A.g : A.c).f();
+          a.dt_bias = (g ? dt.g : dt.c).f();
+          a.n_k_heads = cs.n_k;
+          a.n_v_heads = cs.n_v;
+          a.head_dim = cs.d;
+          a.state = (g ? state.g : state.c).f();
+          a.capture = chunked ? nullptr : (g ? cap.g : cap.c).f();
+          a.chunked = chunked;
+          a.out = (g ? out.g : out.c).rows(n, Vc);
+          be->gated_delta_net(a);
+        }
+        const std::string what = fmt::format("d={} n={} chunked={}", cs.d, n, chunked);
+        expect_close(out, 1e-3, what + " out");
+        expect_close(state, 1e-3, what + " state");
+        if (!chunked) expect_close(cap, 1e-3, what + " capture");
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, MoeFfnMatchesCpu) {
+  const int64_t hidden = 128, ffn = 64, E = 8;
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::F16}) {
+    const auto router_b = random_weight_bytes(GgmlType::F32, hidden, E, rng_);
+    const auto gate_b = random_weight_bytes(type, hidden, ffn * E, rng_), up_b = random_weight_bytes(type, hidden, ffn * E, rng_);
+    const auto down_b = random_weight_bytes(type, ffn, hidden * E, rng_);
+    std::vector<GgufTensorInfo> infos = {tensor_info("router", GgmlType::F32, router_b, hidden, E),
+                                         tensor_info("gate", type, gate_b, hidden, ffn, E),
+                                         tensor_info("up", type, up_b, hidden, ffn, E),
+                                         tensor_info("down", type, down_b, ffn, hidden, E)};
+    std::vector<Weight> wc, wg;
+    for (const auto& info : infos) {
+      wc.push_back(cpu_->load_weight(info, true).value());
+      wg.push_back(gpu_->load_weight(info).value());
+    }
+    for (int64_t n : {1, 3, 16, 40}) {
+      Pair x = both(randn(n * hidden)), out = both_poison(n * hidden);
+      for (Backend* be : {cpu_.get(), gpu_.get()}) {
+        const bool g = be == gpu_.get();
+        auto& w = g ? wg : wc;
+        MoeArgs a;
+        a.x = (g ? x.g : x.c).rows(n, hidden);
+        a.router = &w[0];
+        a.gate_exps = &w[1];
+        a.up_exps = &w[2];
+        a.down_exps = &w[3];
+        a.top_k = 2;
+        a.out = (g ? out.g : out.c).rows(n, hidden);
+        be->moe_ffn(a);
+      }
+      expect_close(out, 2e-3, fmt::format("{} n={}", ggml_type_name(type), n));
+    }
+  }
+}
+
+// A decode step recorded once and replayed with new token ids and positions equals running the ops.
+TEST_F(CudaBackendTest, CapturedStepReplaysWithNewPositions) {
+  Backend& b = *gpu_;
+  const int64_t E = 256, V = 64, H = 4, Hkv = 2, D = 64, W = Hkv * D, cap = 128, n = 3;
+  const auto emb_b = random_weight_bytes(GgmlType::Q8_0, E, V, rng_);
+  const auto wq_b = random_weight_bytes(GgmlType::Q4_K, E, H * D, rng_);
+  const auto wk_b = random_weight_bytes(GgmlType::Q6_K, E, W, rng_);
+  const auto wo_b = random_weight_bytes(GgmlType::Q5_K, H * D, V, rng_);
+  Weight emb = b.load_weight(tensor_info("emb", GgmlType::Q8_0, emb_b, E, V)).value();
+  Weight wq = b.load_weight(tensor_info("q", GgmlType::Q4_K, wq_b, E, H * D)).value();
+  Weight wk = b.load_weight(tensor_info("k", GgmlType::Q6_K, wk_b, E, W)).value();
+  Weight wo = b.load_weight(tensor_info("o", GgmlType::Q5_K, wo_b, H * D, V)).value();
+  Tensor x = poison(b, n * E), q = poison(b, n * H * D), k = poison(b, n * W), att = poison(b, n * H * D),
+         logits = poison(b, n * V), norm_w = put(b, randn(E));
+  Buffer tokens = b.alloc(n * 4).value(), pos = b.alloc(n * 4).value(), out_ids = b.alloc(n * 4).value();
+  Buffer kc = b.alloc(cap * W * 2).value(), vc = b.alloc(cap * W * 2).value();
+  const auto kv_init = randn(cap * W);
+  std::vector<uint16_t> kv_h(kv_init.size());
+  for (size_t i = 0; i < kv_h.size(); ++i) kv_h[i] = fp32_to_fp16(kv_init[i]);
+  KvLayer kv{kc.data(), vc.data(), GgmlType::F16, cap, W};
+  auto step = [&] {
+    b.embed(emb, tokens.as<int32_t>(), n, x.rows(n, E));
+    b.rms_norm(x.rows(n, E), norm_w.f(), E, 1e-6f, x.rows(n, E));
+    b.matmul(wq, x.rows(n, E), q.rows(n, H * D));
+    b.matmul(wk, x.rows(n, E), k.rows(n, W));
+    b.rope_neox(q.rows(n, H * D), D, 16, pos.as<int32_t>(), 1e7f);
+    b.rope_neox(k.rows(n, W), D, 16, pos.as<int32_t>(), 1e7f);
+    b.kv_store(k.rows(n, W), k.rows(n, W), kv, pos.as<int32_t>());
+    AttentionArgs a;
+    a.q = q.rows(n, H * D);
+    a.kv = kv;
+    a.positions = pos.as<int32_t>();
+    a.n_head = H;
+    a.n_kv_head = Hkv;
+    a.head_dim = D;
+    a.scale = 0.125f;
+    a.out = att.rows(n, H * D);
+    b.attention(a);
+    b.matmul(wo, att.rows(n, H * D), logits.rows(n, V));
+    b.argmax(logits.rows(n, V), out_ids.as<int32_t>());
+  };
+  auto set_inputs = [&](int first_pos) {
+    std::vector<int32_t> t(n), p(n);
+    for (int64_t i = 0; i < n; ++i) t[i] = uniform(0, V - 1), p[i] = first_pos + static_cast<int32_t>(i);
+    b.upload(tokens.data(), t.data(), n * 4);
+    b.upload(pos.data(), p.data(), n * 4);
+    b.upload(kc.data(), kv_h.data(), kv_h.size() * 2);
+    b.upload(vc.data(), kv_h.data(), kv_h.size() * 2);
+  };
+  auto graph = b.capture(step);
+  ASSERT_TRUE(graph.is_ok()) << graph.message();
+  for (int first_pos : {5, 90, 17}) {
+    set_inputs(first_pos);
+    b.fill_zero(logits.f(), n * V * 4);
+    step();
+    const auto direct = get_gpu(logits);
+    b.upload(kc.data(), kv_h.data(), kv_h.size() * 2);
+    b.upload(vc.data(), kv_h.data(), kv_h.size() * 2);
+    b.fill_zero(logits.f(), n * V * 4);
+    ASSERT_TRUE((*graph)->replay().is_ok());
+    const auto replayed = get_gpu(logits);
+    EXPECT_EQ(direct, replayed) << "first position " << first_pos;
+  }
+}
+
+TEST_F(CudaBackendTest, ErrorsAreReportedBySynchronizeNotAborts) {
+  const auto bytes = random_weight_bytes(GgmlType::Q8_0, 64, 8, rng_);
+  Weight w = gpu_->load_weight(tensor_info("w", GgmlType::Q8_0, bytes, 64, 8)).value();
+  Tensor x = put(*gpu_, randn(2 * 64)), y = poison(*gpu_, 2 * 8);
+  gpu_->matmul(w, x.rows(2, 32), y.rows(2, 8));  // wrong width
+  Status s = gpu_->synchronize();
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("'w'"), std::string::npos) << s.message();
+  EXPECT_TRUE(gpu_->synchronize().is_ok());  // reported once
+  auto bad = gpu_->capture([&] { gpu_->download(nullptr, x.f(), 4); });
+  EXPECT_FALSE(bad.is_ok());
+}
+
+// Decode-path speed on real shapes; run with HYSPEC_CUDA_BENCH=1. Times graph replays (launch gaps
+// amortised) of many calls rotating over copies whose total exceeds L2, so weights stream from HBM.
+class CudaBench : public CudaBackendTest {
+ protected:
+  // Seconds per call of `calls` calls recorded in one graph.
+  double time_graph(const std::function<void()>& body, int calls) {
+    Backend& b = *gpu_;
+    auto g = b.capture(body);
+    EXPECT_TRUE(g.is_ok()) << g.message();
+    if (!g.is_ok()) return 0;
+    (void)(*g)->replay();
+    EXPECT_TRUE(b.synchronize().is_ok());
+    constexpr int kReplays = 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReplays; ++r) (void)(*g)->replay();
+    EXPECT_TRUE(b.synchronize().is_ok());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / (kReplays * calls);
+  }
+  void SetUp() override {
+    if (!std::getenv("HYSPEC_CUDA_BENCH")) GTEST_SKIP() << "set HYSPEC_CUDA_BENCH=1";
+    CudaBackendTest::SetUp();
+  }
+};
+
+TEST_F(CudaBench, MatmulDecode) {
+  Backend& b = *gpu_;
+  struct Shape {
+    int64_t K, N;
+  };
+  const char* only = std::getenv("HYSPEC_BENCH_TYPE");  // e.g. Q4_K
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::BF16}) {
+    if (only && ggml_type_name(type) != only) continue;
+    for (Shape sh : {Shape{4096, 4096}, Shape{4096, 12288}, Shape{12288, 4096}}) {
+      constexpr int kCopies = 8;
+      const auto bytes = random_weight_bytes(type, sh.K, sh.N, rng_);
+      std::vector<Weight> ws;
+      for (int c = 0; c < kCopies; ++c) ws.push_back(b.load_weight(tensor_info("w", type, bytes, sh.K, sh.N)).value());
+      for (int64_t n : {1, 4, 8, 16, 32, 128}) {
+        Tensor x = put(b, randn(n * sh.K)), y = poison(b, n * sh.N);
+        const double s = time_graph(
+            [&] {
+              for (int rep = 0; rep < 4; ++rep)
+                for (auto& w : ws) b.matmul(w, x.rows(n, sh.K), y.rows(n, sh.N));
+            },
+            4 * kCopies);
+        std::printf("BENCH matmul %-5s %5ldx%-5ld n=%-3ld %8.2f us %6.0f GB/s %6.1f TFLOP/s\n",
+                    std::string(ggml_type_name(type)).c_str(), static_cast<long>(sh.K), static_cast<long>(sh.N),
+                    static_cast<long>(n), s * 1e6, bytes.size() / s / 1e9, 2.0 * sh.K * sh.N * n / s / 1e12);
+      }
+    }
+  }
+}
+
+TEST_F(CudaBench, AttentionAndGdnDecode) {
+  Backend& b = *gpu_;
+  // 9B shapes: 16 q / 4 kv heads of 256, F16 KV; GDN 16 k / 32 v heads of 128.
+  const int H = 16, Hkv = 4, D = 256;
+  const int64_t W = Hkv * D;
+  for (int64_t ctx : {1024, 8192, 32768}) {
+    const int64_t cap = ctx + 512;
+    Buffer kc = b.alloc(cap * W * 2).value(), vc = b.alloc(cap * W * 2).value();
+    b.fill_zero(kc.data(), cap * W * 2);
+    b.fill_zero(vc.data(), cap * W * 2);
+    for (int64_t n : {1, 8, 16, 512}) {
+      if (n == 512 && ctx != 1024) continue;  // prefill: a 512-token chunk after 1024 cached
+      std::vector<int32_t> pos(n);
+      for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(ctx + i);
+      Buffer p = put_i32(b, pos);
+      Tensor q = put(b, randn(n * H * D)), out = poison(b, n * H * D);
+      AttentionArgs a;
+      a.q = q.rows(n, H * D);
+      a.kv = KvLayer{kc.data(), vc.data(), GgmlType::F16, cap, W};
+      a.positions = p.as<int32_t>();
+      a.n_head = H;
+      a.n_kv_head = Hkv;
+      a.head_dim = D;
+      a.scale = 0.0625f;
+      a.out = out.rows(n, H * D);
+      const double s = time_graph([&] { for (int i = 0; i < 10; ++i) b.attention(a); }, 10);
+      const double bytes = 2.0 * (ctx + n) * W * 2, flops = 4.0 * n * H * D * (ctx + n / 2.0);
+      std::printf("BENCH attention ctx=%-6ld n=%-3ld %8.2f us %6.0f GB/s %6.1f TFLOP/s\n", static_cast<long>(ctx),
+                  static_cast<long>(n), s * 1e6, bytes / s / 1e9, flops / s / 1e12);
+    }
+  }
+  const int nk = 16, nv = 32, d = 128;
+  Tensor state = put(b, randn(int64_t{nv} * d * d, 0.1f)), ssm_a = put(b, std::vector<float>(nv, -1.0f)),
+         dt = put(b, randn(nv));
+  for (int64_t n : {1, 8, 16, 128}) {
+    Tensor qkv = put(b, randn(n * (2 * nk + nv) * d)), ba = put(b, randn(n * 2 * nv)), out = poison(b, n * nv * d);
+    Tensor cap = poison(b, n * nv * d * d);
+    GdnArgs g;
+    Rows X = qkv.rows(n, (2 * nk + nv) * d);
+    g.q = X.cols(0, nk * d);
+    g.k = X.cols(nk * d, nk * d);
+    g.v = X.cols(2 * nk * d, nv * d);
+    g.beta_logit = ba.rows(n, nv, 2 * nv);
+    g.alpha = ba.rows(n, nv, 2 * nv).cols(0, nv);
+    g.alpha.data += nv;
+    g.ssm_a = ssm_a.f();
+    g.dt_bias = dt.f();
+    g.n_k_heads = nk;
+    g.n_v_heads = nv;
+    g.head_dim = d;
+    g.state = state.f();
+    g.out = out.rows(n, nv * d);
+    for (bool with_capture : {false, true}) {
+      g.capture = with_capture ? cap.f() : nullptr;
+      const double s = time_graph([&] { for (int i = 0; i < 10; ++i) b.gated_delta_net(g); }, 10);
+      const double bytes = 2.0 * nv * d * d * 4 + (with_capture ? double(n) * nv * d * d * 4 : 0.0);
+      std::printf("BENCH gdn n=%-3ld capture=%d %8.2f us %6.0f GB/s\n", static_cast<long>(n), with_capture, s * 1e6,
+                  bytes / s / 1e9);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hyspec
