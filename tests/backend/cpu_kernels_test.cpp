@@ -13,6 +13,8 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/f32_kernels.h"
+#include "backend/cpu/quant_dot.h"
+#include "format/quants.h"
 #include "util/half.h"
 
 namespace hyspec::cpu {
@@ -325,6 +327,48 @@ TEST(CpuOps, RowOpsGiveTheSameResultWithOneOrFourThreads) {
       results.push_back(y);
     }
     EXPECT_EQ(results[0], results[1]) << name(isa);
+  }
+}
+
+// matmul == vec_dot per (token, output row), whichever way it splits the work: small weights by
+// tokens (each part prepares its own activations), large ones (> 256 KiB) by output rows.
+TEST(CpuOps, MatmulEqualsDotsWhetherSplitByTokensOrRows) {
+  std::mt19937 rng(31);
+  struct Shape {
+    int64_t k, m;
+  };
+  // 53 KiB and 319 KiB of Q8_0, both enough work (n >= 16) to be split across threads.
+  for (const Shape sh : {Shape{128, 400}, Shape{512, 600}}) {
+    const int64_t k = sh.k, m = sh.m;
+    const std::vector<float> wf = randn(static_cast<size_t>(k * m), rng, 0.05f);
+    const size_t rb = static_cast<size_t>(k / 32 * 34);
+    std::vector<uint8_t> wq(rb * m);
+    for (int64_t r = 0; r < m; ++r) ASSERT_TRUE(quantize_row(GgmlType::Q8_0, &wf[r * k], wq.data() + r * rb, k).is_ok());
+    Weight w;
+    w.type = GgmlType::Q8_0;
+    w.n_in = k;
+    w.n_out = m;
+    w.row_bytes = rb;
+    w.data = wq.data();
+    for (int64_t n : {1, 5, 16, 37}) {
+      const std::vector<float> x = randn(static_cast<size_t>(n * k), rng);
+      std::vector<uint8_t> act(prepared_row_bytes(GgmlType::Q8_0, k));
+      std::vector<float> want(static_cast<size_t>(n * m));
+      for (int64_t t = 0; t < n; ++t) {
+        prepare_activation_row(GgmlType::Q8_0, &x[t * k], k, act.data());
+        for (int64_t r = 0; r < m; ++r) want[t * m + r] = vec_dot(GgmlType::Q8_0, wq.data() + r * rb, act.data(), k);
+      }
+      for (int threads : {1, 3}) {
+        ThreadPool pool(threads);
+        std::vector<float> y(static_cast<size_t>(n * (m + 2)), -7.0f);  // output rows wider than m
+        matmul(pool, w, Rows(const_cast<float*>(x.data()), n, k), Rows(y.data(), n, m, m + 2));
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t r = 0; r < m; ++r)
+            EXPECT_CLOSE(y[t * (m + 2) + r], want[t * m + r], 1e-5) << "k=" << k << " n=" << n << " threads=" << threads;
+          EXPECT_EQ(y[t * (m + 2) + m], -7.0f) << "wrote past the row";
+        }
+      }
+    }
   }
 }
 
