@@ -247,21 +247,25 @@ void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k) {
   float* decay = kq + n * hk;
   float* beta = decay + n * hv;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(d));
-  for (int64_t t = 0; t < n; ++t) {
-    for (int h = 0; h < hk; ++h) {
-      float* q = &qn[(t * hk + h) * d];
-      float* kk = &kn[(t * hk + h) * d];
-      std::memcpy(q, a.q.row(t) + h * d, sizeof(float) * d);
-      std::memcpy(kk, a.k.row(t) + h * d, sizeof(float) * d);
-      k.l2_normalize(q, d, a.eps, q_scale);
-      k.l2_normalize(kk, d, a.eps, 1.0f);
-      kq[h * n + t] = k.dot(kk, q, d);
+  // Per token: 2·hk L2 normalisations of d values and hv gates (an exp and a log1p each).
+  const double ns_per_token = hk * d * 0.6 + hv * 40.0;
+  parallel_for_cost(pool, n, ns_per_token, [&](int64_t tb, int64_t te, int) {
+    for (int64_t t = tb; t < te; ++t) {
+      for (int h = 0; h < hk; ++h) {
+        float* q = &qn[(t * hk + h) * d];
+        float* kk = &kn[(t * hk + h) * d];
+        std::memcpy(q, a.q.row(t) + h * d, sizeof(float) * d);
+        std::memcpy(kk, a.k.row(t) + h * d, sizeof(float) * d);
+        k.l2_normalize(q, d, a.eps, q_scale);
+        k.l2_normalize(kk, d, a.eps, 1.0f);
+        kq[h * n + t] = k.dot(kk, q, d);
+      }
+      for (int h = 0; h < hv; ++h) {
+        decay[h * n + t] = std::exp(gate_log_decay(a, t, h));
+        beta[h * n + t] = sigmoid(a.beta_logit.row(t)[h]);
+      }
     }
-    for (int h = 0; h < hv; ++h) {
-      decay[h * n + t] = std::exp(gate_log_decay(a, t, h));
-      beta[h * n + t] = sigmoid(a.beta_logit.row(t)[h]);
-    }
-  }
+  }, 8);
   const int blocks = d / 8;
   auto work = [&](int64_t b, int64_t e, int) {
     for (int64_t item = b; item < e; ++item) {
