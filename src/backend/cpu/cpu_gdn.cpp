@@ -4,12 +4,13 @@
 // (row j = S[:, j]): every row j is independent, so rows are split across threads:
 //   row *= exp(g_t); u = row·k_t; row += beta_t (v_t[j] - u) k_t; o_t[j] = row·q_t / sqrt(d)
 // The SIMD kernel (f32_kernels.h, gdn_row_block) runs 8 rows through all tokens while they sit in
-// L1: 3d FMAs per row and token, no state traffic beyond the first read and last write. That is
-// also the cheapest way to run a prompt on a CPU: the chunked form below does the same 3d² MACs per
-// token and head plus ~2.5·64·d + 64²/6 for the intra-chunk products (5-6x more at d = 32, 1.4x at
-// d = 128); its matrix shape pays on GPUs, not here. So every request with head_dim % 8 == 0 runs
-// the row kernel, `chunked` included (the two forms agree to rounding, which is all the contract
-// asks); the scalar forms below remain for other head sizes.
+// L1: 3d FMAs per row and token, no state traffic beyond the first read and last write. By MAC
+// count that is also the cheapest way to run a prompt: the chunked form below does the same 3d²
+// MACs per token and head plus ~2.5·64·d + 64²/6 for the intra-chunk products (2.9x the MACs at
+// d = 32, 1.4x at d = 128); its matrix shape pays on GPUs, and the row kernel already runs at
+// 15-17 MAC/ns here (docs/PERFORMANCE.md). So every request with head_dim % 8 == 0 runs the row
+// kernel, `chunked` included (the two forms agree to rounding, which is all the contract asks); the
+// scalar forms below remain for other head sizes.
 // Chunked form (chunk 64), per head: within a chunk with cumulative log-decay γ, the
 // "UT transform" T = (I - A)^-1 with A[i][j] = -β_i (k_i·k_j) e^(γ_i-γ_j) (j < i) turns the
 // sequential updates into matrix products:
