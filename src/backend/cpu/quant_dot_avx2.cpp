@@ -614,6 +614,32 @@ HS_AVX2 float dot_iq1_m(const void* w, const void* act, int64_t n) {
 
 }  // namespace
 
+// The Q8_0 tile kernels' driver (quant_dot_kernels.h), shared with the AVX-512 tile: block scales
+// to f32 once per call (activations) and once per group of 4 weight rows, then the ISA's row group.
+HS_AVX2 void q8_0_tile_by_row_groups(const Q8_0RowGroup groups[4], const void* w, size_t w_stride, const void* act,
+                                     size_t act_stride, int64_t n, int rows, int cols, float* out, int64_t out_stride) {
+  constexpr int kRows = 4;
+  const int64_t nb = n / 32;
+  thread_local std::vector<float> scales;
+  scales.resize(static_cast<size_t>((cols + kRows) * nb));
+  float* da = scales.data();
+  float* dw = da + cols * nb;
+  const auto* ab = static_cast<const uint8_t*>(act);
+  for (int c = 0; c < cols; ++c) {
+    const auto* a = reinterpret_cast<const ActQ8_0*>(ab + c * act_stride);
+    for (int64_t b = 0; b < nb; ++b) da[c * nb + b] = f16(a[b].d);
+  }
+  for (int r0 = 0; r0 < rows; r0 += kRows) {
+    const int R = std::min(kRows, rows - r0);
+    const BlockQ8_0* wr[kRows];
+    for (int r = 0; r < R; ++r) {
+      wr[r] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) + (r0 + r) * w_stride);
+      for (int64_t b = 0; b < nb; ++b) dw[r * nb + b] = f16(wr[r][b].d);
+    }
+    groups[R - 1](wr, dw, ab, act_stride, da, nb, cols, out + r0, out_stride);
+  }
+}
+
 namespace {
 
 // ---- tiles: Q8_0 weights x Q8_0 activations ----
@@ -622,7 +648,7 @@ namespace {
 // Per (row, col, block), 32 MACs: vpsignb, vpmaddubsw, vpmaddwd, a conversion, a multiply and an
 // FMA. Block scales come pre-converted to f32 (dw per weight row, da per activation row).
 // Bytes: 34 per weight block per T activation rows, 34 per activation block per R weight rows.
-constexpr int kTileR = 4, kTileT = 2;
+constexpr int kTileT = 2;  // activation rows per tile (weight rows: the row group, up to 4)
 
 // Lane i = the sum of the lanes of x_i: three rounds of horizontal adds and a swap of halves.
 HS_AVX2 inline __m256 reduce8(__m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 x4, __m256 x5, __m256 x6, __m256 x7) {
@@ -694,31 +720,9 @@ HS_AVX2 void tile_q8_0_row_group(const BlockQ8_0* const* wr, const float* dw, co
 
 HS_AVX2 void tile_q8_0(const void* w, size_t w_stride, const void* act, size_t act_stride, int64_t n, int rows,
                        int cols, float* out, int64_t out_stride) {
-  const int64_t nb = n / 32;
-  thread_local std::vector<float> scales;
-  scales.resize(static_cast<size_t>((cols + kTileR) * nb));
-  float* da = scales.data();
-  float* dw = da + cols * nb;
-  auto act_row = [&](int c) { return reinterpret_cast<const ActQ8_0*>(static_cast<const uint8_t*>(act) + c * act_stride); };
-  auto w_row = [&](int r) { return reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) + r * w_stride); };
-  for (int c = 0; c < cols; ++c)
-    for (int64_t b = 0; b < nb; ++b) da[c * nb + b] = f16(act_row(c)[b].d);
-  for (int r0 = 0; r0 < rows; r0 += kTileR) {
-    const int R = std::min(kTileR, rows - r0);
-    const BlockQ8_0* wr[kTileR];
-    for (int r = 0; r < R; ++r) {
-      wr[r] = w_row(r0 + r);
-      for (int64_t b = 0; b < nb; ++b) dw[r * nb + b] = f16(wr[r][b].d);
-    }
-    const auto* ab = static_cast<const uint8_t*>(act);
-    float* o = out + r0;
-    switch (R) {
-      case 1: tile_q8_0_row_group<1>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
-      case 2: tile_q8_0_row_group<2>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
-      case 3: tile_q8_0_row_group<3>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
-      default: tile_q8_0_row_group<4>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
-    }
-  }
+  static constexpr Q8_0RowGroup kGroups[4] = {tile_q8_0_row_group<1>, tile_q8_0_row_group<2>, tile_q8_0_row_group<3>,
+                                              tile_q8_0_row_group<4>};
+  q8_0_tile_by_row_groups(kGroups, w, w_stride, act, act_stride, n, rows, cols, out, out_stride);
 }
 
 // ---- activation preparation ----

@@ -32,7 +32,7 @@
 namespace hyspec::cpu {
 namespace {
 
-constexpr int kTileR = 4, kTileT = 4;
+constexpr int kTileT = 4;  // activation rows per tile (weight rows: the row group, up to 4)
 
 // Two consecutive 32-byte code arrays (blocks b and b+1, 34 bytes apart) as one vector; the upper
 // half is zero when there is no second block.
@@ -138,31 +138,9 @@ HS_AVX512 void tile_row_group(const BlockQ8_0* const* wr, const float* dw, const
 
 HS_AVX512 void tile_q8_0(const void* w, size_t w_stride, const void* act, size_t act_stride, int64_t n, int rows,
                          int cols, float* out, int64_t out_stride) {
-  const int64_t nb = n / 32;
-  thread_local std::vector<float> scales;
-  scales.resize(static_cast<size_t>((cols + kTileR) * nb));
-  float* da = scales.data();
-  float* dw = da + cols * nb;
-  auto act_row = [&](int c) { return reinterpret_cast<const ActQ8_0*>(static_cast<const uint8_t*>(act) + c * act_stride); };
-  auto w_row = [&](int r) { return reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) + r * w_stride); };
-  for (int c = 0; c < cols; ++c)
-    for (int64_t b = 0; b < nb; ++b) da[c * nb + b] = _cvtsh_ss(act_row(c)[b].d);
-  for (int r0 = 0; r0 < rows; r0 += kTileR) {
-    const int R = std::min(kTileR, rows - r0);
-    const BlockQ8_0* wr[kTileR];
-    for (int r = 0; r < R; ++r) {
-      wr[r] = w_row(r0 + r);
-      for (int64_t b = 0; b < nb; ++b) dw[r * nb + b] = _cvtsh_ss(wr[r][b].d);
-    }
-    const auto* ab = static_cast<const uint8_t*>(act);
-    float* o = out + r0;
-    switch (R) {
-      case 1: tile_row_group<1>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
-      case 2: tile_row_group<2>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
-      case 3: tile_row_group<3>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
-      default: tile_row_group<4>(wr, dw, ab, act_stride, da, nb, cols, o, out_stride); break;
-    }
-  }
+  static constexpr Q8_0RowGroup kGroups[4] = {tile_row_group<1>, tile_row_group<2>, tile_row_group<3>,
+                                              tile_row_group<4>};
+  q8_0_tile_by_row_groups(kGroups, w, w_stride, act, act_stride, n, rows, cols, out, out_stride);
 }
 
 }  // namespace

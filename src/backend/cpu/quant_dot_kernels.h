@@ -127,6 +127,13 @@ DotKernel scalar_dot_kernel(GgmlType wt);
 DotKernel avx2_dot_kernel(GgmlType wt);
 // AVX2 tile kernels for the types that have one (Q8_0), else null: the caller loops over dots.
 DotTileKernel avx2_dot_tile_kernel(GgmlType wt);
+// The Q8_0 tile kernels run groups of R <= 4 weight rows (wr, their f32 block scales dw [R][nb])
+// against all `cols` activation rows (act_stride bytes apart, f32 block scales da [cols][nb]).
+using Q8_0RowGroup = void (*)(const BlockQ8_0* const* wr, const float* dw, const uint8_t* act, size_t act_stride,
+                              const float* da, int64_t nb, int cols, float* out, int64_t out_stride);
+// Their shared driver (AVX2+F16C; quant_dot_avx2.cpp): converts the scales, calls groups[R - 1].
+void q8_0_tile_by_row_groups(const Q8_0RowGroup groups[4], const void* w, size_t w_stride, const void* act,
+                             size_t act_stride, int64_t n, int rows, int cols, float* out, int64_t out_stride);
 // AVX-512 VNNI tile kernels (quant_dot_avx512.cpp): Q8_0, else null.
 DotTileKernel avx512_dot_tile_kernel(GgmlType wt);
 // AVX2 Q8_0 activation quantization, bit-identical to quantize_row (null off x86-64).
