@@ -148,6 +148,13 @@ class Backend {
   virtual void gated_rms_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) = 0;
   virtual void add(Rows a, Rows b, Rows y) = 0;                       // y = a + b
   virtual void swiglu(Rows gate, Rows up, Rows y) = 0;                // y = silu(gate) * up
+  // y = silu(gate x) * (up x) in one pass, when the backend has a fused kernel for these weights and
+  // this width (CUDA: same type and shape, n <= 16). Returns false, having done nothing, otherwise:
+  // the caller then runs matmul, matmul, swiglu.
+  virtual bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) {
+    (void)gate, (void)up, (void)x, (void)y;
+    return false;
+  }
   virtual void sigmoid_mul(Rows x, Rows gate, Rows y) = 0;            // y = x * sigmoid(gate)
   // y[r] += sigmoid(g[r][0]) * x[r]   (g: one column)
   virtual void add_sigmoid_scaled(Rows x, Rows g, Rows y) = 0;

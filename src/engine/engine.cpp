@@ -250,6 +250,7 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   finish_ = options.max_tokens == 0 ? FinishReason::Length : FinishReason::None;
   stats_ = SessionStats{};
   stats_.prompt_tokens = n;
+  logprobs_.clear();
   ema_accept_ = 2.0;
   ema_spec_rate_ = ema_plain_rate_ = 0;
   plain_rounds_left_ = rounds_since_probe_ = 0;
@@ -258,7 +259,9 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   return Status::ok();
 }
 
-void Session::emit(int32_t token, std::vector<int32_t>& out) {
+void Session::emit(int32_t token, std::vector<int32_t>& out, const float* logits_row) {
+  if (options_.logprobs >= 0 && logits_row)
+    logprobs_.push_back(logprobs_of(logits_row, static_cast<int>(engine_.model_->hparams().n_vocab), token, options_.logprobs));
   out.push_back(token);
   tokens_.push_back(token);
   ++stats_.generated_tokens;
@@ -308,8 +311,9 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
   prefilled_ += n;
   committed_ = prefilled_;
   int32_t next = -1;
+  std::vector<float> logits;
   if (last) {
-    std::vector<float> logits(V);
+    logits.resize(V);
     be.download(logits.data(), e.logits_.data(), V * sizeof(float));
     next = sampler_.sample(logits.data(), static_cast<int>(V), tokens_);
   }
@@ -325,7 +329,7 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
     HS_RETURN_IF_ERROR(drafter_->observe(rows));
   }
   stats_.prefill_s += now_s() - t0;
-  if (last) emit(next, out);
+  if (last) emit(next, out, logits.data());
   return Status::ok();
 }
 
@@ -405,6 +409,11 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   // 3. accept: the emitted tokens are the accepted drafts plus one token from the target
   std::vector<int32_t> emitted;
   const bool plain_greedy = options_.sampling.greedy() && !options_.sampling.has_penalties();
+  std::vector<float> logits;  // [n, V] on the host, when sampling or logprobs need them
+  if (!plain_greedy || options_.logprobs >= 0) {
+    logits.resize(static_cast<size_t>(n * V));
+    be.download(logits.data(), a.logits.data, logits.size() * sizeof(float));
+  }
   if (plain_greedy) {
     std::vector<int32_t> best(n);
     be.argmax(a.logits, arg_dev);
@@ -413,8 +422,6 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     while (i < k && best[i] == drafts[i]) emitted.push_back(drafts[i++]);
     emitted.push_back(best[i]);
   } else {
-    std::vector<float> logits(static_cast<size_t>(n * V));
-    be.download(logits.data(), a.logits.data, logits.size() * sizeof(float));
     std::vector<int32_t> history = tokens_;
     std::vector<TokenProb> dist;
     int i = 0;
@@ -447,7 +454,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const double t2 = now_s();
   int kept = 0;
   for (int32_t t : emitted) {
-    emit(t, out);
+    emit(t, out, logits.empty() ? nullptr : &logits[static_cast<size_t>(kept) * V]);
     ++kept;
     if (done()) break;
   }

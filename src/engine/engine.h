@@ -47,6 +47,7 @@ struct GenerateOptions {
   bool speculative = true;        // per-request opt-out
   int draft_max = -1;             // -1: engine default
   bool adaptive = true;           // adapt the draft length, turn speculation off where it loses
+  int logprobs = -1;              // >= 0: record each emitted token's logprobs with this many top ids
 };
 
 enum class FinishReason { None, Stop, Length, Context, Cancelled, Error };
@@ -75,6 +76,9 @@ class Session {
   FinishReason finish_reason() const { return finish_; }
   void cancel() { if (!done()) finish_ = FinishReason::Cancelled; }
   const SessionStats& stats() const { return stats_; }
+  // With options.logprobs >= 0: one entry per emitted token, in order (the target's distribution at
+  // that position, the same whether the token came from a draft or not).
+  const std::vector<EmittedLogprobs>& logprobs() const { return logprobs_; }
   // Committed tokens plus the pending one (prompt and output).
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // Logits of the token after the pending one: runs the pending token through the target (tests
@@ -95,7 +99,7 @@ class Session {
   Status run_step(const ForwardArgs& args);
   Status decode_round(std::vector<int32_t>& out);
   int choose_draft_length();
-  void emit(int32_t token, std::vector<int32_t>& out);
+  void emit(int32_t token, std::vector<int32_t>& out, const float* logits_row);
 
   Engine& engine_;
   SequenceState state_;
@@ -107,6 +111,7 @@ class Session {
   int64_t committed_ = 0;  // tokens processed by the target (the pending one is tokens_.back())
   FinishReason finish_ = FinishReason::None;
   SessionStats stats_;
+  std::vector<EmittedLogprobs> logprobs_;
   std::map<std::tuple<int64_t, bool, int64_t, bool, bool>, std::unique_ptr<StepGraph>> graphs_;
   bool graphs_failed_ = false;
   // adaptive speculation

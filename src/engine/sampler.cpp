@@ -97,4 +97,32 @@ int32_t Sampler::sample(const float* logits, int n_vocab, std::span<const int32_
   return draw(dist);
 }
 
+EmittedLogprobs logprobs_of(const float* logits, int n_vocab, int32_t token, int top) {
+  const float mx = *std::max_element(logits, logits + n_vocab);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  const double log_z = mx + std::log(sum);
+  const auto lp = [&](int32_t id) { return static_cast<float>(logits[id] - log_z); };
+  EmittedLogprobs e{{token, token >= 0 && token < n_vocab ? lp(token) : -INFINITY}, {}};
+  const int k = std::clamp(top, 0, n_vocab);
+  if (k == 0) return e;
+  // The k best by a bounded heap (ordered so that the worst kept id is at the front).
+  const auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::vector<int32_t> heap;
+  heap.reserve(k + 1);
+  for (int32_t i = 0; i < n_vocab; ++i) {
+    if (static_cast<int>(heap.size()) < k) {
+      heap.push_back(i);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (better(i, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = i;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), better);
+  for (int32_t id : heap) e.top.push_back({id, lp(id)});
+  return e;
+}
+
 }  // namespace hyspec

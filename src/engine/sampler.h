@@ -31,6 +31,19 @@ struct TokenProb {
   float p;
 };
 
+struct TokenLogprob {
+  int32_t id;
+  float logprob;
+};
+
+// One emitted token under the model: its log-probability and the `top` most likely ids, from
+// log_softmax of the raw logits (before penalties, temperature and truncation).
+struct EmittedLogprobs {
+  TokenLogprob token;
+  std::vector<TokenLogprob> top;  // descending logprob, ties by id
+};
+EmittedLogprobs logprobs_of(const float* logits, int n_vocab, int32_t token, int top);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);

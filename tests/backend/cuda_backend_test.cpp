@@ -186,6 +186,58 @@ TEST_F(CudaBackendTest, MatmulEveryTypeAndWidthMatchesDequantizedReference) {
   }
 }
 
+// Shapes that exercise the streaming matvec beyond one tile per block and one step per warp: more
+// row tiles than the persistent grid has blocks, rows not 16-byte aligned (Q6_K with an odd number
+// of blocks per row, Q8_0/Q4_0 with 33 chunks), and a last step with fewer chunks than a full one.
+TEST_F(CudaBackendTest, MatmulStreamsLargeAndMisalignedShapes) {
+  struct Case {
+    GgmlType type;
+    int64_t K;
+  };
+  const int64_t N = 8456;  // 529 tiles of 16 rows, 265 of 32
+  for (const Case cs : {Case{GgmlType::Q4_K, 2304}, Case{GgmlType::Q5_K, 2304}, Case{GgmlType::Q6_K, 2304},
+                        Case{GgmlType::Q8_0, 1056}, Case{GgmlType::Q4_0, 1056}, Case{GgmlType::F16, 1056},
+                        Case{GgmlType::BF16, 1056}}) {
+    const int64_t K = cs.K;
+    const auto bytes = random_weight_bytes(cs.type, K, N, rng_);
+    const GgufTensorInfo info = tensor_info("w", cs.type, bytes, K, N);
+    auto wc = cpu_->load_weight(info, /*dequantize_to_f32=*/true);
+    auto wg = gpu_->load_weight(info);
+    ASSERT_TRUE(wc.is_ok() && wg.is_ok()) << wc.message() << wg.message();
+    for (int64_t n : {1, 4, 5, 16, 17, 32}) {
+      Pair x = both(randn(n * K)), y = both_poison(n * N);
+      cpu_->matmul(*wc, x.c.rows(n, K), y.c.rows(n, N));
+      gpu_->matmul(*wg, x.g.rows(n, K), y.g.rows(n, N));
+      expect_close(y, 1e-3, fmt::format("{} K={} n={}", ggml_type_name(cs.type), K, n));
+    }
+  }
+}
+
+// The fused gate/up/SwiGLU matvec equals matmul, matmul, swiglu (CPU, dequantized weights).
+TEST_F(CudaBackendTest, MatmulSwiGluMatchesSeparateOps) {
+  const int64_t N = 1000;
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0,
+                        GgmlType::F16, GgmlType::BF16}) {
+    const int64_t K = ggml_type_traits(type).block_size == 256 ? 2304 : 1056;
+    const auto gb = random_weight_bytes(type, K, N, rng_), ub = random_weight_bytes(type, K, N, rng_);
+    const GgufTensorInfo gi = tensor_info("gate", type, gb, K, N), ui = tensor_info("up", type, ub, K, N);
+    auto gc = cpu_->load_weight(gi, true), uc = cpu_->load_weight(ui, true);
+    auto gg = gpu_->load_weight(gi), ug = gpu_->load_weight(ui);
+    ASSERT_TRUE(gc.is_ok() && uc.is_ok() && gg.is_ok() && ug.is_ok());
+    for (int64_t n : {1, 3, 8, 9, 16, 17}) {
+      Pair x = both(randn(n * K)), y = both_poison(n * N);
+      Tensor g = poison(*cpu_, n * N), u = poison(*cpu_, n * N);
+      cpu_->matmul(*gc, x.c.rows(n, K), g.rows(n, N));
+      cpu_->matmul(*uc, x.c.rows(n, K), u.rows(n, N));
+      cpu_->swiglu(g.rows(n, N), u.rows(n, N), y.c.rows(n, N));
+      const bool fused = gpu_->matmul_swiglu(*gg, *ug, x.g.rows(n, K), y.g.rows(n, N));
+      EXPECT_EQ(fused, n <= 16) << ggml_type_name(type) << " n=" << n;
+      if (!fused) continue;
+      expect_close(y, 2e-3, fmt::format("{} n={}", ggml_type_name(type), n));
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, MatmulRowsNotMultipleOf32UseExactFallback) {
   for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
     const int64_t K = 40, N = 9, n = 5;
@@ -549,14 +601,26 @@ TEST_F(CudaBench, MatmulDecode) {
     int64_t K, N;
   };
   const char* only = std::getenv("HYSPEC_BENCH_TYPE");  // e.g. Q4_K
-  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::BF16}) {
+  const char* widths_env = std::getenv("HYSPEC_BENCH_WIDTHS");  // e.g. "1,16"
+  std::vector<int64_t> widths = {1, 4, 8, 16, 17, 32, 128};
+  if (widths_env) {
+    widths.clear();
+    for (const char* p = widths_env; *p;) {
+      widths.push_back(std::strtol(p, const_cast<char**>(&p), 10));
+      if (*p == ',') ++p;
+    }
+  }
+  std::string table;
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0,
+                        GgmlType::BF16, GgmlType::F16}) {
     if (only && ggml_type_name(type) != only) continue;
     for (Shape sh : {Shape{4096, 4096}, Shape{4096, 12288}, Shape{12288, 4096}}) {
       constexpr int kCopies = 8;
       const auto bytes = random_weight_bytes(type, sh.K, sh.N, rng_);
       std::vector<Weight> ws;
       for (int c = 0; c < kCopies; ++c) ws.push_back(b.load_weight(tensor_info("w", type, bytes, sh.K, sh.N)).value());
-      for (int64_t n : {1, 4, 8, 16, 32, 128}) {
+      table += fmt::format("| {} {}x{} |", ggml_type_name(type), sh.K, sh.N);
+      for (int64_t n : widths) {
         Tensor x = put(b, randn(n * sh.K)), y = poison(b, n * sh.N);
         const double s = time_graph(
             [&] {
@@ -567,9 +631,62 @@ TEST_F(CudaBench, MatmulDecode) {
         std::printf("BENCH matmul %-5s %5ldx%-5ld n=%-3ld %8.2f us %6.0f GB/s %6.1f TFLOP/s\n",
                     std::string(ggml_type_name(type)).c_str(), static_cast<long>(sh.K), static_cast<long>(sh.N),
                     static_cast<long>(n), s * 1e6, bytes.size() / s / 1e9, 2.0 * sh.K * sh.N * n / s / 1e12);
+        table += fmt::format(" {:.0f} |", bytes.size() / s / 1e9);
       }
+      table += "\n";
     }
   }
+  std::string head = "| weight [K x N] |";
+  for (int64_t n : widths) head += fmt::format(" n={} |", n);
+  std::printf("BENCH TABLE matmul GB/s\n%s\n%s", head.c_str(), table.c_str());
+}
+
+// FFN gate+up (4096 -> 12288 each): fused matvec + SwiGLU vs two matmuls and a swiglu.
+TEST_F(CudaBench, MatmulSwiGlu) {
+  Backend& b = *gpu_;
+  const int64_t K = 4096, N = 12288;
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+    constexpr int kCopies = 4;
+    const auto gb = random_weight_bytes(type, K, N, rng_), ub = random_weight_bytes(type, K, N, rng_);
+    std::vector<Weight> gs, us;
+    for (int c = 0; c < kCopies; ++c) {
+      gs.push_back(b.load_weight(tensor_info("g", type, gb, K, N)).value());
+      us.push_back(b.load_weight(tensor_info("u", type, ub, K, N)).value());
+    }
+    for (int64_t n : {1, 16}) {
+      Tensor x = put(b, randn(n * K)), y = poison(b, n * N), g = poison(b, n * N), u = poison(b, n * N);
+      const double fused = time_graph(
+          [&] {
+            for (int rep = 0; rep < 4; ++rep)
+              for (int c = 0; c < kCopies; ++c) b.matmul_swiglu(gs[c], us[c], x.rows(n, K), y.rows(n, N));
+          },
+          4 * kCopies);
+      const double separate = time_graph(
+          [&] {
+            for (int rep = 0; rep < 4; ++rep)
+              for (int c = 0; c < kCopies; ++c) {
+                b.matmul(gs[c], x.rows(n, K), g.rows(n, N));
+                b.matmul(us[c], x.rows(n, K), u.rows(n, N));
+                b.swiglu(g.rows(n, N), u.rows(n, N), y.rows(n, N));
+              }
+          },
+          4 * kCopies);
+      const double bytes = 2.0 * gb.size();
+      std::printf("BENCH swiglu %-5s %ldx%ld n=%-3ld fused %8.2f us %6.0f GB/s | separate %8.2f us %6.0f GB/s\n",
+                  std::string(ggml_type_name(type)).c_str(), static_cast<long>(K), static_cast<long>(N),
+                  static_cast<long>(n), fused * 1e6, bytes / fused / 1e9, separate * 1e6, bytes / separate / 1e9);
+    }
+  }
+}
+
+// The bandwidth ceiling: device-to-device copies of 256 MiB (bytes read + written).
+TEST_F(CudaBench, CopyBandwidth) {
+  Backend& b = *gpu_;
+  const size_t bytes = size_t(256) << 20;
+  Buffer src = b.alloc(bytes).value(), dst = b.alloc(bytes).value();
+  b.fill_zero(src.data(), bytes);
+  const double s = time_graph([&] { for (int i = 0; i < 4; ++i) b.copy(dst.data(), src.data(), bytes); }, 4);
+  std::printf("BENCH copy 256 MiB %8.2f us %6.0f GB/s (read + write)\n", s * 1e6, 2.0 * bytes / s / 1e9);
 }
 
 TEST_F(CudaBench, AttentionAndGdnDecode) {

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/kernels.h"
 
@@ -39,6 +40,7 @@ struct AttnArgs {
   float scale;
   bool causal;
   int n_splits;
+  int min_tiles;   // decode kernel: key tiles per split at least
   float* part_o;   // [n_splits, n_kv, M, D]
   float* part_ml;  // [n_splits, n_kv, M, 2]
 };
@@ -229,181 +231,305 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
 }
 
 // Decode/verify attention for at most kDecodeQueries query vectors per kv head (G*n <= 8: decode of
-// every Qwen3.5 size, MTP verify). The tiled kernel above is bound by shared-memory bandwidth here
-// (16 query slots, mostly idle); this one reads K and V straight from global memory, once:
-// a warp takes 32 keys at a time, lane = key for the scores (its K row against the queries, which
-// sit in shared memory and are read as broadcasts), then lane = 8 output dims for P.V (V rows are read
-// coalesced, p broadcast by shuffle). Four warps split the block's key range and merge their
-// (max, sum, output) through shared memory; blocks split the context as in the tiled kernel.
-// Budget (one kv head, n=1, G=4, D=256, f16): bytes = 1 KB per key; FLOPs = 4*G*D per key on the
-// FMA pipes, ~2.5K instructions per warp per 32 keys, so the kernel is bound by the K/V bytes.
+// every Qwen3.5 size, MTP verify). A block (4 warps) takes one kv head and one split of the key
+// range, and walks it in tiles of 32 keys: the K and V rows of the next tile are copied into shared
+// memory with cp.async (16-byte pieces, one load round per tile) while this one is computed.
+// Scores: warp w takes a quarter of the head dims, lane = key, q (f32, pre-scaled) read from shared
+// memory as broadcasts; the four partial dots are summed per (query, key), an online softmax runs
+// per query (one warp per query), then P.V with each thread owning two output dims of its queries.
+// With several splits every block writes its partial (max, sum, output) and the last block of a kv
+// head to finish (a self-resetting counter) merges them, so one launch does the whole op.
+// Budget (one kv head, n=1, G=4, D=256, f16): bytes = 1 KB per key (K+V), read once; FLOPs = 4*G*D
+// per key; split so that every SM gets blocks: short contexts are one tile per block, latency-bound
+// (one copy round + ~2K instructions per warp), long ones stream at HBM speed.
 constexpr int kDecodeQueries = 8;
 constexpr int kDecodeWarps = 4;
+constexpr int kDecodeKeys = 32;  // keys per tile
+// Tiles per split at least (shorter splits cost more to merge); HYSPEC_ATTN_MIN_TILES overrides.
+int decode_min_tiles() {
+  static const int v = [] {
+    const char* e = std::getenv("HYSPEC_ATTN_MIN_TILES");
+    const int t = e && *e ? std::atoi(e) : 2;
+    return t >= 1 ? t : 1;
+  }();
+  return v;
+}
 
-template <typename KV, int N>
-__device__ __forceinline__ void load_as_f32(const KV* p, float (&out)[N]) {
-  if constexpr (sizeof(KV) == 2 && N % 8 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 8) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p + i));
-      const half2* h = reinterpret_cast<const half2*>(&raw);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __half22float2(h[j]);
-        out[i + 2 * j] = f.x, out[i + 2 * j + 1] = f.y;
-      }
-    }
-  } else if constexpr (sizeof(KV) == 4 && N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(p + i));
-      out[i] = f.x, out[i + 1] = f.y, out[i + 2] = f.z, out[i + 3] = f.w;
-    }
+template <int D, typename KV>
+struct DecodeSmem {
+  static constexpr int kRowBytes = D * static_cast<int>(sizeof(KV)) + 16;  // padded: lane = key is conflict-free
+  static constexpr int kPieces = D * static_cast<int>(sizeof(KV)) / 16;    // 16-byte pieces per row
+  static constexpr size_t kTile = size_t{kDecodeKeys} * kRowBytes;          // K or V of one tile
+  static constexpr size_t kQ = 4 * kTile;                                   // 2 stages x (K, V)
+  static constexpr size_t kScores = kQ + sizeof(float) * kDecodeQueries * D;
+  static constexpr size_t kP = kScores + sizeof(float) * kDecodeWarps * kDecodeQueries * kDecodeKeys;
+  static constexpr size_t kMisc = kP + sizeof(float) * kDecodeKeys * kDecodeQueries;
+  static constexpr size_t kBytes = kMisc + sizeof(float) * 3 * kDecodeQueries;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <typename KV>
+__device__ __forceinline__ float2 kv_pair(const uint8_t* p) {  // two consecutive elements as f32
+  if constexpr (sizeof(KV) == 2) {
+    return __half22float2(*reinterpret_cast<const half2*>(p));
   } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      if constexpr (sizeof(KV) == 2)
-        out[i] = __half2float(p[i]);
-      else
-        out[i] = p[i];
-    }
+    return *reinterpret_cast<const float2*>(p);
   }
 }
 
 template <int D, typename KV>
-__global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(AttnArgs a) {
-  constexpr int Q = kDecodeQueries, DPL = D / 32, KVEC = 16 / sizeof(KV);
-  __shared__ __align__(16) float q_s[Q][D];
-  __shared__ float part_o[kDecodeWarps][Q][D];
-  __shared__ float part_ml[kDecodeWarps][Q][2];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(AttnArgs a, unsigned* counters) {
+  using L = DecodeSmem<D, KV>;
+  constexpr int Q = kDecodeQueries, TK = kDecodeKeys, RB = L::kRowBytes;
+  constexpr int DW = D / kDecodeWarps;             // score dims per warp
+  constexpr int VEC = 16 / sizeof(KV);             // elements per 16-byte piece
+  constexpr int NG = 2 * kDecodeWarps * 32 / D;    // P.V: query groups (threads per dim pair)
+  constexpr int QPT = (Q + NG - 1) / NG;           // queries per thread in P.V
+  static_assert(DW % VEC == 0 && NG >= 1 && Q % NG == 0);
+  extern __shared__ __align__(16) uint8_t sm[];
+  float* q_s = reinterpret_cast<float*>(sm + L::kQ);           // [Q][D], scaled
+  float* sp_s = reinterpret_cast<float*>(sm + L::kScores);     // [warp][Q][TK] partial scores
+  float* p_s = reinterpret_cast<float*>(sm + L::kP);           // [TK][Q] probabilities of the tile
+  float* misc = reinterpret_cast<float*>(sm + L::kMisc);       // alpha[Q], m[Q], l[Q]
+  __shared__ int s_last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kvh = blockIdx.x, z = blockIdx.y;
   const int M = a.n * a.group;
-  for (int i = threadIdx.x; i < Q * D; i += blockDim.x) {
+
+  int kend = 0;
+#pragma unroll
+  for (int m = 0; m < Q; ++m)
+    if (m < M) kend = max(kend, (a.causal ? a.positions[m / a.group] : a.positions[a.n - 1]) + 1);
+  kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
+  // Splits in use: at least kDecodeMinTiles tiles each (the launch provides for the capacity, the
+  // context may be much shorter); the rest exit at once and take no part in the merge.
+  const int tiles = (kend + TK - 1) / TK;
+  const int n_eff = max(1, min(a.n_splits, (tiles + a.min_tiles - 1) / a.min_tiles));
+  if (z >= n_eff) return;
+  const int chunk = (tiles + n_eff - 1) / n_eff * TK;
+  const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
+
+  const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * D * sizeof(KV);
+  const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * D * sizeof(KV);
+  const int64_t pitch = a.kv_width * static_cast<int64_t>(sizeof(KV));
+  // Keys past k1 copy row k1-1: finite data that the mask gives weight 0.
+  auto issue_tile = [&](int kt, int stage) {
+    uint8_t* ks = sm + stage * 2 * L::kTile;
+    uint8_t* vs = ks + L::kTile;
+    for (int i = tid; i < TK * L::kPieces; i += kDecodeWarps * 32) {
+      const int r = i / L::kPieces, pc = i % L::kPieces;
+      const int64_t off = min(kt + r, k1 - 1) * pitch + pc * 16;
+      cp_async16(ks + r * RB + pc * 16, kbase + off);
+      cp_async16(vs + r * RB + pc * 16, vbase + off);
+    }
+    cp_async_commit();
+  };
+  if (k0 < k1) issue_tile(k0, 0);
+
+  for (int i = tid; i < Q * D; i += kDecodeWarps * 32) {
     const int m = i / D, d = i % D;
     float v = 0.0f;
     if (m < M) {
       const int row = m / a.group, head = kvh * a.group + m % a.group;
       v = a.q.data[static_cast<int64_t>(row) * a.q.stride + static_cast<int64_t>(head) * D + d] * a.scale;
     }
-    q_s[m][d] = v;
+    q_s[i] = v;
   }
-  int lim[Q];
-  int kend = 0;
+  // Softmax state: warp w owns queries w and w + 4 (lane-replicated).
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  int lim[2];
 #pragma unroll
-  for (int m = 0; m < Q; ++m) {
-    lim[m] = m < M ? (a.causal ? a.positions[m / a.group] : a.positions[a.n - 1]) : -1;
-    kend = max(kend, lim[m] + 1);
+  for (int j = 0; j < 2; ++j) {
+    const int m = warp + kDecodeWarps * j;
+    lim[j] = m < M ? (a.causal ? a.positions[m / a.group] : a.positions[a.n - 1]) : -1;
   }
-  kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
-  const int chunk = ((kend + a.n_splits - 1) / a.n_splits + 31) / 32 * 32;
-  const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
-  __syncthreads();
+  const int pair = tid % (D / 2), grp = tid / (D / 2);
+  float o[QPT][2];
+#pragma unroll
+  for (int i = 0; i < QPT; ++i) o[i][0] = o[i][1] = 0.0f;
 
-  const KV* kbase = static_cast<const KV*>(a.k) + static_cast<int64_t>(kvh) * D;
-  const KV* vbase = static_cast<const KV*>(a.v) + static_cast<int64_t>(kvh) * D + lane * DPL;
-  float m_run[Q], l_run[Q], o[Q][DPL];
+  int stage = 0;
+  for (int kt = k0; kt < k1; kt += TK, stage ^= 1) {
+    cp_async_wait<0>();
+    __syncthreads();  // tile kt visible to all; the other stage and p_s/sp_s are free
+    if (kt + TK < k1) issue_tile(kt + TK, stage ^ 1);
+    const uint8_t* ks = sm + stage * 2 * L::kTile;
+    const uint8_t* vs = ks + L::kTile;
+    {  // partial scores: keys = lanes, dims [warp*DW, +DW)
+      float s[Q];
 #pragma unroll
-  for (int m = 0; m < Q; ++m) {
-    m_run[m] = -INFINITY, l_run[m] = 0.0f;
+      for (int m = 0; m < Q; ++m) s[m] = 0.0f;
+      const uint8_t* krow = ks + lane * RB + warp * DW * sizeof(KV);
+#pragma unroll 4
+      for (int d0 = 0; d0 < DW; d0 += VEC) {
+        float kf[VEC];
+        const uint4 raw = *reinterpret_cast<const uint4*>(krow + d0 * sizeof(KV));
+        if constexpr (sizeof(KV) == 2) {
+          const half2* h = reinterpret_cast<const half2*>(&raw);
 #pragma unroll
-    for (int d = 0; d < DPL; ++d) o[m][d] = 0.0f;
-  }
-  for (int kb = k0 + warp * 32; kb < k1; kb += kDecodeWarps * 32) {
-    const int key = kb + lane;
-    const bool kvalid = key < k1;
-    float s[Q];
+          for (int j = 0; j < 4; ++j) {
+            const float2 f = __half22float2(h[j]);
+            kf[2 * j] = f.x, kf[2 * j + 1] = f.y;
+          }
+        } else {
+          kf[0] = __uint_as_float(raw.x), kf[1] = __uint_as_float(raw.y), kf[2] = __uint_as_float(raw.z),
+          kf[3] = __uint_as_float(raw.w);
+        }
 #pragma unroll
-    for (int m = 0; m < Q; ++m) s[m] = 0.0f;
-    const KV* kr = kbase + static_cast<int64_t>(kvalid ? key : k0) * a.kv_width;
+        for (int m = 0; m < Q; ++m) {
+          if (m >= M) break;  // uniform
+#pragma unroll
+          for (int e = 0; e < VEC; e += 4) {
+            const float4 qv = *reinterpret_cast<const float4*>(q_s + m * D + warp * DW + d0 + e);
+            s[m] += qv.x * kf[e] + qv.y * kf[e + 1] + qv.z * kf[e + 2] + qv.w * kf[e + 3];
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < Q; ++m)
+        if (m < M) sp_s[(warp * Q + m) * TK + lane] = s[m];
+    }
+    __syncthreads();
+    // Online softmax: warp w, queries w and w+4; lane = key.
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int m = warp + kDecodeWarps * j;
+      if (m >= M) continue;  // warp-uniform
+      const int key = kt + lane;
+      float sv = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) sv += sp_s[(w * Q + m) * TK + lane];
+      if (key >= k1 || key > lim[j]) sv = -INFINITY;
+      float mx = sv;
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m_run[j], mx);
+      float p = 0.0f, alpha = 1.0f;
+      if (m_new != -INFINITY) {
+        p = sv == -INFINITY ? 0.0f : expf(sv - m_new);
+        alpha = expf(m_run[j] - m_new);
+      }
+      float ps = p;
+      for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+      l_run[j] = l_run[j] * alpha + ps;
+      m_run[j] = m_new;
+      p_s[lane * Q + m] = p;
+      if (lane == 0) misc[m] = alpha;
+    }
+    __syncthreads();
+    // P.V: this thread's dims 2*pair, 2*pair+1 of queries grp + NG*i.
+#pragma unroll
+    for (int i = 0; i < QPT; ++i) {
+      const int m = grp + NG * i;
+      if (m < M) {
+        const float al = misc[m];
+        o[i][0] *= al, o[i][1] *= al;
+      }
+    }
+    const uint8_t* vcol = vs + 2 * pair * sizeof(KV);
 #pragma unroll 8
-    for (int d0 = 0; d0 < D; d0 += KVEC) {
-      float kf[KVEC];
-      load_as_f32<KV, KVEC>(kr + d0, kf);
+    for (int key = 0; key < TK; ++key) {
+      const float2 v = kv_pair<KV>(vcol + key * RB);
 #pragma unroll
-      for (int m = 0; m < Q; ++m) {
-        if (m >= M) break;  // uniform
-#pragma unroll
-        for (int e = 0; e < KVEC; e += 4) {
-          const float4 qv = *reinterpret_cast<const float4*>(&q_s[m][d0 + e]);
-          s[m] += qv.x * kf[e] + qv.y * kf[e + 1] + qv.z * kf[e + 2] + qv.w * kf[e + 3];
+      for (int i = 0; i < QPT; ++i) {
+        const int m = grp + NG * i;
+        if (m < M) {
+          const float p = p_s[key * Q + m];
+          o[i][0] += p * v.x, o[i][1] += p * v.y;
         }
       }
     }
-    float p[Q];
-#pragma unroll
-    for (int m = 0; m < Q; ++m) {
-      p[m] = 0.0f;
-      if (m >= M) continue;
-      const float sv = kvalid && key <= lim[m] ? s[m] : -INFINITY;
-      float mx = sv;
-      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float m_new = fmaxf(m_run[m], mx);
-      if (m_new == -INFINITY) continue;  // no visible key yet (uniform)
-      p[m] = sv == -INFINITY ? 0.0f : expf(sv - m_new);
-      float ps = p[m];
-      for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
-      const float alpha = expf(m_run[m] - m_new);
-      l_run[m] = l_run[m] * alpha + ps;
-      m_run[m] = m_new;
-#pragma unroll
-      for (int d = 0; d < DPL; ++d) o[m][d] *= alpha;
-    }
-    const int nk = min(32, k1 - kb);
-#pragma unroll 8
-    for (int j = 0; j < nk; ++j) {
-      float v[DPL];
-      load_as_f32<KV, DPL>(vbase + static_cast<int64_t>(kb + j) * a.kv_width, v);
-#pragma unroll
-      for (int m = 0; m < Q; ++m) {
-        if (m >= M) break;
-        const float pj = __shfl_sync(0xffffffffu, p[m], j);
-#pragma unroll
-        for (int d = 0; d < DPL; ++d) o[m][d] += pj * v[d];
-      }
-    }
   }
 
+  // Final (max, sum) of each query to shared memory.
+  __syncthreads();
 #pragma unroll
-  for (int m = 0; m < Q; ++m) {
-#pragma unroll
-    for (int d = 0; d < DPL; ++d) part_o[warp][m][lane * DPL + d] = o[m][d];
-    if (lane == 0) part_ml[warp][m][0] = m_run[m], part_ml[warp][m][1] = l_run[m];
+  for (int j = 0; j < 2; ++j) {
+    const int m = warp + kDecodeWarps * j;
+    if (m < Q && lane == 0) misc[Q + m] = m_run[j], misc[2 * Q + m] = l_run[j];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < M * D; i += blockDim.x) {
-    const int m = i / D, d = i % D;
-    float gmax = -INFINITY;
+  if (n_eff == 1) {
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) gmax = fmaxf(gmax, part_ml[w][m][0]);
-    float acc = 0.0f, l = 0.0f;
-    if (gmax != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        const float f = expf(part_ml[w][m][0] - gmax);
-        acc += f * part_o[w][m][d];
-        l += f * part_ml[w][m][1];
-      }
-    }
-    if (a.n_splits == 1) {
+    for (int i = 0; i < QPT; ++i) {
+      const int m = grp + NG * i;
+      if (m >= M) continue;
+      const float l = misc[2 * Q + m], inv = l > 0.0f ? 1.0f / l : 0.0f;
       const int row = m / a.group, head = kvh * a.group + m % a.group;
-      a.out.data[static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + d] = l > 0.0f ? acc / l : 0.0f;
-    } else {
-      const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
-      a.part_o[slot * D + d] = acc;
-      if (d == 0) a.part_ml[slot * 2] = gmax, a.part_ml[slot * 2 + 1] = l;
+      float* dst = a.out.data + static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + 2 * pair;
+      dst[0] = o[i][0] * inv, dst[1] = o[i][1] * inv;
     }
+    return;
   }
+#pragma unroll
+  for (int i = 0; i < QPT; ++i) {
+    const int m = grp + NG * i;
+    if (m >= M) continue;
+    const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
+    *reinterpret_cast<float2*>(a.part_o + slot * D + 2 * pair) = make_float2(o[i][0], o[i][1]);
+    if (pair == 0) a.part_ml[slot * 2] = misc[Q + m], a.part_ml[slot * 2 + 1] = misc[2 * Q + m];
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(counters + kvh, 1u) == static_cast<unsigned>(n_eff - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // Last block of this kv head: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z. The (max, sum)
+  // pairs go through shared memory first (the K/V stages are free now), so the sum over splits is
+  // independent L2 loads, not a chain.
+  float* wz = reinterpret_cast<float*>(sm);  // [Q][n_eff] weights e^(m_z - M), then 1/den in [Q*n_eff + m]
+  for (int i = tid; i < M * n_eff; i += kDecodeWarps * 32) {
+    const int m = i / n_eff, zz = i % n_eff;
+    wz[i] = __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + m) * 2);
+  }
+  __syncthreads();
+  if (tid < M) {
+    float gmax = -INFINITY;
+    for (int zz = 0; zz < n_eff; ++zz) gmax = fmaxf(gmax, wz[tid * n_eff + zz]);
+    float den = 0.0f;
+    for (int zz = 0; zz < n_eff; ++zz) {
+      const float f = gmax == -INFINITY ? 0.0f : expf(wz[tid * n_eff + zz] - gmax);
+      den += f * __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + tid) * 2 + 1);
+      wz[tid * n_eff + zz] = f;
+    }
+    wz[Q * n_eff + tid] = den > 0.0f ? 1.0f / den : 0.0f;
+  }
+  __syncthreads();
+  for (int i = tid; i < M * D; i += kDecodeWarps * 32) {
+    const int m = i / D, d = i % D;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int zz = 0; zz < n_eff; ++zz)
+      acc += wz[m * n_eff + zz] * __ldcg(a.part_o + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + m) * D + d);
+    const int row = m / a.group, head = kvh * a.group + m % a.group;
+    a.out.data[static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + d] =
+        acc * wz[Q * n_eff + m];
+  }
+  if (tid == 0) counters[kvh] = 0u;  // ready for the next launch (stream order)
 }
 
 template <int D, typename KV>
-cudaError_t launch_kv(const AttnArgs& a, cudaStream_t stream) {
+cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(
       attention_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(attention_smem<D>()));
   if (attr != cudaSuccess) return attr;
   const int M = a.n * a.group;
   if (M <= kDecodeQueries) {
-    attention_decode_kernel<D, KV><<<dim3(a.n_kv, a.n_splits), kDecodeWarps * 32, 0, stream>>>(a);
+    constexpr size_t smem = DecodeSmem<D, KV>::kBytes;
+    static const cudaError_t dattr = cudaFuncSetAttribute(
+        attention_decode_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (dattr != cudaSuccess) return dattr;
+    attention_decode_kernel<D, KV><<<dim3(a.n_kv, a.n_splits), kDecodeWarps * 32, smem, stream>>>(a, counters);
+    return cudaGetLastError();  // merges its own splits
   } else {
     const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
     attention_kernel<D, KV><<<grid, kThreads, attention_smem<D>(), stream>>>(a);
@@ -415,8 +541,8 @@ cudaError_t launch_kv(const AttnArgs& a, cudaStream_t stream) {
 }
 
 template <int D>
-cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
-  return a.kv_f16 ? launch_kv<D, __half>(a, stream) : launch_kv<D, float>(a, stream);
+cudaError_t launch(const AttnArgs& a, unsigned* counters, cudaStream_t stream) {
+  return a.kv_f16 ? launch_kv<D, __half>(a, counters, stream) : launch_kv<D, float>(a, counters, stream);
 }
 
 }  // namespace
@@ -430,10 +556,12 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const bool decode = M <= kDecodeQueries;
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
   if (base >= n_sm) return 1;
-  // Decode blocks are latency-bound: aim at 4 blocks per SM; the tiled kernel fills 2 per SM.
-  const int64_t want = ((decode ? 4 : 2) * n_sm + base - 1) / base;
-  // Each split should keep its warps busy: 2 tiles (tiled kernel) or 16 keys per warp (decode).
-  const int64_t max_useful = std::max<int64_t>(1, p.kv_capacity / (decode ? kDecodeWarps * 16 : 2 * kKeys));
+  // Two blocks per SM for either kernel.
+  const int64_t want = ((decode ? 2 : 2) * n_sm + base - 1) / base;
+  // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
+  const int64_t max_useful = std::max<int64_t>(
+      1, decode ? (p.kv_capacity + kDecodeKeys * decode_min_tiles() - 1) / (kDecodeKeys * decode_min_tiles())
+                : p.kv_capacity / (2 * kKeys));
   return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, 256));
 }
 
@@ -447,13 +575,13 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   if (p.q.rows == 0) return cudaSuccess;
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
   AttnArgs a{p.q, p.out, p.k, p.v, p.kv_f16, p.kv_width, p.kv_capacity, p.positions, static_cast<int>(p.q.rows),
-             p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, scratch,
+             p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, decode_min_tiles(), scratch,
              scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
   switch (p.head_dim) {
-    case 32: return launch<32>(a, stream);
-    case 64: return launch<64>(a, stream);
-    case 128: return launch<128>(a, stream);
-    case 256: return launch<256>(a, stream);
+    case 32: return launch<32>(a, p.counters, stream);
+    case 64: return launch<64>(a, p.counters, stream);
+    case 128: return launch<128>(a, p.counters, stream);
+    case 256: return launch<256>(a, p.counters, stream);
     default: return cudaErrorInvalidValue;
   }
 }

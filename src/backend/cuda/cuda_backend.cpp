@@ -160,6 +160,19 @@ class CudaBackend final : public Backend {
     check(cuda::matmul_launch(v, mat(x), mat(y), {s, matmul_arena_.size}, cublas_, stream_), "matmul");
   }
 
+  bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) override {
+    const cuda::WeightView g = view(gate), u = view(up);
+    if (!gate.present() || !up.present() || !cuda::matmul_swiglu_supported(g, u, x.n_rows)) return false;
+    if (!expect(x.n_cols == gate.n_in && y.n_cols == gate.n_out && x.n_rows == y.n_rows,
+                "matmul_swiglu '{}' [{} -> {}]: x [{}, {}], y [{}, {}]", gate.name, gate.n_in, gate.n_out, x.n_rows,
+                x.n_cols, y.n_rows, y.n_cols))
+      return true;
+    void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(g, x.n_rows));
+    if (!s) return true;
+    check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_), "matmul_swiglu");
+    return true;
+  }
+
   void rms_norm(Rows x, const float* w, int64_t group, float eps, Rows y) override {
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, y), "rms_norm: group {} over [{}, {}] -> [{}, {}]",
                 group, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
@@ -213,6 +226,8 @@ class CudaBackend final : public Backend {
                 a.n_kv_head) ||
         !expect(a.kv.type == GgmlType::F32 || a.kv.type == GgmlType::F16, "attention: KV type {}",
                 ggml_type_name(a.kv.type)) ||
+        !expect(a.n_kv_head <= cuda::kAttentionMaxKvHeads, "attention: {} kv heads (at most {})", a.n_kv_head,
+                cuda::kAttentionMaxKvHeads) ||
         !expect(a.kv.width == static_cast<int64_t>(a.n_kv_head) * a.head_dim, "attention: KV width {} for {}x{}",
                 a.kv.width, a.n_kv_head, a.head_dim) ||
         !expect(a.q.n_cols >= width && a.out.n_cols >= width && a.out.n_rows == a.q.n_rows,
@@ -236,6 +251,7 @@ class CudaBackend final : public Backend {
     p.head_dim = a.head_dim;
     p.scale = a.scale;
     p.causal = a.causal;
+    p.counters = attention_counters_;
     const int splits = cuda::attention_splits(p, n_sm_);
     float* scratch = nullptr;
     if (splits > 1 && !(scratch = static_cast<float*>(arena(op_arena_, cuda::attention_scratch_bytes(p, splits)))))
@@ -399,6 +415,12 @@ class CudaBackend final : public Backend {
     if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS ||
         cublasSetWorkspace(cublas_, ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS)
       return Status::error("cuBLAS stream/workspace setup failed");
+    void* counters = nullptr;
+    if (cudaMalloc(&counters, cuda::kAttentionMaxKvHeads * sizeof(unsigned)) != cudaSuccess ||
+        cudaMemset(counters, 0, cuda::kAttentionMaxKvHeads * sizeof(unsigned)) != cudaSuccess)
+      return Status::error("cudaMalloc of the attention counters failed");
+    owned_.push_back(counters);
+    attention_counters_ = static_cast<unsigned*>(counters);
     // Enough for every decode-width op of the real models; prefill grows them once.
     if (!arena(matmul_arena_, size_t(8) << 20) || !arena(op_arena_, size_t(32) << 20)) return synchronize();
     return Status::ok();
@@ -471,6 +493,7 @@ class CudaBackend final : public Backend {
   Status error_;
   bool capturing_ = false;
   Arena matmul_arena_, op_arena_;
+  unsigned* attention_counters_ = nullptr;
   std::vector<void*> owned_;
 };
 

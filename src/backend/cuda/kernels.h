@@ -46,6 +46,14 @@ size_t matmul_scratch_bytes(const WeightView& w, int64_t n);
 cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scratch, cublasHandle_t cublas,
                           cudaStream_t stream);
 
+// y[t] = silu(Wg x[t]) * (Wu x[t]) in one pass over both weights (decode/verify widths). Supported when
+// gate and up have the same type and shape, rows are whole 32-element chunks and n <= 16; scratch as
+// matmul_scratch_bytes(gate, n).
+constexpr int64_t kMmvSwiGluMaxWidth = 16;
+bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64_t n);
+cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
+                                 cudaStream_t stream);
+
 // Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div].
 cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids, int64_t n_batch, int x_div,
                                   Mat x, Mat y, MatmulScratch scratch, cudaStream_t stream);
@@ -81,7 +89,10 @@ struct AttentionParams {
   int n_head = 0, n_kv_head = 0, head_dim = 0;
   float scale = 1.0f;
   bool causal = true;
+  // >= n_kv_head zeroed counters the decode kernel uses to merge its splits (left zeroed).
+  unsigned* counters = nullptr;
 };
+constexpr int kAttentionMaxKvHeads = 1024;
 bool attention_head_dim_supported(int head_dim);
 // Split count the launcher will use, and the scratch it needs for the partial results.
 int attention_splits(const AttentionParams& p, int n_sm);

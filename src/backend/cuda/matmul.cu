@@ -2,18 +2,27 @@
 //
 // y[t][r] = sum_i W[r][i] x[t][i]   W: [n_out, K] in its stored type, x: [n, K] f32, y: [n, n_out] f32.
 //
-// Widths n <= 32 (decode, speculative verify): the tensor-core matvec `mmv_kernel`. A warp owns 16
-// weight rows; each step, its 4 lane-quads each decode one 32-element chunk of those rows straight
-// from the quant blocks into f16 registers (the A fragments of mma.m16n8k16) and multiply them with
-// up to 32 activation rows (B fragments, 8 tokens per n-tile, read as f32 and converted on the fly in
-// the type's chunk order). Every weight byte is read once per call whatever n is; the warps of a
-// block split K and reduce through shared memory. One launch per matmul.
+// Widths n <= 32 (decode, speculative verify): the streaming tensor-core matvec `mmv_kernel`. A block
+// of 8 warps owns a tile of RW (16 or 32) weight rows at a time; its warps split K into steps of
+// kStepChunks 32-element chunks (one block of a K-quant, 128-272 bytes of a row). Each warp streams
+// the bytes of its steps through a private ring of `stages` shared-memory slots with 16-byte
+// cp.async copies (the 16-byte aligned cover of each row's byte range, so data keeps its address
+// mod 16 and the per-type decoders of quant_blocks.cuh read it unchanged), several steps ahead of
+// the one it decodes: the bytes in flight per SM no longer sit in registers. Decoding: the warp's 4
+// lane-quads each turn one chunk of 16 rows into f16 A fragments of mma.m16n8k16 and multiply them
+// with up to 32 activation rows (B fragments, 8 tokens per n-tile, read as f32 and converted on the
+// fly in the type's chunk order, or pre-converted to f16 in fragment order for n > 4). Every weight
+// byte is read once per call whatever n is; the warps reduce through shared memory per tile. The
+// grid is persistent (as many blocks as fit), the ring runs on across tiles, and the kernel is
+// launched with programmatic dependent launch: it starts streaming weights while the previous
+// kernel finishes and waits for it only before reading activations.
 // Widths n > 32 (prefill): activations converted to f16 in chunk order (prep_activations_kernel),
 // weight row tiles decoded to f16 (dequant_tile_kernel), multiplied with cuBLAS (f32 accumulate).
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_blocks.cuh"
@@ -23,7 +32,7 @@ namespace {
 
 constexpr int kMmvMaxWidth = 32;
 constexpr int kFusedWidth = 4;  // widths up to this read f32 activations directly (no prep launch)
-constexpr int kRowsPerWarp = 16;
+constexpr int kMmvWarps = 8;
 
 template <typename F>
 bool with_type(GgmlType t, F&& f) {
@@ -90,10 +99,59 @@ struct MmvArgs {
   const __half* xh;             // activations in fragment order (prep_fragments_kernel), or null
   int64_t n_pad;                // tokens in xh (n rounded up to 8)
   int n;                        // tokens (<= 32)
-  int rg;                       // row groups (of 16 rows) per block; the other warps split K
+  int stages;                   // ring slots per warp (2..8)
+  const uint8_t* w2;            // fused SwiGLU: the up weights (w = gate), same type and shape
   float* y;
   int64_t y_stride;
 };
+
+// Shared-memory layout of the streaming matvec for type T: a row's bytes of one step (SB) start at
+// any 2-byte alignment, so their 16-byte aligned cover takes up to P pieces; a row slot (RS) adds
+// room for the aligned-word over-read of the kA2 decoders and avoids a multiple of 256 bytes.
+template <class T>
+struct StreamShape {
+  static constexpr int C = T::kStepChunks;
+  static constexpr int SB = C * 32 / T::kBlock * T::kBlockBytes;
+  static constexpr int P = (SB + 30) / 16;
+  static constexpr int RS0 = 16 * P + (T::kA2 ? 16 : 0);
+  static constexpr int RS = RS0 % 256 == 0 ? RS0 + 16 : RS0;
+  static_assert(C % 4 == 0 && (C * 32) % T::kBlock == 0, "a step is whole blocks and whole lane-quad rounds");
+};
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// At most n groups of this thread still pending (n = stages - 2, 0..6).
+__device__ __forceinline__ void cp_async_wait_upto(int n) {
+  switch (n) {
+    case 6: cp_async_wait<6>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 1: cp_async_wait<1>(); break;
+    default: cp_async_wait<0>(); break;
+  }
+}
+// Programmatic dependent launch (sm_90): wait for the previous kernel's results; let the next
+// kernel's blocks start (they wait for ours before reading what we write). No-ops when the kernel
+// was launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return as_u32(__floats2half2_rn(lo, hi)); }
 
@@ -141,104 +199,205 @@ __global__ void prep_fragments_kernel(const float* __restrict__ x, int64_t x_str
   }
 }
 
-// Tensor-core matvec, see the top of the file. A block has `rg` row groups of 16 rows; its other
-// warps split K (warp = rg-index + rg * k-split). Each step a warp decodes 4 chunks (one per
-// lane-quad) of its 16 rows, while the raw bytes of its next step are already in flight.
-// Per call: bytes = W once + n*K*4 per block (activations, L2/L1) + n*n_out*4; FLOPs =
-// 2*n_out*K*8*NT (padded to n-tiles of 8) on the tensor cores. Decoding costs ~2 ALU ops per
-// weight, so the kernel is bound by the weight bytes for n <= 32.
-// Lane (g, t) = (lane/4, lane%4): A rows g and g+8 of the warp's 16, chunk 4*step + t; B token 8*nt + g.
-template <class T, int NT>
-__global__ void __launch_bounds__(256) mmv_kernel(MmvArgs a) {
-  extern __shared__ float red[];  // [n_warps][NT*4][32]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  const int RG = a.rg, KS = n_warps / RG, rg = warp % RG, ks = warp / RG;
+// Streaming tensor-core matvec, see the top of the file. Block = kMmvWarps warps; tile = RW rows
+// (RW/16 row groups per warp, which share each B fragment load); warp ks takes the steps ks,
+// ks + 8, ... of every tile the block owns (tiles blockIdx.x, + gridDim.x, ...).
+// Per call: bytes = W once + n*K*(4 or 2)*(n_out/RW) from L2 (activations) + n*n_out*4; FLOPs =
+// 2*n_out*K*8*NT on the tensor cores (n padded to n-tiles of 8). Decoding costs ~2 ALU ops per
+// weight, so the kernel is bound by the weight bytes for n <= 32 when enough of them are in flight:
+// 8 warps x (stages-1) x RW rows x SB bytes per block (Q4_K, RW=16, 4 stages: 55 KB).
+// Lane (g, t) = (lane/4, lane%4): A rows g and g+8 of each row group, chunk 4*u + t of the step;
+// B token 8*nt + g.
+// Two blocks per SM (<= 128 registers) up to 16 tokens; one above (4 n-tiles of accumulators and B
+// fragments for two row groups spill at 128).
+template <int NT>
+constexpr int mmv_min_blocks() {
+  return NT >= 4 ? 1 : 2;
+}
+
+// SW (fused SwiGLU): each row group holds 8 gate rows (A rows g) and the same 8 up rows (A rows
+// g+8), so a lane ends with gate and up of the same output in acc[..][0,1] and [2,3]; a tile covers
+// RW/2 outputs and y = silu(gate x) * (up x).
+template <class T, int NT, int RW, bool SW, int MB = mmv_min_blocks<NT>()>
+__global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
+  using SS = StreamShape<T>;
+  // Types whose blocks are a multiple of 16 bytes (Q4_K, Q5_K, F16, BF16) have every row and step
+  // 16-byte aligned: the copies need no cover arithmetic.
+  constexpr bool kAligned = T::kBlockBytes % 16 == 0 && SS::SB % 16 == 0;
+  constexpr int C = SS::C, SB = SS::SB, P = SS::P, RS = SS::RS, RGW = RW / 16;
+  constexpr int kOut = SW ? RW / 2 : RW;  // outputs per tile
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
+  const int NS = a.stages;
+  uint8_t* const ring = smem + ks * NS * RW * RS;
+  float* const red = reinterpret_cast<float*>(smem + kMmvWarps * NS * RW * RS);  // [warps][RGW*NT*4][32]
   const uint8_t* w = a.w;
   const float* x = a.x;
   float* y = a.y;
   int n = a.n;
-  if (a.expert_ids) {
+  if (a.expert_ids) {  // the expert ids come from the previous kernel
+    pdl_wait();
     const int b = blockIdx.y;
     w += static_cast<size_t>(a.expert_ids[b]) * a.expert_bytes;
     x += static_cast<int64_t>(b / a.x_div) * a.x_stride;
     y += b * a.y_stride;
     n = 1;
   }
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * RG + rg) * kRowsPerWarp;
-  const uint8_t* w0 = w + min(row0 + g, a.n_out - 1) * a.row_bytes;
-  const uint8_t* w1 = w + min(row0 + g + 8, a.n_out - 1) * a.row_bytes;
-  const int64_t n_chunks = a.K / 32, n_steps = (n_chunks + 3) / 4;
+  const int64_t n_chunks = a.K / 32, S = (n_chunks + C - 1) / C;
+  const int64_t tiles = (a.n_out + kOut - 1) / kOut;
+  const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int cnt = ks < S ? static_cast<int>((S - 1 - ks) / kMmvWarps + 1) : 0;  // steps per tile
+  const int64_t total = my_tiles * cnt;
 
-  float acc[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-
-  typename T::Raw r0, r1;
-  if (ks < n_steps && 4 * ks + t < n_chunks) {
-    T::load(w0, 4 * ks + t, r0);
-    T::load(w1, 4 * ks + t, r1);
-  }
-  for (int64_t s = ks; s < n_steps; s += KS) {
-    const int64_t c = 4 * s + t, c_next = c + 4 * KS;
-    const bool valid = c < n_chunks;
-    typename T::Raw q0, q1;
-    if (s + KS < n_steps && c_next < n_chunks) {
-      T::load(w0, c_next, q0);
-      T::load(w1, c_next, q1);
-    }
-    half2 A0[16], A1[16];
-    if (valid) {
-      T::decode(w0, r0, c, A0);
-      T::decode(w1, r1, c, A1);
+  // Row r of a tile's slots: the weight row it holds.
+  auto row_src = [&](int64_t tile, int r) -> const uint8_t* {
+    if constexpr (SW) {
+      const int64_t row = min(tile * kOut + 8 * (r >> 4) + (r & 7), a.n_out - 1);
+      return ((r & 15) < 8 ? w : a.w2) + row * static_cast<int64_t>(a.row_bytes);
     } else {
-#pragma unroll
-      for (int m = 0; m < 16; ++m) A0[m] = A1[m] = __float2half2_rn(0.0f);
+      return w + min(tile * RW + r, a.n_out - 1) * static_cast<int64_t>(a.row_bytes);
     }
+  };
+  // Copy cursor: item `issued` = step ks + 8*i_m of tile i_tile, into slot i_slot.
+  int64_t issued = 0, i_tile = blockIdx.x;
+  int i_m = 0, i_slot = 0;
+  auto issue = [&]() {
+    if (issued < total) {
+      const int64_t off = (ks + int64_t{kMmvWarps} * i_m) * SB;
+      const int64_t len = min(static_cast<int64_t>(SB), static_cast<int64_t>(a.row_bytes) - off);
+      uint8_t* slot = ring + i_slot * RW * RS;
+      if constexpr (kAligned) {
+        constexpr int PA = SB / 16;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      if (nt * 8 >= n) break;  // warp-uniform
-      const int tok = nt * 8 + g;
-      uint32_t b[16];
-      if (a.xh) {
-        const uint4* piece = reinterpret_cast<const uint4*>(a.xh) + (s * 4 * a.n_pad + tok) * 4 + t;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint4 v = piece[k * a.n_pad * 4];
-          b[4 * k] = v.x, b[4 * k + 1] = v.y, b[4 * k + 2] = v.z, b[4 * k + 3] = v.w;
+        for (int it = 0; it < (RW * PA + 31) / 32; ++it) {
+          const int i = it * 32 + lane;
+          const int r = i / PA, p = i - r * PA;
+          if (i < RW * PA && 16 * p < len) cp_async16(slot + r * RS + 16 * p, row_src(i_tile, r) + off + 16 * p);
         }
-      } else if (tok < n && valid) {
-        load_b<T>(x + tok * a.x_stride, c, b);
       } else {
 #pragma unroll
-        for (int k = 0; k < 16; ++k) b[k] = 0u;
+        for (int it = 0; it < (RW * P + 31) / 32; ++it) {
+          const int i = it * 32 + lane;
+          if (i < RW * P) {
+            const int r = i / P, p = i - r * P;
+            const uint8_t* src = row_src(i_tile, r) + off;
+            const uint8_t* a0 = src - (reinterpret_cast<uintptr_t>(src) & 15);
+            if (a0 + 16 * p < src + len) cp_async16(slot + r * RS + 16 * p, a0 + 16 * p);
+          }
+        }
       }
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        mma_16816(acc[nt], A0[2 * i], A1[2 * i], A0[2 * i + 1], A1[2 * i + 1], as_half2(b[2 * i]),
-                  as_half2(b[2 * i + 1]));
+      ++issued;
+      if (++i_m == cnt) i_m = 0, i_tile += gridDim.x;
+      if (++i_slot == NS) i_slot = 0;
     }
-    r0 = q0;
-    r1 = q1;
-  }
+    cp_async_commit();  // one group per call, empty or not, so wait_group counts items
+  };
+  for (int k = 0; k + 1 < NS; ++k) issue();
+  if (!a.expert_ids) pdl_wait();  // x, xh and y belong to earlier kernels
+  pdl_trigger();
 
+  int c_slot = 0;
+  for (int64_t j = 0; j < my_tiles; ++j) {
+    const int64_t tile = blockIdx.x + j * gridDim.x;
+    float acc[RGW][NT][4];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+    for (int q = 0; q < RGW; ++q)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red[(warp * NT * 4 + nt * 4 + e) * 32 + lane] = acc[nt][e];
-  __syncthreads();
-  if (ks != 0) return;
+      for (int nt = 0; nt < NT; ++nt) acc[q][nt][0] = acc[q][nt][1] = acc[q][nt][2] = acc[q][nt][3] = 0.0f;
+    // Misalignment (mod 16) of rows g and g+8 of each row group; the step offsets add to it.
+    int mis[RGW][2];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
+    for (int q = 0; q < RGW; ++q)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float v = 0.0f;
-      for (int k = 0; k < KS; ++k) v += red[((k * RG + rg) * NT * 4 + nt * 4 + e) * 32 + lane];
-      const int64_t row = row0 + g + (e >= 2 ? 8 : 0);
-      const int tok = nt * 8 + 2 * t + (e & 1);
-      if (row < a.n_out && tok < n) y[tok * a.y_stride + row] = v;
+      for (int h = 0; h < 2; ++h)
+        mis[q][h] = kAligned ? 0 : static_cast<int>(reinterpret_cast<uintptr_t>(row_src(tile, 16 * q + g + 8 * h)) & 15);
+    for (int m = 0; m < cnt; ++m) {
+      cp_async_wait_upto(NS - 2);  // this thread's copies of the step have landed
+      __syncwarp();                // ... and every lane's; the slot refilled next was read at m-1
+      issue();
+      const uint8_t* slot = ring + c_slot * RW * RS;
+      if (++c_slot == NS) c_slot = 0;
+      const int64_t s = ks + int64_t{kMmvWarps} * m;
+      const int off16 = kAligned ? 0 : static_cast<int>((s * SB) & 15);
+#pragma unroll
+      for (int u = 0; u < C / 4; ++u) {
+        const int cl = 4 * u + t;
+        const int64_t c = s * C + cl;
+        const bool valid = c < n_chunks;
+        uint32_t b[NT][16];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int tok = nt * 8 + g;
+          if (nt * 8 < n && valid && a.xh) {
+            const uint4* piece = reinterpret_cast<const uint4*>(a.xh) + ((c >> 2) * 4 * a.n_pad + tok) * 4 + t;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const uint4 v = piece[k * a.n_pad * 4];
+              b[nt][4 * k] = v.x, b[nt][4 * k + 1] = v.y, b[nt][4 * k + 2] = v.z, b[nt][4 * k + 3] = v.w;
+            }
+          } else if (nt * 8 < n && valid && tok < n) {
+            load_b<T>(x + tok * a.x_stride, c, b[nt]);
+          } else {
+#pragma unroll
+            for (int k = 0; k < 16; ++k) b[nt][k] = 0u;
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < RGW; ++q) {
+          half2 A0[16], A1[16];
+          if (valid) {
+            T::chunk(slot + (16 * q + g) * RS + ((mis[q][0] + off16) & 15), cl, A0);
+            T::chunk(slot + (16 * q + g + 8) * RS + ((mis[q][1] + off16) & 15), cl, A1);
+          } else {
+#pragma unroll
+            for (int k = 0; k < 16; ++k) A0[k] = A1[k] = __float2half2_rn(0.0f);
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            if (nt * 8 >= n) break;  // warp-uniform
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              mma_16816(acc[q][nt], A0[2 * i], A1[2 * i], A0[2 * i + 1], A1[2 * i + 1], as_half2(b[nt][2 * i]),
+                        as_half2(b[nt][2 * i + 1]));
+          }
+        }
+      }
     }
+
+    // Sum the warps' partials in a fixed order (deterministic) and write the tile.
+    constexpr int kVals = RGW * NT * 4 * 32;
+#pragma unroll
+    for (int q = 0; q < RGW; ++q)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[ks * kVals + ((q * NT + nt) * 4 + e) * 32 + lane] = acc[q][nt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < kVals; i += kMmvWarps * 32) {
+      const int ln = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, q = i / (128 * NT);
+      const int tok = nt * 8 + 2 * (ln & 3) + (e & 1);
+      if constexpr (SW) {
+        const int64_t row = tile * kOut + 8 * q + (ln >> 2);
+        if (e < 2 && row < a.n_out && tok < n) {
+          float vg = 0.0f, vu = 0.0f;
+#pragma unroll
+          for (int k = 0; k < kMmvWarps; ++k) vg += red[k * kVals + i], vu += red[k * kVals + i + 64];
+          y[tok * a.y_stride + row] = vg / (1.0f + expf(-vg)) * vu;
+        }
+      } else {
+        const int64_t row = tile * RW + 16 * q + (ln >> 2) + (e >= 2 ? 8 : 0);
+        if (row < a.n_out && tok < n) {
+          float v = 0.0f;
+#pragma unroll
+          for (int k = 0; k < kMmvWarps; ++k) v += red[k * kVals + i];
+          y[tok * a.y_stride + row] = v;
+        }
+      }
+    }
+    __syncthreads();  // red is rewritten by the next tile
   }
+  cp_async_wait<0>();  // nothing is left in flight (only empty groups remain)
 }
 
 // Exact f32 path: F32 weights (norm-sized vectors, MoE routers: exact like the CPU, so expert
@@ -315,33 +474,85 @@ cudaError_t prep_activations(const float* x, int64_t x_stride, int64_t rows, int
   return cudaGetLastError();
 }
 
-template <class T, int NT>
-cudaError_t launch_mmv(const MmvArgs& a, unsigned grid_y, int n_warps, cudaStream_t stream) {
-  const int64_t rows_per_block = int64_t{kRowsPerWarp} * a.rg;
-  const dim3 grid(static_cast<unsigned>((a.n_out + rows_per_block - 1) / rows_per_block), grid_y);
-  const size_t smem = static_cast<size_t>(n_warps) * NT * 4 * 32 * sizeof(float);
-  mmv_kernel<T, NT><<<grid, n_warps * 32, smem, stream>>>(a);
-  return cudaGetLastError();
-}
-
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
 }
 
-// Blocks of 8 warps: one row group per block, 8 warps over K (most warps in flight for the weight
-// stream). Row groups > 1 share activation chunks through L1; measured no faster on H100 at n <= 32
-// (docs/CUDA_NOTES.md), kept for benchmarking through HYSPEC_MMV_RG.
-struct MmvShape {
-  int rg, n_warps;
+struct DeviceSmem {
+  int per_sm = 0, per_block_optin = 0, reserved = 0;
 };
-MmvShape mmv_shape(int64_t n_out, int64_t K, int64_t n, int64_t grid_y) {
-  static const int forced_rg = env_int("HYSPEC_MMV_RG", 0);
-  int rg = forced_rg > 0 ? forced_rg : 1;
-  while (rg > 1 && (n_out + 16 * rg - 1) / (16 * rg) * grid_y < sm_count()) rg /= 2;
-  const int64_t steps = (K / 32 + 3) / 4;
-  const int ks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(8 / rg, steps)));
-  return {rg, rg * ks};
+const DeviceSmem& device_smem() {
+  static const DeviceSmem d = [] {
+    DeviceSmem r;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&r.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    cudaDeviceGetAttribute(&r.per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaDeviceGetAttribute(&r.reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev);
+    return r;
+  }();
+  return d;
+}
+
+// Ring depth and blocks per SM of one instantiation: two blocks per SM (16 warps to decode) when
+// three or more stages fit in half the SM's shared memory, else one block with up to 8 stages.
+// HYSPEC_MMV_STAGES / HYSPEC_MMV_BLOCKS override (benchmarks).
+struct MmvConfig {
+  int stages = 0, blocks_per_sm = 0;
+  size_t smem = 0;
+  cudaError_t err = cudaSuccess;
+};
+template <class T, int NT, int RW, bool SW, int MB>
+const MmvConfig& mmv_config() {
+  static const MmvConfig cfg = [] {
+    MmvConfig c;
+    const DeviceSmem& d = device_smem();
+    const size_t set = size_t{kMmvWarps} * RW * StreamShape<T>::RS;  // one slot for every warp
+    const size_t red = size_t{kMmvWarps} * (RW / 16) * NT * 4 * 32 * sizeof(float);
+    const size_t half = static_cast<size_t>(d.per_sm / 2 - d.reserved);
+    const int two = half > red ? static_cast<int>((half - red) / set) : 0;
+    const int one = static_cast<int>((static_cast<size_t>(d.per_block_optin) - red) / set);
+    const size_t third = static_cast<size_t>(d.per_sm / 3 - d.reserved);
+    const int three = third > red ? static_cast<int>((third - red) / set) : 0;
+    c.blocks_per_sm = MB >= 3 ? 3 : std::min(MB, env_int("HYSPEC_MMV_BLOCKS", two >= 3 ? 2 : 1));
+    const int fit = c.blocks_per_sm >= 3 ? three : c.blocks_per_sm >= 2 ? two : one;
+    // Measured on H100 (Q4_K, docs/CUDA_NOTES.md): 3 stages beat 5 (the smaller carve-out leaves L1
+    // room for the activations) and 2 blocks per SM beat 1.
+    c.stages = std::clamp(env_int("HYSPEC_MMV_STAGES", std::min(fit, c.blocks_per_sm >= 2 ? 3 : 4)), 2, 8);
+    c.smem = c.stages * set + red;
+    c.err = cudaFuncSetAttribute(mmv_kernel<T, NT, RW, SW, MB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(c.smem));
+    return c;
+  }();
+  return cfg;
+}
+
+bool use_pdl() {
+  static const bool on = env_int("HYSPEC_PDL", 1) != 0;
+  return on;
+}
+
+// grid_y > 0: batched experts (one tile per block, blockIdx.y = batch entry); else a persistent grid.
+template <class T, int NT, int RW, bool SW = false, int MB = mmv_min_blocks<NT>()>
+cudaError_t launch_mmv(MmvArgs a, unsigned grid_y, cudaStream_t stream) {
+  const MmvConfig& c = mmv_config<T, NT, RW, SW, MB>();
+  if (c.err != cudaSuccess) return c.err;
+  a.stages = c.stages;
+  const int64_t tiles = (a.n_out + (SW ? RW / 2 : RW) - 1) / (SW ? RW / 2 : RW);
+  static const int forced_grid = env_int("HYSPEC_MMV_GRID", 0);
+  const int64_t slots = forced_grid > 0 ? forced_grid : int64_t{c.blocks_per_sm} * sm_count();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid_y ? tiles : std::min(tiles, slots)), grid_y ? grid_y : 1);
+  cfg.blockDim = dim3(kMmvWarps * 32);
+  cfg.dynamicSmemBytes = c.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = use_pdl() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, mmv_kernel<T, NT, RW, SW, MB>, a);
 }
 
 // x as 16-byte aligned rows: x itself, or a copy in `staging`.
@@ -352,12 +563,15 @@ Mat aligned_rows(Mat x, float* staging, cudaStream_t stream, cudaError_t& err) {
   return Mat{staging, x.rows, x.cols, x.cols};
 }
 
+// Tiles of 16 rows up to 16 tokens (two blocks per SM); 32 rows above (each B fragment load serves
+// two row groups, which halves the activation traffic from L2). 32-row tiles at 16 tokens ran at one
+// block per SM and measured slower (docs/CUDA_NOTES.md).
+// up: fused SwiGLU with these up weights (w = gate), widths <= 16.
 template <class T>
-cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t stream) {
+cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t stream, const uint8_t* up = nullptr) {
   cudaError_t err = cudaSuccess;
-  const MmvShape sh = mmv_shape(w.n_out, w.n_in, x.rows, 1);
   MmvArgs a{w.data, w.row_bytes, 0, nullptr, 1, w.n_out, w.n_in, x.data, x.stride, nullptr, 0,
-            static_cast<int>(x.rows), sh.rg, y.data, y.stride};
+            static_cast<int>(x.rows), 0, up, y.data, y.stride};
   if (x.rows <= kFusedWidth) {
     const Mat xa = aligned_rows(x, static_cast<float*>(scratch), stream, err);
     if (err != cudaSuccess) return err;
@@ -371,9 +585,12 @@ cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t s
                                                          static_cast<__half*>(scratch));
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  if (x.rows <= 8) return launch_mmv<T, 1>(a, 1, sh.n_warps, stream);
-  if (x.rows <= 16) return launch_mmv<T, 2>(a, 1, sh.n_warps, stream);
-  return launch_mmv<T, 4>(a, 1, sh.n_warps, stream);
+  if (up) return x.rows <= 8 ? launch_mmv<T, 1, 16, true>(a, 0, stream) : launch_mmv<T, 2, 16, true>(a, 0, stream);
+  // Benchmark switch: three blocks per SM (<= 85 registers) up to 8 tokens.
+  static const bool three = env_int("HYSPEC_MMV_BLOCKS", 0) == 3;
+  if (x.rows <= 8) return three ? launch_mmv<T, 1, 16, false, 3>(a, 0, stream) : launch_mmv<T, 1, 16>(a, 0, stream);
+  if (x.rows <= 16) return launch_mmv<T, 2, 16>(a, 0, stream);
+  return launch_mmv<T, 4, 32>(a, 0, stream);
 }
 
 // Rows of the f16 weight tile kept for cuBLAS: at most kTileBytes.
@@ -439,12 +656,28 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
   with_type(w.type, [&](auto tag) {
     using T = decltype(tag);
     if (x.rows <= kMmvMaxWidth) {
-      err = mmv<T>(w, x, y, scratch.data, stream);
+      if constexpr (!std::is_same_v<T, TypeF32>) err = mmv<T>(w, x, y, scratch.data, stream);  // F32: exact path
     } else {
       auto* tile = reinterpret_cast<__half*>(static_cast<char*>(scratch.data) +
                                              align_up(static_cast<size_t>(x.rows * w.n_in) * 2, 256));
       err = gemm<T>(w, x, y, xh, tile, cublas, stream);
     }
+  });
+  return err;
+}
+
+bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64_t n) {
+  return gate.type == up.type && gate.n_in == up.n_in && gate.n_out == up.n_out && gate.row_bytes == up.row_bytes &&
+         fast_path(gate) && n >= 1 && n <= kMmvSwiGluMaxWidth;
+}
+
+cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
+                                 cudaStream_t stream) {
+  if (!matmul_swiglu_supported(gate, up, x.rows)) return cudaErrorInvalidValue;
+  cudaError_t err = cudaErrorInvalidValue;
+  with_type(gate.type, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, TypeF32>) err = mmv<T>(gate, x, y, scratch.data, stream, up.data);
   });
   return err;
 }
@@ -479,11 +712,10 @@ cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids
     const int64_t slice = 65535 / x_div * x_div;
     for (int64_t b0 = 0; b0 < n_batch && err == cudaSuccess; b0 += slice) {
       const int64_t nb = std::min<int64_t>(slice, n_batch - b0);
-      const MmvShape sh = mmv_shape(w.n_out, w.n_in, 1, nb);
       MmvArgs a{w.data,  w.row_bytes, static_cast<size_t>(w.n_out) * w.row_bytes, expert_ids + b0, x_div, w.n_out,
-                w.n_in,  xa.data + (b0 / x_div) * xa.stride, xa.stride, nullptr, 0, 1, sh.rg,
+                w.n_in,  xa.data + (b0 / x_div) * xa.stride, xa.stride, nullptr, 0, 1, 0, nullptr,
                 y.data + b0 * y.stride, y.stride};
-      err = launch_mmv<T, 1>(a, static_cast<unsigned>(nb), sh.n_warps, stream);
+      if constexpr (!std::is_same_v<T, TypeF32>) err = launch_mmv<T, 1, 16>(a, static_cast<unsigned>(nb), stream);
     }
   });
   return err;

@@ -17,6 +17,12 @@
 //                   order its bit tricks produce them; the activations are permuted the same way once
 //                   per matmul, so no shuffling happens in the inner loop (a dot product does not care
 //                   about the order of its terms).
+//   kBlockBytes     bytes of one block
+//   kStepChunks     chunks per row and pipeline step of the streaming matvec (4 or 8: a whole block
+//                   for the K-quants, ~128-272 bytes of a row)
+//   kA2             load() reads whole aligned words around 2-byte aligned data (below)
+// load() and value() use plain loads, so they decode from global or shared memory alike (the
+// matvec streams rows into shared memory and decodes them there at the same address mod 16).
 // Blocks of some types (Q8_0, Q4_0, Q6_K) are only 2-byte aligned; load_a2/words_a2 read them with
 // aligned 4-byte loads and funnel shifts. It may read up to 4 bytes past the block: every weight
 // allocation carries kWeightPad (kernels.h) bytes of padding.
@@ -53,9 +59,10 @@ struct A2Words {
 };
 template <int N>
 __device__ __forceinline__ void load_a2(const uint8_t* p, A2Words<N>& raw) {
-  const uint32_t* base = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+  // p minus its misalignment (not a cast from an integer), so loads from shared memory stay LDS
+  const uint32_t* base = reinterpret_cast<const uint32_t*>(p - (reinterpret_cast<uintptr_t>(p) & 3));
 #pragma unroll
-  for (int i = 0; i <= N; ++i) raw.r[i] = __ldg(base + i);
+  for (int i = 0; i <= N; ++i) raw.r[i] = base[i];
 }
 template <int N>
 __device__ __forceinline__ void words_a2(const uint8_t* p, const A2Words<N>& raw, uint32_t (&w)[N]) {
@@ -63,7 +70,7 @@ __device__ __forceinline__ void words_a2(const uint8_t* p, const A2Words<N>& raw
 #pragma unroll
   for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw.r[i], raw.r[i + 1], sh);
 }
-__device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+__device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return *reinterpret_cast<const unsigned short*>(p); }
 __device__ __forceinline__ half2 h2_of_u16(uint16_t h) {
   return __half2half2(__ushort_as_half(h));
 }
@@ -85,6 +92,9 @@ __host__ __device__ constexpr int nibble_pair_offset(int r) { return (r & 1) * 2
 
 struct TypeF32 {
   static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 128;
+  static constexpr int kStepChunks = 4;
+  static constexpr bool kA2 = false;
   static constexpr bool kSwizzle = false;
   struct Raw {
     float4 v[8];
@@ -93,7 +103,7 @@ struct TypeF32 {
   __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const float4* p = reinterpret_cast<const float4*>(row) + c * 8;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) r.v[k] = __ldg(p + k);
+    for (int k = 0; k < 8; ++k) r.v[k] = p[k];
   }
   __device__ static void decode(const uint8_t*, const Raw& r, int64_t, half2 (&a)[16]) {
 #pragma unroll
@@ -108,6 +118,9 @@ struct TypeF32 {
 
 struct TypeF16 {
   static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 64;
+  static constexpr int kStepChunks = 4;
+  static constexpr bool kA2 = false;
   static constexpr bool kSwizzle = false;
   struct Raw {
     uint4 v[4];
@@ -116,7 +129,7 @@ struct TypeF16 {
   __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const uint4* p = reinterpret_cast<const uint4*>(row + c * 64);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) r.v[k] = __ldg(p + k);
+    for (int k = 0; k < 4; ++k) r.v[k] = p[k];
   }
   __device__ static void decode(const uint8_t*, const Raw& r, int64_t, half2 (&a)[16]) {
 #pragma unroll
@@ -131,6 +144,9 @@ struct TypeF16 {
 
 struct TypeBF16 {
   static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 64;
+  static constexpr int kStepChunks = 4;
+  static constexpr bool kA2 = false;
   static constexpr bool kSwizzle = false;
   using Raw = TypeF16::Raw;
   __device__ static float value(const uint8_t* row, int64_t i) {
@@ -149,6 +165,9 @@ struct TypeBF16 {
 // Q8_0 (34 B): d f16, qs[32] int8; y = d*q.
 struct TypeQ8_0 {
   static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 34;
+  static constexpr int kStepChunks = 4;
+  static constexpr bool kA2 = true;
   static constexpr bool kSwizzle = false;
   struct Raw {
     uint16_t d;
@@ -183,6 +202,9 @@ struct TypeQ8_0 {
 // y = d*(q-8).
 struct TypeQ4_0 {
   static constexpr int kBlock = 32;
+  static constexpr int kBlockBytes = 18;
+  static constexpr int kStepChunks = 8;
+  static constexpr bool kA2 = true;
   static constexpr bool kSwizzle = true;
   struct Raw {
     uint16_t d;
@@ -258,6 +280,9 @@ __device__ __forceinline__ void k4_scales(const uint4& hdr, int jg, half2& d1, h
 // Q4_K (144 B): d, dmin f16, scales[12], qs[128]; y = d*sc*q - dmin*m per 32-element sub-block.
 struct TypeQ4_K {
   static constexpr int kBlock = 256;
+  static constexpr int kBlockBytes = 144;
+  static constexpr int kStepChunks = 8;
+  static constexpr bool kA2 = false;
   static constexpr bool kSwizzle = true;
   struct Raw {
     uint4 hdr, qs;
@@ -277,8 +302,8 @@ struct TypeQ4_K {
   __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const uint8_t* b = row + (c >> 3) * 144;
     const int cb = static_cast<int>(c & 7);
-    r.hdr = __ldg(reinterpret_cast<const uint4*>(b));
-    r.qs = __ldg(reinterpret_cast<const uint4*>(b + 16 + 32 * (cb >> 1) + 16 * (cb & 1)));
+    r.hdr = *reinterpret_cast<const uint4*>(b);
+    r.qs = *reinterpret_cast<const uint4*>(b + 16 + 32 * (cb >> 1) + 16 * (cb & 1));
   }
   __device__ static void decode(const uint8_t*, const Raw& r, int64_t c, half2 (&a)[16]) {
     half2 d1, m1, d2, m2;
@@ -300,6 +325,9 @@ struct TypeQ4_K {
 // Q5_K (176 B): d, dmin, scales[12], qh[32], qs[128]; as Q4_K with bit `sub` of qh[l] as fifth bit.
 struct TypeQ5_K {
   static constexpr int kBlock = 256;
+  static constexpr int kBlockBytes = 176;
+  static constexpr int kStepChunks = 8;
+  static constexpr bool kA2 = false;
   static constexpr bool kSwizzle = true;
   struct Raw {
     uint4 hdr, qs, qh;
@@ -319,9 +347,9 @@ struct TypeQ5_K {
   __device__ static void load(const uint8_t* row, int64_t c, Raw& r) {
     const uint8_t* b = row + (c >> 3) * 176;
     const int cb = static_cast<int>(c & 7);
-    r.hdr = __ldg(reinterpret_cast<const uint4*>(b));
-    r.qs = __ldg(reinterpret_cast<const uint4*>(b + 48 + 32 * (cb >> 1) + 16 * (cb & 1)));
-    r.qh = __ldg(reinterpret_cast<const uint4*>(b + 16 + 16 * (cb & 1)));
+    r.hdr = *reinterpret_cast<const uint4*>(b);
+    r.qs = *reinterpret_cast<const uint4*>(b + 48 + 32 * (cb >> 1) + 16 * (cb & 1));
+    r.qh = *reinterpret_cast<const uint4*>(b + 16 + 16 * (cb & 1));
   }
   __device__ static void decode(const uint8_t*, const Raw& r, int64_t c, half2 (&a)[16]) {
     const int jg = static_cast<int>(c & 7) >> 1;
@@ -349,6 +377,9 @@ struct TypeQ5_K {
 // of ql[64nh + 32src + l] are elements 128nh + 32src + l, the high nibbles the same + 64.
 struct TypeQ6_K {
   static constexpr int kBlock = 256;
+  static constexpr int kBlockBytes = 210;
+  static constexpr int kStepChunks = 8;
+  static constexpr bool kA2 = true;
   static constexpr bool kSwizzle = true;
   struct Raw {
     A2Words<4> ql, qh;
@@ -371,8 +402,8 @@ struct TypeQ6_K {
     load_a2(ql_at(b, cb), r.ql);
     load_a2(qh_at(b, cb), r.qh);
     const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-    r.sc_lo = __ldg(scales + 8 * nh + hh + 2 * src);
-    r.sc_hi = __ldg(scales + 8 * nh + hh + 2 * src + 4);
+    r.sc_lo = scales[8 * nh + hh + 2 * src];
+    r.sc_hi = scales[8 * nh + hh + 2 * src + 4];
     r.d = ld_u16(b + 208);
   }
   __device__ static void decode(const uint8_t* row, const Raw& r, int64_t c, half2 (&a)[16]) {

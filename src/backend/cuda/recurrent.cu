@@ -83,18 +83,27 @@ struct GdnKArgs {
 // values each, kept in registers for the whole sequence. Per token: q, k L2-normalised (q also
 // scaled by 1/sqrt(d)), beta = sigmoid(b), decay = exp(softplus(a + dt_bias) * ssm_a),
 // S_j <- decay*S_j; u = S_j.k; S_j += k*beta*(v_j - u); o_j = S_j.q.
-// The norms are folded in: one P-lane reduction gives |k|^2, |q|^2 and S_j.k_raw together, a second
-// gives S_j.q_raw. Inputs are staged in shared memory `chunk` tokens at a time (one load latency
-// per chunk, not per token).
+// Inputs are staged in shared memory `chunk` tokens at a time (one load latency per chunk, not per
+// token), with 1/|k|, 1/|q| (times the scale) and k.q of every token computed there once, off the
+// serial chain; per token the chain is then one P-lane reduction round of S_j.k and S_j.q of the
+// old state, and the output follows without a second round:
+//   u = decay (S.k) / |k|,  delta = beta (v - u),  S' = decay S + k delta / |k|,
+//   o = S'.q^ = q_inv (decay (S.q) + delta (k.q) / |k|).
+// k and q rows are padded by 4 floats per 32 (gdn_pitch) so the 8 lanes of a column read distinct
+// banks.
 // State bytes: read once, written once (+ each token's state to `capture`). FLOPs ~8*d per column
 // per token; the loop is latency-bound.
+__host__ __device__ constexpr int gdn_pitch(int D) { return D + (D >= 32 ? D / 8 : 4); }  // rows stay 16-byte aligned
+__device__ __forceinline__ int gdn_pad(int d) { return d + (d >> 5) * 4; }
+
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   extern __shared__ float sm[];
-  const int D = a.D, P = D / 16;
-  float* k_s = sm;                  // [chunk][D]
-  float* q_s = k_s + chunk * D;     // [chunk][D]
-  float* v_s = q_s + chunk * D;     // [chunk][16]
+  const int D = a.D, P = D / 16, LD = gdn_pitch(D);
+  float* k_s = sm;                  // [chunk][LD] (padded)
+  float* q_s = k_s + chunk * LD;    // [chunk][LD]
+  float* v_s = q_s + chunk * LD;    // [chunk][16]
   float* g_s = v_s + chunk * 16;    // [chunk][2]: beta, decay
+  float* n_s = g_s + chunk * 2;     // [chunk][3]: 1/|k|, q_scale/|q|, k.q
   const int tid = threadIdx.x, p = tid % P, cl = tid / P;
   const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + cl;
   const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h], q_scale = 1.0f / sqrtf(static_cast<float>(D));
@@ -105,10 +114,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
     const float4 v = reinterpret_cast<const float4*>(st)[i];
     S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
   }
-  auto lane_sum = [&](float v) {
-    for (int o = P / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-  };
   const int64_t n = a.v.rows;
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
@@ -129,7 +134,10 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int i = i0 + u * blockDim.x + tid;
-        if (i < tc * D / 4) reinterpret_cast<float4*>(k_s)[i] = kv[u], reinterpret_cast<float4*>(q_s)[i] = qv[u];
+        if (i < tc * D / 4) {
+          const int at = i / (D / 4) * LD + gdn_pad(i % (D / 4) * 4);
+          *reinterpret_cast<float4*>(k_s + at) = kv[u], *reinterpret_cast<float4*>(q_s + at) = qv[u];
+        }
       }
     }
     for (int i = tid; i < tc * 16; i += blockDim.x) {
@@ -143,39 +151,62 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
     }
     __syncthreads();
+    // Norms and k.q per token: a warp per token (lanes over d) from d = 32 up, a thread per token below.
+    if (D >= 32) {
+      const int lane = tid & 31;
+      for (int tt = tid >> 5; tt < tc; tt += blockDim.x >> 5) {
+        float kk = 0.0f, qq = 0.0f, kq = 0.0f;
+        for (int d = lane; d < D; d += 32) {
+          const float kv = k_s[tt * LD + gdn_pad(d)], qv = q_s[tt * LD + gdn_pad(d)];
+          kk += kv * kv, qq += qv * qv, kq += kv * qv;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+          kk += __shfl_xor_sync(0xffffffffu, kk, o);
+          qq += __shfl_xor_sync(0xffffffffu, qq, o);
+          kq += __shfl_xor_sync(0xffffffffu, kq, o);
+        }
+        if (lane == 0) n_s[3 * tt] = rsqrtf(kk + a.eps), n_s[3 * tt + 1] = rsqrtf(qq + a.eps) * q_scale, n_s[3 * tt + 2] = kq;
+      }
+    } else {
+      for (int tt = tid; tt < tc; tt += blockDim.x) {
+        float kk = 0.0f, qq = 0.0f, kq = 0.0f;
+        for (int d = 0; d < D; ++d) {
+          const float kv = k_s[tt * LD + gdn_pad(d)], qv = q_s[tt * LD + gdn_pad(d)];
+          kk += kv * kv, qq += qv * qv, kq += kv * qv;
+        }
+        n_s[3 * tt] = rsqrtf(kk + a.eps), n_s[3 * tt + 1] = rsqrtf(qq + a.eps) * q_scale, n_s[3 * tt + 2] = kq;
+      }
+    }
+    __syncthreads();
+#pragma unroll 2
     for (int tt = 0; tt < tc; ++tt) {
       const int64_t t = t0 + tt;
       float k[16], q[16];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float4 kv = reinterpret_cast<const float4*>(k_s + tt * D + p * 16)[i];
-        const float4 qv = reinterpret_cast<const float4*>(q_s + tt * D + p * 16)[i];
+        const float4 kv = *reinterpret_cast<const float4*>(k_s + tt * LD + gdn_pad(p * 16 + 4 * i));
+        const float4 qv = *reinterpret_cast<const float4*>(q_s + tt * LD + gdn_pad(p * 16 + 4 * i));
         k[4 * i] = kv.x, k[4 * i + 1] = kv.y, k[4 * i + 2] = kv.z, k[4 * i + 3] = kv.w;
         q[4 * i] = qv.x, q[4 * i + 1] = qv.y, q[4 * i + 2] = qv.z, q[4 * i + 3] = qv.w;
       }
       const float beta = g_s[2 * tt], decay = g_s[2 * tt + 1];
-      float kk = 0.0f, qq = 0.0f, su = 0.0f;
+      float sk0 = 0.0f, sk1 = 0.0f, sq0 = 0.0f, sq1 = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        S[i] *= decay;
-        kk += k[i] * k[i];
-        qq += q[i] * q[i];
-        su += S[i] * k[i];
+      for (int i = 0; i < 16; i += 2) {
+        sk0 += S[i] * k[i], sk1 += S[i + 1] * k[i + 1];
+        sq0 += S[i] * q[i], sq1 += S[i + 1] * q[i + 1];
       }
+      float sk = sk0 + sk1, sq = sq0 + sq1;
       for (int o = P / 2; o > 0; o >>= 1) {
-        kk += __shfl_xor_sync(0xffffffffu, kk, o);
-        qq += __shfl_xor_sync(0xffffffffu, qq, o);
-        su += __shfl_xor_sync(0xffffffffu, su, o);
+        sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        sq += __shfl_xor_sync(0xffffffffu, sq, o);
       }
-      const float k_inv = 1.0f / sqrtf(kk + a.eps), q_inv = 1.0f / sqrtf(qq + a.eps) * q_scale;
-      const float delta_k = beta * (v_s[tt * 16 + cl] - su * k_inv) * k_inv;  // beta*(v - u), times k's norm
-      float o = 0.0f;
+      const float k_inv = n_s[3 * tt], q_inv = n_s[3 * tt + 1], kq = n_s[3 * tt + 2];
+      const float delta = beta * (v_s[tt * 16 + cl] - decay * sk * k_inv);
+      const float dk = delta * k_inv;
+      const float o = q_inv * (decay * sq + dk * kq);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        S[i] += k[i] * delta_k;
-        o += S[i] * q[i];
-      }
-      o = lane_sum(o) * q_inv;
+      for (int i = 0; i < 16; ++i) S[i] = S[i] * decay + k[i] * dk;
       if (p == 0) a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
       if (a.capture) {
         float4* cap =
@@ -216,10 +247,11 @@ cudaError_t gdn_launch(const GdnParams& p, cudaStream_t stream) {
   const int D = p.head_dim;
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
              p.state, p.capture};
-  // Tokens staged per chunk: as many as fit in 32 KB (16 for d = 128).
+  // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
+  const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
   int chunk = 32;
-  while (chunk > 1 && static_cast<size_t>(chunk) * (2 * D + 18) * sizeof(float) > 32768) chunk /= 2;
-  const size_t smem = static_cast<size_t>(chunk) * (2 * D + 18) * sizeof(float);
+  while (chunk > 1 && chunk * per_token > 40960) chunk /= 2;
+  const size_t smem = chunk * per_token;
   const dim3 grid(p.n_v_heads, D / 16);
   gdn_kernel<<<grid, D, smem, stream>>>(a, chunk);
   return cudaGetLastError();
