@@ -212,10 +212,11 @@ Expected against_original(GgmlType t, const uint8_t* w, const std::vector<float>
 std::vector<DotIsa> available_isas() {
   std::vector<DotIsa> isas = {DotIsa::Scalar};
   if (dot_isa_available(DotIsa::Avx2)) isas.push_back(DotIsa::Avx2);
+  if (dot_isa_available(DotIsa::Avx512)) isas.push_back(DotIsa::Avx512);
   return isas;
 }
 
-const char* isa_name(DotIsa isa) { return isa == DotIsa::Avx2 ? "avx2" : "scalar"; }
+const char* isa_name(DotIsa isa) { return isa == DotIsa::Avx512 ? "avx512" : isa == DotIsa::Avx2 ? "avx2" : "scalar"; }
 
 class QuantDotType : public ::testing::TestWithParam<GgmlType> {};
 
@@ -316,6 +317,116 @@ TEST(QuantDot, Q8_0ActivationIsQuantizeRowQ8_0) {
   EXPECT_EQ(act, expected);
 }
 
+TEST(QuantDot, Q8_0ActivationIsBitIdenticalOnEveryPathIncludingTies) {
+  // Blocks with amax = 127 * 2^e have d = 2^e exactly, so (k + 1/2) * 2^e lands on exact ties, which
+  // quantize_row rounds away from zero (vroundps only rounds to even); e = -20 gives an fp16
+  // subnormal d. Other blocks span magnitudes from 1e-6 to 1e4.
+  std::mt19937 rng(17);
+  std::vector<float> x = random_activation(8192, rng);
+  std::uniform_int_distribution<int> code(-126, 126);
+  std::uniform_real_distribution<float> log_mag(-6.0f, 4.0f);
+  const int exps[] = {-20, -3, 0, 5};
+  for (int b = 0; b < 256; ++b) {
+    float* blk = x.data() + 32 * b;
+    if (b % 3 == 0) {
+      const float unit = std::ldexp(1.0f, exps[(b / 3) % 4]);
+      blk[0] = (b % 2 ? -127.0f : 127.0f) * unit;
+      for (int j = 1; j < 32; ++j)
+        blk[j] = (static_cast<float>(code(rng)) + (j % 3 == 0 ? 0.5f : j % 3 == 1 ? -0.5f : 0.25f)) * unit;
+    } else if (b % 3 == 1) {
+      const float mag = std::pow(10.0f, log_mag(rng));
+      for (int j = 0; j < 32; ++j) blk[j] *= mag;
+    }
+  }
+  // Just below ties in a scale-1 block: must round down (a naive floor(x + 0.5) rounds 0.49999997 up).
+  x[288] = 127.0f;
+  x[300] = 0.49999997f;
+  x[301] = -0.49999997f;
+  x[302] = 2.4999998f;
+  std::fill(x.begin() + 320, x.begin() + 352, 0.0f);  // an all-zero block: d = 0, codes 0
+  for (int64_t n : {int64_t{8192}, int64_t{128}, int64_t{32}}) {  // groups of 8 blocks, fewer, one
+    std::vector<uint8_t> expected(static_cast<size_t>(ggml_row_bytes(GgmlType::Q8_0, n).value()));
+    ASSERT_TRUE(quantize_row(GgmlType::Q8_0, x.data(), expected.data(), n).is_ok());
+    for (DotIsa isa : available_isas()) {
+      std::vector<uint8_t> act(prepared_row_bytes(GgmlType::Q8_0, n));
+      prepare_activation_row_on(isa, GgmlType::Q8_0, x.data(), n, act.data());
+      EXPECT_EQ(act, expected) << isa_name(isa) << " n=" << n;
+    }
+  }
+}
+
+TEST(QuantDot, Q8_KActivationIsBitIdenticalOnEveryPath) {
+  // Random magnitudes, a zero block, blocks whose extreme magnitude appears with both signs (the
+  // first occurrence sets the sign of d), and exact ties for the half-to-even rounding.
+  std::mt19937 rng(23);
+  const int64_t n = 256 * 12;
+  std::vector<float> x = random_activation(n, rng);
+  std::uniform_real_distribution<float> log_mag(-6.0f, 4.0f);
+  for (int b = 0; b < 12; ++b) {
+    float* blk = x.data() + 256 * b;
+    const float mag = std::pow(10.0f, log_mag(rng));
+    for (int j = 0; j < 256; ++j) blk[j] *= mag;
+    if (b % 4 == 1) {
+      blk[40] = -1000.0f * mag;
+      blk[200] = 1000.0f * mag;
+    }
+    if (b % 4 == 2) {  // iscale = -1: codes are -x, ties at .5
+      for (int j = 0; j < 256; ++j) blk[j] = static_cast<float>(static_cast<int>(rng() % 200) - 100) + 0.5f;
+      blk[7] = 127.0f;
+    }
+  }
+  std::fill(x.begin() + 256 * 3, x.begin() + 256 * 4, 0.0f);
+  std::vector<uint8_t> want(prepared_row_bytes(GgmlType::Q4_K, n));
+  prepare_activation_row_on(DotIsa::Scalar, GgmlType::Q4_K, x.data(), n, want.data());
+  for (DotIsa isa : available_isas()) {
+    std::vector<uint8_t> act(want.size());
+    prepare_activation_row_on(isa, GgmlType::Q4_K, x.data(), n, act.data());
+    EXPECT_EQ(act, want) << isa_name(isa);
+  }
+}
+
+// vec_dot_tile == vec_dot for every (row, column) pair, on every path, for shapes that leave
+// partial tiles in both directions; Q8_0 has a tile kernel, Q4_K goes through the per-pair loop.
+TEST(QuantDot, TileEqualsDotsForEveryPairAndPartialTile) {
+  struct Case {
+    GgmlType t;
+    int64_t n;  // Q8_0: one block, and an odd count of blocks (pairs + a lone block on AVX-512)
+  };
+  for (const Case tc : {Case{GgmlType::Q8_0, 32}, Case{GgmlType::Q8_0, 160}, Case{GgmlType::Q4_K, 512},
+                        Case{GgmlType::F32, 40}}) {
+    const GgmlType t = tc.t;
+    const int64_t n = tc.n;
+    std::mt19937 rng(41 + static_cast<uint32_t>(t) + static_cast<uint32_t>(n));
+    for (int rows : {1, 3, 4, 9}) {
+      for (int cols : {1, 2, 5, 8}) {
+        const size_t wb = static_cast<size_t>(ggml_row_bytes(t, n).value()), ab = prepared_row_bytes(t, n);
+        std::vector<uint8_t> w, a;
+        for (int r = 0; r < rows; ++r) {
+          const std::vector<uint8_t> row = random_weight_row(t, n, rng);
+          w.insert(w.end(), row.begin(), row.end());
+        }
+        for (int c = 0; c < cols; ++c) {
+          const std::vector<uint8_t> act = prepare(t, random_activation(n, rng));
+          a.insert(a.end(), act.begin(), act.begin() + static_cast<std::ptrdiff_t>(ab));
+        }
+        for (DotIsa isa : available_isas()) {
+          const int64_t stride = rows + 3;  // output rows wider than the tile
+          std::vector<float> out(static_cast<size_t>(cols * stride), -1.0f);
+          vec_dot_tile_on(isa, t, w.data(), wb, a.data(), ab, n, rows, cols, out.data(), stride);
+          for (int c = 0; c < cols; ++c) {
+            for (int r = 0; r < rows; ++r) {
+              const double want = vec_dot_on(isa, t, w.data() + r * wb, a.data() + c * ab, n);
+              EXPECT_NEAR(out[c * stride + r], want, 1e-5 * (1 + std::fabs(want)))
+                  << type_name(t) << " " << isa_name(isa) << " rows " << rows << " cols " << cols << " at " << r << "," << c;
+            }
+            for (int64_t r = rows; r < stride; ++r) EXPECT_EQ(out[c * stride + r], -1.0f) << "wrote outside the tile";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantDot, Q8_1ActivationRoundsHalfAwayFromZeroAndCarriesTheScaledSum) {
   std::vector<float> x(32, 0.0f);
   x[0] = 127.0f;  // amax 127 -> d = 1, codes = round(x)
@@ -350,15 +461,20 @@ TEST(QuantDot, Q8_KActivationUsesTheSignedExtremeAndRoundsHalfToEven) {
   for (int g = 2; g < 16; ++g) EXPECT_EQ(b.bsums[g], 0);
 }
 
-TEST(QuantDot, EnvironmentForcesTheScalarPath) {
+TEST(QuantDot, EnvironmentCapsThePath) {
   const char* old = std::getenv("HYSPEC_CPU_ISA");
   const std::string saved = old ? old : "";
+  const DotIsa best = dot_isa_available(DotIsa::Avx512) ? DotIsa::Avx512
+                      : dot_isa_available(DotIsa::Avx2) ? DotIsa::Avx2
+                                                        : DotIsa::Scalar;
   setenv("HYSPEC_CPU_ISA", "scalar", 1);
   EXPECT_EQ(detect_dot_isa(), DotIsa::Scalar);
+  setenv("HYSPEC_CPU_ISA", "avx2", 1);
+  EXPECT_EQ(detect_dot_isa(), best == DotIsa::Avx512 ? DotIsa::Avx2 : best);
   unsetenv("HYSPEC_CPU_ISA");
-  EXPECT_EQ(detect_dot_isa(), dot_isa_available(DotIsa::Avx2) ? DotIsa::Avx2 : DotIsa::Scalar);
+  EXPECT_EQ(detect_dot_isa(), best);
   if (old) setenv("HYSPEC_CPU_ISA", saved.c_str(), 1);
-  EXPECT_STREQ(vec_dot_isa(), detect_dot_isa() == DotIsa::Avx2 ? "avx2" : "scalar");
+  EXPECT_STREQ(vec_dot_isa(), isa_name(detect_dot_isa()));
 }
 
 }  // namespace

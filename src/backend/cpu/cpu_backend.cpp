@@ -25,12 +25,6 @@ float* scratch_floats(size_t n, int slot) {
 
 namespace {
 
-using cpu::sigmoid;
-using cpu::silu;
-
-// Elementwise ops on tiny rows are cheaper than a thread hand-off; split only big ones.
-constexpr int64_t kParallelElements = 1 << 15;
-
 class CpuGraph final : public StepGraph {
  public:
   explicit CpuGraph(std::function<void()> step) : step_(std::move(step)) {}
@@ -115,85 +109,22 @@ class CpuBackend final : public Backend {
   void matmul(const Weight& w, Rows x, Rows y) override { cpu::matmul(pool_, w, x, y); }
 
   void rms_norm(Rows x, const float* w, int64_t group, float eps, Rows y) override {
-    for_rows(x.n_rows, x.n_cols, [&](int64_t r) {
-      const float* xr = x.row(r);
-      float* yr = y.row(r);
-      for (int64_t g0 = 0; g0 < x.n_cols; g0 += group) {
-        double ss = 0;
-        for (int64_t i = 0; i < group; ++i) ss += static_cast<double>(xr[g0 + i]) * xr[g0 + i];
-        const float inv = static_cast<float>(1.0 / std::sqrt(ss / group + eps));
-        for (int64_t i = 0; i < group; ++i) yr[g0 + i] = xr[g0 + i] * inv * (w ? w[i] : 1.0f);
-      }
-    });
+    cpu::rms_norm(pool_, x, w, group, eps, y);
   }
-
   void gated_rms_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) override {
-    for_rows(x.n_rows, x.n_cols, [&](int64_t r) {
-      const float* xr = x.row(r);
-      const float* zr = z.row(r);
-      float* yr = y.row(r);
-      for (int64_t g0 = 0; g0 < x.n_cols; g0 += group) {
-        double ss = 0;
-        for (int64_t i = 0; i < group; ++i) ss += static_cast<double>(xr[g0 + i]) * xr[g0 + i];
-        const float inv = static_cast<float>(1.0 / std::sqrt(ss / group + eps));
-        for (int64_t i = 0; i < group; ++i) yr[g0 + i] = xr[g0 + i] * inv * w[i] * silu(zr[g0 + i]);
-      }
-    });
+    cpu::gated_rms_norm(pool_, x, z, w, group, eps, y);
   }
-
-  void add(Rows a, Rows b, Rows y) override {
-    for_rows(a.n_rows, a.n_cols, [&](int64_t r) {
-      const float *ar = a.row(r), *br = b.row(r);
-      float* yr = y.row(r);
-      for (int64_t i = 0; i < a.n_cols; ++i) yr[i] = ar[i] + br[i];
-    });
-  }
-  void swiglu(Rows gate, Rows up, Rows y) override {
-    for_rows(gate.n_rows, gate.n_cols, [&](int64_t r) {
-      const float *g = gate.row(r), *u = up.row(r);
-      float* yr = y.row(r);
-      for (int64_t i = 0; i < gate.n_cols; ++i) yr[i] = silu(g[i]) * u[i];
-    });
-  }
-  void sigmoid_mul(Rows x, Rows gate, Rows y) override {
-    for_rows(x.n_rows, x.n_cols, [&](int64_t r) {
-      const float *xr = x.row(r), *g = gate.row(r);
-      float* yr = y.row(r);
-      for (int64_t i = 0; i < x.n_cols; ++i) yr[i] = xr[i] * sigmoid(g[i]);
-    });
-  }
-  void add_sigmoid_scaled(Rows x, Rows g, Rows y) override {
-    for_rows(x.n_rows, x.n_cols, [&](int64_t r) {
-      const float s = sigmoid(g.row(r)[0]);
-      const float* xr = x.row(r);
-      float* yr = y.row(r);
-      for (int64_t i = 0; i < x.n_cols; ++i) yr[i] += s * xr[i];
-    });
-  }
+  void add(Rows a, Rows b, Rows y) override { cpu::add(pool_, a, b, y); }
+  void swiglu(Rows gate, Rows up, Rows y) override { cpu::swiglu(pool_, gate, up, y); }
+  void sigmoid_mul(Rows x, Rows gate, Rows y) override { cpu::sigmoid_mul(pool_, x, gate, y); }
+  void add_sigmoid_scaled(Rows x, Rows g, Rows y) override { cpu::add_sigmoid_scaled(pool_, x, g, y); }
   void copy_rows(Rows src, Rows dst) override {
     for (int64_t r = 0; r < src.n_rows; ++r)
       std::memmove(dst.row(r), src.row(r), static_cast<size_t>(src.n_cols) * sizeof(float));
   }
 
   void rope_neox(Rows x, int head_dim, int n_rot, const int32_t* positions, float freq_base) override {
-    const int half = n_rot / 2;
-    std::vector<float> inv_freq(half);
-    for (int i = 0; i < half; ++i)
-      inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot));
-    const int64_t n_heads = x.n_cols / head_dim;
-    for (int64_t r = 0; r < x.n_rows; ++r) {
-      const double pos = positions[r];
-      for (int i = 0; i < half; ++i) {
-        const double theta = pos * inv_freq[i];
-        const float c = static_cast<float>(std::cos(theta)), s = static_cast<float>(std::sin(theta));
-        for (int64_t h = 0; h < n_heads; ++h) {
-          float* v = x.row(r) + h * head_dim;
-          const float x0 = v[i], x1 = v[i + half];
-          v[i] = x0 * c - x1 * s;
-          v[i + half] = x0 * s + x1 * c;
-        }
-      }
-    }
+    cpu::rope_neox(x, head_dim, n_rot, positions, freq_base);
   }
 
   void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) override { cpu::kv_store(k, v, kv, positions); }
@@ -217,17 +148,6 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  template <typename Fn>
-  void for_rows(int64_t n_rows, int64_t n_cols, Fn&& fn) {
-    if (n_rows * n_cols < kParallelElements || n_rows < 2) {
-      for (int64_t r = 0; r < n_rows; ++r) fn(r);
-      return;
-    }
-    pool_.parallel_for(n_rows, [&](int64_t b, int64_t e, int) {
-      for (int64_t r = b; r < e; ++r) fn(r);
-    });
-  }
-
   ThreadPool pool_;
   bool exact_;
 };

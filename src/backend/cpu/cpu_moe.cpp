@@ -32,6 +32,7 @@ void moe_ffn(ThreadPool& pool, const MoeArgs& a) {
   }
 
   for (int64_t t = 0; t < n; ++t) std::fill_n(a.out.row(t), hidden, 0.0f);
+  const F32Kernels& kernels = f32_kernels();
   std::vector<float> xin, gate, up, down;
   for (int64_t e = 0; e < n_exp; ++e) {
     const auto& toks = by_expert[e];
@@ -44,12 +45,11 @@ void moe_ffn(ThreadPool& pool, const MoeArgs& a) {
     for (int64_t i = 0; i < m; ++i) std::copy_n(a.x.row(toks[i].first), hidden, &xin[i * hidden]);
     matmul(pool, expert_slice(*a.gate_exps, e), Rows(xin.data(), m, hidden), Rows(gate.data(), m, ffn));
     matmul(pool, expert_slice(*a.up_exps, e), Rows(xin.data(), m, hidden), Rows(up.data(), m, ffn));
-    for (size_t i = 0; i < gate.size(); ++i) gate[i] = silu(gate[i]) * up[i];
+    kernels.swiglu(gate.data(), up.data(), static_cast<int64_t>(gate.size()), gate.data());
     matmul(pool, expert_slice(*a.down_exps, e), Rows(gate.data(), m, ffn), Rows(down.data(), m, hidden));
     for (int64_t i = 0; i < m; ++i) {
       float* o = a.out.row(toks[i].first);
-      const float w = toks[i].second;
-      for (int64_t c = 0; c < hidden; ++c) o[c] += w * down[i * hidden + c];
+      kernels.axpy(toks[i].second, &down[i * hidden], hidden, o);
     }
   }
 }

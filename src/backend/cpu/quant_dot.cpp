@@ -1,8 +1,11 @@
 // Activation preparation and run-time dispatch of the CPU dot kernels (quant_dot_scalar.cpp,
-// quant_dot_avx2.cpp). Preparation is scalar and shared by both paths: it is O(n) once per matmul
-// row against O(n * n_out) dot work, and one implementation keeps both paths bit-compatible.
+// quant_dot_avx2.cpp). Preparation is O(n) once per matmul row against O(n * n_out) dot work, but
+// with small weights (n_out of a few hundred) a scalar quantizer (a libm roundf per element) costs
+// as much as the dots, so Q8_0 and Q8_K have AVX2 quantizers, bit-identical to the scalar ones
+// (quantize_row's Q8_0 and quantize_q8_k below); Q8_1 (Q4_1/Q5_1 weights) stays scalar.
 #include "backend/cpu/quant_dot.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -98,10 +101,24 @@ void quantize_q8_k(const float* x, int64_t n, ActQ8_K* y) {
 
 // The kernel tables are switches (a jump table each); looking one up per row costs nothing next to
 // a row's dot.
+bool avx2_ready() {
+  static const bool available = dot_isa_available(DotIsa::Avx2);
+  return available;
+}
+
+bool avx512_ready() {
+  static const bool available = dot_isa_available(DotIsa::Avx512);
+  return available;
+}
+
+// Whether `isa` names a SIMD path this CPU runs (Avx512 implies Avx2).
+bool runs(DotIsa isa) {
+  return isa == DotIsa::Scalar || (isa == DotIsa::Avx2 && avx2_ready()) || (isa == DotIsa::Avx512 && avx512_ready());
+}
+
 DotKernel kernel_for(DotIsa isa, GgmlType wt) {
   if (isa == DotIsa::Scalar) return scalar_dot_kernel(wt);
-  static const bool avx2_available = dot_isa_available(DotIsa::Avx2);
-  return avx2_available ? avx2_dot_kernel(wt) : nullptr;
+  return runs(isa) ? avx2_dot_kernel(wt) : nullptr;
 }
 
 DotIsa active_isa() {
@@ -123,11 +140,27 @@ size_t prepared_row_bytes(GgmlType wt, int64_t n) {
 }
 
 void prepare_activation_row(GgmlType wt, const float* x, int64_t n, void* out) {
+  prepare_activation_row_on(active_isa(), wt, x, n, out);
+}
+
+void prepare_activation_row_on(DotIsa isa, GgmlType wt, const float* x, int64_t n, void* out) {
   switch (act_kind(wt)) {
     case ActKind::F32: std::memcpy(out, x, static_cast<size_t>(n) * sizeof(float)); return;
-    case ActKind::Q8_0: (void)quantize_row(GgmlType::Q8_0, x, out, n); return;  // ActQ8_0 == BlockQ8_0
+    case ActKind::Q8_0:
+      if (isa != DotIsa::Scalar && runs(isa)) {
+        avx2_quantize_q8_0()(x, n, out);
+      } else {
+        (void)quantize_row(GgmlType::Q8_0, x, out, n);  // ActQ8_0 == BlockQ8_0
+      }
+      return;
     case ActKind::Q8_1: quantize_q8_1(x, n, static_cast<ActQ8_1*>(out)); return;
-    case ActKind::Q8_K: quantize_q8_k(x, n, static_cast<ActQ8_K*>(out)); return;
+    case ActKind::Q8_K:
+      if (isa != DotIsa::Scalar && runs(isa)) {
+        avx2_quantize_q8_k()(x, n, out);
+      } else {
+        quantize_q8_k(x, n, static_cast<ActQ8_K*>(out));
+      }
+      return;
     case ActKind::None: return;
   }
 }
@@ -137,6 +170,7 @@ bool vec_dot_supported(GgmlType wt) { return act_kind(wt) != ActKind::None; }
 DotIsa detect_dot_isa() {
   const char* forced = std::getenv("HYSPEC_CPU_ISA");
   if (forced && std::string_view(forced) == "scalar") return DotIsa::Scalar;
+  if (dot_isa_available(DotIsa::Avx512) && !(forced && std::string_view(forced) == "avx2")) return DotIsa::Avx512;
   return dot_isa_available(DotIsa::Avx2) ? DotIsa::Avx2 : DotIsa::Scalar;
 }
 
@@ -144,13 +178,23 @@ bool dot_isa_available(DotIsa isa) {
   if (isa == DotIsa::Scalar) return true;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (isa == DotIsa::Avx2) return avx2;
+  return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #else
   return false;
 #endif
 }
 
-const char* vec_dot_isa() { return active_isa() == DotIsa::Avx2 ? "avx2" : "scalar"; }
+const char* vec_dot_isa() {
+  switch (active_isa()) {
+    case DotIsa::Avx512: return "avx512";
+    case DotIsa::Avx2: return "avx2";
+    case DotIsa::Scalar: break;
+  }
+  return "scalar";
+}
 
 float vec_dot_on(DotIsa isa, GgmlType wt, const void* w_row, const void* act, int64_t n) {
   const DotKernel k = kernel_for(isa, wt);
@@ -159,6 +203,31 @@ float vec_dot_on(DotIsa isa, GgmlType wt, const void* w_row, const void* act, in
 
 float vec_dot(GgmlType wt, const void* w_row, const void* act, int64_t n) {
   return vec_dot_on(active_isa(), wt, w_row, act, n);
+}
+
+void vec_dot_tile_on(DotIsa isa, GgmlType wt, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                     int64_t n, int rows, int cols, float* out, int64_t out_stride) {
+  if (isa != DotIsa::Scalar && runs(isa)) {
+    DotTileKernel tile = isa == DotIsa::Avx512 ? avx512_dot_tile_kernel(wt) : nullptr;
+    if (!tile) tile = avx2_dot_tile_kernel(wt);
+    if (tile) {
+      tile(w, w_stride, act, act_stride, n, rows, cols, out, out_stride);
+      return;
+    }
+  }
+  const DotKernel k = kernel_for(isa, wt);
+  if (!k) return;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const auto* ab = static_cast<const uint8_t*>(act);
+  constexpr int kCols = 8;  // activation rows kept hot against each weight row
+  for (int c0 = 0; c0 < cols; c0 += kCols)
+    for (int r = 0; r < rows; ++r)
+      for (int c = c0; c < std::min(cols, c0 + kCols); ++c) out[c * out_stride + r] = k(wb + r * w_stride, ab + c * act_stride, n);
+}
+
+void vec_dot_tile(GgmlType wt, const void* w, size_t w_stride, const void* act, size_t act_stride, int64_t n, int rows,
+                  int cols, float* out, int64_t out_stride) {
+  vec_dot_tile_on(active_isa(), wt, w, w_stride, act, act_stride, n, rows, cols, out, out_stride);
 }
 
 }  // namespace hyspec::cpu

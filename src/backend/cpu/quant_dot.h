@@ -22,19 +22,31 @@ void prepare_activation_row(GgmlType wt, const float* x, int64_t n, void* out);
 // Σ_i W[i] x[i] over n elements: w_row in type wt, act prepared by prepare_activation_row.
 // NaN for an unsupported type.
 float vec_dot(GgmlType wt, const void* w_row, const void* act, int64_t n);
+// The matmul's inner loop: dots of `rows` weight rows (w_stride bytes apart) with `cols` prepared
+// activation rows (act_stride bytes apart), out[c * out_stride + r] = W_r · act_c. Types with a
+// tile kernel (Q8_0 on AVX2) load each weight block once per few activation rows and each
+// activation block once per few weight rows; the others run vec_dot per pair. Unsupported: no-op.
+void vec_dot_tile(GgmlType wt, const void* w, size_t w_stride, const void* act, size_t act_stride, int64_t n,
+                  int rows, int cols, float* out, int64_t out_stride);
 // True when vec_dot supports wt (every type ggml_type_traits marks dequantizable).
 bool vec_dot_supported(GgmlType wt);
-// Which SIMD path vec_dot uses on this machine ("avx2" or "scalar").
+// Which SIMD path the CPU kernels use on this machine ("avx512", "avx2" or "scalar").
 const char* vec_dot_isa();
 
-// Explicit paths, for tests and benchmarks that compare them on one machine.
-enum class DotIsa { Scalar, Avx2 };
-// The path vec_dot picks (once, at first use): Scalar when HYSPEC_CPU_ISA=scalar or the CPU lacks
-// AVX2/FMA/F16C, else Avx2.
+// Explicit paths, for tests and benchmarks that compare them on one machine. Avx512 is the Avx2
+// path with AVX-512 VNNI tile kernels where they exist (Q8_0); everything else runs AVX2 code.
+enum class DotIsa { Scalar, Avx2, Avx512 };
+// The path the kernels use (chosen once, at first use): the best this CPU runs, capped by
+// HYSPEC_CPU_ISA=scalar|avx2 when set.
 DotIsa detect_dot_isa();
 // True when this CPU and build can run `isa`.
 bool dot_isa_available(DotIsa isa);
 // vec_dot on a chosen path; NaN when the path is unavailable or wt unsupported.
 float vec_dot_on(DotIsa isa, GgmlType wt, const void* w_row, const void* act, int64_t n);
+// vec_dot_tile and prepare_activation_row on a chosen path (no-op when it is unavailable). Every
+// path prepares bit-identical activations.
+void vec_dot_tile_on(DotIsa isa, GgmlType wt, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                     int64_t n, int rows, int cols, float* out, int64_t out_stride);
+void prepare_activation_row_on(DotIsa isa, GgmlType wt, const float* x, int64_t n, void* out);
 
 }  // namespace hyspec::cpu

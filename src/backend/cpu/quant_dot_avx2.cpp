@@ -11,7 +11,10 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstring>
 #include <array>
+#include <vector>
 
 #include "util/half.h"
 
@@ -611,6 +614,229 @@ HS_AVX2 float dot_iq1_m(const void* w, const void* act, int64_t n) {
 
 }  // namespace
 
+// The Q8_0 tile kernels' driver (quant_dot_kernels.h), shared with the AVX-512 tile: block scales
+// to f32 once per call (activations) and once per group of 4 weight rows, then the ISA's row group.
+HS_AVX2 void q8_0_tile_by_row_groups(const Q8_0RowGroup groups[4], const void* w, size_t w_stride, const void* act,
+                                     size_t act_stride, int64_t n, int rows, int cols, float* out, int64_t out_stride) {
+  constexpr int kRows = 4;
+  const int64_t nb = n / 32;
+  thread_local std::vector<float> scales;
+  scales.resize(static_cast<size_t>((cols + kRows) * nb));
+  float* da = scales.data();
+  float* dw = da + cols * nb;
+  const auto* ab = static_cast<const uint8_t*>(act);
+  for (int c = 0; c < cols; ++c) {
+    const auto* a = reinterpret_cast<const ActQ8_0*>(ab + c * act_stride);
+    for (int64_t b = 0; b < nb; ++b) da[c * nb + b] = f16(a[b].d);
+  }
+  for (int r0 = 0; r0 < rows; r0 += kRows) {
+    const int R = std::min(kRows, rows - r0);
+    const BlockQ8_0* wr[kRows];
+    for (int r = 0; r < R; ++r) {
+      wr[r] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w) + (r0 + r) * w_stride);
+      for (int64_t b = 0; b < nb; ++b) dw[r * nb + b] = f16(wr[r][b].d);
+    }
+    groups[R - 1](wr, dw, ab, act_stride, da, nb, cols, out + r0, out_stride);
+  }
+}
+
+namespace {
+
+// ---- tiles: Q8_0 weights x Q8_0 activations ----
+// R weight rows x T activation rows per pass over the blocks: each weight block is loaded and
+// sign-split once per T activation rows, each activation block loaded once per R weight rows.
+// Per (row, col, block), 32 MACs: vpsignb, vpmaddubsw, vpmaddwd, a conversion, a multiply and an
+// FMA. Block scales come pre-converted to f32 (dw per weight row, da per activation row).
+// Bytes: 34 per weight block per T activation rows, 34 per activation block per R weight rows.
+constexpr int kTileT = 2;  // activation rows per tile (weight rows: the row group, up to 4)
+
+// Lane i = the sum of the lanes of x_i: three rounds of horizontal adds and a swap of halves.
+HS_AVX2 inline __m256 reduce8(__m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 x4, __m256 x5, __m256 x6, __m256 x7) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(x0, x1), _mm256_hadd_ps(x2, x3));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(x4, x5), _mm256_hadd_ps(x6, x7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+template <int R, int T>
+HS_AVX2 inline __attribute__((always_inline)) void tile_q8_0_micro(const BlockQ8_0* const* w, const ActQ8_0* const* a,
+                                                                   const float* dw, const float* da, int64_t nb,
+                                                                   float* out, int64_t out_stride) {
+  __m256 acc[R][T];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i av[T];
+    __m256 sa[T];
+#pragma GCC unroll 2
+    for (int t = 0; t < T; ++t) {
+      av[t] = load256(a[t][b].qs);
+      sa[t] = _mm256_set1_ps(da[t * nb + b]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i wv = load256(w[r][b].qs);
+      const __m256i wabs = _mm256_sign_epi8(wv, wv);
+      const __m256 sw = _mm256_set1_ps(dw[r * nb + b]);
+#pragma GCC unroll 2
+      for (int t = 0; t < T; ++t) {
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(av[t], wv)), ones);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), sa[t]), sw, acc[r][t]);
+      }
+    }
+  }
+  if constexpr (R == 4 && T == 2) {
+    // 8 sums at once: lanes 0-3 = rows 0-3 of column 0, lanes 4-7 = rows 0-3 of column 1.
+    const __m256 s = reduce8(acc[0][0], acc[1][0], acc[2][0], acc[3][0], acc[0][1], acc[1][1], acc[2][1], acc[3][1]);
+    _mm_storeu_ps(out, _mm256_castps256_ps128(s));
+    _mm_storeu_ps(out + out_stride, _mm256_extractf128_ps(s, 1));
+  } else if constexpr (R == 4 && T == 1) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(acc[0][0], acc[1][0]), _mm256_hadd_ps(acc[2][0], acc[3][0]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) out[t * out_stride + r] = hsum_f32(acc[r][t]);
+  }
+}
+
+// R weight rows (one row group) against all `cols` activation rows: full tiles in a loop, then the
+// remainder; one function per R so the tile body is inlined into its loop.
+template <int R>
+HS_AVX2 void tile_q8_0_row_group(const BlockQ8_0* const* wr, const float* dw, const uint8_t* act, size_t act_stride,
+                                 const float* da, int64_t nb, int cols, float* out, int64_t out_stride) {
+  const ActQ8_0* ar[kTileT];
+  int c0 = 0;
+  for (; c0 + kTileT <= cols; c0 += kTileT) {
+    for (int t = 0; t < kTileT; ++t) ar[t] = reinterpret_cast<const ActQ8_0*>(act + (c0 + t) * act_stride);
+    tile_q8_0_micro<R, kTileT>(wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride, out_stride);
+  }
+  if (c0 < cols) {  // kTileT == 2: one column left
+    ar[0] = reinterpret_cast<const ActQ8_0*>(act + c0 * act_stride);
+    tile_q8_0_micro<R, 1>(wr, ar, dw, da + c0 * nb, nb, out + c0 * out_stride, out_stride);
+  }
+}
+
+HS_AVX2 void tile_q8_0(const void* w, size_t w_stride, const void* act, size_t act_stride, int64_t n, int rows,
+                       int cols, float* out, int64_t out_stride) {
+  static constexpr Q8_0RowGroup kGroups[4] = {tile_q8_0_row_group<1>, tile_q8_0_row_group<2>, tile_q8_0_row_group<3>,
+                                              tile_q8_0_row_group<4>};
+  q8_0_tile_by_row_groups(kGroups, w, w_stride, act, act_stride, n, rows, cols, out, out_stride);
+}
+
+// ---- activation preparation ----
+
+// quantize_row's Q8_0, bit for bit: d = amax/127 (fp16, round to nearest even as F16C does),
+// codes = round-half-away(x * (1/d)). Up to 8 blocks share one vector division for d and 1/d (the
+// same IEEE operations as the scalar code, without two division latencies per block). vroundps
+// has no half-away mode; trunc(s + copysign(0.49999997, s)) is exactly round-half-away for every
+// float s (checked exhaustively for |s| <= 256, more than the 127.x quantization reaches). ~45 ops per
+// block of 32.
+HS_AVX2 void quantize_q8_0(const float* x, int64_t n, void* out) {
+  auto* y = static_cast<ActQ8_0*>(out);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256 below_half = _mm256_set1_ps(0.49999997f);
+  const int64_t nb = n / 32;
+  for (int64_t g = 0; g < nb; g += 8) {
+    const int cnt = static_cast<int>(std::min<int64_t>(8, nb - g));
+    alignas(32) float amax[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    for (int i = 0; i < cnt; ++i) {
+      const float* xb = x + (g + i) * 32;
+      __m256 m = _mm256_andnot_ps(sign_bit, _mm256_loadu_ps(xb));
+      for (int k = 1; k < 4; ++k) m = _mm256_max_ps(_mm256_andnot_ps(sign_bit, _mm256_loadu_ps(xb + 8 * k)), m);
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      amax[i] = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    }
+    const __m256 d = _mm256_div_ps(_mm256_load_ps(amax), _mm256_set1_ps(127.0f));
+    const __m256 nonzero = _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    alignas(32) float id[8];
+    _mm256_store_ps(id, _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), nonzero));
+    alignas(16) uint16_t dh[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(dh), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
+    for (int i = 0; i < cnt; ++i) {
+      const float* xb = x + (g + i) * 32;
+      ActQ8_0& blk = y[g + i];
+      blk.d = dh[i];
+      const __m256 idv = _mm256_set1_ps(id[i]);
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), idv);
+        const __m256 r = _mm256_add_ps(s, _mm256_or_ps(_mm256_and_ps(s, sign_bit), below_half));
+        q[k] = _mm256_cvttps_epi32(r);
+      }
+      // int32 -> int8: the packs interleave 128-bit lanes; one permute restores the order.
+      const __m256i q16a = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+      const __m256i q8 =
+          _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16a, q16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(blk.qs), q8);
+    }
+  }
+}
+
+// quantize_q8_k (quant_dot.cpp), bit for bit: scale from the first element of largest magnitude
+// (d = max / -127 in f32), codes = nearbyint(x * -127/max) (vcvtps2dq rounds to nearest even, as
+// nearbyint does in the default mode) capped at 127, and the 16 per-16 code sums. ~3 passes over
+// the 256 values.
+HS_AVX2 void quantize_q8_k(const float* x, int64_t n, void* out) {
+  auto* y = static_cast<ActQ8_K*>(out);
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < n / 256; ++b, x += 256) {
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 32; ++i) m = _mm256_max_ps(_mm256_andnot_ps(sign_bit, _mm256_loadu_ps(x + 8 * i)), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    if (amax == 0) {
+      std::memset(&y[b], 0, sizeof(ActQ8_K));
+      continue;
+    }
+    // The first element whose magnitude is amax carries the sign (the scalar code's strict >).
+    const __m256 amax_v = _mm256_set1_ps(amax);
+    float max = 0;
+    for (int i = 0; i < 32; ++i) {
+      const __m256 v = _mm256_loadu_ps(x + 8 * i);
+      const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign_bit, v), amax_v, _CMP_EQ_OQ));
+      if (hit) {
+        max = x[8 * i + __builtin_ctz(static_cast<unsigned>(hit))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m256 is = _mm256_set1_ps(iscale);
+    __m256i sums[16];
+    for (int g = 0; g < 16; ++g) {
+      const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g), is));
+      const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g + 8), is));
+      // packs_epi32 leaves the four 4-code quarters as q0[0:4] q1[0:4] q0[4:8] q1[4:8]; reorder them.
+      const __m256i q16 = _mm256_permute4x64_epi64(
+          _mm256_min_epi16(_mm256_packs_epi32(q0, q1), _mm256_set1_epi16(127)), 0xD8);
+      sums[g] = _mm256_madd_epi16(q16, ones16);
+      // To bytes: each 128-bit lane packs its 8 codes (twice); keep the first copy of each lane.
+      const __m256i q8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(q16, q16), 0x08);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16 * g), _mm256_castsi256_si128(q8));
+    }
+    // 16 vectors of 8 int32 partial sums -> the 16 group sums (two transposing reductions).
+    for (int half = 0; half < 2; ++half) {
+      const __m256i* s8 = sums + 8 * half;
+      const __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s8[0], s8[1]), _mm256_hadd_epi32(s8[2], s8[3]));
+      const __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s8[4], s8[5]), _mm256_hadd_epi32(s8[6], s8[7]));
+      const __m256i t = _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+      const __m128i t16 = _mm_packs_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].bsums + 8 * half), t16);
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+
+}  // namespace
+
+DotTileKernel avx2_dot_tile_kernel(GgmlType wt) { return wt == GgmlType::Q8_0 ? tile_q8_0 : nullptr; }
+QuantizeKernel avx2_quantize_q8_0() { return quantize_q8_0; }
+QuantizeKernel avx2_quantize_q8_k() { return quantize_q8_k; }
+
 DotKernel avx2_dot_kernel(GgmlType wt) {
   switch (wt) {
 #define HS_KERNEL_CASE(type, suffix) \
@@ -627,6 +853,9 @@ DotKernel avx2_dot_kernel(GgmlType wt) {
 
 namespace hyspec::cpu {
 DotKernel avx2_dot_kernel(GgmlType) { return nullptr; }
+DotTileKernel avx2_dot_tile_kernel(GgmlType) { return nullptr; }
+QuantizeKernel avx2_quantize_q8_0() { return nullptr; }
+QuantizeKernel avx2_quantize_q8_k() { return nullptr; }
 }  // namespace hyspec::cpu
 
 #endif

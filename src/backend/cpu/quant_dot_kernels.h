@@ -6,6 +6,7 @@
 // llama.cpp's. Every struct has exactly its GGUF byte size (static_asserts below) and needs at
 // most 2-byte alignment (ActQ8_K: 4).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "format/ggml_types.h"
@@ -113,9 +114,31 @@ using DotKernel = float (*)(const void* w, const void* act, int64_t n);
   X(Q5_K, q5_k) X(Q6_K, q6_k) X(IQ4_XS, iq4_xs) X(IQ1_S, iq1_s) X(IQ1_M, iq1_m) X(IQ2_XXS, iq2_xxs) \
   X(IQ2_XS, iq2_xs) X(IQ2_S, iq2_s) X(IQ3_XXS, iq3_xxs) X(IQ3_S, iq3_s)
 
+// out[c * out_stride + r] = W_r · act_c for r < rows, c < cols; W_r at w + r * w_stride bytes, act_c
+// at act + c * act_stride bytes (prepared for the weight type).
+using DotTileKernel = void (*)(const void* w, size_t w_stride, const void* act, size_t act_stride, int64_t n,
+                               int rows, int cols, float* out, int64_t out_stride);
+// n f32 values -> prepared activation blocks.
+using QuantizeKernel = void (*)(const float* x, int64_t n, void* out);
+
 // Scalar kernels (quant_dot_scalar.cpp): the reference, for every supported type.
 DotKernel scalar_dot_kernel(GgmlType wt);
 // AVX2+FMA+F16C kernels (quant_dot_avx2.cpp); null when the type has none or the build is not x86-64.
 DotKernel avx2_dot_kernel(GgmlType wt);
+// AVX2 tile kernels for the types that have one (Q8_0), else null: the caller loops over dots.
+DotTileKernel avx2_dot_tile_kernel(GgmlType wt);
+// The Q8_0 tile kernels run groups of R <= 4 weight rows (wr, their f32 block scales dw [R][nb])
+// against all `cols` activation rows (act_stride bytes apart, f32 block scales da [cols][nb]).
+using Q8_0RowGroup = void (*)(const BlockQ8_0* const* wr, const float* dw, const uint8_t* act, size_t act_stride,
+                              const float* da, int64_t nb, int cols, float* out, int64_t out_stride);
+// Their shared driver (AVX2+F16C; quant_dot_avx2.cpp): converts the scales, calls groups[R - 1].
+void q8_0_tile_by_row_groups(const Q8_0RowGroup groups[4], const void* w, size_t w_stride, const void* act,
+                             size_t act_stride, int64_t n, int rows, int cols, float* out, int64_t out_stride);
+// AVX-512 VNNI tile kernels (quant_dot_avx512.cpp): Q8_0, else null.
+DotTileKernel avx512_dot_tile_kernel(GgmlType wt);
+// AVX2 Q8_0 activation quantization, bit-identical to quantize_row (null off x86-64).
+QuantizeKernel avx2_quantize_q8_0();
+// AVX2 Q8_K activation quantization, bit-identical to the scalar quantize_q8_k (null off x86-64).
+QuantizeKernel avx2_quantize_q8_k();
 
 }  // namespace hyspec::cpu

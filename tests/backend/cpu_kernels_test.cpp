@@ -1,0 +1,408 @@
+// CPU float kernels (backend/cpu/f32_kernels.h) and the ops built on them (cpu_ops.h).
+//
+// Oracles: plain double-precision formulas written here from QWEN35.md / backend.h, on random
+// inputs with shapes that leave vector tails, odd tile rows and partial row blocks. Every test runs
+// the scalar and (where the CPU has it) the AVX2 kernels explicitly, whatever the machine's default,
+// and the two paths are also compared with each other.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/f32_kernels.h"
+#include "backend/cpu/quant_dot.h"
+#include "format/quants.h"
+#include "util/half.h"
+
+namespace hyspec::cpu {
+namespace {
+
+std::vector<DotIsa> isas() {
+  std::vector<DotIsa> v = {DotIsa::Scalar};
+  if (dot_isa_available(DotIsa::Avx2)) v.push_back(DotIsa::Avx2);
+  return v;
+}
+const char* name(DotIsa isa) { return isa == DotIsa::Avx2 ? "avx2" : "scalar"; }
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// Relative-or-absolute closeness: |a - b| <= tol * max(1, |b|).
+#define EXPECT_CLOSE(a, b, tol) EXPECT_LE(std::fabs((a) - (b)), (tol) * std::max(1.0, std::fabs(double(b))))
+
+TEST(F32Kernels, FastExpIsWithinTwoUlpsAndZeroBelowTheClamp) {
+  std::vector<float> x;
+  for (float v = -87.0f; v <= 88.0f; v += 0.01f) x.push_back(v);
+  x.push_back(-88.5f);
+  x.push_back(-1000.0f);
+  x.push_back(-INFINITY);
+  for (DotIsa isa : isas()) {
+    std::vector<float> y(x.size());
+    f32_kernels(isa).exp(x.data(), static_cast<int64_t>(x.size()), y.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x[i] < -88.4f) {
+        EXPECT_EQ(y[i], 0.0f) << name(isa) << " x=" << x[i];
+      } else {
+        const double want = std::exp(static_cast<double>(x[i]));
+        EXPECT_LE(std::fabs(y[i] - want), 2.5e-7 * want) << name(isa) << " x=" << x[i];
+      }
+    }
+  }
+}
+
+TEST(F32Kernels, RowKernelsMatchDoubleFormulasForEveryTailLength) {
+  std::mt19937 rng(3);
+  for (int64_t n : {1, 5, 8, 13, 16, 31, 64, 100}) {
+    const std::vector<float> x = randn(n, rng, 2.0f), z = randn(n, rng, 3.0f), w = randn(n, rng);
+    double ss = 0, dot = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ss += double(x[i]) * x[i];
+      dot += double(x[i]) * z[i];
+    }
+    const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
+    for (DotIsa isa : isas()) {
+      const F32Kernels& k = f32_kernels(isa);
+      std::vector<float> y(n), y2(n), y3(n);
+      k.rms_norm(x.data(), w.data(), n, 1e-6f, y.data());
+      k.gated_rms_norm(x.data(), z.data(), w.data(), n, 1e-6f, y2.data());
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_CLOSE(y[i], x[i] * inv * w[i], 2e-6) << name(isa) << " rms_norm n=" << n;
+        EXPECT_CLOSE(y2[i], x[i] * inv * w[i] * z[i] * sigmoid_d(z[i]), 2e-6) << name(isa) << " gated n=" << n;
+      }
+      k.rms_norm(x.data(), nullptr, n, 1e-6f, y.data());
+      for (int64_t i = 0; i < n; ++i) EXPECT_CLOSE(y[i], x[i] * inv, 2e-6) << name(isa) << " rms_norm, no weight";
+      EXPECT_CLOSE(k.dot(x.data(), z.data(), n), dot, 1e-5 * std::sqrt(double(n))) << name(isa) << " dot n=" << n;
+      k.add(x.data(), z.data(), n, y.data());
+      k.swiglu(x.data(), z.data(), n, y2.data());
+      k.sigmoid_mul(x.data(), z.data(), n, y3.data());
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_EQ(y[i], x[i] + z[i]) << name(isa);
+        EXPECT_CLOSE(y2[i], x[i] * sigmoid_d(x[i]) * z[i], 2e-6) << name(isa) << " swiglu";
+        EXPECT_CLOSE(y3[i], x[i] * sigmoid_d(z[i]), 2e-6) << name(isa) << " sigmoid_mul";
+      }
+      y = z;
+      k.axpy(0.75f, x.data(), n, y.data());
+      for (int64_t i = 0; i < n; ++i) EXPECT_CLOSE(y[i], z[i] + 0.75 * x[i], 1e-6) << name(isa) << " axpy";
+      y = x;
+      k.l2_normalize(y.data(), n, 1e-6f, 0.5f);
+      for (int64_t i = 0; i < n; ++i) EXPECT_CLOSE(y[i], 0.5 * x[i] / std::sqrt(ss + 1e-6), 2e-6) << name(isa) << " l2";
+      std::vector<uint16_t> h(n);
+      for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(x[i]);
+      k.f16_to_f32(h.data(), n, y.data());
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], fp16_to_fp32(h[i])) << name(isa) << " f16";
+    }
+  }
+}
+
+// ---- ops ----
+
+// causal_conv_silu against the definition, in two runs (state carried), with capture.
+TEST(CpuOps, CausalConvMatchesTheDefinitionAcrossRunsAndCapturesEveryWindow) {
+  std::mt19937 rng(8);
+  const int K = 4;
+  ThreadPool pool(2);
+  for (int64_t C : {5, 24, 70}) {
+    const int64_t n1 = 3, n2 = 6;
+    const std::vector<float> x = randn((n1 + n2) * C, rng), wt = randn(C * K, rng, 0.5f), init = randn((K - 1) * C, rng);
+    for (DotIsa isa : isas()) {
+      std::vector<float> state = init, y((n1 + n2) * C), cap(n2 * (K - 1) * C);
+      causal_conv_silu(pool, Rows(const_cast<float*>(x.data()), n1, C), wt.data(), K, state.data(), nullptr,
+                       Rows(y.data(), n1, C), f32_kernels(isa));
+      causal_conv_silu(pool, Rows(const_cast<float*>(x.data()) + n1 * C, n2, C), wt.data(), K, state.data(),
+                       cap.data(), Rows(y.data() + n1 * C, n2, C), f32_kernels(isa));
+      // Input s of the whole sequence: init rows for s < 0.
+      auto in = [&](int64_t s, int64_t c) { return s >= 0 ? x[s * C + c] : init[(K - 1 + s) * C + c]; };
+      for (int64_t t = 0; t < n1 + n2; ++t)
+        for (int64_t c = 0; c < C; ++c) {
+          double acc = 0;
+          for (int i = 0; i < K; ++i) acc += double(wt[c * K + i]) * in(t - K + 1 + i, c);
+          EXPECT_CLOSE(y[t * C + c], acc * sigmoid_d(acc), 1e-5) << name(isa) << " C=" << C << " t=" << t;
+        }
+      for (int64_t t = 0; t < n2; ++t)
+        for (int i = 0; i < K - 1; ++i)
+          for (int64_t c = 0; c < C; ++c)
+            EXPECT_EQ(cap[(t * (K - 1) + i) * C + c], in(n1 + t - K + 2 + i, c)) << name(isa) << " capture";
+      for (int i = 0; i < K - 1; ++i)
+        for (int64_t c = 0; c < C; ++c) EXPECT_EQ(state[i * C + c], in(n1 + n2 - K + 1 + i, c)) << name(isa) << " state";
+    }
+  }
+}
+
+struct AttnCase {
+  int n, depth, n_head, n_kv, d;
+  bool causal;
+  GgmlType kv_type;
+};
+
+// attention against softmax(q·Kᵀ·scale) V in double, rows stored at positions depth..depth+n-1.
+TEST(CpuOps, AttentionMatchesDoubleSoftmaxForTilesOfEveryShape) {
+  const AttnCase cases[] = {
+      {1, 0, 4, 2, 64, true, GgmlType::F32},     {1, 77, 4, 2, 64, true, GgmlType::F32},
+      {37, 0, 4, 2, 64, true, GgmlType::F32},    {9, 40, 8, 2, 32, true, GgmlType::F32},
+      {5, 3, 3, 3, 16, true, GgmlType::F32},     {6, 10, 4, 1, 40, true, GgmlType::F16},
+      {7, 20, 4, 2, 64, false, GgmlType::F32},   {4, 4, 2, 1, 12, true, GgmlType::F32},  // head_dim % 8 != 0
+      {3, 2, 16, 2, 8, true, GgmlType::F16},
+  };
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  for (const AttnCase& c : cases) {
+    const int total = c.depth + c.n, width = c.n_kv * c.d;
+    const std::vector<float> q = randn(static_cast<size_t>(c.n) * c.n_head * c.d, rng);
+    std::vector<float> kf = randn(static_cast<size_t>(total) * width, rng), vf = randn(kf.size(), rng);
+    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+    if (c.kv_type == GgmlType::F16) {
+      for (size_t i = 0; i < kf.size(); ++i) {
+        kh[i] = fp32_to_fp16(kf[i]);
+        vh[i] = fp32_to_fp16(vf[i]);
+        kf[i] = fp16_to_fp32(kh[i]);
+        vf[i] = fp16_to_fp32(vh[i]);
+      }
+    }
+    std::vector<int32_t> pos(c.n);
+    for (int t = 0; t < c.n; ++t) pos[t] = c.depth + t;
+    const float scale = 1.0f / std::sqrt(float(c.d));
+    const int group = c.n_head / c.n_kv;
+    for (DotIsa isa : isas()) {
+      std::vector<float> out(q.size(), 0.0f);
+      AttentionArgs a;
+      a.q = Rows(const_cast<float*>(q.data()), c.n, c.n_head * c.d);
+      a.kv.type = c.kv_type;
+      a.kv.k = c.kv_type == GgmlType::F16 ? static_cast<void*>(kh.data()) : kf.data();
+      a.kv.v = c.kv_type == GgmlType::F16 ? static_cast<void*>(vh.data()) : vf.data();
+      a.kv.capacity = total;
+      a.kv.width = width;
+      a.positions = pos.data();
+      a.n_head = c.n_head;
+      a.n_kv_head = c.n_kv;
+      a.head_dim = c.d;
+      a.scale = scale;
+      a.causal = c.causal;
+      a.out = Rows(out.data(), c.n, c.n_head * c.d);
+      attention(pool, a, f32_kernels(isa));
+      for (int t = 0; t < c.n; ++t)
+        for (int h = 0; h < c.n_head; ++h) {
+          const int kvh = h / group, len = (c.causal ? pos[t] : pos[c.n - 1]) + 1;
+          std::vector<double> s(len);
+          double mx = -1e300, sum = 0;
+          for (int j = 0; j < len; ++j) {
+            double acc = 0;
+            for (int i = 0; i < c.d; ++i) acc += double(q[(t * c.n_head + h) * c.d + i]) * kf[j * width + kvh * c.d + i];
+            s[j] = acc * scale;
+            mx = std::max(mx, s[j]);
+          }
+          for (int j = 0; j < len; ++j) sum += (s[j] = std::exp(s[j] - mx));
+          for (int i = 0; i < c.d; ++i) {
+            double o = 0;
+            for (int j = 0; j < len; ++j) o += s[j] * vf[j * width + kvh * c.d + i];
+            EXPECT_CLOSE(out[(t * c.n_head + h) * c.d + i], o / sum, 2e-5)
+                << name(isa) << " n=" << c.n << " depth=" << c.depth << " d=" << c.d << " t=" << t << " h=" << h;
+          }
+        }
+    }
+  }
+}
+
+// The gated delta rule (QWEN35.md step 5) in double, token by token, S[i][j] untransposed.
+struct GdnReference {
+  int hk, hv, d;
+  std::vector<double> S;  // [hv][d][d]
+  void step(const float* q, const float* k, const float* v, const float* b, const float* al, const float* ssm_a,
+            const float* dt, float eps, float* o) {
+    for (int h = 0; h < hv; ++h) {
+      const int kh = h % hk;
+      double qn = 0, kn = 0;
+      for (int i = 0; i < d; ++i) {
+        qn += double(q[kh * d + i]) * q[kh * d + i];
+        kn += double(k[kh * d + i]) * k[kh * d + i];
+      }
+      qn = 1 / std::sqrt(qn + eps) / std::sqrt(double(d));
+      kn = 1 / std::sqrt(kn + eps);
+      const double x = al[h] + dt[h];
+      const double g = (x > 20 ? x : std::log1p(std::exp(x))) * ssm_a[h];
+      const double beta = sigmoid_d(b[h]);
+      double* s = &S[static_cast<size_t>(h) * d * d];
+      for (int i = 0; i < d * d; ++i) s[i] *= std::exp(g);
+      for (int j = 0; j < d; ++j) {
+        double u = 0;
+        for (int i = 0; i < d; ++i) u += s[i * d + j] * k[kh * d + i] * kn;
+        const double delta = beta * (v[h * d + j] - u);
+        for (int i = 0; i < d; ++i) s[i * d + j] += k[kh * d + i] * kn * delta;
+      }
+      for (int j = 0; j < d; ++j) {
+        double acc = 0;
+        for (int i = 0; i < d; ++i) acc += s[i * d + j] * q[kh * d + i] * qn;
+        o[h * d + j] = static_cast<float>(acc);
+      }
+    }
+  }
+};
+
+TEST(CpuOps, GatedDeltaNetMatchesTheRecurrenceInEveryFormWithCapture) {
+  struct Shape {
+    int hk, hv, d, n;
+  };
+  std::mt19937 rng(21);
+  ThreadPool pool(2);
+  for (const Shape sh : {Shape{2, 4, 32, 70}, Shape{1, 3, 16, 5}, Shape{2, 2, 12, 9}, Shape{1, 1, 8, 1}}) {
+    const int n = sh.n, d = sh.d, K = sh.hk * d, V = sh.hv * d;
+    const std::vector<float> q = randn(n * K, rng), k = randn(n * K, rng), v = randn(n * V, rng),
+                             b = randn(n * sh.hv, rng), al = randn(n * sh.hv, rng), ssm_a = randn(sh.hv, rng, 0.5f),
+                             dt = randn(sh.hv, rng), init = randn(static_cast<size_t>(sh.hv) * d * d, rng, 0.1f);
+    std::vector<float> a_neg(sh.hv);
+    for (int h = 0; h < sh.hv; ++h) a_neg[h] = -std::fabs(ssm_a[h]);
+    GdnReference ref{sh.hk, sh.hv, d, std::vector<double>(init.size())};
+    for (int h = 0; h < sh.hv; ++h)  // init is stored transposed: state[h][j][i] = S[i][j]
+      for (int i = 0; i < d; ++i)
+        for (int j = 0; j < d; ++j) ref.S[(h * d + i) * d + j] = init[(h * d + j) * d + i];
+    std::vector<float> want(n * V);
+    std::vector<std::vector<double>> want_states;
+    for (int t = 0; t < n; ++t) {
+      ref.step(&q[t * K], &k[t * K], &v[t * V], &b[t * sh.hv], &al[t * sh.hv], a_neg.data(), dt.data(), 1e-6f,
+               &want[t * V]);
+      want_states.push_back(ref.S);
+    }
+    for (DotIsa isa : isas()) {
+      for (int form = 0; form < 3; ++form) {  // recurrent, chunked, recurrent with capture
+        std::vector<float> state = init, out(n * V), cap(form == 2 ? static_cast<size_t>(n) * init.size() : 0);
+        GdnArgs g;
+        g.q = Rows(const_cast<float*>(q.data()), n, K);
+        g.k = Rows(const_cast<float*>(k.data()), n, K);
+        g.v = Rows(const_cast<float*>(v.data()), n, V);
+        g.beta_logit = Rows(const_cast<float*>(b.data()), n, sh.hv);
+        g.alpha = Rows(const_cast<float*>(al.data()), n, sh.hv);
+        g.ssm_a = a_neg.data();
+        g.dt_bias = dt.data();
+        g.n_k_heads = sh.hk;
+        g.n_v_heads = sh.hv;
+        g.head_dim = d;
+        g.state = state.data();
+        g.capture = form == 2 ? cap.data() : nullptr;
+        g.chunked = form == 1;
+        g.out = Rows(out.data(), n, V);
+        gated_delta_net(pool, g, f32_kernels(isa));
+        for (int i = 0; i < n * V; ++i)
+          EXPECT_CLOSE(out[i], want[i], 1e-4) << name(isa) << " form " << form << " d=" << d << " at " << i;
+        for (int h = 0; h < sh.hv; ++h)
+          for (int j = 0; j < d; ++j)
+            for (int i = 0; i < d; ++i) {
+              const size_t at = (static_cast<size_t>(h) * d + j) * d + i;
+              EXPECT_CLOSE(state[at], want_states[n - 1][(h * d + i) * d + j], 1e-4) << name(isa) << " final state";
+              if (form == 2)
+                for (int t = 0; t < n; t += std::max(1, n / 4))
+                  EXPECT_CLOSE(cap[t * init.size() + at], want_states[t][(h * d + i) * d + j], 1e-4)
+                      << name(isa) << " capture t=" << t;
+            }
+      }
+    }
+  }
+}
+
+// The row ops split across threads exactly as they run alone, on both paths.
+TEST(CpuOps, RowOpsGiveTheSameResultWithOneOrFourThreads) {
+  std::mt19937 rng(5);
+  const int64_t n = 300, cols = 256;  // big enough to be split
+  const std::vector<float> x = randn(n * cols, rng), z = randn(n * cols, rng), w = randn(64, rng);
+  for (DotIsa isa : isas()) {
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 4}) {
+      ThreadPool pool(threads);
+      std::vector<float> y(n * cols), y2(n * cols);
+      Rows X(const_cast<float*>(x.data()), n, cols), Z(const_cast<float*>(z.data()), n, cols), Y(y.data(), n, cols),
+          Y2(y2.data(), n, cols);
+      rms_norm(pool, X, w.data(), 64, 1e-6f, Y, f32_kernels(isa));
+      gated_rms_norm(pool, X, Z, w.data(), 64, 1e-6f, Y2, f32_kernels(isa));
+      swiglu(pool, Y, Y2, Y, f32_kernels(isa));
+      sigmoid_mul(pool, Y, Z, Y, f32_kernels(isa));
+      add(pool, Y, X, Y, f32_kernels(isa));
+      add_sigmoid_scaled(pool, X, Z, Y, f32_kernels(isa));
+      results.push_back(y);
+    }
+    EXPECT_EQ(results[0], results[1]) << name(isa);
+  }
+}
+
+// matmul == vec_dot per (token, output row), whichever way it splits the work: small weights by
+// tokens (each part prepares its own activations), large ones (> 256 KiB) by output rows.
+TEST(CpuOps, MatmulEqualsDotsWhetherSplitByTokensOrRows) {
+  std::mt19937 rng(31);
+  struct Shape {
+    int64_t k, m;
+  };
+  // 53 KiB and 319 KiB of Q8_0, both enough work (n >= 16) to be split across threads.
+  for (const Shape sh : {Shape{128, 400}, Shape{512, 600}}) {
+    const int64_t k = sh.k, m = sh.m;
+    const std::vector<float> wf = randn(static_cast<size_t>(k * m), rng, 0.05f);
+    const size_t rb = static_cast<size_t>(k / 32 * 34);
+    std::vector<uint8_t> wq(rb * m);
+    for (int64_t r = 0; r < m; ++r) ASSERT_TRUE(quantize_row(GgmlType::Q8_0, &wf[r * k], wq.data() + r * rb, k).is_ok());
+    Weight w;
+    w.type = GgmlType::Q8_0;
+    w.n_in = k;
+    w.n_out = m;
+    w.row_bytes = rb;
+    w.data = wq.data();
+    for (int64_t n : {1, 5, 16, 37}) {
+      const std::vector<float> x = randn(static_cast<size_t>(n * k), rng);
+      std::vector<uint8_t> act(prepared_row_bytes(GgmlType::Q8_0, k));
+      std::vector<float> want(static_cast<size_t>(n * m));
+      for (int64_t t = 0; t < n; ++t) {
+        prepare_activation_row(GgmlType::Q8_0, &x[t * k], k, act.data());
+        for (int64_t r = 0; r < m; ++r) want[t * m + r] = vec_dot(GgmlType::Q8_0, wq.data() + r * rb, act.data(), k);
+      }
+      for (int threads : {1, 3}) {
+        ThreadPool pool(threads);
+        std::vector<float> y(static_cast<size_t>(n * (m + 2)), -7.0f);  // output rows wider than m
+        matmul(pool, w, Rows(const_cast<float*>(x.data()), n, k), Rows(y.data(), n, m, m + 2));
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t r = 0; r < m; ++r)
+            EXPECT_CLOSE(y[t * (m + 2) + r], want[t * m + r], 1e-5) << "k=" << k << " n=" << n << " threads=" << threads;
+          EXPECT_EQ(y[t * (m + 2) + m], -7.0f) << "wrote past the row";
+        }
+      }
+    }
+  }
+}
+
+TEST(F32Kernels, Avx2AgreesWithScalarOnAttentionAndGdnBlocks) {
+  if (!dot_isa_available(DotIsa::Avx2)) GTEST_SKIP() << "CPU without AVX2/FMA/F16C";
+  std::mt19937 rng(9);
+  const int d = 64, len = 45, m = 13;  // one transposed group of 8 rows, then pairs and a lone row
+  const std::vector<float> q = randn(m * d, rng), kv = randn(2 * len * d, rng);
+  std::vector<float> outs[2];
+  for (int p = 0; p < 2; ++p) {
+    outs[p].assign(m * d, 0.0f);
+    std::vector<const float*> qr(m);
+    std::vector<float*> orow(m);
+    std::vector<int64_t> lens(m);
+    for (int r = 0; r < m; ++r) {
+      qr[r] = &q[r * d];
+      orow[r] = &outs[p][r * d];
+      lens[r] = len - 3 * r;
+    }
+    AttentionTile t;
+    t.m = m;
+    t.d = d;
+    t.q = qr.data();
+    t.out = orow.data();
+    t.kv_len = lens.data();
+    t.k = kv.data();
+    t.v = kv.data() + len * d;
+    t.kv_stride = d;
+    t.scale = 0.125f;
+    std::vector<float> scratch(attention_scratch_floats(m, d, len));
+    f32_kernels(p ? DotIsa::Avx2 : DotIsa::Scalar).attention_tile(t, scratch.data());
+  }
+  for (int i = 0; i < m * d; ++i) EXPECT_NEAR(outs[0][i], outs[1][i], 1e-5) << i;
+}
+
+}  // namespace
+}  // namespace hyspec::cpu
