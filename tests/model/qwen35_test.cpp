@@ -137,7 +137,15 @@ TEST_P(Qwen35Fixture, PerLayerHiddenStatesOfTheShortCaseMatchTransformers) {
   }
 }
 
+// The CPU backend runs prompts through its recurrent row kernel (cheaper there); these tests make it
+// use the chunked form so that the two forms are compared for real.
+struct ForceChunkedForm {
+  ForceChunkedForm() { setenv("HYSPEC_CPU_GDN_CHUNKED", "1", 1); }
+  ~ForceChunkedForm() { unsetenv("HYSPEC_CPU_GDN_CHUNKED"); }
+};
+
 TEST_P(Qwen35Fixture, RecurrentCaptureHoldsTheStateTheChunkedFormReachesAtEveryPosition) {
+  ForceChunkedForm chunked_form;
   const std::string dir = GetParam();
   const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
   Loaded l = load(dir + "/" + dir + "-f32.gguf");
@@ -188,6 +196,7 @@ TEST_P(Qwen35Fixture, RecurrentCaptureHoldsTheStateTheChunkedFormReachesAtEveryP
 }
 
 TEST_P(Qwen35Fixture, RecurrentFormEqualsChunkedForm) {
+  ForceChunkedForm chunked_form;
   const std::string dir = GetParam();
   const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
   Loaded l = load(dir + "/" + dir + "-f32.gguf");

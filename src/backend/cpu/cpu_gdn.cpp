@@ -18,6 +18,7 @@
 //   o_i = e^(γ_i) q_i S + Σ_{j<=i} (q_i·k_j) e^(γ_i-γ_j) v_new_j,
 //   S' = e^(γ_last) S + Σ_j e^(γ_last-γ_j) k_j v_new_jᵀ.
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -228,7 +229,10 @@ void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k) {
   const int64_t n = a.q.n_rows;
   const int d = a.head_dim, hv = a.n_v_heads, hk = a.n_k_heads;
   if (n <= 0) return;
-  if (d % 8 != 0) {
+  // HYSPEC_CPU_GDN_CHUNKED=1 runs prompts through the chunked form (model-level tests compare it
+  // with the recurrent one).
+  const bool force_chunked = a.chunked && !a.capture && std::getenv("HYSPEC_CPU_GDN_CHUNKED") != nullptr;
+  if (d % 8 != 0 || force_chunked) {
     normalise_qk(a, qn, kn);
     if (a.chunked && !a.capture) {
       pool.parallel_for(a.n_v_heads, [&](int64_t b, int64_t e, int) {
