@@ -57,12 +57,13 @@ void ThreadPool::parallel_for(int64_t n, const RangeFn& fn, int64_t grain) {
   const int64_t want = std::min<int64_t>(units, n_threads_ * kPartsPerThread);
   const int64_t part_len = (units + want - 1) / want * grain;
   const auto parts = static_cast<uint32_t>((n + part_len - 1) / part_len);
-  job_fn_.store(&fn, std::memory_order_relaxed);
-  job_n_.store(n, std::memory_order_relaxed);
-  job_part_len_.store(part_len, std::memory_order_relaxed);
-  job_parts_.store(parts, std::memory_order_relaxed);
-  done_.store(0, std::memory_order_relaxed);
   const uint32_t gen = ++generation_;
+  Job& job = jobs_[gen & 1];
+  job.fn.store(&fn, std::memory_order_relaxed);
+  job.n.store(n, std::memory_order_relaxed);
+  job.part_len.store(part_len, std::memory_order_relaxed);
+  job.parts.store(parts, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
   // seq_cst store and load: either a worker about to sleep sees this job, or we see it sleeping.
   claim_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) {
@@ -87,10 +88,11 @@ void ThreadPool::parallel_for(int64_t n, const RangeFn& fn, int64_t grain) {
 void ThreadPool::run_parts(uint32_t gen, int thread) {
   uint64_t c = claim_.load(std::memory_order_acquire);
   if (static_cast<uint32_t>(c >> 32) != gen) return;
-  const RangeFn* fn = job_fn_.load(std::memory_order_relaxed);
-  const int64_t n = job_n_.load(std::memory_order_relaxed);
-  const int64_t part_len = job_part_len_.load(std::memory_order_relaxed);
-  const uint32_t parts = job_parts_.load(std::memory_order_relaxed);
+  const Job& job = jobs_[gen & 1];
+  const RangeFn* fn = job.fn.load(std::memory_order_relaxed);
+  const int64_t n = job.n.load(std::memory_order_relaxed);
+  const int64_t part_len = job.part_len.load(std::memory_order_relaxed);
+  const uint32_t parts = job.parts.load(std::memory_order_relaxed);
   for (;;) {
     if (static_cast<uint32_t>(c >> 32) != gen) return;
     const auto part = static_cast<uint32_t>(c);

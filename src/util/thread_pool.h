@@ -34,12 +34,18 @@ class ThreadPool {
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  // The current job. Written by the caller before it publishes the job in claim_; a worker reads
-  // them and then validates what it read by claiming a part (a job cannot change while one of its
-  // parts is unclaimed). Atomics only so that a stale read is not a data race.
-  std::atomic<const RangeFn*> job_fn_{nullptr};
-  std::atomic<int64_t> job_n_{0}, job_part_len_{1};
-  std::atomic<uint32_t> job_parts_{0};
+  // Job descriptors, double-buffered by generation parity: the caller writes generation g's into
+  // jobs_[g & 1] before publishing g in claim_. A worker still holding an old claim word may read a
+  // slot only while its generation is live: the slot of g is rewritten for g + 2, which is only
+  // prepared after g + 1 was published, so the worker's claim of a part of g then fails and it
+  // never runs a part with another job's fields (a single slot allowed exactly that: a part of the
+  // next job run early under the old claim, then again).
+  struct Job {
+    std::atomic<const RangeFn*> fn{nullptr};
+    std::atomic<int64_t> n{0}, part_len{1};
+    std::atomic<uint32_t> parts{0};
+  };
+  Job jobs_[2];
   std::atomic<uint64_t> claim_{0};  // generation << 32 | next unclaimed part
   std::atomic<uint32_t> done_{0};   // parts of the current job finished
   std::atomic<bool> caller_waiting_{false};  // the caller blocks on done_ (after a short spin)
