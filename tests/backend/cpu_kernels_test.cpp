@@ -137,6 +137,24 @@ TEST(CpuOps, CausalConvMatchesTheDefinitionAcrossRunsAndCapturesEveryWindow) {
   }
 }
 
+TEST(CpuOps, CausalConvInPlaceEqualsOutOfPlaceIncludingStateAndCapture) {
+  std::mt19937 rng(9);
+  const int K = 4;
+  ThreadPool pool(2);
+  const int64_t n = 7, C = 40;
+  const std::vector<float> x = randn(n * C, rng), wt = randn(C * K, rng, 0.5f), init = randn((K - 1) * C, rng);
+  for (DotIsa isa : isas()) {
+    std::vector<float> s1 = init, s2 = init, y(n * C), cap1(n * (K - 1) * C), cap2(cap1.size()), inplace = x;
+    causal_conv_silu(pool, Rows(const_cast<float*>(x.data()), n, C), wt.data(), K, s1.data(), cap1.data(),
+                     Rows(y.data(), n, C), f32_kernels(isa));
+    causal_conv_silu(pool, Rows(inplace.data(), n, C), wt.data(), K, s2.data(), cap2.data(), Rows(inplace.data(), n, C),
+                     f32_kernels(isa));
+    EXPECT_EQ(inplace, y) << name(isa);
+    EXPECT_EQ(s2, s1) << name(isa);
+    EXPECT_EQ(cap2, cap1) << name(isa);
+  }
+}
+
 struct AttnCase {
   int n, depth, n_head, n_kv, d;
   bool causal;

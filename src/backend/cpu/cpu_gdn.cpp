@@ -201,6 +201,14 @@ void causal_conv_silu(ThreadPool& pool, Rows x, const float* weight, int kernel,
                       Rows y, const F32Kernels& k) {
   const int64_t n = x.n_rows, C = x.n_cols;
   const int hist = kernel - 1;
+  // In place (y over x): the window and the capture are read from x after y is written, so work
+  // from a copy of x.
+  thread_local std::vector<float> x_copy;
+  if (y.data == x.data && n > 0) {
+    x_copy.resize(static_cast<size_t>(n * C));
+    for (int64_t t = 0; t < n; ++t) std::memcpy(x_copy.data() + t * C, x.row(t), static_cast<size_t>(C) * sizeof(float));
+    x = Rows(x_copy.data(), n, C);
+  }
   thread_local std::vector<float> taps_buf;  // the caller's; workers read it through `taps`
   taps_buf.resize(static_cast<size_t>(kernel * C));
   float* taps = taps_buf.data();
