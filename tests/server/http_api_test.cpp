@@ -294,12 +294,13 @@ TEST_F(HttpApi, ToolHistoryWithCallsAndResultsIsAcceptedAndRendered) {
 }
 
 TEST(HttpStreaming, DisconnectMidStreamCancelsTheRequestAndFreesTheSlot) {
-  ServerProcess server({"-m", tiny_model(), "--parallel", "1", "--threads", "1"});
+  // Long streams (30000 tokens in a 32k context) so that even ~13k tokens/s cannot finish first.
+  ServerProcess server({"-m", tiny_model(), "--parallel", "1", "--threads", "1", "-c", "32768"});
   ASSERT_TRUE(server.ready());
   auto c = server.client();
   int chunks = 0;
   const HttpReply r = post_stream(c, kCompletion,
-                                  R"({"prompt": "Hi", "max_tokens": 3000, "ignore_eos": true, "stream": true})",
+                                  R"({"prompt": "Hi", "max_tokens": 30000, "ignore_eos": true, "stream": true})",
                                   [&](const std::string& so_far) {
                                     chunks = static_cast<int>(sse_events(so_far).size());
                                     return chunks < 3;  // hang up after three chunks
@@ -307,7 +308,7 @@ TEST(HttpStreaming, DisconnectMidStreamCancelsTheRequestAndFreesTheSlot) {
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(wait_for_metric(server, "hyspec_active_slots", 0, 10), 0) << "the slot stayed busy after the client left";
   EXPECT_EQ(server_metric(server, "hyspec_requests_finished_total{reason=\"cancelled\"}"), 1);
-  EXPECT_LT(server_metric(server, "hyspec_generation_tokens_total"), 3000);
+  EXPECT_LT(server_metric(server, "hyspec_generation_tokens_total"), 30000);
   // The freed slot serves the next request.
   const HttpReply next = post_json(c, kCompletion, R"({"prompt": "Hi", "max_tokens": 4})");
   EXPECT_EQ(next.status, 200) << next.body;
@@ -315,14 +316,14 @@ TEST(HttpStreaming, DisconnectMidStreamCancelsTheRequestAndFreesTheSlot) {
 }
 
 TEST(HttpQueue, FullQueueIs429WithRetryAfter) {
-  ServerProcess server({"-m", tiny_model(), "--parallel", "1", "--queue", "1", "--threads", "1"});
+  ServerProcess server({"-m", tiny_model(), "--parallel", "1", "--queue", "1", "--threads", "1", "-c", "32768"});
   ASSERT_TRUE(server.ready());
   std::atomic<bool> hang_up{false};
   std::vector<std::thread> streams;
   for (int i = 0; i < 2; ++i) {
     streams.emplace_back([&] {
       auto c = server.client();
-      post_stream(c, kCompletion, R"({"prompt": "Hi", "max_tokens": 3000, "ignore_eos": true, "stream": true})",
+      post_stream(c, kCompletion, R"({"prompt": "Hi", "max_tokens": 30000, "ignore_eos": true, "stream": true})",
                   [&](const std::string&) { return !hang_up.load(); });
     });
   }
@@ -344,13 +345,14 @@ TEST(HttpQueue, FullQueueIs429WithRetryAfter) {
 }
 
 TEST(HttpShutdown, SigtermRefusesNewWorkEndsOpenStreamsWithDoneAndExitsZero) {
-  ServerProcess server({"-m", tiny_model(), "--threads", "1", "--shutdown-grace", "1"});
+  // A stream that outlives the 1 s grace period even at ~13k tokens/s: a long context, 30000 tokens.
+  ServerProcess server({"-m", tiny_model(), "--threads", "1", "--shutdown-grace", "1", "-c", "32768"});
   ASSERT_TRUE(server.ready());
   std::atomic<bool> started{false};
   HttpReply r;
   std::thread stream([&] {
     auto c = server.client();
-    r = post_stream(c, kCompletion, R"({"prompt": "Hi", "max_tokens": 3000, "ignore_eos": true, "stream": true})",
+    r = post_stream(c, kCompletion, R"({"prompt": "Hi", "max_tokens": 30000, "ignore_eos": true, "stream": true})",
                     [&](const std::string&) {
                       started = true;
                       return true;
@@ -378,7 +380,7 @@ TEST(HttpShutdown, SigtermRefusesNewWorkEndsOpenStreamsWithDoneAndExitsZero) {
 TEST(HttpScheduling, LongPromptIsPrefilledInChunksBetweenAnotherStreamsTokens) {
   // --batch-size 16: a 1500-token prompt takes ~94 prefill turns; each is followed by a decoding turn
   // of the other slot, so that stream keeps receiving tokens while the prompt is processed.
-  ServerProcess server({"-m", tiny_model(), "--parallel", "2", "--batch-size", "16", "--threads", "1"});
+  ServerProcess server({"-m", tiny_model(), "--parallel", "2", "--batch-size", "16", "--threads", "1", "-c", "32768"});
   ASSERT_TRUE(server.ready());
   using Clock = std::chrono::steady_clock;
   std::mutex mu;
@@ -386,7 +388,7 @@ TEST(HttpScheduling, LongPromptIsPrefilledInChunksBetweenAnotherStreamsTokens) {
   std::atomic<bool> stop_a{false};
   std::thread a([&] {
     auto c = server.client();
-    post_stream(c, kCompletion, R"({"prompt": "Hi", "max_tokens": 3000, "ignore_eos": true, "stream": true})",
+    post_stream(c, kCompletion, R"({"prompt": "Hi", "max_tokens": 30000, "ignore_eos": true, "stream": true})",
                 [&](const std::string&) {
                   std::lock_guard<std::mutex> lock(mu);
                   a_chunks.push_back(Clock::now());
