@@ -2,6 +2,7 @@
 // same ids with every drafter, and clear one-line errors for prompts that do not fit.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <sstream>
@@ -18,7 +19,8 @@ struct Output {
 };
 
 Output hyspec(const std::string& args) {
-  const std::string err_file = testing::TempDir() + "/hyspec_run_stderr.txt";
+  // One file per test process: ctest runs tests in parallel.
+  const std::string err_file = testing::TempDir() + "/hyspec_run_stderr_" + std::to_string(getpid()) + ".txt";
   const std::string cmd = "'" + test::hyspec_binary() + "' " + args + " 2>'" + err_file + "'";
   Output r;
   FILE* p = popen(cmd.c_str(), "r");
