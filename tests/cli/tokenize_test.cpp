@@ -29,8 +29,8 @@ std::string read_all(int fd) {
 
 // Runs the hyspec binary with exact argv (no shell), capturing stdout and stderr.
 RunResult run_hyspec(const std::vector<std::string>& args) {
-  const std::string out_path = testing::TempDir() + "hyspec_tokenize_out";
-  const std::string err_path = testing::TempDir() + "hyspec_tokenize_err";
+  const std::string out_path = testing::TempDir() + "hyspec_tokenize_out_" + std::to_string(getpid());
+  const std::string err_path = testing::TempDir() + "hyspec_tokenize_err_" + std::to_string(getpid());
   const pid_t pid = fork();
   if (pid == 0) {
     const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -112,7 +112,7 @@ TEST(CliTokenize, MissingFileIsOneErrorLineAndExitCodeOne) {
 
 TEST(CliTokenize, GgufWithoutVocabularyIsAnError) {
   // A valid GGUF with no metadata at all.
-  const std::string path = testing::TempDir() + "no_vocab.gguf";
+  const std::string path = testing::TempDir() + "no_vocab_" + std::to_string(getpid()) + ".gguf";
   {
     std::string bytes = "GGUF";
     const uint32_t version = 3;
