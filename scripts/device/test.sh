@@ -23,7 +23,7 @@ for backend in cpu cuda; do
     case "$name" in test_server|test_cli) [ "$backend" = cpu ] || continue ;; esac
     # The server/CLI tests spawn the binary and need node: run them where CI runs them.
     case "$name" in test_server) continue ;; esac
-    HYSPEC_TEST_BACKEND=$backend "$t" --gtest_brief=1 > "$OUT/$name-$backend.log" 2>&1
+    HYSPEC_TEST_BACKEND=$backend timeout 150 "$t" --gtest_brief=1 > "$OUT/$name-$backend.log" 2>&1
     rc=$?
     line=$(grep -E "^\[  (PASSED|FAILED)  \]" "$OUT/$name-$backend.log" | head -2 | tr '\n' ' ')
     summary+=$(printf '%-14s %-5s rc=%d %s' "$name" "$backend" "$rc" "$line")$'\n'
