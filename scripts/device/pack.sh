@@ -12,7 +12,7 @@ for b in build-cuda/hyspec build-cuda/tests/test_backend build-cuda/tests/test_m
   strip -o ".device/bin/$(basename "$b")" "$b"
 done
 # Libraries from Debian packages that an Ubuntu CUDA image does not have.
-for lib in libfmt.so.9 libpcre2-8.so.0; do cp -L "/usr/lib/x86_64-linux-gnu/$lib" .device/lib/; done
+for lib in libfmt.so.9 libpcre2-8.so.0 libcpp-httplib.so.0.11; do cp -L "/usr/lib/x86_64-linux-gnu/$lib" .device/lib/; done
 # The fixtures the model and engine tests read (not the tokenizer or quant ones: text/format tests stay on CI).
 for d in qwen35-tiny qwen35moe-tiny dflash-tiny quants; do cp -r "$FIX/$d" .device/fixtures/; done
 # Binaries travel compressed (the working tree that travels is capped at 64 MiB); test.sh unpacks them.
