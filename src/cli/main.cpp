@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   hyspec::cli::register_bench(app, exit_code);
   hyspec::cli::register_tokenize(app, exit_code);
   hyspec::cli::register_serve(app, exit_code);
+  hyspec::cli::register_convert(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -16,25 +16,13 @@
 #include <optional>
 
 #include "format/safetensors.h"
+#include "model/hf_config.h"
 #include "model/dflash.h"
 #include "model/dflash_impl.h"
-#include "util/mmap_file.h"
 
 namespace hyspec {
 
-namespace {
-
-using nlohmann::json;
-
-constexpr const char* kPlainOnly = "hyspec runs plain DFlash drafters only";
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-// HF name (without a leading "model.") -> GGUF name; empty when the tensor is not a plain DFlash one.
-std::string gguf_name(const std::string& hf) {
+std::string dflash_gguf_name(const std::string& hf) {
   static const std::map<std::string, std::string> global = {
       {"fc.weight", "fc.weight"},
       {"hidden_norm.weight", "enc.output_norm.weight"},
@@ -60,6 +48,17 @@ std::string gguf_name(const std::string& hf) {
   return it == per_layer.end() ? std::string() : "blk." + idx + "." + it->second;
 }
 
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kPlainOnly = "hyspec runs plain DFlash drafters only";
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
 Result<GgmlType> ggml_type_of(SafetensorsDtype t, const std::string& source, const std::string& name) {
   switch (t) {
     case SafetensorsDtype::F32:
@@ -74,28 +73,9 @@ Result<GgmlType> ggml_type_of(SafetensorsDtype t, const std::string& source, con
   }
 }
 
-// Typed lookups in config.json; errors name the file and key.
-struct Config {
-  const json& j;
-  const std::string& path;
-  template <typename T>
-  Result<T> get(const json& obj, const char* key, std::optional<T> def = std::nullopt) const {
-    auto it = obj.find(key);
-    if (it == obj.end() || it->is_null()) {
-      if (def) return *def;
-      return Status::errorf("{}: missing '{}'", path, key);
-    }
-    try {
-      return it->get<T>();
-    } catch (const json::exception&) {
-      return Status::errorf("{}: '{}' has the wrong type ({})", path, key, it->dump());
-    }
-  }
-};
-
 Result<DflashHparams> read_hf_hparams(const json& j, const std::string& path, const SafetensorsFile& st,
                                       const DflashTarget& target) {
-  Config c{j, path};
+  HfConfig c{j, path};
   std::vector<std::string> archs;
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const auto& a : j["architectures"])
@@ -179,9 +159,7 @@ Result<std::unique_ptr<DflashModel>> DflashModel::load_hf(Backend& backend, cons
                                                           const DflashTarget& target,
                                                           const DflashLoadOptions& options) {
   const std::string config_path = dir + "/config.json";
-  HS_ASSIGN_OR_RETURN(MappedFile config_file, MappedFile::open(config_path));
-  json j = json::parse(config_file.data(), config_file.data() + config_file.size(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status::errorf("{}: not a JSON object", config_path);
+  HS_ASSIGN_OR_RETURN(json j, read_json_object(config_path));
 
   auto storage = std::make_shared<HfStorage>();
   HS_ASSIGN_OR_RETURN(storage->file, SafetensorsFile::open(dir + "/model.safetensors"));
@@ -196,7 +174,7 @@ Result<std::unique_ptr<DflashModel>> DflashModel::load_hf(Backend& backend, cons
       d2t_offsets = &t;
       continue;
     }
-    const std::string g = gguf_name(name);
+    const std::string g = dflash_gguf_name(name);
     if (g.empty())
       return Status::errorf("{}: tensor '{}' is not part of a plain DFlash drafter (an unsupported feature); {}",
                             st.path(), t.name, kPlainOnly);

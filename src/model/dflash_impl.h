@@ -30,6 +30,10 @@ struct DflashModel::Impl {
   float *x = nullptr, *h = nullptr, *mix = nullptr, *t1 = nullptr, *t2 = nullptr, *t3 = nullptr, *t4 = nullptr;
 };
 
+// z-lab HF tensor name (without a leading "model.") -> the GGUF name llama.cpp's converter writes;
+// empty when the tensor is not part of a plain DFlash drafter. Shared by load_hf and the converter.
+std::string dflash_gguf_name(const std::string& hf);
+
 struct DflashLoader {
   // Checks the hyperparameters for consistency (errors name `source`).
   static Status validate(const DflashHparams& hp, const std::string& source);

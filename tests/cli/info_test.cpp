@@ -1,36 +1,23 @@
 // `hyspec info` run as a user would: key lines for each fixture kind, and a one-line error with
 // exit code 1 for a damaged file.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
 
 #include "common/fixtures.h"
+#include "common/process.h"
 #include "format/gguf.h"
 
 namespace hyspec {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using RunResult = test::CommandResult;
 
 RunResult run_info(const std::string& path) {
-  const std::string cmd = "'" + test::hyspec_binary() + "' info '" + path + "' 2>&1";
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::run_command("'" + test::hyspec_binary() + "' info '" + path + "'");
 }
 
 bool has_line(const std::string& out, const std::string& line) {
