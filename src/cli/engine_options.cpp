@@ -1,5 +1,7 @@
 #include "cli/engine_options.h"
 
+#include "cli/default_model.h"
+
 #include <cstdio>
 
 namespace hyspec::cli {
@@ -23,8 +25,9 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
 
 Result<EngineConfig> EngineFlags::to_config() const {
   EngineConfig c;
-  if (model.empty()) return Status::error("no model given (-m MODEL.gguf)");
-  c.model_path = model;
+  // No -m: the embedded demo model family (models/README.md), with its DFlash drafter.
+  c.model_path = model.empty() ? default_model_path() : model;
+  if (c.model_path.empty()) return Status::error("no model given (-m MODEL.gguf) and no default model found");
   HS_ASSIGN_OR_RETURN(c.backend, parse_backend_kind(backend));
   c.n_threads = threads;
   c.n_ctx = ctx;
@@ -34,6 +37,7 @@ Result<EngineConfig> EngineFlags::to_config() const {
   c.add_ngram = spec.size() > suffix.size() && spec.ends_with(suffix);
   HS_ASSIGN_OR_RETURN(c.spec, parse_spec_method(c.add_ngram ? spec.substr(0, spec.size() - suffix.size()) : spec));
   c.draft_model = draft_model;
+  if (c.draft_model.empty() && model.empty() && c.spec == SpecMethod::Dflash) c.draft_model = default_draft_model_path();
   c.draft_max = draft_max;
   c.dequantize = dequantize;
   c.use_graphs = !no_graphs;
