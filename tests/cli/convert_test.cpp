@@ -16,11 +16,13 @@
 #include <set>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/fixtures.h"
 #include "common/process.h"
 #include "format/gguf.h"
+#include "util/half.h"
 
 namespace hyspec {
 namespace {
@@ -288,6 +290,42 @@ TEST(Convert, Qwen35RoundTripMatchesLlamaCppGguf) {
   r = run_hyspec("convert '" + hf.string() + "' '" + q8 + "' --type q8_0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_same_gguf(q8, test::fixture_path("qwen35-tiny/qwen35-tiny-q8_0.gguf"), approx);
+}
+
+// --type f16 / bf16 (no llama.cpp file to compare with): matrices take the type, rounded to nearest
+// even; norms, 1-D tensors, ssm_a / ssm_dt.bias and ssm_conv1d stay F32, as llama.cpp keeps them.
+TEST(Convert, HalfTypesConvertMatricesAndKeepTheRestF32) {
+  TempDir tmp;
+  const std::string fixture = test::fixture_path("qwen35-tiny/qwen35-tiny-f32.gguf");
+  auto f = GgufFile::open(fixture);
+  ASSERT_TRUE(f.is_ok()) << f.message();
+  const fs::path hf = tmp.path / "hf";
+  write_tokenizer_dir(hf);
+  write_safetensors(hf / "model.safetensors", qwen35_hf_from_gguf(**f));
+  for (const auto& [flag, type, gguf_file_type] :
+       {std::tuple{"f16", GgmlType::F16, 1}, std::tuple{"bf16", GgmlType::BF16, 32}}) {
+    const std::string out = (tmp.path / (std::string(flag) + ".gguf")).string();
+    const test::CommandResult r = run_hyspec("convert '" + hf.string() + "' '" + out + "' --type " + flag);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto g = GgufFile::open(out);
+    ASSERT_TRUE(g.is_ok()) << g.message();
+    EXPECT_EQ(*(*g)->get_int("general.file_type"), gguf_file_type);
+    ASSERT_EQ((*g)->tensors().size(), (*f)->tensors().size());
+    for (const GgufTensorInfo& e : (*f)->tensors()) {
+      const GgufTensorInfo* a = (*g)->find_tensor(e.name);
+      ASSERT_TRUE(a) << e.name;
+      const bool stays_f32 = e.n_dims == 1 || e.name.ends_with("_norm.weight") || !e.name.ends_with(".weight") ||
+                             e.name.find("ssm_conv1d") != std::string::npos;
+      EXPECT_EQ(a->type, stays_f32 ? GgmlType::F32 : type) << flag << " " << e.name;
+      if (stays_f32) continue;
+      const auto* want = reinterpret_cast<const float*>(e.data);
+      const auto* got = reinterpret_cast<const uint16_t*>(a->data);
+      for (int64_t k = 0; k < e.n_elements(); ++k) {
+        const uint16_t expect = type == GgmlType::F16 ? fp32_to_fp16(want[k]) : fp32_to_bf16(want[k]);
+        ASSERT_EQ(got[k], expect) << flag << " " << e.name << "[" << k << "]";
+      }
+    }
+  }
 }
 
 TEST(Convert, ErrorsNameTheProblem) {
