@@ -393,7 +393,7 @@ TEST(CpuOps, MatmulEqualsDotsWhetherSplitByTokensOrRows) {
 TEST(F32Kernels, Avx2AgreesWithScalarOnAttentionAndGdnBlocks) {
   if (!dot_isa_available(DotIsa::Avx2)) GTEST_SKIP() << "CPU without AVX2/FMA/F16C";
   std::mt19937 rng(9);
-  const int d = 64, len = 45, m = 13;  // one transposed group of 8 rows, then pairs and a lone row
+  const int d = 64, len = 45, m = 13;  // a full group of 8 rows, then 5 in a padded group
   const std::vector<float> q = randn(m * d, rng), kv = randn(2 * len * d, rng);
   std::vector<float> outs[2];
   for (int p = 0; p < 2; ++p) {

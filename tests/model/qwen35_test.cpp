@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/backend.h"
 #include "common/backend_io.h"
@@ -275,6 +276,62 @@ TEST_P(Qwen35Fixture, QuantizedActivationFastPathStaysCloseToTheExactPath) {
     // int8 activation blocks carry ~0.4% rounding per value; these random models amplify it through
     // 8 layers to 7-10% of the logits' norm (measured); a broken kernel gives O(1).
     EXPECT_LT(rel, 0.15) << c["name"];
+  }
+}
+
+// Speculative decoding is lossless only if a verify step computes each row exactly as a decode step
+// would: any batch-width-dependent rounding flips near-tied argmaxes. So every row of a recurrent
+// (verify-form) step of width w, with capture on, must be bit-identical to one-token steps.
+std::vector<float> run_verify_form(Loaded& l, const std::vector<int32_t>& tokens, int64_t width) {
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = l.model->hparams().n_vocab;
+  EXPECT_TRUE(l.model->reserve(width).is_ok());
+  auto st = l.model->create_state(n + 8, static_cast<int>(width), GgmlType::F16);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  std::vector<int32_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
+  test::BackendArena io(*l.backend);
+  const int32_t* tok_dev = io.put(tokens);
+  const int32_t* pos_dev = io.put(pos);
+  std::vector<float> logits;
+  for (int64_t s = 0; s < n; s += width) {
+    const int64_t m = std::min(width, n - s);
+    ForwardArgs a;
+    a.n = m;
+    a.tokens = tok_dev + s;
+    a.positions = pos_dev + s;
+    a.capture = width > 1;
+    a.logits = io.rows(m, V);
+    Status r = l.model->forward(a, *st);
+    EXPECT_TRUE(r.is_ok()) << r.message();
+    if (a.capture) l.model->restore_captured(*st, static_cast<int>(m - 1));
+    const auto part = io.get(a.logits);
+    logits.insert(logits.end(), part.begin(), part.end());
+  }
+  return logits;
+}
+
+TEST_P(Qwen35Fixture, VerifyRowsAreBitIdenticalToDecodeSteps) {
+  const std::string dir = GetParam();
+  // Verify widths: up to 33 on the CPU; on CUDA the verify range of the matvec (n <= 32; wider
+  // steps are prompt chunks, which take the GEMM path and need not match a decode step).
+  std::vector<int64_t> widths = {2, 3, 5, 8, 16, 17, 32};
+  if (test::test_backend_kind() == BackendKind::Cpu) widths.push_back(33);
+  const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
+  for (const char* type : {"f32", "q8_0"}) {
+    Loaded l = load(dir + "/" + dir + "-" + type + ".gguf");
+    for (const auto& c : manifest["cases"]) {
+      const auto tokens = ids(c["tokens"]);
+      const auto decode = run_verify_form(l, tokens, 1);
+      for (int64_t width : widths) {
+        const auto verify = run_verify_form(l, tokens, width);
+        ASSERT_EQ(decode.size(), verify.size());
+        size_t first = decode.size();
+        for (size_t i = 0; i < decode.size() && first == decode.size(); ++i)
+          if (std::memcmp(&decode[i], &verify[i], sizeof(float)) != 0) first = i;
+        EXPECT_EQ(first, decode.size()) << type << " " << c["name"] << " width " << width << ": first differing logit "
+                                        << first << " (row " << first / l.model->hparams().n_vocab << ")";
+      }
+    }
   }
 }
 

@@ -657,6 +657,14 @@ HS_AVX2 inline __m256 reduce8(__m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// One lane sum in exactly reduce8's order, ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)), so a dot
+// product has the same bits whichever tile shape computed it: a verify step's rows must equal a
+// decode step's (batch invariance, tests/backend/batch_invariance_test.cpp).
+HS_AVX2 inline float hsum_tree(__m256 x) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(x, x), _mm256_hadd_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
 template <int R, int T>
 HS_AVX2 inline __attribute__((always_inline)) void tile_q8_0_micro(const BlockQ8_0* const* w, const ActQ8_0* const* a,
                                                                    const float* dw, const float* da, int64_t nb,
@@ -697,7 +705,7 @@ HS_AVX2 inline __attribute__((always_inline)) void tile_q8_0_micro(const BlockQ8
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
   } else {
     for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) out[t * out_stride + r] = hsum_f32(acc[r][t]);
+      for (int t = 0; t < T; ++t) out[t * out_stride + r] = hsum_tree(acc[r][t]);
   }
 }
 

@@ -108,8 +108,14 @@ HS_AVX512 inline __attribute__((always_inline)) void tile_micro(const BlockQ8_0*
                                     _mm256_hadd_ps(fold(acc[2][0]), fold(acc[3][0])));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
   } else {
+    // The same tree as above for one accumulator, so every tile shape gives a dot the same bits (a
+    // verify step's rows must equal a decode step's: tests/backend/batch_invariance_test.cpp).
     for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) out[t * out_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+      for (int t = 0; t < T; ++t) {
+        const __m256 f = fold(acc[r][t]);
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(f, f), _mm256_hadd_ps(f, f));
+        out[t * out_stride + r] = _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+      }
   }
 }
 
