@@ -3,14 +3,19 @@
 // out[t, h] = sum_j softmax_j(scale * q[t,h] . K[j, h/G]) V[j, h/G] over the visible keys j:
 // causal: j <= positions[t]; block mode: j <= positions[n-1]. G = n_head / n_kv_head.
 //
-// One kernel serves decode, verify and prefill (flash-attention style, online softmax): a block of
-// 128 threads takes 16 query vectors that share a kv head (the G heads of consecutive rows, so K/V
-// tiles are read once for all of them) and one split of the key range, loops over tiles of 32 keys
-// staged in shared memory (f32), and keeps each query's running max, sum and output in registers
-// (8 threads per query, D/8 output values each). When there are few query blocks (decode), the key
-// range is split across blocks (split-K) and a second kernel merges the partial (max, sum, output)
-// triples. The split boundaries are computed on the device from the positions, so a captured graph
-// stays correct as the context grows.
+// Two kernels. Steps of up to kDecodeMaxRows rows (decode and speculative verify) run
+// attention_decode_kernel, whose result for a query is bit-identical whatever other rows share the
+// step: speculative decoding is lossless only if a verify row gets exactly the decode step's
+// logits. Its blocks take 8 query vectors each (grid.z = query groups) and one split of the key
+// range; the splits are fixed slices of the KV capacity (not of the step's keys), so a query sees
+// the same tiles, in the same order, in a decode step and in any verify block: tiles and splits
+// past its own last key add exact zeros (p = 0, rescale factor e^0 = 1). Longer steps (prompts) run
+// attention_kernel (flash-attention style, online softmax): a block of 128 threads takes 16 query
+// vectors that share a kv head (the G heads of consecutive rows, so K/V tiles are read once for all
+// of them) and one split of the key range, loops over tiles of 32 keys staged in shared memory
+// (f32), and keeps each query's running max, sum and output in registers (8 threads per query, D/8
+// output values each); a second kernel merges the split partials. Split boundaries are computed on
+// the device from the positions, so a captured graph stays correct as the context grows.
 // Budget (decode, one kv head): bytes = kv_len * D * 2 * sizeof(kv) once; FLOPs = 4 * 16 * kv_len * D
 // per query block (the 16 slots are padded with idle queries when G*n < 16; the tiles are
 // bandwidth-bound for G*n <= 16 either way).
@@ -40,7 +45,7 @@ struct AttnArgs {
   float scale;
   bool causal;
   int n_splits;
-  int min_tiles;   // decode kernel: key tiles per split at least
+  int chunk_tiles; // decode kernel: key tiles per split (a fixed slice of the capacity)
   float* part_o;   // [n_splits, n_kv, M, D]
   float* part_ml;  // [n_splits, n_kv, M, 2]
 };
@@ -230,19 +235,22 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
   }
 }
 
-// Decode/verify attention for at most kDecodeQueries query vectors per kv head (G*n <= 8: decode of
-// every Qwen3.5 size, MTP verify). A block (4 warps) takes one kv head and one split of the key
-// range, and walks it in tiles of 32 keys: the K and V rows of the next tile are copied into shared
+// Decode/verify attention (steps of up to kDecodeMaxRows rows). A block (4 warps) takes one kv
+// head, kDecodeQueries of its query vectors (grid.z: G*n / 8 groups; decode of every Qwen3.5 size is
+// one group) and one split of the key range (a fixed slice of the capacity, see the top of the
+// file), and walks it in tiles of 32 keys: the K and V rows of the next tile are copied into shared
 // memory with cp.async (16-byte pieces, one load round per tile) while this one is computed.
 // Scores: warp w takes a quarter of the head dims, lane = key, q (f32, pre-scaled) read from shared
 // memory as broadcasts; the four partial dots are summed per (query, key), an online softmax runs
 // per query (one warp per query), then P.V with each thread owning two output dims of its queries.
-// With several splits every block writes its partial (max, sum, output) and the last block of a kv
-// head to finish (a self-resetting counter) merges them, so one launch does the whole op.
+// With several splits every block writes its partial (max, sum, output) and the last block of a
+// (kv head, query group) to finish (a self-resetting counter) merges them, so one launch does the
+// whole op.
 // Budget (one kv head, n=1, G=4, D=256, f16): bytes = 1 KB per key (K+V), read once; FLOPs = 4*G*D
 // per key; split so that every SM gets blocks: short contexts are one tile per block, latency-bound
 // (one copy round + ~2K instructions per warp), long ones stream at HBM speed.
 constexpr int kDecodeQueries = 8;
+constexpr int kDecodeMaxRows = 32;  // the widest verify step (as the matmul's streaming path)
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeKeys = 32;  // keys per tile
 // Tiles per split at least (shorter splits cost more to merge); HYSPEC_ATTN_MIN_TILES overrides.
@@ -253,6 +261,13 @@ int decode_min_tiles() {
     return t >= 1 ? t : 1;
   }();
   return v;
+}
+
+// Steps of up to kDecodeMaxRows rows take the decode kernel, while its merge counters (one per kv
+// head and query group) fit.
+bool uses_decode_kernel(int64_t rows, int group, int n_kv) {
+  const int64_t groups = (rows * group + kDecodeQueries - 1) / kDecodeQueries;
+  return rows <= kDecodeMaxRows && n_kv * groups <= kAttentionMaxKvHeads;
 }
 
 template <int D, typename KV>
@@ -302,21 +317,24 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   float* misc = reinterpret_cast<float*>(sm + L::kMisc);       // alpha[Q], m[Q], l[Q]
   __shared__ int s_last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int kvh = blockIdx.x, z = blockIdx.y;
-  const int M = a.n * a.group;
+  const int kvh = blockIdx.x, z = blockIdx.y, qg = blockIdx.z;
+  const int M_all = a.n * a.group;   // query vectors of this kv head in the step
+  const int q0 = qg * Q;             // this block's first one; local index m = global - q0
+  const int M = min(Q, M_all - q0);  // this block's count
+  auto limit_of = [&](int m) { return a.causal ? a.positions[(q0 + m) / a.group] : a.positions[a.n - 1]; };
 
   int kend = 0;
 #pragma unroll
   for (int m = 0; m < Q; ++m)
-    if (m < M) kend = max(kend, (a.causal ? a.positions[m / a.group] : a.positions[a.n - 1]) + 1);
+    if (m < M) kend = max(kend, limit_of(m) + 1);
   kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
-  // Splits in use: at least kDecodeMinTiles tiles each (the launch provides for the capacity, the
-  // context may be much shorter); the rest exit at once and take no part in the merge.
-  const int tiles = (kend + TK - 1) / TK;
-  const int n_eff = max(1, min(a.n_splits, (tiles + a.min_tiles - 1) / a.min_tiles));
+  // Splits in use: those that reach into this group's keys (the launch provides for the capacity);
+  // the rest exit at once and take no part in the merge.
+  const int chunk = a.chunk_tiles * TK;
+  const int n_eff = max(1, (kend + chunk - 1) / chunk);
   if (z >= n_eff) return;
-  const int chunk = (tiles + n_eff - 1) / n_eff * TK;
   const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
+  unsigned* counter = counters + kvh * gridDim.z + qg;
 
   const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * D * sizeof(KV);
   const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * D * sizeof(KV);
@@ -339,7 +357,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
     const int m = i / D, d = i % D;
     float v = 0.0f;
     if (m < M) {
-      const int row = m / a.group, head = kvh * a.group + m % a.group;
+      const int row = (q0 + m) / a.group, head = kvh * a.group + (q0 + m) % a.group;
       v = a.q.data[static_cast<int64_t>(row) * a.q.stride + static_cast<int64_t>(head) * D + d] * a.scale;
     }
     q_s[i] = v;
@@ -350,7 +368,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int m = warp + kDecodeWarps * j;
-    lim[j] = m < M ? (a.causal ? a.positions[m / a.group] : a.positions[a.n - 1]) : -1;
+    lim[j] = m < M ? limit_of(m) : -1;
   }
   const int pair = tid % (D / 2), grp = tid / (D / 2);
   float o[QPT][2];
@@ -463,7 +481,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
       const int m = grp + NG * i;
       if (m >= M) continue;
       const float l = misc[2 * Q + m], inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int row = m / a.group, head = kvh * a.group + m % a.group;
+      const int row = (q0 + m) / a.group, head = kvh * a.group + (q0 + m) % a.group;
       float* dst = a.out.data + static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + 2 * pair;
       dst[0] = o[i][0] * inv, dst[1] = o[i][1] * inv;
     }
@@ -473,13 +491,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   for (int i = 0; i < QPT; ++i) {
     const int m = grp + NG * i;
     if (m >= M) continue;
-    const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
+    const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M_all + q0 + m;
     *reinterpret_cast<float2*>(a.part_o + slot * D + 2 * pair) = make_float2(o[i][0], o[i][1]);
     if (pair == 0) a.part_ml[slot * 2] = misc[Q + m], a.part_ml[slot * 2 + 1] = misc[2 * Q + m];
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) s_last = atomicAdd(counters + kvh, 1u) == static_cast<unsigned>(n_eff - 1);
+  if (tid == 0) s_last = atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff - 1);
   __syncthreads();
   if (!s_last) return;
   __threadfence();
@@ -489,7 +507,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   float* wz = reinterpret_cast<float*>(sm);  // [Q][n_eff] weights e^(m_z - M), then 1/den in [Q*n_eff + m]
   for (int i = tid; i < M * n_eff; i += kDecodeWarps * 32) {
     const int m = i / n_eff, zz = i % n_eff;
-    wz[i] = __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + m) * 2);
+    wz[i] = __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m) * 2);
   }
   __syncthreads();
   if (tid < M) {
@@ -498,7 +516,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
     float den = 0.0f;
     for (int zz = 0; zz < n_eff; ++zz) {
       const float f = gmax == -INFINITY ? 0.0f : expf(wz[tid * n_eff + zz] - gmax);
-      den += f * __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + tid) * 2 + 1);
+      den += f * __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + tid) * 2 + 1);
       wz[tid * n_eff + zz] = f;
     }
     wz[Q * n_eff + tid] = den > 0.0f ? 1.0f / den : 0.0f;
@@ -509,12 +527,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
     float acc = 0.0f;
 #pragma unroll 8
     for (int zz = 0; zz < n_eff; ++zz)
-      acc += wz[m * n_eff + zz] * __ldcg(a.part_o + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M + m) * D + d);
-    const int row = m / a.group, head = kvh * a.group + m % a.group;
+      acc += wz[m * n_eff + zz] * __ldcg(a.part_o + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m) * D + d);
+    const int row = (q0 + m) / a.group, head = kvh * a.group + (q0 + m) % a.group;
     a.out.data[static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + d] =
         acc * wz[Q * n_eff + m];
   }
-  if (tid == 0) counters[kvh] = 0u;  // ready for the next launch (stream order)
+  if (tid == 0) *counter = 0u;  // ready for the next launch (stream order)
 }
 
 template <int D, typename KV>
@@ -523,12 +541,13 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
       attention_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(attention_smem<D>()));
   if (attr != cudaSuccess) return attr;
   const int M = a.n * a.group;
-  if (M <= kDecodeQueries) {
+  if (uses_decode_kernel(a.n, a.group, a.n_kv)) {
     constexpr size_t smem = DecodeSmem<D, KV>::kBytes;
     static const cudaError_t dattr = cudaFuncSetAttribute(
         attention_decode_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (dattr != cudaSuccess) return dattr;
-    attention_decode_kernel<D, KV><<<dim3(a.n_kv, a.n_splits), kDecodeWarps * 32, smem, stream>>>(a, counters);
+    const dim3 grid(a.n_kv, a.n_splits, (M + kDecodeQueries - 1) / kDecodeQueries);
+    attention_decode_kernel<D, KV><<<grid, kDecodeWarps * 32, smem, stream>>>(a, counters);
     return cudaGetLastError();  // merges its own splits
   } else {
     const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
@@ -553,7 +572,8 @@ bool attention_head_dim_supported(int head_dim) {
 
 int attention_splits(const AttentionParams& p, int n_sm) {
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
-  const bool decode = M <= kDecodeQueries;
+  // The decode kernel's split count must not depend on the step's width (see the top of the file).
+  const bool decode = uses_decode_kernel(p.q.rows, p.n_head / p.n_kv_head, p.n_kv_head);
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
   if (base >= n_sm) return 1;
   // Two blocks per SM for either kernel.
@@ -574,8 +594,11 @@ size_t attention_scratch_bytes(const AttentionParams& p, int n_splits) {
 cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
+  // The decode kernel's splits: n_splits equal slices of the capacity, whole tiles.
+  const int64_t cap_tiles = (p.kv_capacity + kDecodeKeys - 1) / kDecodeKeys;
+  const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
   AttnArgs a{p.q, p.out, p.k, p.v, p.kv_f16, p.kv_width, p.kv_capacity, p.positions, static_cast<int>(p.q.rows),
-             p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, decode_min_tiles(), scratch,
+             p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
              scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
   switch (p.head_dim) {
     case 32: return launch<32>(a, p.counters, stream);
