@@ -11,6 +11,14 @@
 namespace hyspec {
 
 namespace {
+constexpr int kProbeRounds = 2;          // speculative rounds that decide a probe
+constexpr int kMinBackoffRounds = 16;    // first plain stretch after speculation lost
+constexpr int kMaxBackoffRounds = 1024;
+constexpr double kSpecWinMargin = 0.97;  // speculation must emit at least this share of plain's rate
+}  // namespace
+
+
+namespace {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -253,7 +261,10 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   logprobs_.clear();
   ema_accept_ = 2.0;
   ema_spec_rate_ = ema_plain_rate_ = 0;
-  plain_rounds_left_ = rounds_since_probe_ = 0;
+  plain_rounds_left_ = options.adaptive ? kProbeRounds : 0;  // measure plain decoding first
+  probe_rounds_left_ = 0;
+  backoff_rounds_ = kMinBackoffRounds;
+  probe_tokens_ = probe_s_ = 0;
   engine_.model_->reset_state(state_);
   if (drafter_) HS_RETURN_IF_ERROR(drafter_->reset(state_));
   return Status::ok();
@@ -343,19 +354,24 @@ int Session::choose_draft_length() {
   k = static_cast<int>(std::min<int64_t>({k, room_ctx, room_out}));
   if (k <= 0) return 0;
   if (!options_.adaptive) return k;
-  // Adaptive: draft about twice the recent acceptance; fall back to plain decoding for a while when
-  // speculation has been producing fewer tokens per second than plain decoding, probing again later.
+  // Adaptive: draft about twice the recent acceptance. Speculation that emits fewer tokens per
+  // second than plain decoding (both rates measured on this sequence) is switched off for a stretch
+  // of plain rounds, then probed for kProbeRounds rounds; each failed probe doubles the stretch (up
+  // to kMaxBackoffRounds), so a drafter that never pays costs a vanishing share of the time, while
+  // one that pays again on a later stretch of text (repetitive code, quotes of the prompt) is back
+  // within one stretch. A sequence starts with kProbeRounds plain rounds (the reference rate), then a
+  // probe.
   if (plain_rounds_left_ > 0) {
-    --plain_rounds_left_;
+    if (--plain_rounds_left_ == 0 && ema_plain_rate_ > 0) {
+      probe_rounds_left_ = kProbeRounds;
+      probe_tokens_ = probe_s_ = 0;
+    }
     return 0;
   }
-  if (ema_plain_rate_ > 0 && ema_spec_rate_ > 0 && ema_spec_rate_ < 0.97 * ema_plain_rate_ && ++rounds_since_probe_ > 4) {
-    rounds_since_probe_ = 0;
-    plain_rounds_left_ = 16;
-    return 0;
-  }
-  if (ema_plain_rate_ == 0 && stats_.spec_rounds >= 8) {  // measure plain decoding once
-    plain_rounds_left_ = 2;
+  if (probe_rounds_left_ == 0 && ema_plain_rate_ > 0 && ema_spec_rate_ > 0 &&
+      ema_spec_rate_ < kSpecWinMargin * ema_plain_rate_) {
+    plain_rounds_left_ = backoff_rounds_;
+    backoff_rounds_ = std::min(2 * backoff_rounds_, kMaxBackoffRounds);
     return 0;
   }
   return std::clamp(static_cast<int>(std::ceil(2.0 * ema_accept_ + 1.0)), 1, k);
@@ -485,6 +501,20 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     ++stats_.accept_histogram[std::min(n_accepted, 64)];
     ema_accept_ = 0.8 * ema_accept_ + 0.2 * n_accepted;
     ema_spec_rate_ = ema_spec_rate_ == 0 ? rate : 0.8 * ema_spec_rate_ + 0.2 * rate;
+    if (probe_rounds_left_ > 0) {
+      probe_tokens_ += kept;
+      probe_s_ += dt;
+      if (--probe_rounds_left_ == 0) {
+        const double probe_rate = probe_s_ > 0 ? probe_tokens_ / probe_s_ : 0;
+        ema_spec_rate_ = probe_rate;  // what speculation does on this stretch of text, not before
+        if (probe_rate >= kSpecWinMargin * ema_plain_rate_) {
+          backoff_rounds_ = kMinBackoffRounds;
+        } else {
+          plain_rounds_left_ = backoff_rounds_;
+          backoff_rounds_ = std::min(2 * backoff_rounds_, kMaxBackoffRounds);
+        }
+      }
+    }
   } else {
     ema_plain_rate_ = ema_plain_rate_ == 0 ? rate : 0.8 * ema_plain_rate_ + 0.2 * rate;
   }

@@ -114,9 +114,12 @@ class Session {
   std::vector<EmittedLogprobs> logprobs_;
   std::map<std::tuple<int64_t, bool, int64_t, bool, bool>, std::unique_ptr<StepGraph>> graphs_;
   bool graphs_failed_ = false;
-  // adaptive speculation
+  // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
   double ema_accept_ = 2.0, ema_spec_rate_ = 0, ema_plain_rate_ = 0;
-  int plain_rounds_left_ = 0, rounds_since_probe_ = 0;
+  int plain_rounds_left_ = 0;  // plain rounds before the next probe
+  int probe_rounds_left_ = 0;  // speculative rounds left in the running probe
+  int backoff_rounds_ = 0;     // the next plain stretch: doubles after each failed probe
+  double probe_tokens_ = 0, probe_s_ = 0;
 };
 
 class Engine {

@@ -193,12 +193,13 @@ TEST_F(AcceptancePaths, AdaptiveSpeculationBacksOffWhenDraftsAreNeverAccepted) {
   EXPECT_EQ(out, ref_.size() >= 60 ? std::vector<int32_t>(ref_.begin(), ref_.begin() + 60) : ref_);
   const SessionStats& st = (*s)->stats();
   EXPECT_EQ(st.accepted, 0);
-  // Zero acceptance: drafts shrink to one token and speculation is switched off most of the time.
-  EXPECT_LE(st.drafted, 3 * st.spec_rounds);  // without adaptation: 8 per round
+  // Zero acceptance: drafts shrink (5 tokens at first, then fewer; without adaptation: 8 per round)
+  // and speculation is switched off most of the time, longer after every failed probe.
+  EXPECT_LE(st.drafted, 4 * st.spec_rounds);
   // The back-off follows measured rates: on the CPU a one-draft verify costs clearly more than a decode
   // step; on a GPU the two are within timing noise for this tiny model, so only the CPU asserts it.
   if (test::test_backend_kind() == BackendKind::Cpu)
-    EXPECT_LT(st.spec_rounds * 2, st.rounds) << st.spec_rounds << " speculative rounds of " << st.rounds;
+    EXPECT_LT(st.spec_rounds * 4, st.rounds) << st.spec_rounds << " speculative rounds of " << st.rounds;
 }
 
 }  // namespace
