@@ -15,9 +15,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/op_profiler.h"
 #include "format/quants.h"
 
 namespace hyspec {
@@ -62,6 +64,7 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     if (stream_) cudaStreamSynchronize(stream_);
+    profiler_.reset();  // prints its table (HYSPEC_CUDA_PROFILE)
     if (cublas_) cublasDestroy(cublas_);
     for (void* p : owned_) cudaFree(p);
     if (stream_) cudaStreamDestroy(stream_);
@@ -98,6 +101,7 @@ class CudaBackend final : public Backend {
   void fill_zero(void* dst, size_t bytes) override { check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero"); }
   Status synchronize() override {
     if (!capturing_) check(cudaStreamSynchronize(stream_), "synchronize");
+    if (profiler_ && !capturing_) profiler_->resolve();
     Status s = error_;
     error_ = Status::ok();
     return s;
@@ -138,6 +142,7 @@ class CudaBackend final : public Backend {
 
   // ---- ops ----
   void embed(const Weight& table, const int32_t* tokens, int64_t n, Rows out) override {
+    auto prof = profile("embed");
     if (!expect(cuda::matmul_type_supported(table.type), "embed '{}': type {} not supported on CUDA", table.name,
                 ggml_type_name(table.type)) ||
         !expect(out.n_cols == table.n_in && out.n_rows >= n, "embed '{}': output [{}, {}] for {} tokens of width {}",
@@ -147,6 +152,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Weight& w, Rows x, Rows y) override {
+    auto prof = profile("matmul", w);
     if (!expect(w.present(), "matmul: weight '{}' is not loaded", w.name) ||
         !expect(cuda::matmul_type_supported(w.type), "matmul '{}': type {} not supported on CUDA", w.name,
                 ggml_type_name(w.type)) ||
@@ -163,6 +169,7 @@ class CudaBackend final : public Backend {
   bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) override {
     const cuda::WeightView g = view(gate), u = view(up);
     if (!gate.present() || !up.present() || !cuda::matmul_swiglu_supported(g, u, x.n_rows)) return false;
+    auto prof = profile("matmul_swiglu", gate);
     if (!expect(x.n_cols == gate.n_in && y.n_cols == gate.n_out && x.n_rows == y.n_rows,
                 "matmul_swiglu '{}' [{} -> {}]: x [{}, {}], y [{}, {}]", gate.name, gate.n_in, gate.n_out, x.n_rows,
                 x.n_cols, y.n_rows, y.n_cols))
@@ -174,12 +181,14 @@ class CudaBackend final : public Backend {
   }
 
   void rms_norm(Rows x, const float* w, int64_t group, float eps, Rows y) override {
+    auto prof = profile("rms_norm");
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, y), "rms_norm: group {} over [{}, {}] -> [{}, {}]",
                 group, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
       return;
     check(cuda::rms_norm_launch(mat(x), nullptr, 0, w, group, eps, mat(y), stream_), "rms_norm");
   }
   void gated_rms_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) override {
+    auto prof = profile("gated_rms_norm");
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, y) && same_shape(x, z),
                 "gated_rms_norm: group {} over [{}, {}]", group, x.n_rows, x.n_cols))
       return;
@@ -189,10 +198,12 @@ class CudaBackend final : public Backend {
   void swiglu(Rows gate, Rows up, Rows y) override { binary(cuda::Binary::SwiGlu, gate, up, y, "swiglu"); }
   void sigmoid_mul(Rows x, Rows gate, Rows y) override { binary(cuda::Binary::SigmoidMul, x, gate, y, "sigmoid_mul"); }
   void add_sigmoid_scaled(Rows x, Rows g, Rows y) override {
+    auto prof = profile("add_sigmoid_scaled");
     if (!expect(same_shape(x, y) && g.n_rows == x.n_rows && g.n_cols >= 1, "add_sigmoid_scaled: shapes")) return;
     check(cuda::binary_launch(cuda::Binary::AddSigmoidScaled, mat(x), mat(g), mat(y), stream_), "add_sigmoid_scaled");
   }
   void copy_rows(Rows src, Rows dst) override {
+    auto prof = profile("copy_rows");
     if (!expect(same_shape(src, dst), "copy_rows: [{}, {}] -> [{}, {}]", src.n_rows, src.n_cols, dst.n_rows,
                 dst.n_cols) ||
         src.n_rows == 0)
@@ -202,12 +213,14 @@ class CudaBackend final : public Backend {
           "copy_rows");
   }
   void rope_neox(Rows x, int head_dim, int n_rot, const int32_t* positions, float freq_base) override {
+    auto prof = profile("rope_neox");
     if (!expect(head_dim > 0 && x.n_cols % head_dim == 0 && n_rot % 2 == 0 && n_rot <= head_dim,
                 "rope_neox: head_dim {}, n_rot {}, {} columns", head_dim, n_rot, x.n_cols))
       return;
     check(cuda::rope_neox_launch(mat(x), head_dim, n_rot, positions, freq_base, stream_), "rope_neox");
   }
   void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) override {
+    auto prof = profile("kv_store");
     if (!expect(kv.type == GgmlType::F32 || kv.type == GgmlType::F16, "kv_store: KV type {} (F32 or F16)",
                 ggml_type_name(kv.type)) ||
         !expect(k.n_cols == kv.width && v.n_cols == kv.width && k.n_rows == v.n_rows, "kv_store: rows of {}/{} for width {}",
@@ -219,6 +232,7 @@ class CudaBackend final : public Backend {
   }
 
   void attention(const AttentionArgs& a) override {
+    auto prof = profile("attention");
     const int64_t width = static_cast<int64_t>(a.n_head) * a.head_dim;
     if (!expect(cuda::attention_head_dim_supported(a.head_dim), "attention: head_dim {} (32, 64, 128 or 256)",
                 a.head_dim) ||
@@ -260,6 +274,7 @@ class CudaBackend final : public Backend {
   }
 
   void causal_conv_silu(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) override {
+    auto prof = profile("causal_conv_silu");
     if (!expect(kernel >= 1 && kernel <= 8 && same_shape(x, y), "causal_conv_silu: kernel {} (1..8), [{}, {}] -> [{}, {}]",
                 kernel, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
       return;
@@ -268,6 +283,7 @@ class CudaBackend final : public Backend {
   }
 
   void gated_delta_net(const GdnArgs& a) override {
+    auto prof = profile("gated_delta_net");
     const int64_t n = a.q.n_rows;
     if (!expect(cuda::gdn_head_dim_supported(a.head_dim), "gated_delta_net: head_dim {} (16..512, a power of 2)",
                 a.head_dim) ||
@@ -299,6 +315,7 @@ class CudaBackend final : public Backend {
   // Router matmul -> softmax/top-k on the device -> for every (token, slot) the expert's gate and up
   // rows (one matvec each, expert weights read once per use) -> swiglu -> down -> weighted sum.
   void moe_ffn(const MoeArgs& a) override {
+    auto prof = profile("moe_ffn");
     const int64_t n = a.x.n_rows, hidden = a.x.n_cols;
     if (!expect(a.router && a.gate_exps && a.up_exps && a.down_exps, "moe_ffn: missing weights") ||
         !expect(a.top_k >= 1 && a.top_k <= 32 && a.top_k <= a.router->n_out, "moe_ffn: top_k {} of {} experts",
@@ -343,6 +360,7 @@ class CudaBackend final : public Backend {
   }
 
   void argmax(Rows x, int32_t* out) override {
+    auto prof = profile("argmax");
     if (!expect(x.n_cols > 0, "argmax: empty rows")) return;
     check(cuda::argmax_launch(mat(x), out, stream_), "argmax");
   }
@@ -407,6 +425,7 @@ class CudaBackend final : public Backend {
       return Status::errorf("CUDA device {} ({}) has compute capability {}.{}; hyspec needs 8.0+", device_, prop.name,
                             prop.major, prop.minor);
     name_ = fmt::format("cuda:{} {}", device_, prop.name);
+    if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return Status::error("cuBLAS initialisation failed");
     void* ws = nullptr;
@@ -444,9 +463,18 @@ class CudaBackend final : public Backend {
     return cuda::WeightView{static_cast<const uint8_t*>(w.data), w.type, w.n_in, w.n_out, w.row_bytes};
   }
 
+  // Brackets the enclosing op for the profiler (when on and not capturing).
+  cuda::OpProfiler::Scope profile(std::string key) {
+    return cuda::OpProfiler::Scope(profiler_ && !capturing_ ? profiler_.get() : nullptr, std::move(key));
+  }
+  cuda::OpProfiler::Scope profile(const char* op, const Weight& w) {
+    return profile(profiler_ && !capturing_ ? cuda::OpProfiler::weight_key(op, w.name) : std::string());
+  }
+
   static bool same_shape(const Rows& a, const Rows& b) { return a.n_rows == b.n_rows && a.n_cols == b.n_cols; }
 
   void binary(cuda::Binary op, Rows a, Rows b, Rows y, const char* what) {
+    auto prof = profile(what);
     if (!expect(same_shape(a, b) && same_shape(a, y), "{}: [{}, {}], [{}, {}] -> [{}, {}]", what, a.n_rows, a.n_cols,
                 b.n_rows, b.n_cols, y.n_rows, y.n_cols))
       return;
@@ -492,6 +520,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   Status error_;
   bool capturing_ = false;
+  std::unique_ptr<cuda::OpProfiler> profiler_;  // HYSPEC_CUDA_PROFILE only
   Arena matmul_arena_, op_arena_;
   unsigned* attention_counters_ = nullptr;
   std::vector<void*> owned_;
