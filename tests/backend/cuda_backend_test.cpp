@@ -153,7 +153,7 @@ GgufTensorInfo tensor_info(const std::string& name, GgmlType type, const std::ve
 
 const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
                            GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
-const int64_t kWidths[] = {1, 2, 3, 8, 16, 32, 100};
+const int64_t kWidths[] = {1, 2, 3, 8, 16, 17, 24, 32, 100};
 
 // The oracle is the CPU on the f32 dequantisation (exact f32 dots); the CUDA kernels for stored
 // F16/BF16/quant weights multiply in f16 with f32 accumulation, ~3e-4 relative.
@@ -224,14 +224,14 @@ TEST_F(CudaBackendTest, MatmulSwiGluMatchesSeparateOps) {
     auto gc = cpu_->load_weight(gi, true), uc = cpu_->load_weight(ui, true);
     auto gg = gpu_->load_weight(gi), ug = gpu_->load_weight(ui);
     ASSERT_TRUE(gc.is_ok() && uc.is_ok() && gg.is_ok() && ug.is_ok());
-    for (int64_t n : {1, 3, 8, 9, 16, 17}) {
+    for (int64_t n : {1, 3, 8, 9, 16, 17, 24, 25}) {
       Pair x = both(randn(n * K)), y = both_poison(n * N);
       Tensor g = poison(*cpu_, n * N), u = poison(*cpu_, n * N);
       cpu_->matmul(*gc, x.c.rows(n, K), g.rows(n, N));
       cpu_->matmul(*uc, x.c.rows(n, K), u.rows(n, N));
       cpu_->swiglu(g.rows(n, N), u.rows(n, N), y.c.rows(n, N));
       const bool fused = gpu_->matmul_swiglu(*gg, *ug, x.g.rows(n, K), y.g.rows(n, N));
-      EXPECT_EQ(fused, n <= 16) << ggml_type_name(type) << " n=" << n;
+      EXPECT_EQ(fused, n <= 24) << ggml_type_name(type) << " n=" << n;
       if (!fused) continue;
       expect_close(y, 2e-3, fmt::format("{} n={}", ggml_type_name(type), n));
     }

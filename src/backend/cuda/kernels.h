@@ -47,9 +47,9 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
                           cudaStream_t stream);
 
 // y[t] = silu(Wg x[t]) * (Wu x[t]) in one pass over both weights (decode/verify widths). Supported when
-// gate and up have the same type and shape, rows are whole 32-element chunks and n <= 16; scratch as
+// gate and up have the same type and shape, rows are whole 32-element chunks and n <= kMmvSwiGluMaxWidth; scratch as
 // matmul_scratch_bytes(gate, n).
-constexpr int64_t kMmvSwiGluMaxWidth = 16;
+constexpr int64_t kMmvSwiGluMaxWidth = 24;
 bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64_t n);
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
                                  cudaStream_t stream);

@@ -400,9 +400,10 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
   cp_async_wait<0>();  // nothing is left in flight (only empty groups remain)
 }
 
-// Exact f32 path: F32 weights (norm-sized vectors, MoE routers: exact like the CPU, so expert
-// choices agree) and float rows that are not whole 32-element chunks. A warp per row, 8 tokens per
-// pass over the row: W is read ceil(n/8) times (from L2 after the first).
+// Exact f32 path: F32 weights (norm-sized vectors, MoE routers, small projections such as
+// ssm_beta: exact like the CPU, so expert choices agree) and float rows that are not whole
+// 32-element chunks. A warp per (row, group of 8 tokens; blockIdx.y): W is read ceil(n/8) times
+// (from L2 after the first), and a prompt's token groups run in parallel.
 template <class T>
 __global__ void matmul_exact_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_out, int64_t K,
                                     const float* __restrict__ x, int64_t x_stride, int64_t n, float* y,
@@ -417,6 +418,11 @@ __global__ void matmul_exact_kernel(const uint8_t* __restrict__ w, size_t row_by
     x += static_cast<int64_t>(b / x_div) * x_stride;
     y += b * y_stride;
     n = 1;
+  } else {  // blockIdx.y = group of 8 tokens
+    const int64_t t0 = static_cast<int64_t>(blockIdx.y) * 8;
+    x += t0 * x_stride;
+    y += t0 * y_stride;
+    n = min(n - t0, int64_t{8});
   }
   const uint8_t* wr = w + row * row_bytes;
   for (int64_t t0 = 0; t0 < n; t0 += 8) {
@@ -563,10 +569,10 @@ Mat aligned_rows(Mat x, float* staging, cudaStream_t stream, cudaError_t& err) {
   return Mat{staging, x.rows, x.cols, x.cols};
 }
 
-// Tiles of 16 rows up to 16 tokens (two blocks per SM); 32 rows above (each B fragment load serves
+// Tiles of 16 rows up to 24 tokens (two blocks per SM); 32 rows above (each B fragment load serves
 // two row groups, which halves the activation traffic from L2). 32-row tiles at 16 tokens ran at one
 // block per SM and measured slower (docs/CUDA_NOTES.md).
-// up: fused SwiGLU with these up weights (w = gate), widths <= 16.
+// up: fused SwiGLU with these up weights (w = gate), widths <= 24.
 template <class T>
 cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t stream, const uint8_t* up = nullptr) {
   cudaError_t err = cudaSuccess;
@@ -585,11 +591,15 @@ cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t s
                                                          static_cast<__half*>(scratch));
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  if (up) return x.rows <= 8 ? launch_mmv<T, 1, 16, true>(a, 0, stream) : launch_mmv<T, 2, 16, true>(a, 0, stream);
+  if (up) {
+    if (x.rows <= 8) return launch_mmv<T, 1, 16, true>(a, 0, stream);
+    return x.rows <= 16 ? launch_mmv<T, 2, 16, true>(a, 0, stream) : launch_mmv<T, 3, 16, true>(a, 0, stream);
+  }
   // Benchmark switch: three blocks per SM (<= 85 registers) up to 8 tokens.
   static const bool three = env_int("HYSPEC_MMV_BLOCKS", 0) == 3;
   if (x.rows <= 8) return three ? launch_mmv<T, 1, 16, false, 3>(a, 0, stream) : launch_mmv<T, 1, 16>(a, 0, stream);
   if (x.rows <= 16) return launch_mmv<T, 2, 16>(a, 0, stream);
+  if (x.rows <= 24) return launch_mmv<T, 3, 16>(a, 0, stream);  // a 16-draft verify: 17 rows
   return launch_mmv<T, 4, 32>(a, 0, stream);
 }
 
@@ -645,9 +655,9 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
   if (!fast_path(w)) {
     with_type(w.type, [&](auto tag) {
       using T = decltype(tag);
-      const unsigned blocks = blocks_for(w.n_out * 32, 128);
-      matmul_exact_kernel<T><<<blocks, 128, 0, stream>>>(w.data, w.row_bytes, w.n_out, w.n_in, x.data, x.stride,
-                                                          x.rows, y.data, y.stride, nullptr, 0, 1);
+      const dim3 grid(blocks_for(w.n_out * 32, 128), static_cast<unsigned>((x.rows + 7) / 8));
+      matmul_exact_kernel<T><<<grid, 128, 0, stream>>>(w.data, w.row_bytes, w.n_out, w.n_in, x.data, x.stride,
+                                                        x.rows, y.data, y.stride, nullptr, 0, 1);
       err = cudaGetLastError();
     });
     return err;
