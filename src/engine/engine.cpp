@@ -263,6 +263,7 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   ema_spec_rate_ = ema_plain_rate_ = 0;
   plain_rounds_left_ = options.adaptive ? kProbeRounds : 0;  // measure plain decoding first
   probe_rounds_left_ = 0;
+  probe_next_ = false;
   backoff_rounds_ = kMinBackoffRounds;
   probe_tokens_ = probe_s_ = 0;
   engine_.model_->reset_state(state_);
@@ -362,11 +363,14 @@ int Session::choose_draft_length() {
   // within one stretch. A sequence starts with kProbeRounds plain rounds (the reference rate), then a
   // probe.
   if (plain_rounds_left_ > 0) {
-    if (--plain_rounds_left_ == 0 && ema_plain_rate_ > 0) {
-      probe_rounds_left_ = kProbeRounds;
-      probe_tokens_ = probe_s_ = 0;
-    }
+    if (--plain_rounds_left_ == 0) probe_next_ = true;
     return 0;
+  }
+  if (ema_plain_rate_ == 0) return 0;  // no timed plain round yet (the first ones recorded graphs)
+  if (probe_next_) {
+    probe_next_ = false;
+    probe_rounds_left_ = kProbeRounds;
+    probe_tokens_ = probe_s_ = 0;
   }
   if (probe_rounds_left_ == 0 && ema_plain_rate_ > 0 && ema_spec_rate_ > 0 &&
       ema_spec_rate_ < kSpecWinMargin * ema_plain_rate_) {
@@ -383,6 +387,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const Qwen35Hparams& hp = e.model_->hparams();
   const int64_t V = hp.n_vocab;
   const double t_round = now_s();
+  recorded_graph_ = false;
 
   // 1. draft
   std::vector<int32_t> drafts;
@@ -500,23 +505,28 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     stats_.accepted += n_accepted;
     ++stats_.accept_histogram[std::min(n_accepted, 64)];
     ema_accept_ = 0.8 * ema_accept_ + 0.2 * n_accepted;
-    ema_spec_rate_ = ema_spec_rate_ == 0 ? rate : 0.8 * ema_spec_rate_ + 0.2 * rate;
-    if (probe_rounds_left_ > 0) {
-      probe_tokens_ += kept;
-      probe_s_ += dt;
-      if (--probe_rounds_left_ == 0) {
-        const double probe_rate = probe_s_ > 0 ? probe_tokens_ / probe_s_ : 0;
-        ema_spec_rate_ = probe_rate;  // what speculation does on this stretch of text, not before
-        if (probe_rate >= kSpecWinMargin * ema_plain_rate_) {
-          backoff_rounds_ = kMinBackoffRounds;
-        } else {
-          plain_rounds_left_ = backoff_rounds_;
-          backoff_rounds_ = std::min(2 * backoff_rounds_, kMaxBackoffRounds);
+  }
+  // Rates: a round that recorded a CUDA graph for a new step width timed the recording, not the step.
+  if (!recorded_graph_) {
+    if (k > 0) {
+      ema_spec_rate_ = ema_spec_rate_ == 0 ? rate : 0.8 * ema_spec_rate_ + 0.2 * rate;
+      if (probe_rounds_left_ > 0) {
+        probe_tokens_ += kept;
+        probe_s_ += dt;
+        if (--probe_rounds_left_ == 0) {
+          const double probe_rate = probe_s_ > 0 ? probe_tokens_ / probe_s_ : 0;
+          ema_spec_rate_ = probe_rate;  // what speculation does on this stretch of text, not before
+          if (probe_rate >= kSpecWinMargin * ema_plain_rate_) {
+            backoff_rounds_ = kMinBackoffRounds;
+          } else {
+            plain_rounds_left_ = backoff_rounds_;
+            backoff_rounds_ = std::min(2 * backoff_rounds_, kMaxBackoffRounds);
+          }
         }
       }
+    } else {
+      ema_plain_rate_ = ema_plain_rate_ == 0 ? rate : 0.8 * ema_plain_rate_ + 0.2 * rate;
     }
-  } else {
-    ema_plain_rate_ = ema_plain_rate_ == 0 ? rate : 0.8 * ema_plain_rate_ + 0.2 * rate;
   }
   stats_.decode_s += dt;
   return Status::ok();
@@ -538,6 +548,7 @@ Status Session::run_step(const ForwardArgs& args) {
       return e.run_forward(args, state_);
     }
     graph = std::move(g).value();
+    recorded_graph_ = true;
   }
   return graph->replay();
 }
