@@ -14,25 +14,16 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/f32_kernels.h"
 #include "backend/cpu/quant_dot.h"
+#include "backend/cpu_test_util.h"
 #include "format/quants.h"
 #include "util/half.h"
 
 namespace hyspec::cpu {
 namespace {
 
-std::vector<DotIsa> isas() {
-  std::vector<DotIsa> v = {DotIsa::Scalar};
-  if (dot_isa_available(DotIsa::Avx2)) v.push_back(DotIsa::Avx2);
-  return v;
-}
-const char* name(DotIsa isa) { return isa == DotIsa::Avx2 ? "avx2" : "scalar"; }
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+std::vector<DotIsa> isas() { return test::float_kernel_isas(); }
+const char* name(DotIsa isa) { return test::isa_name(isa); }
+using test::randn;
 
 double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
