@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace hyspec::cuda {
@@ -281,16 +282,6 @@ struct DecodeSmem {
   static constexpr size_t kMisc = kP + sizeof(float) * kDecodeKeys * kDecodeQueries;
   static constexpr size_t kBytes = kMisc + sizeof(float) * 3 * kDecodeQueries;
 };
-
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 template <typename KV>
 __device__ __forceinline__ float2 kv_pair(const uint8_t* p) {  // two consecutive elements as f32

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_blocks.cuh"
 
@@ -117,41 +118,6 @@ struct StreamShape {
   static constexpr int RS = RS0 % 256 == 0 ? RS0 + 16 : RS0;
   static_assert(C % 4 == 0 && (C * 32) % T::kBlock == 0, "a step is whole blocks and whole lane-quad rounds");
 };
-
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// At most n groups of this thread still pending (n = stages - 2, 0..6).
-__device__ __forceinline__ void cp_async_wait_upto(int n) {
-  switch (n) {
-    case 6: cp_async_wait<6>(); break;
-    case 5: cp_async_wait<5>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 1: cp_async_wait<1>(); break;
-    default: cp_async_wait<0>(); break;
-  }
-}
-// Programmatic dependent launch (sm_90): wait for the previous kernel's results; let the next
-// kernel's blocks start (they wait for ours before reading what we write). No-ops when the kernel
-// was launched without the attribute.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return as_u32(__floats2half2_rn(lo, hi)); }
 
