@@ -329,27 +329,8 @@ Result<DflashState> DflashModel::create_state(int64_t n_ctx, GgmlType kv_type) c
 }
 
 Status DflashModel::reserve(int64_t max_tokens) {
-  Impl& I = *impl_;
-  if (max_tokens <= I.max_tokens) return Status::ok();
-  const int64_t E = hp_.n_embd;
-  int64_t wide = std::max<int64_t>({E, int64_t{hp_.n_head} * hp_.head_dim, hp_.n_ff});
-  wide = (wide + 15) / 16 * 16;
-  HS_ASSIGN_OR_RETURN(I.ws, backend_.alloc(static_cast<size_t>(max_tokens * (3 * E + 4 * wide)) * sizeof(float)));
-  float* p = I.ws.as<float>();
-  auto take = [&](int64_t width) {
-    float* r = p;
-    p += max_tokens * width;
-    return r;
-  };
-  I.x = take(E);
-  I.h = take(E);
-  I.mix = take(E);
-  I.t1 = take(wide);
-  I.t2 = take(wide);
-  I.t3 = take(wide);
-  I.t4 = take(wide);
-  I.max_tokens = max_tokens;
-  return Status::ok();
+  const int64_t widest = std::max<int64_t>({hp_.n_embd, int64_t{hp_.n_head} * hp_.head_dim, hp_.n_ff});
+  return impl_->reserve(backend_, max_tokens, hp_.n_embd, widest);
 }
 
 }  // namespace hyspec

@@ -8,6 +8,7 @@
 
 #include "model/binder.h"
 #include "model/dflash.h"
+#include "model/workspace.h"
 
 namespace hyspec {
 
@@ -16,7 +17,8 @@ struct DflashLayer {
   Weight ffn_norm, ffn_gate, ffn_up, ffn_down;
 };
 
-struct DflashModel::Impl {
+// The workspace (x, h, mix, t1..t4; [max_tokens, width] each) is the base.
+struct DflashModel::Impl : StepWorkspace {
   std::vector<DflashLayer> layers;
   Weight fc, enc_output_norm, output_norm;
   Weight token_embd, output;  // the drafter's own, else the target's
@@ -24,10 +26,6 @@ struct DflashModel::Impl {
   std::vector<int32_t> d2t_host;    // draft id -> target id (empty: shared vocabulary)
   Buffer d2t;                       // the same in backend memory
   std::shared_ptr<void> keepalive;  // the HF path's mapped safetensors
-  // Workspace, [max_tokens, width] each.
-  int64_t max_tokens = 0;
-  Buffer ws;
-  float *x = nullptr, *h = nullptr, *mix = nullptr, *t1 = nullptr, *t2 = nullptr, *t3 = nullptr, *t4 = nullptr;
 };
 
 // z-lab HF tensor name (without a leading "model.") -> the GGUF name llama.cpp's converter writes;

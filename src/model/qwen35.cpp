@@ -170,31 +170,10 @@ void Qwen35Model::restore_captured(SequenceState& s, int slot) const {
 }
 
 Status Qwen35Model::reserve(int64_t max_tokens) {
-  Impl& I = *impl_;
-  if (max_tokens <= I.max_tokens) return Status::ok();
-  const int64_t E = hp_.n_embd;
   const int64_t qg = 2 * int64_t{hp_.n_head} * hp_.head_dim;
-  int64_t wide = std::max<int64_t>({E * 2, hp_.gdn_channels(), qg, hp_.n_ff, hp_.n_ff_shexp, hp_.n_ff_exp});
-  wide = (wide + 15) / 16 * 16;
-  const int64_t per_token = 3 * E + 4 * wide + 16 * std::max(hp_.ssm_v_heads, 1);
-  HS_ASSIGN_OR_RETURN(I.ws, backend_.alloc(static_cast<size_t>(max_tokens * per_token) * sizeof(float)));
-  float* p = I.ws.as<float>();
-  auto take = [&](int64_t width) {
-    float* r = p;
-    p += max_tokens * width;
-    return r;
-  };
-  I.x = take(E);
-  I.h = take(E);
-  I.mix = take(E);
-  I.t1 = take(wide);
-  I.t2 = take(wide);
-  I.t3 = take(wide);
-  I.t4 = take(wide);
-  I.small = take(16 * std::max(hp_.ssm_v_heads, 1));
-  I.wide = wide;
-  I.max_tokens = max_tokens;
-  return Status::ok();
+  const int64_t widest =
+      std::max<int64_t>({int64_t{hp_.n_embd} * 2, hp_.gdn_channels(), qg, hp_.n_ff, hp_.n_ff_shexp, hp_.n_ff_exp});
+  return impl_->reserve(backend_, max_tokens, hp_.n_embd, widest, 16 * std::max(hp_.ssm_v_heads, 1));
 }
 
 }  // namespace hyspec

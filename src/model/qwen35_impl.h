@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "model/qwen35.h"
+#include "model/workspace.h"
 
 namespace hyspec {
 
@@ -30,16 +31,11 @@ struct MtpBlock {
   Weight eh_proj, enorm, hnorm, shared_head_norm, shared_head_head, embed_tokens;
 };
 
-struct Qwen35Model::Impl {
+// The workspace (x, h, mix, t1..t4, small; [max_tokens, width] each) is the base.
+struct Qwen35Model::Impl : StepWorkspace {
   std::vector<Block> blocks;
   std::unique_ptr<MtpBlock> mtp;
   Weight token_embd, output_norm, output;
-  // Workspace, [max_tokens, width] each.
-  int64_t max_tokens = 0;
-  Buffer ws;
-  float *x = nullptr, *h = nullptr, *mix = nullptr, *t1 = nullptr, *t2 = nullptr, *t3 = nullptr, *t4 = nullptr,
-        *small = nullptr;
-  int64_t wide = 0;
 };
 
 
