@@ -59,21 +59,16 @@ Result<DflashHparams> read_gguf_hparams(const GgufFile& f) {
   const std::string p = "dflash.";
   DflashHparams hp;
   HS_ASSIGN_OR_RETURN(int64_t blocks, f.get_int(p + "block_count"));
-  HS_ASSIGN_OR_RETURN(int64_t embd, f.get_int(p + "embedding_length"));
+  AttentionKeyDefaults keys;
+  keys.head_count_kv_required = false;
+  keys.rope_freq_base = 10000.0;
+  keys.rms_eps_required = true;
+  // Drafters of mrope targets carry degenerate sections [n_rot/2, 0, 0, 0]: plain positions, NeoX pairs.
+  HS_RETURN_IF_ERROR(read_attention_hparams(f, p, keys, hp));
   HS_ASSIGN_OR_RETURN(int64_t ff, f.get_int(p + "feed_forward_length"));
-  HS_ASSIGN_OR_RETURN(int64_t ctx, f.get_int_or(p + "context_length", 4096));
-  HS_ASSIGN_OR_RETURN(int64_t heads, f.get_int(p + "attention.head_count"));
-  HS_ASSIGN_OR_RETURN(int64_t heads_kv, f.get_int_or(p + "attention.head_count_kv", heads));
-  HS_ASSIGN_OR_RETURN(int64_t key_len, f.get_int_or(p + "attention.key_length", heads > 0 ? embd / heads : 0));
-  HS_ASSIGN_OR_RETURN(int64_t val_len, f.get_int_or(p + "attention.value_length", key_len));
-  HS_ASSIGN_OR_RETURN(int64_t n_rot, f.get_int_or(p + "rope.dimension_count", key_len));
-  HS_ASSIGN_OR_RETURN(double base, f.get_float_or(p + "rope.freq_base", 10000.0));
-  HS_ASSIGN_OR_RETURN(double eps, f.get_float(p + "attention.layer_norm_rms_epsilon"));
   HS_ASSIGN_OR_RETURN(bool causal, f.get_bool_or(p + "attention.causal", false));
   HS_ASSIGN_OR_RETURN(int64_t block, f.get_int_or(p + "block_size", 16));
   HS_ASSIGN_OR_RETURN(int64_t swa, f.get_int_or(p + "attention.sliding_window", 0));
-  if (key_len != val_len)
-    return Status::errorf("{}: {}attention.key_length {} != value_length {}", f.path(), p, key_len, val_len);
   if (swa > 0)
     return Status::errorf("{}: sliding-window attention ({}attention.sliding_window = {}) is not supported", f.path(),
                           p, swa);
@@ -83,16 +78,7 @@ Result<DflashHparams> read_gguf_hparams(const GgufFile& f) {
       return Status::errorf("{}: rope scaling '{}' is not supported for drafters", f.path(), scaling);
   }
   hp.n_layer = static_cast<int>(blocks);
-  hp.n_embd = static_cast<int>(embd);
   hp.n_ff = static_cast<int>(ff);
-  hp.n_ctx_train = static_cast<int>(ctx);
-  hp.n_head = static_cast<int>(heads);
-  hp.n_head_kv = static_cast<int>(heads_kv);
-  hp.head_dim = static_cast<int>(key_len);
-  // Drafters of mrope targets carry degenerate sections [n_rot/2, 0, 0, 0]: plain positions, NeoX pairs.
-  hp.n_rot = static_cast<int>(n_rot);
-  hp.rope_base = static_cast<float>(base);
-  hp.eps = static_cast<float>(eps);
   hp.causal = causal;
   hp.block_size = static_cast<int>(block);
 
@@ -157,11 +143,7 @@ Status DflashLoader::validate(const DflashHparams& hp, const std::string& source
   if (hp.n_layer <= 0 || hp.n_embd <= 0 || hp.n_ff <= 0)
     return Status::errorf("{}: invalid drafter shape ({} layers, hidden {}, ffn {})", source, hp.n_layer, hp.n_embd,
                           hp.n_ff);
-  if (hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.n_head % hp.n_head_kv != 0)
-    return Status::errorf("{}: head count {} is not a multiple of the kv head count {}", source, hp.n_head,
-                          hp.n_head_kv);
-  if (hp.head_dim <= 0 || hp.n_rot <= 0 || hp.n_rot > hp.head_dim || hp.n_rot % 2)
-    return Status::errorf("{}: rope dimension {} is invalid for head dim {}", source, hp.n_rot, hp.head_dim);
+  HS_RETURN_IF_ERROR(validate_attention_hparams(hp, source));
   if (hp.block_size < 2) return Status::errorf("{}: block size {} is invalid", source, hp.block_size);
   if (hp.mask_token_id < 0) return Status::errorf("{}: mask token id {} is invalid", source, hp.mask_token_id);
   if (hp.target_layers.empty()) return Status::errorf("{}: the drafter lists no target layers", source);

@@ -14,16 +14,14 @@
 
 #include "backend/backend.h"
 #include "format/gguf.h"
+#include "model/hparams.h"
 
 namespace hyspec {
 
 class Qwen35Model;
 
-struct DflashHparams {
-  int n_layer = 0, n_embd = 0, n_ff = 0;
-  int n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
-  float rope_base = 1e7f, eps = 1e-6f;
-  int n_ctx_train = 0;
+struct DflashHparams : AttentionHparams {
+  int n_layer = 0, n_ff = 0;
   bool causal = false;  // attention inside the block; false for every published drafter
   int block_size = 16;  // tokens per draft: [last committed token, mask x (block_size - 1)]
   int32_t mask_token_id = -1;

@@ -8,6 +8,46 @@ int Qwen35Hparams::n_attention_layers() const {
   return n;
 }
 
+Status read_attention_hparams(const GgufFile& f, const std::string& p, const AttentionKeyDefaults& d,
+                              AttentionHparams& hp) {
+  HS_ASSIGN_OR_RETURN(int64_t embd, f.get_int(p + "embedding_length"));
+  HS_ASSIGN_OR_RETURN(int64_t ctx, f.get_int_or(p + "context_length", 4096));
+  HS_ASSIGN_OR_RETURN(int64_t heads, f.get_int(p + "attention.head_count"));
+  int64_t heads_kv = heads;
+  if (d.head_count_kv_required || f.has(p + "attention.head_count_kv")) {
+    HS_ASSIGN_OR_RETURN(heads_kv, f.get_int(p + "attention.head_count_kv"));
+  }
+  HS_ASSIGN_OR_RETURN(int64_t key_len, f.get_int_or(p + "attention.key_length", heads > 0 ? embd / heads : 0));
+  HS_ASSIGN_OR_RETURN(int64_t val_len, f.get_int_or(p + "attention.value_length", key_len));
+  HS_ASSIGN_OR_RETURN(int64_t n_rot, f.get_int_or(p + "rope.dimension_count", key_len));
+  HS_ASSIGN_OR_RETURN(double base, f.get_float_or(p + "rope.freq_base", d.rope_freq_base));
+  const std::string eps_key = p + "attention.layer_norm_rms_epsilon";
+  double eps = 1e-6;
+  if (d.rms_eps_required || f.has(eps_key)) {
+    HS_ASSIGN_OR_RETURN(eps, f.get_float(eps_key));
+  }
+  if (key_len != val_len)
+    return Status::errorf("{}: {}attention.key_length {} != value_length {}", f.path(), p, key_len, val_len);
+  hp.n_embd = static_cast<int>(embd);
+  hp.n_ctx_train = static_cast<int>(ctx);
+  hp.n_head = static_cast<int>(heads);
+  hp.n_head_kv = static_cast<int>(heads_kv);
+  hp.head_dim = static_cast<int>(key_len);
+  hp.n_rot = static_cast<int>(n_rot);
+  hp.rope_base = static_cast<float>(base);
+  hp.eps = static_cast<float>(eps);
+  return Status::ok();
+}
+
+Status validate_attention_hparams(const AttentionHparams& hp, const std::string& source) {
+  if (hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.n_head % hp.n_head_kv != 0)
+    return Status::errorf("{}: head count {} is not a multiple of the kv head count {}", source, hp.n_head,
+                          hp.n_head_kv);
+  if (hp.head_dim <= 0 || hp.n_rot <= 0 || hp.n_rot > hp.head_dim || hp.n_rot % 2)
+    return Status::errorf("{}: rope dimension {} is invalid for head dim {}", source, hp.n_rot, hp.head_dim);
+  return Status::ok();
+}
+
 Result<Qwen35Hparams> read_qwen35_hparams(const GgufFile& f) {
   Qwen35Hparams hp;
   HS_ASSIGN_OR_RETURN(std::string_view arch, f.get_string("general.architecture"));
@@ -23,28 +63,8 @@ Result<Qwen35Hparams> read_qwen35_hparams(const GgufFile& f) {
     return Status::errorf("{}: {}nextn_predict_layers = {} with block_count {}", f.path(), p, nextn, blocks);
   hp.n_layer = static_cast<int>(blocks - nextn);
   hp.n_nextn = static_cast<int>(nextn);
-  HS_ASSIGN_OR_RETURN(int64_t embd, geti("embedding_length"));
-  HS_ASSIGN_OR_RETURN(int64_t ctx, f.get_int_or(p + "context_length", 4096));
-  HS_ASSIGN_OR_RETURN(int64_t heads, geti("attention.head_count"));
-  HS_ASSIGN_OR_RETURN(int64_t heads_kv, geti("attention.head_count_kv"));
-  HS_ASSIGN_OR_RETURN(int64_t key_len, f.get_int_or(p + "attention.key_length", heads ? embd / heads : 0));
-  HS_ASSIGN_OR_RETURN(int64_t val_len, f.get_int_or(p + "attention.value_length", key_len));
-  HS_ASSIGN_OR_RETURN(int64_t n_rot, f.get_int_or(p + "rope.dimension_count", key_len));
-  HS_ASSIGN_OR_RETURN(double base, f.get_float_or(p + "rope.freq_base", 1e7));
-  HS_ASSIGN_OR_RETURN(double eps, f.get_float_or(p + "attention.layer_norm_rms_epsilon", 1e-6));
-  hp.n_embd = static_cast<int>(embd);
-  hp.n_ctx_train = static_cast<int>(ctx);
-  hp.n_head = static_cast<int>(heads);
-  hp.n_head_kv = static_cast<int>(heads_kv);
-  hp.head_dim = static_cast<int>(key_len);
-  hp.n_rot = static_cast<int>(n_rot);
-  hp.rope_base = static_cast<float>(base);
-  hp.eps = static_cast<float>(eps);
-  if (key_len != val_len) return Status::errorf("{}: key_length {} != value_length {}", f.path(), key_len, val_len);
-  if (heads <= 0 || heads_kv <= 0 || heads % heads_kv != 0)
-    return Status::errorf("{}: head_count {} is not a multiple of head_count_kv {}", f.path(), heads, heads_kv);
-  if (n_rot <= 0 || n_rot > key_len || n_rot % 2)
-    return Status::errorf("{}: rope.dimension_count {} is invalid for head dim {}", f.path(), n_rot, key_len);
+  HS_RETURN_IF_ERROR(read_attention_hparams(f, p, AttentionKeyDefaults{}, hp));
+  HS_RETURN_IF_ERROR(validate_attention_hparams(hp, f.path()));
   if (f.has(p + "rope.dimension_sections")) {
     HS_ASSIGN_OR_RETURN(std::vector<int64_t> s, f.get_int_array(p + "rope.dimension_sections"));
     for (int64_t v : s) hp.rope_sections.push_back(static_cast<int>(v));

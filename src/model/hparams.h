@@ -8,14 +8,34 @@
 
 namespace hyspec {
 
-struct Qwen35Hparams {
+// The attention geometry the target and the DFlash drafter share, stored under the same GGUF keys.
+struct AttentionHparams {
+  int n_embd = 0, n_ctx_train = 0;
+  int n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
+  float rope_base = 1e7f, eps = 1e-6f;
+};
+
+// What a reader assumes for keys the file may leave out.
+struct AttentionKeyDefaults {
+  bool head_count_kv_required = true;  // else head_count
+  double rope_freq_base = 1e7;
+  bool rms_eps_required = false;       // else 1e-6
+};
+
+// {prefix}embedding_length, context_length (default 4096), attention.head_count, head_count_kv,
+// key_length (default embd/heads), value_length (must equal key_length), rope.dimension_count
+// (default key_length), rope.freq_base, attention.layer_norm_rms_epsilon; errors name the file and key.
+Status read_attention_hparams(const GgufFile& f, const std::string& prefix, const AttentionKeyDefaults& defaults,
+                              AttentionHparams& hp);
+// Heads divisible into kv groups, an even rope dimension within the head; errors name `source`.
+Status validate_attention_hparams(const AttentionHparams& hp, const std::string& source);
+
+struct Qwen35Hparams : AttentionHparams {
   std::string arch;  // "qwen35" or "qwen35moe"
   bool moe = false;
   int n_layer = 0;   // trunk layers (block_count - nextn_predict_layers)
   int n_nextn = 0;   // trailing MTP blocks
-  int n_embd = 0, n_ff = 0, n_vocab = 0, n_ctx_train = 0;
-  int n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
-  float rope_base = 1e7f, eps = 1e-6f;
+  int n_ff = 0, n_vocab = 0;
   std::vector<int> rope_sections;
   // Gated DeltaNet
   int conv_kernel = 0, ssm_d = 0, ssm_k_heads = 0, ssm_v_heads = 0, ssm_inner = 0;
