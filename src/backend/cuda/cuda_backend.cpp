@@ -152,7 +152,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Weight& w, Rows x, Rows y) override {
-    auto prof = profile("matmul", w);
+    auto prof = profile("matmul", &w);
     if (!expect(w.present(), "matmul: weight '{}' is not loaded", w.name) ||
         !expect(cuda::matmul_type_supported(w.type), "matmul '{}': type {} not supported on CUDA", w.name,
                 ggml_type_name(w.type)) ||
@@ -169,7 +169,7 @@ class CudaBackend final : public Backend {
   bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) override {
     const cuda::WeightView g = view(gate), u = view(up);
     if (!gate.present() || !up.present() || !cuda::matmul_swiglu_supported(g, u, x.n_rows)) return false;
-    auto prof = profile("matmul_swiglu", gate);
+    auto prof = profile("matmul_swiglu", &gate);
     if (!expect(x.n_cols == gate.n_in && y.n_cols == gate.n_out && x.n_rows == y.n_rows,
                 "matmul_swiglu '{}' [{} -> {}]: x [{}, {}], y [{}, {}]", gate.name, gate.n_in, gate.n_out, x.n_rows,
                 x.n_cols, y.n_rows, y.n_cols))
@@ -464,11 +464,8 @@ class CudaBackend final : public Backend {
   }
 
   // Brackets the enclosing op for the profiler (when on and not capturing).
-  cuda::OpProfiler::Scope profile(std::string key) {
-    return cuda::OpProfiler::Scope(profiler_ && !capturing_ ? profiler_.get() : nullptr, std::move(key));
-  }
-  cuda::OpProfiler::Scope profile(const char* op, const Weight& w) {
-    return profile(profiler_ && !capturing_ ? cuda::OpProfiler::weight_key(op, w.name) : std::string());
+  cuda::OpProfiler::Scope profile(const char* op, const Weight* w = nullptr) {
+    return cuda::OpProfiler::Scope(profiler_ && !capturing_ ? profiler_.get() : nullptr, op, w ? &w->name : nullptr);
   }
 
   static bool same_shape(const Rows& a, const Rows& b) { return a.n_rows == b.n_rows && a.n_cols == b.n_cols; }

@@ -22,11 +22,12 @@ class OpProfiler {
     return e && *e && *e != '0';
   }
 
-  // RAII bracket of one op; inert when the profiler is off.
+  // RAII bracket of one op (a matmul's key adds its weight's name); inert, and building no key, when
+  // the profiler is off.
   class Scope {
    public:
-    Scope(OpProfiler* p, std::string key) : p_(p) {
-      if (p_) p_->begin(std::move(key));
+    Scope(OpProfiler* p, const char* op, const std::string* weight = nullptr) : p_(p) {
+      if (p_) p_->begin(weight ? weight_key(op, *weight) : std::string(op));
     }
     ~Scope() {
       if (p_) p_->end();
