@@ -7,7 +7,6 @@
 namespace hyspec {
 namespace {
 
-constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint64_t kMaxArrayLength = uint64_t{1} << 32;
 constexpr int kMaxNesting = 8;
 
@@ -46,15 +45,6 @@ class Cursor {
   size_t pos_ = 0;
 };
 
-size_t scalar_size(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: return 1;
-    case GgufValueType::UINT16: case GgufValueType::INT16: return 2;
-    case GgufValueType::UINT32: case GgufValueType::INT32: case GgufValueType::FLOAT32: return 4;
-    case GgufValueType::UINT64: case GgufValueType::INT64: case GgufValueType::FLOAT64: return 8;
-    default: return 0;
-  }
-}
 
 bool read_value(Cursor& c, GgufValueType t, uint32_t version, int depth, GgufValue& v, std::string& err) {
   v.type = t;
@@ -94,7 +84,7 @@ bool read_value(Cursor& c, GgufValueType t, uint32_t version, int depth, GgufVal
       v.elem_type = static_cast<GgufValueType>(et);
       // Reject lengths the remaining bytes cannot hold before allocating: an element takes at
       // least its scalar size, a string its 8-byte length, an array its 12-byte header.
-      const size_t min_elem = scalar_size(v.elem_type) ? scalar_size(v.elem_type)
+      const size_t min_elem = gguf_scalar_size(v.elem_type) ? gguf_scalar_size(v.elem_type)
                               : v.elem_type == GgufValueType::STRING ? 8 : 12;
       if (n > c.remaining() / min_elem) {
         err = fmt::format("array of {} {} elements does not fit in the remaining {} bytes", n,
@@ -128,6 +118,16 @@ std::string_view gguf_value_type_name(GgufValueType t) {
                                                "bool", "string", "array", "uint64", "int64", "float64"};
   const auto i = static_cast<uint32_t>(t);
   return i < std::size(names) ? names[i] : "unknown";
+}
+
+size_t gguf_scalar_size(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: return 1;
+    case GgufValueType::UINT16: case GgufValueType::INT16: return 2;
+    case GgufValueType::UINT32: case GgufValueType::INT32: case GgufValueType::FLOAT32: return 4;
+    case GgufValueType::UINT64: case GgufValueType::INT64: case GgufValueType::FLOAT64: return 8;
+    default: return 0;
+  }
 }
 
 bool GgufValue::is_integer() const {

@@ -19,6 +19,9 @@ enum class GgufValueType : uint32_t {
   STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
 };
 std::string_view gguf_value_type_name(GgufValueType t);
+// Bytes of one value of a scalar type; 0 for STRING, ARRAY and unknown types.
+size_t gguf_scalar_size(GgufValueType t);
+constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 
 struct GgufValue {
   GgufValueType type = GgufValueType::UINT8;

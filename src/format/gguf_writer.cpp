@@ -14,18 +14,7 @@ static_assert(std::endian::native == std::endian::little, "GGUF is written in ho
 
 namespace {
 
-constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as little-endian u32
 constexpr uint32_t kGgufVersion = 3;
-
-size_t scalar_bytes(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: return 1;
-    case GgufValueType::UINT16: case GgufValueType::INT16: return 2;
-    case GgufValueType::UINT32: case GgufValueType::INT32: case GgufValueType::FLOAT32: return 4;
-    case GgufValueType::UINT64: case GgufValueType::INT64: case GgufValueType::FLOAT64: return 8;
-    default: return 0;
-  }
-}
 
 class VectorSink {
  public:
@@ -95,7 +84,7 @@ bool valid_alignment(int64_t a) { return a > 0 && a <= (1 << 20) && (a & (a - 1)
 GgufMetaValue GgufMetaValue::scalar(GgufValueType t, uint64_t bits) {
   GgufMetaValue v;
   v.type_ = t;
-  const size_t n = scalar_bytes(t);
+  const size_t n = gguf_scalar_size(t);
   v.bits_ = n == 8 ? bits : bits & ((uint64_t{1} << (8 * n)) - 1);
   return v;
 }
@@ -158,7 +147,7 @@ Status GgufWriter::set(std::string key, GgufMetaValue value) {
   HS_RETURN_IF_ERROR((Checker{key}.check(value, 0)));
   if (key == "general.alignment") {
     const bool is_int = value.type_ != GgufValueType::FLOAT32 && value.type_ != GgufValueType::FLOAT64 &&
-                        value.type_ != GgufValueType::BOOL && scalar_bytes(value.type_) != 0;
+                        value.type_ != GgufValueType::BOOL && gguf_scalar_size(value.type_) != 0;
     if (!is_int || !valid_alignment(static_cast<int64_t>(value.bits_)))
       return Status::error("metadata 'general.alignment' must be an integer power of two up to 2^20");
     alignment_ = static_cast<size_t>(value.bits_);
@@ -232,7 +221,7 @@ Status GgufWriter::serialize(Sink& sink) const {
           put_pod<VectorSink, uint64_t>(s, v.elems_.size());
           for (const GgufMetaValue& e : v.elems_) put(e);
           break;
-        default: s.put(&v.bits_, scalar_bytes(v.type_)); break;
+        default: s.put(&v.bits_, gguf_scalar_size(v.type_)); break;
       }
     }
   };
