@@ -450,114 +450,87 @@ HS_AVX2 inline __m256i signed_grid_dot(__m256i grid, __m256i signs, const int8_t
   return dot_u8_i8_scaled(grid, _mm256_sign_epi8(load256(y), signs), scale);
 }
 
-// IQ2_XXS: 66 bytes / 256.
-HS_AVX2 float dot_iq2_xxs(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ2_XXS*>(w);
+// The skeleton of the IQ kernels: per 256-element super-block, the int32 lanes of its eight
+// 32-element sub-blocks (sub(block, ib, y + 32 ib)) summed, then scaled by scale · d · y.d.
+template <class Block, class SubBlockDot>
+HS_AVX2 inline float iq_superblock_dot(const void* w, const void* act, int64_t n, float scale, SubBlockDot sub) {
+  const auto* x = static_cast<const Block*>(w);
   const auto* y = static_cast<const ActQ8_K*>(act);
-  const uint64_t* sign8 = even_parity_sign_bytes();
-  const auto& grid = iq::kIq2xxsGrid;
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / 256; ++b) {
     __m256i isum = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint32_t idx = load_le32(x[b].qs + 8 * ib), aux = load_le32(x[b].qs + 8 * ib + 4);
-      const __m256i g = rows4(grid_row(grid[idx & 255]), grid_row(grid[(idx >> 8) & 255]),
-                              grid_row(grid[(idx >> 16) & 255]), grid_row(grid[idx >> 24]));
-      const __m256i s = rows4(sign8[aux & 127], sign8[(aux >> 7) & 127], sign8[(aux >> 14) & 127], sign8[(aux >> 21) & 127]);
-      isum = _mm256_add_epi32(isum, signed_grid_dot(g, s, y[b].qs + 32 * ib, _mm256_set1_epi16(static_cast<int16_t>(2 * (aux >> 28) + 1))));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
+    for (int ib = 0; ib < 8; ++ib) isum = _mm256_add_epi32(isum, sub(x[b], ib, y[b].qs + 32 * ib));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(scale * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
   }
   return hsum_f32(acc);
+}
+
+// IQ2_XXS: 66 bytes / 256.
+HS_AVX2 float dot_iq2_xxs(const void* w, const void* act, int64_t n) {
+  const uint64_t* sign8 = even_parity_sign_bytes();
+  const auto& grid = iq::kIq2xxsGrid;
+  return iq_superblock_dot<BlockIQ2_XXS>(w, act, n, 0.125f, [&](const BlockIQ2_XXS& x, int ib, const int8_t* y) HS_AVX2 {
+    const uint32_t idx = load_le32(x.qs + 8 * ib), aux = load_le32(x.qs + 8 * ib + 4);
+    const __m256i g = rows4(grid_row(grid[idx & 255]), grid_row(grid[(idx >> 8) & 255]),
+                            grid_row(grid[(idx >> 16) & 255]), grid_row(grid[idx >> 24]));
+    const __m256i s = rows4(sign8[aux & 127], sign8[(aux >> 7) & 127], sign8[(aux >> 14) & 127], sign8[(aux >> 21) & 127]);
+    return signed_grid_dot(g, s, y, _mm256_set1_epi16(static_cast<int16_t>(2 * (aux >> 28) + 1)));
+  });
 }
 
 // IQ2_XS: 74 bytes / 256.
 HS_AVX2 float dot_iq2_xs(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ2_XS*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
   const uint64_t* sign8 = even_parity_sign_bytes();
   const auto& grid = iq::kIq2xsGrid;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 256; ++b) {
-    __m256i isum = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint16_t* q = x[b].qs + 4 * ib;
-      const __m256i g = rows4(grid_row(grid[q[0] & 511]), grid_row(grid[q[1] & 511]), grid_row(grid[q[2] & 511]),
-                              grid_row(grid[q[3] & 511]));
-      const __m256i s = rows4(sign8[q[0] >> 9], sign8[q[1] >> 9], sign8[q[2] >> 9], sign8[q[3] >> 9]);
-      const int sc = x[b].scales[ib];
-      isum = _mm256_add_epi32(isum, signed_grid_dot(g, s, y[b].qs + 32 * ib, scale_pair(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1)));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
-  }
-  return hsum_f32(acc);
+  return iq_superblock_dot<BlockIQ2_XS>(w, act, n, 0.125f, [&](const BlockIQ2_XS& x, int ib, const int8_t* y) HS_AVX2 {
+    const uint16_t* q = x.qs + 4 * ib;
+    const __m256i g = rows4(grid_row(grid[q[0] & 511]), grid_row(grid[q[1] & 511]), grid_row(grid[q[2] & 511]),
+                            grid_row(grid[q[3] & 511]));
+    const __m256i s = rows4(sign8[q[0] >> 9], sign8[q[1] >> 9], sign8[q[2] >> 9], sign8[q[3] >> 9]);
+    const int sc = x.scales[ib];
+    return signed_grid_dot(g, s, y, scale_pair(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1));
+  });
 }
 
 // IQ2_S: 82 bytes / 256.
 HS_AVX2 float dot_iq2_s(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ2_S*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
   const auto& grid = iq::kIq2sGrid;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 256; ++b) {
-    __m256i isum = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint8_t* q = x[b].qs + 4 * ib;
-      const int qh = x[b].qh[ib];
-      const __m256i g = rows4(grid_row(grid[q[0] | ((qh << 8) & 0x300)]), grid_row(grid[q[1] | ((qh << 6) & 0x300)]),
-                              grid_row(grid[q[2] | ((qh << 4) & 0x300)]), grid_row(grid[q[3] | ((qh << 2) & 0x300)]));
-      const int sc = x[b].scales[ib];
-      isum = _mm256_add_epi32(isum, signed_grid_dot(g, sign_bytes(load_le32(x[b].signs + 4 * ib)), y[b].qs + 32 * ib,
-                                                    scale_pair(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1)));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
-  }
-  return hsum_f32(acc);
+  return iq_superblock_dot<BlockIQ2_S>(w, act, n, 0.125f, [&](const BlockIQ2_S& x, int ib, const int8_t* y) HS_AVX2 {
+    const uint8_t* q = x.qs + 4 * ib;
+    const int qh = x.qh[ib];
+    const __m256i g = rows4(grid_row(grid[q[0] | ((qh << 8) & 0x300)]), grid_row(grid[q[1] | ((qh << 6) & 0x300)]),
+                            grid_row(grid[q[2] | ((qh << 4) & 0x300)]), grid_row(grid[q[3] | ((qh << 2) & 0x300)]));
+    const int sc = x.scales[ib];
+    return signed_grid_dot(g, sign_bytes(load_le32(x.signs + 4 * ib)), y, scale_pair(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1));
+  });
 }
 
 // IQ3_XXS: 98 bytes / 256.
 HS_AVX2 float dot_iq3_xxs(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ3_XXS*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
   const uint64_t* sign8 = even_parity_sign_bytes();
   const auto& grid = iq::kIq3xxsGrid;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 256; ++b) {
-    __m256i isum = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint8_t* q = x[b].qs + 8 * ib;
-      const uint32_t aux = load_le32(x[b].scales_signs + 4 * ib);
-      const __m256i g = rows4(pair(grid_row(grid[q[0]]), grid_row(grid[q[1]])), pair(grid_row(grid[q[2]]), grid_row(grid[q[3]])),
-                              pair(grid_row(grid[q[4]]), grid_row(grid[q[5]])), pair(grid_row(grid[q[6]]), grid_row(grid[q[7]])));
-      const __m256i s = rows4(sign8[aux & 127], sign8[(aux >> 7) & 127], sign8[(aux >> 14) & 127], sign8[(aux >> 21) & 127]);
-      isum = _mm256_add_epi32(isum, signed_grid_dot(g, s, y[b].qs + 32 * ib, _mm256_set1_epi16(static_cast<int16_t>(2 * (aux >> 28) + 1))));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.25f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
-  }
-  return hsum_f32(acc);
+  return iq_superblock_dot<BlockIQ3_XXS>(w, act, n, 0.25f, [&](const BlockIQ3_XXS& x, int ib, const int8_t* y) HS_AVX2 {
+    const uint8_t* q = x.qs + 8 * ib;
+    const uint32_t aux = load_le32(x.scales_signs + 4 * ib);
+    const __m256i g = rows4(pair(grid_row(grid[q[0]]), grid_row(grid[q[1]])), pair(grid_row(grid[q[2]]), grid_row(grid[q[3]])),
+                            pair(grid_row(grid[q[4]]), grid_row(grid[q[5]])), pair(grid_row(grid[q[6]]), grid_row(grid[q[7]])));
+    const __m256i s = rows4(sign8[aux & 127], sign8[(aux >> 7) & 127], sign8[(aux >> 14) & 127], sign8[(aux >> 21) & 127]);
+    return signed_grid_dot(g, s, y, _mm256_set1_epi16(static_cast<int16_t>(2 * (aux >> 28) + 1)));
+  });
 }
 
 // IQ3_S: 110 bytes / 256.
 HS_AVX2 float dot_iq3_s(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ3_S*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
   const auto& grid = iq::kIq3sGrid;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 256; ++b) {
-    __m256i isum = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint8_t* q = x[b].qs + 8 * ib;
-      const int qh = x[b].qh[ib];
-      uint64_t rows[8];
-      for (int k = 0; k < 8; ++k) rows[k] = grid_row(grid[q[k] | (((qh >> k) & 1) << 8)]);
-      const __m256i g = rows4(pair(rows[0], rows[1]), pair(rows[2], rows[3]), pair(rows[4], rows[5]), pair(rows[6], rows[7]));
-      const int scale = 2 * ((x[b].scales[ib / 2] >> (4 * (ib % 2))) & 0xF) + 1;
-      isum = _mm256_add_epi32(isum, signed_grid_dot(g, sign_bytes(load_le32(x[b].signs + 4 * ib)), y[b].qs + 32 * ib,
-                                                    _mm256_set1_epi16(static_cast<int16_t>(scale))));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
-  }
-  return hsum_f32(acc);
+  return iq_superblock_dot<BlockIQ3_S>(w, act, n, 1.0f, [&](const BlockIQ3_S& x, int ib, const int8_t* y) HS_AVX2 {
+    const uint8_t* q = x.qs + 8 * ib;
+    const int qh = x.qh[ib];
+    uint64_t rows[8];
+    for (int k = 0; k < 8; ++k) rows[k] = grid_row(grid[q[k] | (((qh >> k) & 1) << 8)]);
+    const __m256i g = rows4(pair(rows[0], rows[1]), pair(rows[2], rows[3]), pair(rows[4], rows[5]), pair(rows[6], rows[7]));
+    const int scale = 2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 0xF) + 1;
+    return signed_grid_dot(g, sign_bytes(load_le32(x.signs + 4 * ib)), y, _mm256_set1_epi16(static_cast<int16_t>(scale)));
+  });
 }
 
 // IQ1_S (50 bytes / 256) and IQ1_M (56 bytes / 256): grid values g in {-1, 0, 1} plus a delta of
@@ -568,24 +541,16 @@ HS_AVX2 inline __m256i iq1_values(__m256i grid, __m256i delta) {
 HS_AVX2 inline uint64_t delta_bytes(bool negative) { return negative ? ~0ull : 0x0101010101010101ull; }
 
 HS_AVX2 float dot_iq1_s(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ1_S*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
   const auto& grid = iq::kIq1sGrid;
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 256; ++b) {
-    __m256i isum = _mm256_setzero_si256();
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint8_t* q = x[b].qs + 4 * ib;
-      const int qh = x[b].qh[ib];
-      const __m256i g = rows4(grid_row(grid[q[0] | ((qh << 8) & 0x700)]), grid_row(grid[q[1] | ((qh << 5) & 0x700)]),
-                              grid_row(grid[q[2] | ((qh << 2) & 0x700)]), grid_row(grid[q[3] | ((qh >> 1) & 0x700)]));
-      const __m256i v = iq1_values(g, _mm256_set1_epi64x(static_cast<int64_t>(delta_bytes(qh & 0x8000))));
-      const __m256i scale = _mm256_set1_epi16(static_cast<int16_t>(2 * ((qh >> 12) & 7) + 1));
-      isum = _mm256_add_epi32(isum, dot_i8_i8_scaled(v, load256(y[b].qs + 32 * ib), scale));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * f16(x[b].d) * y[b].d), _mm256_cvtepi32_ps(isum), acc);
-  }
-  return hsum_f32(acc);
+  return iq_superblock_dot<BlockIQ1_S>(w, act, n, 0.125f, [&](const BlockIQ1_S& x, int ib, const int8_t* y) HS_AVX2 {
+    const uint8_t* q = x.qs + 4 * ib;
+    const int qh = x.qh[ib];
+    const __m256i g = rows4(grid_row(grid[q[0] | ((qh << 8) & 0x700)]), grid_row(grid[q[1] | ((qh << 5) & 0x700)]),
+                            grid_row(grid[q[2] | ((qh << 2) & 0x700)]), grid_row(grid[q[3] | ((qh >> 1) & 0x700)]));
+    const __m256i v = iq1_values(g, _mm256_set1_epi64x(static_cast<int64_t>(delta_bytes(qh & 0x8000))));
+    const __m256i scale = _mm256_set1_epi16(static_cast<int16_t>(2 * ((qh >> 12) & 7) + 1));
+    return dot_i8_i8_scaled(v, load256(y), scale);
+  });
 }
 
 HS_AVX2 float dot_iq1_m(const void* w, const void* act, int64_t n) {

@@ -294,104 +294,87 @@ int signed_grid_dot(const uint8_t* g, uint8_t signs, const int8_t* y, int len) {
   return s;
 }
 
-// IQ2_XXS: w = d (2s+1)/8 · grid · sign.
-float dot_iq2_xxs(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ2_XXS*>(w);
+// The skeleton of the grid i-quant kernels: per 256-element super-block, the integer sums of its
+// eight 32-element sub-blocks (sub(block, ib, y + 32 ib)), scaled by scale · d · y.d.
+template <class Block, class SubBlockDot>
+float iq_superblock_dot(const void* w, const void* act, int64_t n, float scale, SubBlockDot sub) {
+  const auto* x = static_cast<const Block*>(w);
   const auto* y = static_cast<const ActQ8_K*>(act);
   float sum = 0;
   for (int64_t b = 0; b < n / 256; ++b) {
     int isum = 0;
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint32_t idx = load_le32(x[b].qs + 8 * ib), aux = load_le32(x[b].qs + 8 * ib + 4);
-      int s = 0;
-      for (int k = 0; k < 4; ++k) {
-        const uint8_t signs = iq::kEvenParitySigns[(aux >> (7 * k)) & 127];
-        s += signed_grid_dot(iq::kIq2xxsGrid[(idx >> (8 * k)) & 255].data(), signs, y[b].qs + 32 * ib + 8 * k, 8);
-      }
-      isum += (2 * static_cast<int>(aux >> 28) + 1) * s;
-    }
-    sum += 0.125f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
+    for (int ib = 0; ib < 8; ++ib) isum += sub(x[b], ib, y[b].qs + 32 * ib);
+    sum += scale * f16(x[b].d) * y[b].d * static_cast<float>(isum);
   }
   return sum;
+}
+
+// IQ2_XXS: w = d (2s+1)/8 · grid · sign.
+float dot_iq2_xxs(const void* w, const void* act, int64_t n) {
+  return iq_superblock_dot<BlockIQ2_XXS>(w, act, n, 0.125f, [](const BlockIQ2_XXS& x, int ib, const int8_t* y) {
+    const uint32_t idx = load_le32(x.qs + 8 * ib), aux = load_le32(x.qs + 8 * ib + 4);
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t signs = iq::kEvenParitySigns[(aux >> (7 * k)) & 127];
+      s += signed_grid_dot(iq::kIq2xxsGrid[(idx >> (8 * k)) & 255].data(), signs, y + 8 * k, 8);
+    }
+    return (2 * static_cast<int>(aux >> 28) + 1) * s;
+  });
 }
 
 // IQ2_XS: w = d (2s+1)/8 · grid · sign, scale s per 16.
 float dot_iq2_xs(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ2_XS*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 256; ++b) {
+  return iq_superblock_dot<BlockIQ2_XS>(w, act, n, 0.125f, [](const BlockIQ2_XS& x, int ib, const int8_t* y) {
     int isum = 0;
-    for (int i = 0; i < 32; ++i) {  // group of 8
-      const uint16_t q = x[b].qs[i];
-      const int s = (x[b].scales[i / 4] >> (4 * ((i / 2) % 2))) & 0xF;
+    for (int i = 4 * ib; i < 4 * ib + 4; ++i) {  // group of 8
+      const uint16_t q = x.qs[i];
+      const int s = (x.scales[i / 4] >> (4 * ((i / 2) % 2))) & 0xF;
       const uint8_t signs = iq::kEvenParitySigns[q >> 9];
-      isum += (2 * s + 1) * signed_grid_dot(iq::kIq2xsGrid[q & 511].data(), signs, y[b].qs + 8 * i, 8);
+      isum += (2 * s + 1) * signed_grid_dot(iq::kIq2xsGrid[q & 511].data(), signs, y + 8 * (i - 4 * ib), 8);
     }
-    sum += 0.125f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
-  }
-  return sum;
+    return isum;
+  });
 }
 
 // IQ2_S: as IQ2_XS with a 10-bit index and explicit sign bytes.
 float dot_iq2_s(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ2_S*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 256; ++b) {
+  return iq_superblock_dot<BlockIQ2_S>(w, act, n, 0.125f, [](const BlockIQ2_S& x, int ib, const int8_t* y) {
     int isum = 0;
-    for (int i = 0; i < 32; ++i) {
-      const int idx = x[b].qs[i] | (((x[b].qh[i / 4] >> (2 * (i % 4))) & 3) << 8);
-      const int s = (x[b].scales[i / 4] >> (4 * ((i / 2) % 2))) & 0xF;
-      isum += (2 * s + 1) * signed_grid_dot(iq::kIq2sGrid[idx].data(), x[b].signs[i], y[b].qs + 8 * i, 8);
+    for (int i = 4 * ib; i < 4 * ib + 4; ++i) {
+      const int idx = x.qs[i] | (((x.qh[i / 4] >> (2 * (i % 4))) & 3) << 8);
+      const int s = (x.scales[i / 4] >> (4 * ((i / 2) % 2))) & 0xF;
+      isum += (2 * s + 1) * signed_grid_dot(iq::kIq2sGrid[idx].data(), x.signs[i], y + 8 * (i - 4 * ib), 8);
     }
-    sum += 0.125f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
-  }
-  return sum;
+    return isum;
+  });
 }
 
 // IQ3_XXS: w = d (2s+1)/4 · grid · sign, two 4-element rows per sign byte.
 float dot_iq3_xxs(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ3_XXS*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 256; ++b) {
-    int isum = 0;
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint32_t aux = load_le32(x[b].scales_signs + 4 * ib);
-      int s = 0;
-      for (int k = 0; k < 4; ++k) {
-        const uint8_t signs = iq::kEvenParitySigns[(aux >> (7 * k)) & 127];
-        const int8_t* qy = y[b].qs + 32 * ib + 8 * k;
-        s += signed_grid_dot(iq::kIq3xxsGrid[x[b].qs[8 * ib + 2 * k]].data(), signs, qy, 4);
-        s += signed_grid_dot(iq::kIq3xxsGrid[x[b].qs[8 * ib + 2 * k + 1]].data(), signs >> 4, qy + 4, 4);
-      }
-      isum += (2 * static_cast<int>(aux >> 28) + 1) * s;
+  return iq_superblock_dot<BlockIQ3_XXS>(w, act, n, 0.25f, [](const BlockIQ3_XXS& x, int ib, const int8_t* y) {
+    const uint32_t aux = load_le32(x.scales_signs + 4 * ib);
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t signs = iq::kEvenParitySigns[(aux >> (7 * k)) & 127];
+      const int8_t* qy = y + 8 * k;
+      s += signed_grid_dot(iq::kIq3xxsGrid[x.qs[8 * ib + 2 * k]].data(), signs, qy, 4);
+      s += signed_grid_dot(iq::kIq3xxsGrid[x.qs[8 * ib + 2 * k + 1]].data(), signs >> 4, qy + 4, 4);
     }
-    sum += 0.25f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
-  }
-  return sum;
+    return (2 * static_cast<int>(aux >> 28) + 1) * s;
+  });
 }
 
 // IQ3_S: w = d (2s+1) · grid · sign, scale s per 32.
 float dot_iq3_s(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ3_S*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 256; ++b) {
-    int isum = 0;
-    for (int ib = 0; ib < 8; ++ib) {
-      int s = 0;
-      for (int i = 8 * ib; i < 8 * ib + 8; ++i) {  // group of 4
-        const int idx = x[b].qs[i] | (((x[b].qh[i / 8] >> (i % 8)) & 1) << 8);
-        const uint8_t signs = static_cast<uint8_t>(x[b].signs[i / 2] >> (4 * (i % 2)));
-        s += signed_grid_dot(iq::kIq3sGrid[idx].data(), signs, y[b].qs + 4 * i, 4);
-      }
-      isum += (2 * ((x[b].scales[ib / 2] >> (4 * (ib % 2))) & 0xF) + 1) * s;
+  return iq_superblock_dot<BlockIQ3_S>(w, act, n, 1.0f, [](const BlockIQ3_S& x, int ib, const int8_t* y) {
+    int s = 0;
+    for (int i = 8 * ib; i < 8 * ib + 8; ++i) {  // group of 4
+      const int idx = x.qs[i] | (((x.qh[i / 8] >> (i % 8)) & 1) << 8);
+      const uint8_t signs = static_cast<uint8_t>(x.signs[i / 2] >> (4 * (i % 2)));
+      s += signed_grid_dot(iq::kIq3sGrid[idx].data(), signs, y + 4 * (i - 8 * ib), 4);
     }
-    sum += f16(x[b].d) * y[b].d * static_cast<float>(isum);
-  }
-  return sum;
+    return (2 * ((x.scales[ib / 2] >> (4 * (ib % 2))) & 0xF) + 1) * s;
+  });
 }
 
 // IQ1_S / IQ1_M: w = d (2s+1) (g + δ/8), g in {-1, 0, 1}, δ = ±1; summed as (8g + δ) to stay integral.
@@ -402,24 +385,16 @@ int iq1_group_dot(const int8_t* g, int delta, const int8_t* y) {
 }
 
 float dot_iq1_s(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ1_S*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 256; ++b) {
-    int isum = 0;
-    for (int ib = 0; ib < 8; ++ib) {
-      const uint16_t qh = x[b].qh[ib];
-      const int delta = qh & 0x8000 ? -1 : 1;
-      int s = 0;
-      for (int l = 0; l < 4; ++l) {
-        const int idx = x[b].qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8);
-        s += iq1_group_dot(iq::kIq1sGrid[idx].data(), delta, y[b].qs + 32 * ib + 8 * l);
-      }
-      isum += (2 * ((qh >> 12) & 7) + 1) * s;
+  return iq_superblock_dot<BlockIQ1_S>(w, act, n, 0.125f, [](const BlockIQ1_S& x, int ib, const int8_t* y) {
+    const uint16_t qh = x.qh[ib];
+    const int delta = qh & 0x8000 ? -1 : 1;
+    int s = 0;
+    for (int l = 0; l < 4; ++l) {
+      const int idx = x.qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8);
+      s += iq1_group_dot(iq::kIq1sGrid[idx].data(), delta, y + 8 * l);
     }
-    sum += 0.125f * f16(x[b].d) * y[b].d * static_cast<float>(isum);
-  }
-  return sum;
+    return (2 * ((qh >> 12) & 7) + 1) * s;
+  });
 }
 
 float dot_iq1_m(const void* w, const void* act, int64_t n) {
