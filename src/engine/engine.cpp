@@ -15,10 +15,7 @@ constexpr int kProbeRounds = 2;          // speculative rounds that decide a pro
 constexpr int kMinBackoffRounds = 16;    // first plain stretch after speculation lost
 constexpr int kMaxBackoffRounds = 1024;
 constexpr double kSpecWinMargin = 0.97;  // speculation must emit at least this share of plain's rate
-}  // namespace
 
-
-namespace {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -263,7 +260,6 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   ema_spec_rate_ = ema_plain_rate_ = 0;
   plain_rounds_left_ = options.adaptive ? kProbeRounds : 0;  // measure plain decoding first
   probe_rounds_left_ = 0;
-  probe_next_ = false;
   backoff_rounds_ = kMinBackoffRounds;
   probe_tokens_ = probe_s_ = 0;
   engine_.model_->reset_state(state_);
@@ -345,6 +341,11 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
   return Status::ok();
 }
 
+void Session::back_off() {
+  plain_rounds_left_ = backoff_rounds_;
+  backoff_rounds_ = std::min(2 * backoff_rounds_, kMaxBackoffRounds);
+}
+
 int Session::choose_draft_length() {
   const int limit = options_.draft_max >= 0 ? options_.draft_max : engine_.config_.draft_max;
   int k = std::min(limit, drafter_ ? drafter_->max_draft() : 0);
@@ -363,19 +364,15 @@ int Session::choose_draft_length() {
   // within one stretch. A sequence starts with kProbeRounds plain rounds (the reference rate), then a
   // probe.
   if (plain_rounds_left_ > 0) {
-    if (--plain_rounds_left_ == 0) probe_next_ = true;
+    if (--plain_rounds_left_ == 0) {  // the next timed speculative rounds are a probe
+      probe_rounds_left_ = kProbeRounds;
+      probe_tokens_ = probe_s_ = 0;
+    }
     return 0;
   }
   if (ema_plain_rate_ == 0) return 0;  // no timed plain round yet (the first ones recorded graphs)
-  if (probe_next_) {
-    probe_next_ = false;
-    probe_rounds_left_ = kProbeRounds;
-    probe_tokens_ = probe_s_ = 0;
-  }
-  if (probe_rounds_left_ == 0 && ema_plain_rate_ > 0 && ema_spec_rate_ > 0 &&
-      ema_spec_rate_ < kSpecWinMargin * ema_plain_rate_) {
-    plain_rounds_left_ = backoff_rounds_;
-    backoff_rounds_ = std::min(2 * backoff_rounds_, kMaxBackoffRounds);
+  if (probe_rounds_left_ == 0 && ema_spec_rate_ > 0 && ema_spec_rate_ < kSpecWinMargin * ema_plain_rate_) {
+    back_off();
     return 0;
   }
   return std::clamp(static_cast<int>(std::ceil(2.0 * ema_accept_ + 1.0)), 1, k);
@@ -519,8 +516,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
           if (probe_rate >= kSpecWinMargin * ema_plain_rate_) {
             backoff_rounds_ = kMinBackoffRounds;
           } else {
-            plain_rounds_left_ = backoff_rounds_;
-            backoff_rounds_ = std::min(2 * backoff_rounds_, kMaxBackoffRounds);
+            back_off();
           }
         }
       }

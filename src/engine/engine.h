@@ -99,6 +99,7 @@ class Session {
   Status run_step(const ForwardArgs& args);
   Status decode_round(std::vector<int32_t>& out);
   int choose_draft_length();
+  void back_off();  // speculation lost: plain rounds for the current back-off stretch, then double it
   void emit(int32_t token, std::vector<int32_t>& out, const float* logits_row);
 
   Engine& engine_;
@@ -118,7 +119,6 @@ class Session {
   double ema_accept_ = 2.0, ema_spec_rate_ = 0, ema_plain_rate_ = 0;
   int plain_rounds_left_ = 0;  // plain rounds before the next probe
   int probe_rounds_left_ = 0;  // speculative rounds left in the running probe
-  bool probe_next_ = false;    // a plain stretch ended: the next speculative round starts a probe
   int backoff_rounds_ = 0;     // the next plain stretch: doubles after each failed probe
   double probe_tokens_ = 0, probe_s_ = 0;
   bool recorded_graph_ = false;  // this round recorded a step graph (its time is not a rate sample)
