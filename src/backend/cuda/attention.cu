@@ -248,13 +248,15 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
 // (kv head, query group) to finish (a self-resetting counter) merges them, so one launch does the
 // whole op.
 // Budget (one kv head, n=1, G=4, D=256, f16): bytes = 1 KB per key (K+V), read once; FLOPs = 4*G*D
-// per key; split so that every SM gets blocks: short contexts are one tile per block, latency-bound
-// (one copy round + ~2K instructions per warp), long ones stream at HBM speed.
+// per key; the capacity is split so that every SM gets blocks once the context fills it: a short
+// context is one split per kv head, latency-bound (a copy round + ~2K instructions per warp and
+// tile), long ones stream at HBM speed.
 constexpr int kDecodeQueries = 8;
 constexpr int kDecodeMaxRows = 32;  // the widest verify step (as the matmul's streaming path)
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeKeys = 32;  // keys per tile
-// Tiles per split at least (shorter splits cost more to merge); HYSPEC_ATTN_MIN_TILES overrides.
+// Tiles per split at least, which caps the split count (shorter splits cost more to merge);
+// HYSPEC_ATTN_MIN_TILES overrides.
 int decode_min_tiles() {
   static const int v = [] {
     const char* e = std::getenv("HYSPEC_ATTN_MIN_TILES");
@@ -312,7 +314,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   const int M_all = a.n * a.group;   // query vectors of this kv head in the step
   const int q0 = qg * Q;             // this block's first one; local index m = global - q0
   const int M = min(Q, M_all - q0);  // this block's count
-  auto limit_of = [&](int m) { return a.causal ? a.positions[(q0 + m) / a.group] : a.positions[a.n - 1]; };
+  // Local query m: row and head in the step, and its last visible key.
+  auto row_of = [&](int m) { return (q0 + m) / a.group; };
+  auto head_of = [&](int m) { return kvh * a.group + (q0 + m) % a.group; };
+  auto limit_of = [&](int m) { return a.causal ? a.positions[row_of(m)] : a.positions[a.n - 1]; };
 
   int kend = 0;
 #pragma unroll
@@ -348,7 +353,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
     const int m = i / D, d = i % D;
     float v = 0.0f;
     if (m < M) {
-      const int row = (q0 + m) / a.group, head = kvh * a.group + (q0 + m) % a.group;
+      const int row = row_of(m), head = head_of(m);
       v = a.q.data[static_cast<int64_t>(row) * a.q.stride + static_cast<int64_t>(head) * D + d] * a.scale;
     }
     q_s[i] = v;
@@ -472,7 +477,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
       const int m = grp + NG * i;
       if (m >= M) continue;
       const float l = misc[2 * Q + m], inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int row = (q0 + m) / a.group, head = kvh * a.group + (q0 + m) % a.group;
+      const int row = row_of(m), head = head_of(m);
       float* dst = a.out.data + static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + 2 * pair;
       dst[0] = o[i][0] * inv, dst[1] = o[i][1] * inv;
     }
@@ -519,7 +524,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
 #pragma unroll 8
     for (int zz = 0; zz < n_eff; ++zz)
       acc += wz[m * n_eff + zz] * __ldcg(a.part_o + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m) * D + d);
-    const int row = (q0 + m) / a.group, head = kvh * a.group + (q0 + m) % a.group;
+    const int row = row_of(m), head = head_of(m);
     a.out.data[static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + d] =
         acc * wz[Q * n_eff + m];
   }
