@@ -39,13 +39,15 @@ Loaded load(const std::string& rel, bool dequant = false, bool exact = false) {
   return l;
 }
 
-// Runs the prompt in steps of `step` tokens (0: one shot), returns the logits of every row.
+// Runs the prompt in steps of `step` tokens (0: one shot), returns the logits of every row. capture:
+// steps of several tokens run as a speculative verify does (per-token state captured, then the
+// state of the step's last token restored from the capture).
 std::vector<float> run_logits(Loaded& l, const std::vector<int32_t>& tokens, int64_t step, bool chunked,
-                              GgmlType kv = GgmlType::F32) {
+                              GgmlType kv = GgmlType::F32, bool capture = false) {
   const int64_t n = static_cast<int64_t>(tokens.size()), V = l.model->hparams().n_vocab;
   if (step <= 0) step = n;
   EXPECT_TRUE(l.model->reserve(step).is_ok());
-  auto st = l.model->create_state(n + 8, 0, kv);
+  auto st = l.model->create_state(n + 8, capture ? static_cast<int>(step) : 0, kv);
   EXPECT_TRUE(st.is_ok()) << st.message();
   std::vector<float> logits;
   std::vector<int32_t> pos(n);
@@ -60,9 +62,11 @@ std::vector<float> run_logits(Loaded& l, const std::vector<int32_t>& tokens, int
     a.tokens = tok_dev + s;
     a.positions = pos_dev + s;
     a.gdn_chunked = chunked;
+    a.capture = capture && step > 1;
     a.logits = io.rows(m, V);
     Status r = l.model->forward(a, *st);
     EXPECT_TRUE(r.is_ok()) << r.message();
+    if (a.capture) l.model->restore_captured(*st, static_cast<int>(m - 1));
     const auto part = io.get(a.logits);
     logits.insert(logits.end(), part.begin(), part.end());
   }
@@ -283,31 +287,7 @@ TEST_P(Qwen35Fixture, QuantizedActivationFastPathStaysCloseToTheExactPath) {
 // would: any batch-width-dependent rounding flips near-tied argmaxes. So every row of a recurrent
 // (verify-form) step of width w, with capture on, must be bit-identical to one-token steps.
 std::vector<float> run_verify_form(Loaded& l, const std::vector<int32_t>& tokens, int64_t width) {
-  const int64_t n = static_cast<int64_t>(tokens.size()), V = l.model->hparams().n_vocab;
-  EXPECT_TRUE(l.model->reserve(width).is_ok());
-  auto st = l.model->create_state(n + 8, static_cast<int>(width), GgmlType::F16);
-  EXPECT_TRUE(st.is_ok()) << st.message();
-  std::vector<int32_t> pos(n);
-  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
-  test::BackendArena io(*l.backend);
-  const int32_t* tok_dev = io.put(tokens);
-  const int32_t* pos_dev = io.put(pos);
-  std::vector<float> logits;
-  for (int64_t s = 0; s < n; s += width) {
-    const int64_t m = std::min(width, n - s);
-    ForwardArgs a;
-    a.n = m;
-    a.tokens = tok_dev + s;
-    a.positions = pos_dev + s;
-    a.capture = width > 1;
-    a.logits = io.rows(m, V);
-    Status r = l.model->forward(a, *st);
-    EXPECT_TRUE(r.is_ok()) << r.message();
-    if (a.capture) l.model->restore_captured(*st, static_cast<int>(m - 1));
-    const auto part = io.get(a.logits);
-    logits.insert(logits.end(), part.begin(), part.end());
-  }
-  return logits;
+  return run_logits(l, tokens, width, /*chunked=*/false, GgmlType::F16, /*capture=*/true);
 }
 
 TEST_P(Qwen35Fixture, VerifyRowsAreBitIdenticalToDecodeSteps) {
