@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "format/ggml_types.h"
 #include "format/gguf.h"
@@ -48,6 +49,16 @@ struct Weight {
 
   bool present() const { return data != nullptr; }
   const float* f32() const { return static_cast<const float*>(data); }  // for F32 vectors (norms, biases)
+
+  // The shape of an F32 weight of n_out rows of n_in (no data yet): what weight_from_f32 fills in.
+  static Weight f32_shape(std::string name, int64_t n_in, int64_t n_out) {
+    Weight w;
+    w.name = std::move(name);
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = static_cast<size_t>(n_in) * sizeof(float);
+    return w;
+  }
 };
 
 struct Rows {

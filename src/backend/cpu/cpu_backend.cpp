@@ -81,14 +81,9 @@ class CpuBackend final : public Backend {
   }
 
   Result<Weight> weight_from_f32(const std::string& name, const float* data, int64_t n_in, int64_t n_out) override {
-    HS_ASSIGN_OR_RETURN(Buffer b, alloc(static_cast<size_t>(n_in * n_out) * sizeof(float)));
-    std::memcpy(b.data(), data, static_cast<size_t>(n_in * n_out) * sizeof(float));
-    Weight w;
-    w.name = name;
-    w.type = GgmlType::F32;
-    w.n_in = n_in;
-    w.n_out = n_out;
-    w.row_bytes = static_cast<size_t>(n_in) * sizeof(float);
+    Weight w = Weight::f32_shape(name, n_in, n_out);
+    HS_ASSIGN_OR_RETURN(Buffer b, alloc(w.row_bytes * static_cast<size_t>(n_out)));
+    std::memcpy(b.data(), data, w.row_bytes * static_cast<size_t>(n_out));
     w.data = b.data();
     w.owner = b.holder;
     return w;

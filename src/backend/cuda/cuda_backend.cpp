@@ -129,12 +129,7 @@ class CudaBackend final : public Backend {
   }
 
   Result<Weight> weight_from_f32(const std::string& name, const float* data, int64_t n_in, int64_t n_out) override {
-    Weight w;
-    w.name = name;
-    w.type = GgmlType::F32;
-    w.n_in = n_in;
-    w.n_out = n_out;
-    w.row_bytes = static_cast<size_t>(n_in) * sizeof(float);
+    Weight w = Weight::f32_shape(name, n_in, n_out);
     HS_ASSIGN_OR_RETURN(w.owner, upload_weight(data, w.row_bytes * n_out, name));
     w.data = w.owner.get();
     return w;
