@@ -12,6 +12,16 @@ namespace {
 
 float f16(uint16_t h) { return fp16_to_fp32(h); }
 
+// Σ over the blocks of kElems elements of term(weight block, activation block).
+template <class Block, class Act, int kElems, class Term>
+float block_dot(const void* w, const void* act, int64_t n, Term term) {
+  const auto* x = static_cast<const Block*>(w);
+  const auto* y = static_cast<const Act*>(act);
+  float sum = 0;
+  for (int64_t b = 0; b < n / kElems; ++b) sum += term(x[b], y[b]);
+  return sum;
+}
+
 // ---- float weights against f32 activations ----
 
 float dot_f32(const void* w, const void* act, int64_t n) {
@@ -37,81 +47,61 @@ constexpr auto dot_bf16 = dot_16bit<bf16_to_fp32>;
 // ---- 32-element blocks against Q8_0 / Q8_1 activations ----
 
 float dot_q4_0(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockQ4_0*>(w);
-  const auto* y = static_cast<const ActQ8_0*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
+  return block_dot<BlockQ4_0, ActQ8_0, 32>(w, act, n, [](const BlockQ4_0& x, const ActQ8_0& y) {
     int isum = 0;
     for (int j = 0; j < 16; ++j) {
-      isum += ((x[b].qs[j] & 0xF) - 8) * y[b].qs[j];
-      isum += ((x[b].qs[j] >> 4) - 8) * y[b].qs[j + 16];
+      isum += ((x.qs[j] & 0xF) - 8) * y.qs[j];
+      isum += ((x.qs[j] >> 4) - 8) * y.qs[j + 16];
     }
-    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum);
-  }
-  return sum;
+    return f16(x.d) * f16(y.d) * static_cast<float>(isum);
+  });
 }
 
 // Σ (d q + m) y = d·dy Σ q qy + m·s   (s = dy Σ qy, precomputed in the Q8_1 block)
 float dot_q4_1(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockQ4_1*>(w);
-  const auto* y = static_cast<const ActQ8_1*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
+  return block_dot<BlockQ4_1, ActQ8_1, 32>(w, act, n, [](const BlockQ4_1& x, const ActQ8_1& y) {
     int isum = 0;
     for (int j = 0; j < 16; ++j) {
-      isum += (x[b].qs[j] & 0xF) * y[b].qs[j];
-      isum += (x[b].qs[j] >> 4) * y[b].qs[j + 16];
+      isum += (x.qs[j] & 0xF) * y.qs[j];
+      isum += (x.qs[j] >> 4) * y.qs[j + 16];
     }
-    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum) + f16(x[b].m) * f16(y[b].s);
-  }
-  return sum;
+    return f16(x.d) * f16(y.d) * static_cast<float>(isum) + f16(x.m) * f16(y.s);
+  });
 }
 
 // Q5: bit j of the little-endian qh word is the fifth bit of element j.
 float dot_q5_0(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockQ5_0*>(w);
-  const auto* y = static_cast<const ActQ8_0*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const uint32_t qh = load_le32(x[b].qh);
+  return block_dot<BlockQ5_0, ActQ8_0, 32>(w, act, n, [](const BlockQ5_0& x, const ActQ8_0& y) {
+    const uint32_t qh = load_le32(x.qh);
     int isum = 0;
     for (int j = 0; j < 16; ++j) {
-      const int lo = (x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-      const int hi = (x[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-      isum += (lo - 16) * y[b].qs[j] + (hi - 16) * y[b].qs[j + 16];
+      const int lo = (x.qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+      const int hi = (x.qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      isum += (lo - 16) * y.qs[j] + (hi - 16) * y.qs[j + 16];
     }
-    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum);
-  }
-  return sum;
+    return f16(x.d) * f16(y.d) * static_cast<float>(isum);
+  });
 }
 
 float dot_q5_1(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockQ5_1*>(w);
-  const auto* y = static_cast<const ActQ8_1*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const uint32_t qh = load_le32(x[b].qh);
+  return block_dot<BlockQ5_1, ActQ8_1, 32>(w, act, n, [](const BlockQ5_1& x, const ActQ8_1& y) {
+    const uint32_t qh = load_le32(x.qh);
     int isum = 0;
     for (int j = 0; j < 16; ++j) {
-      const int lo = (x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-      const int hi = (x[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-      isum += lo * y[b].qs[j] + hi * y[b].qs[j + 16];
+      const int lo = (x.qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+      const int hi = (x.qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      isum += lo * y.qs[j] + hi * y.qs[j + 16];
     }
-    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum) + f16(x[b].m) * f16(y[b].s);
-  }
-  return sum;
+    return f16(x.d) * f16(y.d) * static_cast<float>(isum) + f16(x.m) * f16(y.s);
+  });
 }
 
 float dot_q8_0(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockQ8_0*>(w);
-  const auto* y = static_cast<const ActQ8_0*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
+  return block_dot<BlockQ8_0, ActQ8_0, 32>(w, act, n, [](const BlockQ8_0& x, const ActQ8_0& y) {
     int isum = 0;
-    for (int j = 0; j < 32; ++j) isum += x[b].qs[j] * y[b].qs[j];
-    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum);
-  }
-  return sum;
+    for (int j = 0; j < 32; ++j) isum += x.qs[j] * y.qs[j];
+    return f16(x.d) * f16(y.d) * static_cast<float>(isum);
+  });
 }
 
 // IQ4_NL and MXFP4 share the nibble layout and differ in codebook and scale encoding.
@@ -125,25 +115,15 @@ int nibble_codebook_dot(const uint8_t qs[16], const int8_t codebook[16], const i
 }
 
 float dot_iq4_nl(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockIQ4_NL*>(w);
-  const auto* y = static_cast<const ActQ8_0*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const int isum = nibble_codebook_dot(x[b].qs, iq::kIq4nlValues, y[b].qs);
-    sum += f16(x[b].d) * f16(y[b].d) * static_cast<float>(isum);
-  }
-  return sum;
+  return block_dot<BlockIQ4_NL, ActQ8_0, 32>(w, act, n, [](const BlockIQ4_NL& x, const ActQ8_0& y) {
+    return f16(x.d) * f16(y.d) * static_cast<float>(nibble_codebook_dot(x.qs, iq::kIq4nlValues, y.qs));
+  });
 }
 
 float dot_mxfp4(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockMXFP4*>(w);
-  const auto* y = static_cast<const ActQ8_0*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const int isum = nibble_codebook_dot(x[b].qs, iq::kMxfp4Values, y[b].qs);
-    sum += e8m0_to_fp32_half(x[b].e) * f16(y[b].d) * static_cast<float>(isum);
-  }
-  return sum;
+  return block_dot<BlockMXFP4, ActQ8_0, 32>(w, act, n, [](const BlockMXFP4& x, const ActQ8_0& y) {
+    return e8m0_to_fp32_half(x.e) * f16(y.d) * static_cast<float>(nibble_codebook_dot(x.qs, iq::kMxfp4Values, y.qs));
+  });
 }
 
 // ---- 256-element super-blocks against Q8_K activations ----
@@ -198,49 +178,32 @@ float dot_q3_k(const void* w, const void* act, int64_t n) {
   return sum;
 }
 
-float dot_q4_k(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockQ4_K*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 256; ++b) {
+// Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and minimums; sub-block s is nibble s%2 of
+// qs[32*(s/2) ..], and for Q5_K bit s of qh[l] is the fifth bit.
+template <class Block, bool kFifthBit>
+float dot_k4_family(const void* w, const void* act, int64_t n) {
+  return block_dot<Block, ActQ8_K, 256>(w, act, n, [](const Block& x, const ActQ8_K& y) {
     uint8_t sc[8], mn[8];
-    unpack_k4_scales(x[b].scales, sc, mn);
+    unpack_k4_scales(x.scales, sc, mn);
     int sum_q = 0, sum_min = 0;
-    for (int s = 0; s < 8; ++s) {  // sub-block s: nibble s%2 of qs[32*(s/2) ..]
-      const uint8_t* q = x[b].qs + 32 * (s / 2);
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* q = x.qs + 32 * (s / 2);
       const int shift = 4 * (s % 2);
-      const int8_t* qy = y[b].qs + 32 * s;
+      const int8_t* qy = y.qs + 32 * s;
       int t = 0;
-      for (int l = 0; l < 32; ++l) t += ((q[l] >> shift) & 0xF) * qy[l];
+      for (int l = 0; l < 32; ++l) {
+        int code = (q[l] >> shift) & 0xF;
+        if constexpr (kFifthBit) code |= ((x.qh[l] >> s) & 1) << 4;
+        t += code * qy[l];
+      }
       sum_q += sc[s] * t;
-      sum_min += mn[s] * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
+      sum_min += mn[s] * (y.bsums[2 * s] + y.bsums[2 * s + 1]);
     }
-    sum += y[b].d * (f16(x[b].d) * static_cast<float>(sum_q) - f16(x[b].dmin) * static_cast<float>(sum_min));
-  }
-  return sum;
+    return y.d * (f16(x.d) * static_cast<float>(sum_q) - f16(x.dmin) * static_cast<float>(sum_min));
+  });
 }
-
-float dot_q5_k(const void* w, const void* act, int64_t n) {
-  const auto* x = static_cast<const BlockQ5_K*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 256; ++b) {
-    uint8_t sc[8], mn[8];
-    unpack_k4_scales(x[b].scales, sc, mn);
-    int sum_q = 0, sum_min = 0;
-    for (int s = 0; s < 8; ++s) {  // as Q4_K, plus bit s of qh[l] as the fifth bit
-      const uint8_t* q = x[b].qs + 32 * (s / 2);
-      const int shift = 4 * (s % 2);
-      const int8_t* qy = y[b].qs + 32 * s;
-      int t = 0;
-      for (int l = 0; l < 32; ++l) t += (((q[l] >> shift) & 0xF) | (((x[b].qh[l] >> s) & 1) << 4)) * qy[l];
-      sum_q += sc[s] * t;
-      sum_min += mn[s] * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
-    }
-    sum += y[b].d * (f16(x[b].d) * static_cast<float>(sum_q) - f16(x[b].dmin) * static_cast<float>(sum_min));
-  }
-  return sum;
-}
+constexpr auto dot_q4_k = dot_k4_family<BlockQ4_K, false>;
+constexpr auto dot_q5_k = dot_k4_family<BlockQ5_K, true>;
 
 // Q6_K: 6-bit codes (4 in ql, 2 in qh) minus 32, one int8 scale per 16 elements.
 float dot_q6_k(const void* w, const void* act, int64_t n) {
@@ -298,15 +261,11 @@ int signed_grid_dot(const uint8_t* g, uint8_t signs, const int8_t* y, int len) {
 // eight 32-element sub-blocks (sub(block, ib, y + 32 ib)), scaled by scale · d · y.d.
 template <class Block, class SubBlockDot>
 float iq_superblock_dot(const void* w, const void* act, int64_t n, float scale, SubBlockDot sub) {
-  const auto* x = static_cast<const Block*>(w);
-  const auto* y = static_cast<const ActQ8_K*>(act);
-  float sum = 0;
-  for (int64_t b = 0; b < n / 256; ++b) {
+  return block_dot<Block, ActQ8_K, 256>(w, act, n, [&](const Block& x, const ActQ8_K& y) {
     int isum = 0;
-    for (int ib = 0; ib < 8; ++ib) isum += sub(x[b], ib, y[b].qs + 32 * ib);
-    sum += scale * f16(x[b].d) * y[b].d * static_cast<float>(isum);
-  }
-  return sum;
+    for (int ib = 0; ib < 8; ++ib) isum += sub(x, ib, y.qs + 32 * ib);
+    return scale * f16(x.d) * y.d * static_cast<float>(isum);
+  });
 }
 
 // IQ2_XXS: w = d (2s+1)/8 · grid · sign.
