@@ -6,11 +6,27 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "format/gguf.h"
 
 namespace hyspec {
+
+// Projections of one input, stacked row-wise: part i's outputs are columns [begin[i], begin[i] + n_out)
+// of one [n, width] result. Consecutive parts of one stored type share a backend weight, so they cost
+// one matmul (one launch, one pass over the input) instead of one each; a row's result does not depend
+// on the rows stacked with it.
+struct StackedProjection {
+  std::vector<Weight> weights;  // one per run of same-type parts
+  std::vector<int64_t> begin;   // first output column of each part
+  int64_t width = 0;            // outputs of all parts
+
+  // out: [n, width] (x.n_cols == n_in)
+  void matmul(Backend& backend, Rows x, Rows out) const;
+  Rows part(Rows out, size_t i, int64_t n_out) const { return out.cols(begin[i], n_out); }
+};
 
 class Binder {
  public:
@@ -24,6 +40,8 @@ class Binder {
   // force_f32: convert at load whatever the stored type (norm vectors read through Weight::f32()).
   Weight get(const std::string& name, std::initializer_list<int64_t> shape, bool required = true,
              bool force_f32 = false);
+  // Tensors [n_in, n_out_i] of one input, bound as a StackedProjection (parts in the order given).
+  StackedProjection get_stacked(std::initializer_list<std::pair<std::string, int64_t>> parts, int64_t n_in);
   // The tensor's record without binding it (null when absent): for shapes the metadata does not give.
   const GgufTensorInfo* find(std::string_view name) const { return lookup_(name); }
   const std::string& source() const { return source_; }
@@ -34,6 +52,8 @@ class Binder {
   }
 
  private:
+  const GgufTensorInfo* checked(const std::string& name, std::initializer_list<int64_t> shape, bool required);
+
   Backend& backend_;
   std::string source_;
   Lookup lookup_;

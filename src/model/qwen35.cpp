@@ -26,10 +26,11 @@ static void bind_block(Binder& b, const Qwen35Hparams& hp, int i, bool recurrent
   if (recurrent) {
     const int64_t d = hp.ssm_d, V = int64_t{hp.ssm_v_heads} * d, C = hp.gdn_channels(), Hv = hp.ssm_v_heads;
     GdnWeights& g = blk_w.gdn;
-    g.attn_qkv = b.get(blk(i, "attn_qkv.weight"), {E, C});
-    g.attn_gate = b.get(blk(i, "attn_gate.weight"), {E, V});
-    g.ssm_beta = b.get(blk(i, "ssm_beta.weight"), {E, Hv});
-    g.ssm_alpha = b.get(blk(i, "ssm_alpha.weight"), {E, Hv});
+    g.in_proj = b.get_stacked({{blk(i, "attn_qkv.weight"), C},
+                               {blk(i, "attn_gate.weight"), V},
+                               {blk(i, "ssm_beta.weight"), Hv},
+                               {blk(i, "ssm_alpha.weight"), Hv}},
+                              E);
     g.ssm_conv1d = b.get(blk(i, "ssm_conv1d.weight"), {hp.conv_kernel, C}, true, true);
     g.ssm_dt_bias = b.get(blk(i, "ssm_dt.bias"), {Hv}, true, true);
     g.ssm_a = b.get(blk(i, "ssm_a"), {Hv}, true, true);
@@ -171,9 +172,10 @@ void Qwen35Model::restore_captured(SequenceState& s, int slot) const {
 
 Status Qwen35Model::reserve(int64_t max_tokens) {
   const int64_t qg = 2 * int64_t{hp_.n_head} * hp_.head_dim;
+  const int64_t gdn_in = hp_.gdn_channels() + int64_t{hp_.ssm_v_heads} * (hp_.ssm_d + 2);  // stacked in_proj
   const int64_t widest =
-      std::max<int64_t>({int64_t{hp_.n_embd} * 2, hp_.gdn_channels(), qg, hp_.n_ff, hp_.n_ff_shexp, hp_.n_ff_exp});
-  return impl_->reserve(backend_, max_tokens, hp_.n_embd, widest, 16 * std::max(hp_.ssm_v_heads, 1));
+      std::max<int64_t>({int64_t{hp_.n_embd} * 2, gdn_in, qg, hp_.n_ff, hp_.n_ff_shexp, hp_.n_ff_exp});
+  return impl_->reserve(backend_, max_tokens, hp_.n_embd, widest, 16);  // small: the shared expert gate
 }
 
 }  // namespace hyspec

@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/binder.h"
 #include "model/qwen35.h"
 #include "model/workspace.h"
 
@@ -12,7 +13,9 @@ struct AttentionWeights {
   Weight attn_q, attn_k, attn_v, attn_output, attn_q_norm, attn_k_norm;
 };
 struct GdnWeights {
-  Weight attn_qkv, attn_gate, ssm_beta, ssm_alpha, ssm_conv1d, ssm_dt_bias, ssm_a, ssm_norm, ssm_out;
+  // attn_qkv, attn_gate, ssm_beta, ssm_alpha: [n, C | V | Hv | Hv] from one (or a few) matmuls
+  StackedProjection in_proj;
+  Weight ssm_conv1d, ssm_dt_bias, ssm_a, ssm_norm, ssm_out;
 };
 struct FfnWeights {
   Weight ffn_gate, ffn_up, ffn_down;                                      // dense

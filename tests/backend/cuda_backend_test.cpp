@@ -178,7 +178,10 @@ TEST_F(CudaBackendTest, MatmulEveryTypeAndWidthMatchesDequantizedReference) {
       for (int64_t t = 0; t < n; ++t)
         for (int64_t o = 0; o < N; ++o) cs.push_back(c[t * (N + 4) + o]), gs.push_back(g[t * (N + 4) + o]);
       // F32 weights (and the dequantized copies) take the exact f32 path.
-      EXPECT_LE(rel_err(gs, cs), type == GgmlType::F32 ? 1e-5 : 1e-3) << ggml_type_name(type) << " n=" << n;
+      // BF16 prompt-width products take bf16 activations (cuBLAS on the weights as stored): x rounded
+      // to 8 mantissa bits, ~1.1e-3 rms relative.
+      const double tol = type == GgmlType::F32 ? 1e-5 : type == GgmlType::BF16 && n > 32 ? 3e-3 : 1e-3;
+      EXPECT_LE(rel_err(gs, cs), tol) << ggml_type_name(type) << " n=" << n;
       EXPECT_LE(rel_err(g32, cs), 1e-5) << ggml_type_name(type) << " dequantized, n=" << n;
       for (int64_t t = 0; t < n; ++t)
         for (int64_t o = N; o < N + 4; ++o) ASSERT_TRUE(std::isnan(g[t * (N + 4) + o])) << "wrote past the slice";

@@ -18,6 +18,7 @@
 // kernel finishes and waits for it only before reading activations.
 // Widths n > 32 (prefill): activations converted to f16 in chunk order (prep_activations_kernel),
 // weight row tiles decoded to f16 (dequant_tile_kernel), multiplied with cuBLAS (f32 accumulate).
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -577,23 +578,56 @@ int64_t tile_rows(const WeightView& w) {
   return std::max<int64_t>(16, std::min<int64_t>(r / 16 * 16, w.n_out));
 }
 
+// F16 and BF16 weights are cuBLAS operands as stored: no tile is decoded (a BF16 prompt step used
+// to spend as long converting weights to f16 as multiplying). Their activations are converted to the
+// weights' type: for BF16 that rounds x to 8 mantissa bits (~1e-3 relative per product sum, what a
+// bf16 model computes natively; the decode path keeps f16 activations).
+template <class T>
+constexpr bool kGemmInPlace = std::is_same_v<T, TypeF16> || std::is_same_v<T, TypeBF16>;
+
+// x [rows, K] f32 (strided) -> xb [rows, K] bf16, dense. Bytes: read 4, write 2 per element.
+__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t x_stride, int64_t rows, int64_t K,
+                               __nv_bfloat162* __restrict__ xb) {
+  const int64_t half_k = K / 2;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * half_k;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / half_k, j = (idx % half_k) * 2;
+    xb[idx] = __floats2bfloat162_rn(x[r * x_stride + j], x[r * x_stride + j + 1]);
+  }
+}
+
 template <class T>
 cudaError_t gemm(const WeightView& w, Mat x, Mat y, __half* xh, __half* tile, cublasHandle_t cublas,
                  cudaStream_t stream) {
-  cudaError_t err = prep_activations<T>(x.data, x.stride, x.rows, w.n_in, xh, stream);
+  constexpr bool kBf16 = std::is_same_v<T, TypeBF16>;
+  cudaError_t err = cudaSuccess;
+  if constexpr (kBf16) {
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(x.rows * w.n_in / 2, 256), 65535));
+    to_bf16_kernel<<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, w.n_in,
+                                               reinterpret_cast<__nv_bfloat162*>(xh));
+    err = cudaGetLastError();
+  } else {
+    err = prep_activations<T>(x.data, x.stride, x.rows, w.n_in, xh, stream);
+  }
   if (err != cudaSuccess) return err;
-  const int64_t n_chunks = w.n_in / 32, step = tile_rows(w);
+  const cudaDataType_t ab = kBf16 ? CUDA_R_16BF : CUDA_R_16F;
+  const int64_t n_chunks = w.n_in / 32, step = kGemmInPlace<T> ? w.n_out : tile_rows(w);
   const float one = 1.0f, zero = 0.0f;
   for (int64_t r0 = 0; r0 < w.n_out; r0 += step) {
     const int64_t rows = std::min(step, w.n_out - r0);
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(rows * n_chunks, 256), 65535));
-    dequant_tile_kernel<T><<<blocks, 256, 0, stream>>>(w.data, w.row_bytes, r0, rows, n_chunks, tile);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    // Column-major view: C[rows x n] = tile^T[rows x K] * xh[K x n], C = y + r0 with ldc = y.stride.
+    const void* a = tile;
+    if constexpr (kGemmInPlace<T>) {
+      a = w.data;
+    } else {
+      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(rows * n_chunks, 256), 65535));
+      dequant_tile_kernel<T><<<blocks, 256, 0, stream>>>(w.data, w.row_bytes, r0, rows, n_chunks, tile);
+      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    }
+    // Column-major view: C[rows x n] = A^T[rows x K] * xh[K x n], C = y + r0 with ldc = y.stride.
     const cublasStatus_t st = cublasGemmEx(
         cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(x.rows), static_cast<int>(w.n_in),
-        &one, tile, CUDA_R_16F, static_cast<int>(w.n_in), xh, CUDA_R_16F, static_cast<int>(w.n_in), &zero,
-        y.data + r0, CUDA_R_32F, static_cast<int>(y.stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        &one, a, ab, static_cast<int>(w.n_in), xh, ab, static_cast<int>(w.n_in), &zero, y.data + r0, CUDA_R_32F,
+        static_cast<int>(y.stride), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
   }
   return cudaSuccess;
@@ -611,7 +645,8 @@ size_t matmul_scratch_bytes(const WeightView& w, int64_t n) {
   if (!fast_path(w)) return 0;
   if (n <= kFusedWidth) return static_cast<size_t>(n * w.n_in) * sizeof(float);  // staging of unaligned x
   if (n <= kMmvMaxWidth) return static_cast<size_t>((n + 7) / 8 * 8) * ((w.n_in / 32 + 3) / 4) * 128 * 2;
-  return align_up(static_cast<size_t>(n * w.n_in) * 2, 256) + static_cast<size_t>(tile_rows(w) * w.n_in) * 2;
+  const bool in_place = w.type == GgmlType::F16 || w.type == GgmlType::BF16;
+  return align_up(static_cast<size_t>(n * w.n_in) * 2, 256) + (in_place ? 0 : static_cast<size_t>(tile_rows(w) * w.n_in) * 2);
 }
 
 cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scratch, cublasHandle_t cublas,
