@@ -15,6 +15,8 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
   cmd.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
   cmd.add_flag("--dequantize", dequantize, "Convert every weight to F32 at load (kernel parity checks)");
   cmd.add_flag("--no-graphs", no_graphs, "CUDA: do not record/replay steps as CUDA graphs");
+  cmd.add_flag("--int8-matvec", int8_matvec,
+               "CUDA: Q4_K decode/verify matmuls on int8 activations (faster one-token decode, slower wide verify)");
   if (with_spec) {
     cmd.add_option("--spec", spec, "Speculative decoding: none, ngram, mtp, dflash, mtp+ngram, dflash+ngram")
         ->check(CLI::IsMember({"none", "ngram", "mtp", "dflash", "mtp+ngram", "dflash+ngram"}));
@@ -41,6 +43,7 @@ Result<EngineConfig> EngineFlags::to_config() const {
   c.draft_max = draft_max;
   c.dequantize = dequantize;
   c.use_graphs = !no_graphs;
+  c.int8_matvec = int8_matvec;
   return c;
 }
 

@@ -60,6 +60,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   HS_ASSIGN_OR_RETURN(e->file_, GgufFile::open(config.model_path));
   BackendOptions bo;
   bo.n_threads = config.n_threads;
+  bo.int8_matvec = config.int8_matvec;
   HS_ASSIGN_OR_RETURN(e->backend_, create_backend(config.backend, bo));
   LoadOptions lo;
   lo.dequantize_to_f32 = config.dequantize;

@@ -57,7 +57,7 @@ class CudaBackend final : public Backend {
     }
     if (options.device < 0 || options.device >= count)
       return Status::errorf("CUDA device {} does not exist ({} present)", options.device, count);
-    std::unique_ptr<CudaBackend> b(new CudaBackend(options.device));
+    std::unique_ptr<CudaBackend> b(new CudaBackend(options.device, options.int8_matvec));
     HS_RETURN_IF_ERROR(b->init());
     return std::unique_ptr<Backend>(std::move(b));
   }
@@ -405,7 +405,7 @@ class CudaBackend final : public Backend {
     size_t size = 0;
   };
 
-  explicit CudaBackend(int device) : device_(device) {}
+  CudaBackend(int device, bool int8_matvec) : device_(device), int8_matvec_(int8_matvec) {}
 
   Status init() {
     cudaError_t e = cudaSetDevice(device_);
@@ -419,7 +419,7 @@ class CudaBackend final : public Backend {
     if (prop.major < 8)
       return Status::errorf("CUDA device {} ({}) has compute capability {}.{}; hyspec needs 8.0+", device_, prop.name,
                             prop.major, prop.minor);
-    name_ = fmt::format("cuda:{} {}", device_, prop.name);
+    name_ = fmt::format("cuda:{} {}{}", device_, prop.name, int8_matvec_ ? " (int8 matvec)" : "");
     if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return Status::error("cuBLAS initialisation failed");
@@ -454,8 +454,8 @@ class CudaBackend final : public Backend {
     return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
   }
 
-  static cuda::WeightView view(const Weight& w) {
-    return cuda::WeightView{static_cast<const uint8_t*>(w.data), w.type, w.n_in, w.n_out, w.row_bytes};
+  cuda::WeightView view(const Weight& w) const {
+    return cuda::WeightView{static_cast<const uint8_t*>(w.data), w.type, w.n_in, w.n_out, w.row_bytes, int8_matvec_};
   }
 
   // Brackets the enclosing op for the profiler (when on and not capturing).
@@ -506,6 +506,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_ = 0;
+  bool int8_matvec_ = false;
   int n_sm_ = 1;
   std::string name_;
   cudaStream_t stream_ = nullptr;

@@ -34,6 +34,7 @@ struct WeightView {
   GgmlType type = GgmlType::F32;
   int64_t n_in = 0, n_out = 0;
   size_t row_bytes = 0;
+  bool int8_matvec = false;  // BackendOptions::int8_matvec
 };
 
 // True when matmul/embed support the type.
@@ -53,6 +54,15 @@ constexpr int64_t kMmvSwiGluMaxWidth = 24;
 bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64_t n);
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
                                  cudaStream_t stream);
+
+// Q4_K at widths 1..kInt8MvMaxWidth (matvec_int8.cu): activations quantized to int8 per 32 elements,
+// dp4a dot products; matmul_launch and matmul_swiglu_launch route such calls here (up: the SwiGLU up
+// weights, or null) when the weight view says int8_matvec (BackendOptions::int8_matvec).
+constexpr int64_t kInt8MvMaxWidth = 32;
+bool int8_matvec_supported(const WeightView& w, int64_t n);
+size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
+cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
+                               cudaStream_t stream);
 
 // Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div].
 cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids, int64_t n_batch, int x_div,

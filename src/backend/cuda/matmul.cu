@@ -643,6 +643,7 @@ bool matmul_type_supported(GgmlType t) {
 
 size_t matmul_scratch_bytes(const WeightView& w, int64_t n) {
   if (!fast_path(w)) return 0;
+  if (int8_matvec_supported(w, n)) return int8_matvec_scratch_bytes(w, n);
   if (n <= kFusedWidth) return static_cast<size_t>(n * w.n_in) * sizeof(float);  // staging of unaligned x
   if (n <= kMmvMaxWidth) return static_cast<size_t>((n + 7) / 8 * 8) * ((w.n_in / 32 + 3) / 4) * 128 * 2;
   const bool in_place = w.type == GgmlType::F16 || w.type == GgmlType::BF16;
@@ -663,6 +664,7 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
     });
     return err;
   }
+  if (int8_matvec_supported(w, x.rows)) return int8_matvec_launch(w, nullptr, x, y, scratch.data, stream);
   auto* xh = static_cast<__half*>(scratch.data);
   with_type(w.type, [&](auto tag) {
     using T = decltype(tag);
@@ -685,6 +687,7 @@ bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
                                  cudaStream_t stream) {
   if (!matmul_swiglu_supported(gate, up, x.rows)) return cudaErrorInvalidValue;
+  if (int8_matvec_supported(gate, x.rows)) return int8_matvec_launch(gate, up.data, x, y, scratch.data, stream);
   cudaError_t err = cudaErrorInvalidValue;
   with_type(gate.type, [&](auto tag) {
     using T = decltype(tag);
