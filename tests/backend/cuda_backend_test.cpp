@@ -639,11 +639,6 @@ TEST_F(CudaBackendTest, ErrorsAreReportedBySynchronizeNotAborts) {
 // amortised) of many calls rotating over copies whose total exceeds L2, so weights stream from HBM.
 class CudaBench : public CudaBackendTest {
  protected:
-  void SetUp() override {
-    const char* int8 = std::getenv("HYSPEC_BENCH_INT8");  // 1: BackendOptions::int8_matvec
-    options_.int8_matvec = int8 && *int8 == '1';
-    CudaBackendTest::SetUp();
-  }
   // Seconds per call of `calls` calls recorded in one graph.
   double time_graph(const std::function<void()>& body, int calls) {
     Backend& b = *gpu_;
@@ -660,6 +655,8 @@ class CudaBench : public CudaBackendTest {
   }
   void SetUp() override {
     if (!std::getenv("HYSPEC_CUDA_BENCH")) GTEST_SKIP() << "set HYSPEC_CUDA_BENCH=1";
+    const char* int8 = std::getenv("HYSPEC_BENCH_INT8");  // 1: BackendOptions::int8_matvec
+    options_.int8_matvec = int8 && *int8 == '1';
     CudaBackendTest::SetUp();
   }
 };
