@@ -158,6 +158,10 @@ class Backend {
   // y = rms_norm(x per group) * w * silu(z)
   virtual void gated_rms_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) = 0;
   virtual void add(Rows a, Rows b, Rows y) = 0;                       // y = a + b
+  // A residual add and the norm that reads its result, in one op: x += delta (in place), then
+  // h = rms_norm(x) * w as rms_norm above. Each row's result is bit-identical to add(x, delta, x)
+  // followed by rms_norm(x, w, group, eps, h), whatever the number of rows. h overlaps neither x nor delta.
+  virtual void add_rms_norm(Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h) = 0;
   virtual void swiglu(Rows gate, Rows up, Rows y) = 0;                // y = silu(gate) * up
   // y = silu(gate x) * (up x) in one pass, when the backend has a fused kernel for these weights and
   // this width (CUDA: same type and shape, n <= 16). Returns false, having done nothing, otherwise:

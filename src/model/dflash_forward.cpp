@@ -47,12 +47,14 @@ Status DflashModel::draft(const DflashDraftArgs& args, DflashState& st) {
   if (st.kv.size() != I.layers.size()) return Status::error("DFlash draft: the state belongs to another drafter");
   Backend& be = backend_;
   Rows x(I.x, n, E), h(I.h, n, E), mix(I.mix, n, E);
+  // Pre-norm layers as the target's blocks; each residual add runs fused with the norm that reads
+  // its result (add_rms_norm): the next layer's attn_norm, or the output norm after the last layer.
   be.embed(I.token_embd, args.tokens, n, x);
+  be.rms_norm(x, I.layers[0].attn_norm.f32(), E, hp_.eps, h);
   for (size_t il = 0; il < I.layers.size(); ++il) {
     const DflashLayer& l = I.layers[il];
     // Attention of the block over [injected context ; the block itself].
     Rows q(I.t1, n, H * D), k(I.t2, n, Hkv * D), v(I.t3, n, Hkv * D), att(I.t4, n, H * D);
-    be.rms_norm(x, l.attn_norm.f32(), E, hp_.eps, h);
     be.matmul(l.attn_q, h, q);
     be.matmul(l.attn_k, h, k);
     be.matmul(l.attn_v, h, v);
@@ -73,19 +75,19 @@ Status DflashModel::draft(const DflashDraftArgs& args, DflashState& st) {
     a.out = att;
     be.attention(a);
     be.matmul(l.attn_output, att, mix);
-    be.add(x, mix, x);
+    be.add_rms_norm(x, mix, l.ffn_norm.f32(), E, hp_.eps, h);
     // SwiGLU FFN.
     Rows gate(I.t1, n, F), up(I.t2, n, F);
-    be.rms_norm(x, l.ffn_norm.f32(), E, hp_.eps, h);
     be.matmul(l.ffn_gate, h, gate);
     be.matmul(l.ffn_up, h, up);
     be.swiglu(gate, up, gate);
     be.matmul(l.ffn_down, gate, mix);
-    be.add(x, mix, x);
+    if (il + 1 < I.layers.size()) be.add_rms_norm(x, mix, I.layers[il + 1].attn_norm.f32(), E, hp_.eps, h);
   }
+  // The last layer's add, on the logits rows only: nothing reads x after the draft.
   if (nl == 0) return Status::ok();
-  Rows last = x.rows(n - nl, nl), normed = h.rows(0, nl);
-  be.rms_norm(last, I.output_norm.f32(), E, hp_.eps, normed);
+  Rows normed = h.rows(0, nl);
+  be.add_rms_norm(x.rows(n - nl, nl), mix.rows(n - nl, nl), I.output_norm.f32(), E, hp_.eps, normed);
   be.matmul(I.output, normed, args.logits);
   return Status::ok();
 }

@@ -116,22 +116,22 @@ void ffn(const Ctx& c, const FfnWeights& w, Rows x, Rows out) {
   }
 }
 
-// One pre-norm block: x += Mixer(norm(x)); x += FFN(norm(x)).
+// One pre-norm block: x += Mixer(attn_norm(x)); x += FFN(post_attention_norm(x)). Each residual add
+// runs fused with the norm that reads its result (add_rms_norm), so the block takes h = attn_norm(x)
+// from its caller and leaves its last add to the caller too: on return mix holds FFN(...), and the
+// block's output is x + mix, for the caller to add while it applies the next norm.
 void block(const Ctx& c, const Block& b, int layer, SequenceState& st, const int32_t* positions, bool chunked,
            bool capture, const KvLayer* kv_override) {
   const int64_t E = c.hp.n_embd;
   Rows x = c.buf(c.I.x, E), h = c.buf(c.I.h, E), mix = c.buf(c.I.mix, E);
-  c.be.rms_norm(x, b.attn_norm.f32(), E, c.hp.eps, h);
   if (b.recurrent) {
     gdn_mixer(c, b.gdn, h, st.conv[layer], st.ssm[layer], capture ? st.conv_capture[layer] : nullptr,
               capture ? st.ssm_capture[layer] : nullptr, chunked, mix);
   } else {
     attention_mixer(c, b.attn, h, kv_override ? *kv_override : st.kv[layer], positions, mix);
   }
-  c.be.add(x, mix, x);
-  c.be.rms_norm(x, b.post_attention_norm.f32(), E, c.hp.eps, h);
+  c.be.add_rms_norm(x, mix, b.post_attention_norm.f32(), E, c.hp.eps, h);
   ffn(c, b.ffn, h, mix);
-  c.be.add(x, mix, x);
 }
 
 }  // namespace
@@ -145,28 +145,35 @@ Status Qwen35Model::forward(const ForwardArgs& args, SequenceState& st) {
     return Status::errorf("capture of {} tokens exceeds the state's capture room of {}", n, st.max_capture);
   if (args.logits.n_rows > n) return Status::error("more logits rows requested than tokens");
   Ctx c{backend_, hp_, I, n};
-  Rows x = c.buf(I.x, E), h = c.buf(I.h, E);
+  Rows x = c.buf(I.x, E), h = c.buf(I.h, E), mix = c.buf(I.mix, E);
   backend_.embed(I.token_embd, args.tokens, n, x);
   auto tap = [&](int layer) {
     for (size_t t = 0; t < args.taps.size(); ++t)
       if (args.taps[t] == layer) backend_.copy_rows(x, args.features.cols(static_cast<int64_t>(t) * E, E));
   };
+  backend_.rms_norm(x, I.blocks[0].attn_norm.f32(), E, hp_.eps, h);
   for (int il = 0; il < hp_.n_layer; ++il) {
     tap(il);
     block(c, I.blocks[il], il, st, args.positions, args.gdn_chunked, args.capture, nullptr);
+    if (il + 1 < hp_.n_layer) backend_.add_rms_norm(x, mix, I.blocks[il + 1].attn_norm.f32(), E, hp_.eps, h);
   }
-  tap(hp_.n_layer);
+  // The last block's add, fused with the output norm on the rows that need it: all of them for
+  // final_hidden, else the last nl (the logits rows); the others get the plain add (taps read x).
   const int64_t nl = args.logits.n_rows;
-  if (!args.final_hidden.data && nl == 0) return Status::ok();
   if (args.final_hidden.data) {
-    backend_.rms_norm(x, I.output_norm.f32(), E, hp_.eps, args.final_hidden);
+    backend_.add_rms_norm(x, mix, I.output_norm.f32(), E, hp_.eps, args.final_hidden);
+    tap(hp_.n_layer);
     if (nl > 0) backend_.matmul(I.output, args.final_hidden.rows(n - nl, nl), args.logits);
-  } else {
-    Rows last = x.rows(n - nl, nl);
+    return Status::ok();
+  }
+  const int64_t n_plain = n - nl;
+  if (n_plain > 0) backend_.add(x.rows(0, n_plain), mix.rows(0, n_plain), x.rows(0, n_plain));
+  if (nl > 0) {
     Rows hl = h.rows(0, nl);
-    backend_.rms_norm(last, I.output_norm.f32(), E, hp_.eps, hl);
+    backend_.add_rms_norm(x.rows(n_plain, nl), mix.rows(n_plain, nl), I.output_norm.f32(), E, hp_.eps, hl);
     backend_.matmul(I.output, hl, args.logits);
   }
+  tap(hp_.n_layer);
   return Status::ok();
 }
 
@@ -178,7 +185,7 @@ Status Qwen35Model::forward_mtp(const MtpArgs& args, SequenceState& st) {
     return Status::errorf("MTP step of {} tokens exceeds the reserved workspace of {}", n, I.max_tokens);
   const MtpBlock& m = *I.mtp;
   Ctx c{backend_, hp_, I, n};
-  Rows x = c.buf(I.x, E), h = c.buf(I.h, E);
+  Rows x = c.buf(I.x, E), h = c.buf(I.h, E), mix = c.buf(I.mix, E);
   // x = eh_proj · [enorm(embed(tok)) ; hnorm(hidden)]  (t4 holds the concatenation)
   Rows cat = c.buf(I.t4, 2 * E);
   const Weight& emb = m.embed_tokens.present() ? m.embed_tokens : I.token_embd;
@@ -186,11 +193,12 @@ Status Qwen35Model::forward_mtp(const MtpArgs& args, SequenceState& st) {
   backend_.rms_norm(h, m.enorm.f32(), E, hp_.eps, cat.cols(0, E));
   backend_.rms_norm(args.hidden, m.hnorm.f32(), E, hp_.eps, cat.cols(E, E));
   backend_.matmul(m.eh_proj, cat, x);
+  backend_.rms_norm(x, m.block.attn_norm.f32(), E, hp_.eps, h);
   block(c, m.block, hp_.n_layer, st, args.positions, false, false, &st.mtp_kv);
   const Weight& norm = m.shared_head_norm.present() ? m.shared_head_norm : I.output_norm;
   const Weight& head = m.shared_head_head.present() ? m.shared_head_head : I.output;
   Rows normed = args.out_hidden.data ? args.out_hidden : h;
-  backend_.rms_norm(x, norm.f32(), E, hp_.eps, normed);
+  backend_.add_rms_norm(x, mix, norm.f32(), E, hp_.eps, normed);  // the block's last add
   const int64_t nl = args.logits.n_rows;
   if (nl > 0) backend_.matmul(head, normed.rows(n - nl, nl), args.logits);
   return Status::ok();

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -336,6 +338,40 @@ TEST(CpuOps, RowOpsGiveTheSameResultWithOneOrFourThreads) {
       results.push_back(y);
     }
     EXPECT_EQ(results[0], results[1]) << name(isa);
+  }
+}
+
+// add_rms_norm is add then rms_norm, bit for bit (the model fuses every residual add with the next
+// norm and the CPU stays the reference): strided rows, groups with vector tails, with and without a
+// weight, one thread or four (300 rows are split), on both float-kernel paths.
+TEST(CpuOps, AddRmsNormIsBitIdenticalToAddThenRmsNorm) {
+  std::mt19937 rng(8);
+  struct Shape {
+    int64_t rows, group, groups, x_pad, d_pad, h_pad;
+    bool weighted;
+  };
+  const Shape shapes[] = {{1, 256, 1, 0, 0, 0, true},  {5, 64, 3, 4, 8, 2, true}, {3, 37, 2, 3, 0, 5, false},
+                          {17, 13, 4, 0, 1, 0, true},  {300, 96, 2, 8, 0, 0, true}};
+  for (const Shape& sh : shapes) {
+    const int64_t n = sh.rows, C = sh.group * sh.groups, xs = C + sh.x_pad, ds = C + sh.d_pad, hs = C + sh.h_pad;
+    const std::vector<float> x0 = randn(n * xs, rng, 2.0f), delta = randn(n * ds, rng), w = randn(sh.group, rng);
+    const float* wp = sh.weighted ? w.data() : nullptr;
+    for (DotIsa isa : isas()) {
+      for (int threads : {1, 4}) {
+        ThreadPool pool(threads);
+        const F32Kernels& k = f32_kernels(isa);
+        std::vector<float> x_fused = x0, x_ref = x0, h_fused(n * hs, -1.0f), h_ref(n * hs, -1.0f);
+        Rows D(const_cast<float*>(delta.data()), n, C, ds);
+        add_rms_norm(pool, Rows(x_fused.data(), n, C, xs), D, wp, sh.group, 1e-6f, Rows(h_fused.data(), n, C, hs), k);
+        add(pool, Rows(x_ref.data(), n, C, xs), D, Rows(x_ref.data(), n, C, xs), k);
+        rms_norm(pool, Rows(x_ref.data(), n, C, xs), wp, sh.group, 1e-6f, Rows(h_ref.data(), n, C, hs), k);
+        const std::string what = std::string(name(isa)) + " rows=" + std::to_string(n) +
+                                 " group=" + std::to_string(sh.group) + " threads=" + std::to_string(threads);
+        EXPECT_EQ(std::memcmp(x_fused.data(), x_ref.data(), x_ref.size() * sizeof(float)), 0) << what << ": x";
+        EXPECT_EQ(std::memcmp(h_fused.data(), h_ref.data(), h_ref.size() * sizeof(float)), 0) << what << ": h";
+        EXPECT_NE(x_fused, x0) << what;  // the add happened
+      }
+    }
   }
 }
 

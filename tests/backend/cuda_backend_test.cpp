@@ -356,6 +356,63 @@ TEST_F(CudaBackendTest, RmsNormsMatchCpu) {
   }
 }
 
+// The [n, C] values of a strided buffer.
+std::vector<float> valid_region(const std::vector<float>& v, int64_t n, int64_t C, int64_t stride) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < n; ++r) out.insert(out.end(), v.begin() + r * stride, v.begin() + r * stride + C);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// add_rms_norm is CUDA's add then CUDA's rms_norm in one launch, bit for bit, and a row's bits do
+// not depend on how many rows share the call (a verify row equals its decode step); against the CPU
+// within the rms_norm tolerance. Groups of a warp (<= 512) and of a block (> 512), strided rows.
+TEST_F(CudaBackendTest, AddRmsNormIsBitIdenticalToAddThenRmsNorm) {
+  struct Shape {
+    int64_t group, groups;
+    bool weighted;
+  };
+  for (const Shape sh : {Shape{64, 3, true}, Shape{128, 1, false}, Shape{1000, 2, true}, Shape{4096, 1, true}}) {
+    for (int64_t n : {1, 3, 17}) {
+      const int64_t C = sh.group * sh.groups, xs = C + 4, ds = C + 8, hs = C + 2;
+      const auto xv = randn(n * xs, 3.0f), dv = randn(n * ds), wv = randn(sh.group);
+      const std::string what = "group " + std::to_string(sh.group) + " x " + std::to_string(sh.groups) + ", n " +
+                               std::to_string(n) + (sh.weighted ? "" : ", no weight");
+      Tensor d = put(*gpu_, dv), w = put(*gpu_, wv);
+      const float* wp = sh.weighted ? w.f() : nullptr;
+      Rows D = d.rows(n, C, ds);
+      // Fused, in one call of n rows.
+      Tensor x_fused = put(*gpu_, xv), h_fused = poison(*gpu_, n * hs);
+      gpu_->add_rms_norm(x_fused.rows(n, C, xs), D, wp, sh.group, 1e-6f, h_fused.rows(n, C, hs));
+      // Fused, one call per row.
+      Tensor x_rows = put(*gpu_, xv), h_rows = poison(*gpu_, n * hs);
+      for (int64_t r = 0; r < n; ++r)
+        gpu_->add_rms_norm(x_rows.rows(n, C, xs).rows(r, 1), D.rows(r, 1), wp, sh.group, 1e-6f,
+                           h_rows.rows(n, C, hs).rows(r, 1));
+      // CUDA's separate ops.
+      Tensor x_ref = put(*gpu_, xv), h_ref = poison(*gpu_, n * hs);
+      gpu_->add(x_ref.rows(n, C, xs), D, x_ref.rows(n, C, xs));
+      gpu_->rms_norm(x_ref.rows(n, C, xs), wp, sh.group, 1e-6f, h_ref.rows(n, C, hs));
+      // The CPU.
+      Tensor x_cpu = put(*cpu_, xv), d_cpu = put(*cpu_, dv), w_cpu = put(*cpu_, wv), h_cpu = poison(*cpu_, n * hs);
+      cpu_->add_rms_norm(x_cpu.rows(n, C, xs), d_cpu.rows(n, C, ds), sh.weighted ? w_cpu.f() : nullptr, sh.group,
+                         1e-6f, h_cpu.rows(n, C, hs));
+
+      const auto xf = get_gpu(x_fused), hf = get_gpu(h_fused), xr = get_gpu(x_ref), hr = get_gpu(h_ref);
+      EXPECT_TRUE(same_bits(xf, xr)) << what << ": x";
+      EXPECT_TRUE(same_bits(valid_region(hf, n, C, hs), valid_region(hr, n, C, hs))) << what << ": h";
+      EXPECT_TRUE(same_bits(get_gpu(x_rows), xr)) << what << ": x, row by row";
+      EXPECT_TRUE(same_bits(valid_region(get_gpu(h_rows), n, C, hs), valid_region(hr, n, C, hs)))
+          << what << ": h, row by row";
+      EXPECT_LE(rel_err(valid_region(xf, n, C, xs), valid_region(get(*cpu_, x_cpu), n, C, xs)), 1e-7) << what;
+      EXPECT_LE(rel_err(valid_region(hf, n, C, hs), valid_region(get(*cpu_, h_cpu), n, C, hs)), 1e-5) << what;
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, ElementwiseOpsMatchCpu) {
   const int64_t n = 7, C = 300, S = 310;
   const auto av = randn(n * S), bv = randn(n * S), yv = randn(n * C);

@@ -110,6 +110,9 @@ class CpuBackend final : public Backend {
     cpu::gated_rms_norm(pool_, x, z, w, group, eps, y);
   }
   void add(Rows a, Rows b, Rows y) override { cpu::add(pool_, a, b, y); }
+  void add_rms_norm(Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h) override {
+    cpu::add_rms_norm(pool_, x, delta, w, group, eps, h);
+  }
   void swiglu(Rows gate, Rows up, Rows y) override { cpu::swiglu(pool_, gate, up, y); }
   void sigmoid_mul(Rows x, Rows gate, Rows y) override { cpu::sigmoid_mul(pool_, x, gate, y); }
   void add_sigmoid_scaled(Rows x, Rows g, Rows y) override { cpu::add_sigmoid_scaled(pool_, x, g, y); }

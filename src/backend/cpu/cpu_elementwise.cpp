@@ -46,6 +46,17 @@ void add(ThreadPool& pool, Rows a, Rows b, Rows y, const F32Kernels& k) {
   for_rows(pool, a.n_rows, a.n_cols, kNsAdd, [&](int64_t r) { k.add(a.row(r), b.row(r), a.n_cols, y.row(r)); });
 }
 
+// The add and the norm run row by row with the same kernels as add and rms_norm (so the results are
+// the same bits); the norm reads the row while it is still in L1.
+void add_rms_norm(ThreadPool& pool, Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h,
+                  const F32Kernels& k) {
+  for_rows(pool, x.n_rows, x.n_cols, kNsAdd + kNsNorm, [&](int64_t r) {
+    float* xr = x.row(r);
+    k.add(xr, delta.row(r), x.n_cols, xr);
+    for (int64_t g0 = 0; g0 < x.n_cols; g0 += group) k.rms_norm(xr + g0, w, group, eps, h.row(r) + g0);
+  });
+}
+
 void swiglu(ThreadPool& pool, Rows gate, Rows up, Rows y, const F32Kernels& k) {
   for_rows(pool, gate.n_rows, gate.n_cols, kNsGate,
            [&](int64_t r) { k.swiglu(gate.row(r), up.row(r), gate.n_cols, y.row(r)); });

@@ -44,6 +44,8 @@ void rms_norm(ThreadPool& pool, Rows x, const float* w, int64_t group, float eps
 void gated_rms_norm(ThreadPool& pool, Rows x, Rows z, const float* w, int64_t group, float eps, Rows y,
                     const F32Kernels& k = f32_kernels());
 void add(ThreadPool& pool, Rows a, Rows b, Rows y, const F32Kernels& k = f32_kernels());
+void add_rms_norm(ThreadPool& pool, Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h,
+                  const F32Kernels& k = f32_kernels());
 void swiglu(ThreadPool& pool, Rows gate, Rows up, Rows y, const F32Kernels& k = f32_kernels());
 void sigmoid_mul(ThreadPool& pool, Rows x, Rows gate, Rows y, const F32Kernels& k = f32_kernels());
 void add_sigmoid_scaled(ThreadPool& pool, Rows x, Rows g, Rows y, const F32Kernels& k = f32_kernels());

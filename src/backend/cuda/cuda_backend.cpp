@@ -190,6 +190,14 @@ class CudaBackend final : public Backend {
     check(cuda::rms_norm_launch(mat(x), z.data, z.stride, w, group, eps, mat(y), stream_), "gated_rms_norm");
   }
   void add(Rows a, Rows b, Rows y) override { binary(cuda::Binary::Add, a, b, y, "add"); }
+  void add_rms_norm(Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h) override {
+    auto prof = profile("add_rms_norm");
+    if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, delta) && same_shape(x, h),
+                "add_rms_norm: group {} over [{}, {}], delta [{}, {}] -> [{}, {}]", group, x.n_rows, x.n_cols,
+                delta.n_rows, delta.n_cols, h.n_rows, h.n_cols))
+      return;
+    check(cuda::add_rms_norm_launch(mat(x), mat(delta), w, group, eps, mat(h), stream_), "add_rms_norm");
+  }
   void swiglu(Rows gate, Rows up, Rows y) override { binary(cuda::Binary::SwiGlu, gate, up, y, "swiglu"); }
   void sigmoid_mul(Rows x, Rows gate, Rows y) override { binary(cuda::Binary::SigmoidMul, x, gate, y, "sigmoid_mul"); }
   void add_sigmoid_scaled(Rows x, Rows g, Rows y) override {

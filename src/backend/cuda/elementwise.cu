@@ -22,28 +22,41 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+enum class NormKind { Plain, Gated, AddResidual };
+
 struct NormArgs {
   Mat x, y;
-  const float* z;
+  const float* z;  // Gated: the gate; AddResidual: the delta added to x (in place) before the norm
   int64_t z_stride;
   const float* w;
   int64_t group, groups_per_row;
   float eps;
-  int tpg;  // threads per group: 32 (a warp per group) or blockDim.x (a block per group)
+  int tpg;  // threads per group: 32 (a warp per group) or blockDim.x (a block per group), from group only
 };
 
 // y = x / sqrt(mean(x^2) + eps) * w  [* silu(z)] over each group of columns; 2 reads + 1 write.
-template <bool kGated>
+// AddResidual first stores x += z (the add of binary_kernel, element by element) and norms the sum:
+// 3 reads + 2 writes, with the arithmetic of an add followed by a plain norm. A group's arithmetic
+// (lane split, reduction order) depends on the group size only, never on the number of rows.
+template <NormKind kKind>
 __global__ void rms_norm_kernel(NormArgs a) {
   __shared__ float partial[32];
   const int tpg = a.tpg, lt = threadIdx.x % tpg;
   const int64_t gidx = blockIdx.x * int64_t(blockDim.x / tpg) + threadIdx.x / tpg;
   const bool valid = gidx < a.x.rows * a.groups_per_row;
   const int64_t r = valid ? gidx / a.groups_per_row : 0, gc = valid ? gidx % a.groups_per_row * a.group : 0;
-  const float* xr = a.x.data + r * a.x.stride + gc;
+  float* xr = a.x.data + r * a.x.stride + gc;
+  const float* zr = a.z ? a.z + r * a.z_stride + gc : nullptr;
   float ss = 0.0f;
   if (valid)
-    for (int64_t c = lt; c < a.group; c += tpg) ss += xr[c] * xr[c];
+    for (int64_t c = lt; c < a.group; c += tpg) {
+      float v = xr[c];
+      if constexpr (kKind == NormKind::AddResidual) {
+        v = v + zr[c];
+        xr[c] = v;  // read back below by this same thread
+      }
+      ss += v * v;
+    }
   ss = warp_sum(ss);
   if (tpg > 32) {
     if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
@@ -57,7 +70,7 @@ __global__ void rms_norm_kernel(NormArgs a) {
   for (int64_t c = lt; c < a.group; c += tpg) {
     float v = xr[c] * inv;
     if (a.w) v *= a.w[c];
-    if constexpr (kGated) v *= silu(a.z[r * a.z_stride + gc + c]);
+    if constexpr (kKind == NormKind::Gated) v *= silu(zr[c]);
     yr[c] = v;
   }
 }
@@ -176,19 +189,28 @@ __global__ void moe_combine_kernel(Mat eo, const float* __restrict__ w, int top_
   }
 }
 
-}  // namespace
-
-cudaError_t rms_norm_launch(Mat x, const float* z, int64_t z_stride, const float* w, int64_t group, float eps, Mat y,
-                            cudaStream_t stream) {
+template <NormKind kKind>
+cudaError_t norm_launch(Mat x, const float* z, int64_t z_stride, const float* w, int64_t group, float eps, Mat y,
+                        cudaStream_t stream) {
   if (x.rows == 0) return cudaSuccess;
   NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, group > 512 ? 256 : 32};
   const int64_t groups = x.rows * a.groups_per_row;
   const unsigned blocks = a.tpg == 32 ? grid_for(groups, 8) : static_cast<unsigned>(groups);
-  if (z)
-    rms_norm_kernel<true><<<blocks, 256, 0, stream>>>(a);
-  else
-    rms_norm_kernel<false><<<blocks, 256, 0, stream>>>(a);
+  rms_norm_kernel<kKind><<<blocks, 256, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t rms_norm_launch(Mat x, const float* z, int64_t z_stride, const float* w, int64_t group, float eps, Mat y,
+                            cudaStream_t stream) {
+  if (z) return norm_launch<NormKind::Gated>(x, z, z_stride, w, group, eps, y, stream);
+  return norm_launch<NormKind::Plain>(x, nullptr, 0, w, group, eps, y, stream);
+}
+
+cudaError_t add_rms_norm_launch(Mat x, Mat delta, const float* w, int64_t group, float eps, Mat h,
+                                cudaStream_t stream) {
+  return norm_launch<NormKind::AddResidual>(x, delta.data, delta.stride, w, group, eps, h, stream);
 }
 
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream) {

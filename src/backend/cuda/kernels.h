@@ -75,6 +75,10 @@ cudaError_t embed_launch(const WeightView& table, const int32_t* tokens, Mat out
 // ---- elementwise and normalisation (elementwise.cu) ----
 cudaError_t rms_norm_launch(Mat x, const float* z_gate, int64_t z_stride, const float* w, int64_t group, float eps,
                             Mat y, cudaStream_t stream);  // z_gate == nullptr: plain rms norm
+// x += delta in place, then h = rms_norm(x) * w: the same bits as binary_launch(Add, x, delta, x) followed
+// by rms_norm_launch(x, nullptr, 0, w, group, eps, h), in one launch.
+cudaError_t add_rms_norm_launch(Mat x, Mat delta, const float* w, int64_t group, float eps, Mat h,
+                                cudaStream_t stream);
 enum class Binary { Add, SwiGlu, SigmoidMul, AddSigmoidScaled };
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream);
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
