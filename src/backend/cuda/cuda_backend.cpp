@@ -312,7 +312,11 @@ class CudaBackend final : public Backend {
     p.eps = a.eps;
     p.state = a.state;
     p.capture = a.capture;
-    check(cuda::gdn_launch(p, stream_), "gated_delta_net");
+    p.chunked = a.chunked;
+    const size_t scratch_bytes = cuda::gdn_scratch_bytes(p);
+    void* scratch = nullptr;
+    if (scratch_bytes && !(scratch = arena(op_arena_, scratch_bytes))) return;
+    check(cuda::gdn_launch(p, scratch, stream_), "gated_delta_net");
   }
 
   // Router matmul -> softmax/top-k on the device -> for every (token, slot) the expert's gate and up

@@ -124,9 +124,12 @@ struct GdnParams {
   float eps = 1e-6f;
   float* state = nullptr;
   float* capture = nullptr;
+  bool chunked = false;  // prompt form: the chunked kernels where they pay (gdn_launch decides)
 };
 bool gdn_head_dim_supported(int head_dim);
+// Bytes of scratch gdn_launch needs for p (0 when it runs the recurrent kernel), 16-byte aligned.
+size_t gdn_scratch_bytes(const GdnParams& p);
 // q, k: 16-byte aligned rows (float4 loads); state and capture 16-byte aligned.
-cudaError_t gdn_launch(const GdnParams& p, cudaStream_t stream);
+cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream);
 
 }  // namespace hyspec::cuda

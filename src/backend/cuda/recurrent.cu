@@ -2,6 +2,7 @@
 // and the delta-rule recurrence (QWEN35.md, "Gated DeltaNet mixer").
 #include <cmath>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace hyspec::cuda {
@@ -221,6 +222,408 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
     reinterpret_cast<float4*>(st)[i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
 }
 
+// ---- The chunked (prompt) form: two kernels over chunks of 64 tokens ----
+//
+// Per v-head h (k-head h mod n_k) and chunk of L <= 64 tokens, with g_t = ssm_a softplus(a_t + dt_bias)
+// (log-decay), gamma_t = g_0 + .. + g_t, beta_t = sigmoid(b_t), k^_t = k_t/|k_t|, q^_t = q_t/(|q_t| sqrt(d))
+// and S the [d_k, d_v] state (stored as rows S[:, j], like the recurrent kernel), the chunk's L serial
+// updates are (the WY/UT form of cpu_gdn.cpp's chunked_head):
+//   A[i][m] = -beta_i (k^_i.k^_m) e^(gamma_i - gamma_m) for m < i;  T = (I - A)^-1
+//   W = T (beta e^gamma k^),  U = T (beta v)                                    [L, d] each
+//   v_new = U - W S;  P[t][j] = (q^_t.k^_j) e^(gamma_t - gamma_j) for j <= t
+//   o_t = e^gamma_t q^_t S + sum_{j<=t} P[t][j] v_new_j
+//   S' = e^gamma_last S + sum_t e^(gamma_last-gamma_t) k^_t v_new_t^T
+// gdn_chunk_prep_kernel computes W, U, P and the per-token factors of every (chunk, v-head) in
+// parallel; gdn_chunk_scan_kernel carries the state through the chunks of a head in order, a block
+// per (v-head, 32 state columns), the state slice in shared memory for the whole prompt. All f32.
+// W and U are not formed through T: each thread solves (I - A) x = rhs for one column of
+// [beta e^gamma k^ | beta v] by forward substitution, x in registers, A^T broadcast from shared memory.
+// Rows past the end of the prompt enter as zeros (beta = 0, k = q = v = 0), so they add nothing.
+// Work per (v-head, chunk), d = head dim: prep 8192 d MACs (the full Gram [k; q] k^T) + 4032 d (2 d
+// triangular solves); scan, per slice of 32 state columns, 4096 d ([W; q] S) + 2048 d (the state
+// update) + ~0.1M (P v_new). At d = 128: 1.6M + 3.5M MACs, 80K per token and head, 1.6x the recurrent
+// form's 3 d^2; a 9B layer at 512 tokens: 1.3G MACs (2.6 GFLOP). Bytes there: prep reads q, k (17 MB
+// as each v-head reads its k-head, 8 MB distinct) and v (8 MB), writes W, U (17 MB) and P (4 MB);
+// scan reads W, q, k and P once per slice (115 MB, mostly L2 hits: 4 slices per head), U (8 MB)
+// and the state (2 MiB) once, and writes the state and the output (8 MB).
+constexpr int kGdnChunk = 64;                  // tokens per chunk
+constexpr int kGdnSlice = 32;                  // state columns per scan block
+constexpr int kGdnThreads = 256;               // both kernels; the tilings below assume 256
+constexpr int kGdnPitch64 = kGdnChunk + 4;     // rows of 64 in shared memory (68 = 4 mod 32: conflict-free)
+constexpr int kGdnFacPitch = 2 * kGdnChunk + 4;  // per (v-head, chunk): q factor [64], k factor [64], e^gamma_last
+constexpr int64_t kGdnChunkedMinTokens = 64;
+
+__host__ __device__ constexpr int gdn_chunk_ld(int D) { return D + 4; }  // D % 32 == 0: pitch = 4 mod 32
+__host__ __device__ constexpr size_t gdn_prep_smem(int D) {
+  return (2 * kGdnChunk * static_cast<size_t>(gdn_chunk_ld(D)) + kGdnChunk * kGdnPitch64 + 5 * kGdnChunk) *
+         sizeof(float);
+}
+__host__ __device__ constexpr size_t gdn_scan_smem(int D) {
+  return ((3 * kGdnChunk + kGdnSlice) * static_cast<size_t>(gdn_chunk_ld(D)) + kGdnChunk * kGdnPitch64 +
+          2 * kGdnSlice * kGdnPitch64) *
+         sizeof(float);
+}
+
+// Scratch of the chunked form (n_pad = n_chunks * 64 rows per head).
+struct GdnChunkScratch {
+  float* W;    // [n_v][n_pad][D]
+  float* U;    // [n_v][n_pad][D]
+  float* P;    // [n_v][n_chunks][64][64] (zero above the diagonal and in rows past the prompt)
+  float* fac;  // [n_v][n_chunks][kGdnFacPitch]: e^gamma_t / (|q_t| sqrt(d)), e^(gamma_last - gamma_t) / |k_t|
+               // (both 0 past the prompt), e^gamma_last
+  int n_chunks;
+};
+
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
+}
+
+// Block (chunk c, v-head h), 256 threads. Shared: raw k and q rows [64][d+4] each, A^T [64][68],
+// gamma, beta, 1/|k|, 1/|q|, beta e^gamma/|k| [64] each (86 KB at d = 128, two blocks per SM).
+__global__ void __launch_bounds__(kGdnThreads, 2) gdn_chunk_prep_kernel(GdnKArgs a, GdnChunkScratch s) {
+  extern __shared__ float sm[];
+  const int D = a.D, LD = gdn_chunk_ld(D), D4 = D / 4, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int c = blockIdx.x, h = blockIdx.y, hk = h % a.n_k;
+  const int64_t n = a.v.rows, t0 = static_cast<int64_t>(c) * kGdnChunk;
+  const int L = static_cast<int>(n - t0 < kGdnChunk ? n - t0 : kGdnChunk);
+  float* k_s = sm;                         // [64][LD]
+  float* q_s = k_s + kGdnChunk * LD;       // [64][LD]
+  float* at_s = q_s + kGdnChunk * LD;      // [64][68]: at_s[m][i] = A[i][m]
+  float* gam = at_s + kGdnChunk * kGdnPitch64;
+  float* beta = gam + kGdnChunk;
+  float* kinv = beta + kGdnChunk;
+  float* qinv = kinv + kGdnChunk;
+  float* wfac = qinv + kGdnChunk;          // beta_t e^gamma_t / |k_t|
+  for (int i = tid; i < kGdnChunk * D4; i += kGdnThreads) {
+    const int t = i / D4, d = i % D4 * 4;
+    float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), qv = kv;
+    if (t < L) {
+      const int64_t row = t0 + t;
+      kv = __ldg(reinterpret_cast<const float4*>(a.k.data + row * a.k.stride + static_cast<int64_t>(hk) * D + d));
+      qv = __ldg(reinterpret_cast<const float4*>(a.q.data + row * a.q.stride + static_cast<int64_t>(hk) * D + d));
+    }
+    *reinterpret_cast<float4*>(k_s + t * LD + d) = kv;
+    *reinterpret_cast<float4*>(q_s + t * LD + d) = qv;
+  }
+  if (tid < kGdnChunk) {
+    float g = 0.0f, b = 0.0f;
+    if (tid < L) {
+      const int64_t row = t0 + tid;
+      const float x = a.alpha.data[row * a.alpha.stride + h] + a.dt_bias[h];
+      g = (x > 20.0f ? x : log1pf(expf(x))) * a.ssm_a[h];
+      b = 1.0f / (1.0f + expf(-a.beta_logit.data[row * a.beta_logit.stride + h]));
+    }
+    gam[tid] = g;
+    beta[tid] = b;
+  }
+  __syncthreads();
+  if (warp == 0) {  // gamma: inclusive prefix sum, lane l holding tokens 2l and 2l+1
+    const float g0 = gam[2 * lane], g1 = gam[2 * lane + 1];
+    float incl = g0 + g1;
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const float before = __shfl_up_sync(0xffffffffu, incl, 1);
+    gam[2 * lane] = (lane > 0 ? before : 0.0f) + g0;
+    gam[2 * lane + 1] = incl;
+  }
+  const float q_scale = 1.0f / sqrtf(static_cast<float>(D));
+  for (int t = warp; t < kGdnChunk; t += kGdnThreads / 32) {  // a warp per token, lanes over d (d >= 32)
+    float kk = 0.0f, qq = 0.0f;
+    for (int d = lane; d < D; d += 32) {
+      const float kv = k_s[t * LD + d], qv = q_s[t * LD + d];
+      kk += kv * kv, qq += qv * qv;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      kk += __shfl_xor_sync(0xffffffffu, kk, o);
+      qq += __shfl_xor_sync(0xffffffffu, qq, o);
+    }
+    // Rows past the prompt (zeros) get 0, not 1/sqrt(eps): nothing they touch may become 0 * inf.
+    if (lane == 0) kinv[t] = t < L ? rsqrtf(kk + a.eps) : 0.0f, qinv[t] = t < L ? rsqrtf(qq + a.eps) * q_scale : 0.0f;
+  }
+  __syncthreads();
+  if (tid < kGdnChunk) {  // per-token factors: for the solve (shared) and for the scan (global)
+    const int t = tid;
+    const float e = expf(gam[t]);
+    wfac[t] = beta[t] * e * kinv[t];
+    float* f = s.fac + (static_cast<int64_t>(h) * s.n_chunks + c) * kGdnFacPitch;
+    f[t] = t < L ? qinv[t] * e : 0.0f;
+    f[kGdnChunk + t] = t < L ? kinv[t] * expf(gam[L - 1] - gam[t]) : 0.0f;
+    if (t == 0) f[2 * kGdnChunk] = expf(gam[L - 1]);
+  }
+  // Gram products G = [k; q] k^T ([128, 64], inner d): thread rows tr, tr+32 of k and of q, columns
+  // tc + 8u. A quarter warp shares its rows (broadcast) and reads 8 k rows 4 banks apart.
+  const int tr = tid / 8, tc = tid % 8;
+  {
+    float acc[4][8];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc[r][u] = 0.0f;
+    const float* rows[4] = {k_s + tr * LD, k_s + (tr + 32) * LD, q_s + tr * LD, q_s + (tr + 32) * LD};
+    for (int d = 0; d < D; d += 4) {
+      float4 x[4], y[8];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) x[r] = *reinterpret_cast<const float4*>(rows[r] + d);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) y[u] = *reinterpret_cast<const float4*>(k_s + (tc + 8 * u) * LD + d);
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int u = 0; u < 8; ++u) acc[r][u] = dot4(x[r], y[u], acc[r][u]);
+    }
+    float* P = s.P + (static_cast<int64_t>(h) * s.n_chunks + c) * kGdnChunk * kGdnChunk;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = tr + 32 * (r & 1);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int j = tc + 8 * u;
+        const float decay = j <= i ? expf(gam[i] - gam[j]) : 0.0f;  // (above the diagonal it may overflow)
+        if (r < 2)
+          at_s[j * kGdnPitch64 + i] = j < i ? -beta[i] * kinv[i] * kinv[j] * acc[r][u] * decay : 0.0f;
+        else
+          P[i * kGdnChunk + j] = qinv[i] * kinv[j] * acc[r][u] * decay;
+      }
+    }
+  }
+  __syncthreads();
+  // (I - A) x = rhs, one column per thread: x_i = rhs_i + sum_{m<i} A[i][m] x_m, right-looking (step m
+  // adds A[i][m] x_m to every later row), fully unrolled so x stays in registers.
+  if (tid < 2 * D) {
+    const bool is_w = tid < D;
+    const int col = is_w ? tid : tid - D;
+    float x[kGdnChunk];
+#pragma unroll
+    for (int t = 0; t < kGdnChunk; ++t)
+      x[t] = is_w ? wfac[t] * k_s[t * LD + col]
+                  : (t < L ? beta[t] * a.v.data[(t0 + t) * a.v.stride + static_cast<int64_t>(h) * D + col] : 0.0f);
+#pragma unroll
+    for (int m = 0; m < kGdnChunk - 1; ++m) {
+#pragma unroll
+      for (int i4 = (m + 1) / 4; i4 < kGdnChunk / 4; ++i4) {
+        const float4 am = *reinterpret_cast<const float4*>(at_s + m * kGdnPitch64 + 4 * i4);
+        if (4 * i4 + 0 > m) x[4 * i4 + 0] = fmaf(am.x, x[m], x[4 * i4 + 0]);
+        if (4 * i4 + 1 > m) x[4 * i4 + 1] = fmaf(am.y, x[m], x[4 * i4 + 1]);
+        if (4 * i4 + 2 > m) x[4 * i4 + 2] = fmaf(am.z, x[m], x[4 * i4 + 2]);
+        if (4 * i4 + 3 > m) x[4 * i4 + 3] = fmaf(am.w, x[m], x[4 * i4 + 3]);
+      }
+    }
+    float* dst = (is_w ? s.W : s.U) + (static_cast<int64_t>(h) * s.n_chunks * kGdnChunk + t0) * D + col;
+#pragma unroll
+    for (int t = 0; t < kGdnChunk; ++t) dst[static_cast<int64_t>(t) * D] = x[t];
+  }
+}
+
+// Block (v-head h, state columns c0 = 32 blockIdx.y ..), 256 threads, chunks in order. Shared: W and
+// raw q rows [128][d+4], raw k rows [64][d+4], P [64][68], the state slice [32][d+4] (st_s[c][i] =
+// S[i][c0+c]), v_new^T and v_new^T times the k factors [32][68] each (150 KB at d = 128, one block
+// per SM). cp.async brings the next chunk's W and q while this one finishes, and k and P while the
+// next one starts:
+//   wait W,q(c) | (a) X = [W; q] S | issue W,q(c+1) | (b) v_new = U - X_w | wait k,P(c)
+//   | (c) o = q-factor X_q + P v_new | (d) S = e^gamma_last S + k^T (k-factor v_new) | issue k,P(c+1)
+// Thread (tr, tc) = (tid / 8, tid % 8) owns rows t = tr, tr + 32 and columns tc + 8u (u < 4) in
+// (a)-(c), and state rows 4 tr .. 4 tr + 3 of the same columns in (d).
+__global__ void __launch_bounds__(kGdnThreads, 1) gdn_chunk_scan_kernel(GdnKArgs a, GdnChunkScratch s) {
+  extern __shared__ float sm[];
+  const int D = a.D, LD = gdn_chunk_ld(D), D4 = D / 4, tid = threadIdx.x, tr = tid / 8, tc = tid % 8;
+  const int h = blockIdx.x, hk = h % a.n_k, c0 = blockIdx.y * kGdnSlice, nc = s.n_chunks;
+  const int64_t n = a.v.rows, head_rows = static_cast<int64_t>(h) * nc * kGdnChunk;
+  float* wq_s = sm;                                   // [128][LD]
+  float* k_s = wq_s + 2 * kGdnChunk * LD;             // [64][LD]
+  float* st_s = k_s + kGdnChunk * LD;                 // [32][LD]
+  float* p_s = st_s + kGdnSlice * LD;                 // [64][68]
+  float* vn_s = p_s + kGdnChunk * kGdnPitch64;        // [32][68]
+  float* vs_s = vn_s + kGdnSlice * kGdnPitch64;       // [32][68]
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  auto stage_wq = [&](int c) {
+    const int64_t t0 = static_cast<int64_t>(c) * kGdnChunk;
+    for (int i = tid; i < 2 * kGdnChunk * D4; i += kGdnThreads) {
+      const int r = i / D4, d = i % D4 * 4;
+      float* dst = wq_s + r * LD + d;
+      const int64_t t = t0 + r - kGdnChunk;  // q row of the r >= 64 half
+      if (r < kGdnChunk)
+        cp_async16(dst, s.W + (head_rows + t0 + r) * D + d);
+      else if (t < n)
+        cp_async16(dst, a.q.data + t * a.q.stride + static_cast<int64_t>(hk) * D + d);
+      else
+        *reinterpret_cast<float4*>(dst) = zero;
+    }
+  };
+  auto stage_kp = [&](int c) {
+    const int64_t t0 = static_cast<int64_t>(c) * kGdnChunk;
+    for (int i = tid; i < kGdnChunk * D4; i += kGdnThreads) {
+      const int r = i / D4, d = i % D4 * 4;
+      float* dst = k_s + r * LD + d;
+      if (t0 + r < n)
+        cp_async16(dst, a.k.data + (t0 + r) * a.k.stride + static_cast<int64_t>(hk) * D + d);
+      else
+        *reinterpret_cast<float4*>(dst) = zero;
+    }
+    const float* P = s.P + (static_cast<int64_t>(h) * nc + c) * kGdnChunk * kGdnChunk;
+    for (int i = tid; i < kGdnChunk * kGdnChunk / 4; i += kGdnThreads) {
+      const int r = i / (kGdnChunk / 4), j = i % (kGdnChunk / 4) * 4;
+      cp_async16(p_s + r * kGdnPitch64 + j, P + r * kGdnChunk + j);
+    }
+  };
+  float* state = a.state + (static_cast<int64_t>(h) * D + c0) * D;  // state + c * D + i = S[i][c0 + c]
+  for (int i = tid; i < kGdnSlice * D4; i += kGdnThreads) {
+    const int cc = i / D4, d = i % D4 * 4;
+    *reinterpret_cast<float4*>(st_s + cc * LD + d) = *reinterpret_cast<const float4*>(state + cc * D + d);
+  }
+  // One commit group per stage call, empty or not, so that "wait until one group is left" always
+  // means "this chunk's half has landed".
+  stage_wq(0);
+  cp_async_commit();
+  stage_kp(0);
+  cp_async_commit();
+  for (int c = 0; c < nc; ++c) {
+    const int64_t t0 = static_cast<int64_t>(c) * kGdnChunk;
+    const float* f = s.fac + (static_cast<int64_t>(h) * nc + c) * kGdnFacPitch;
+    float u_r[2][4], qf[2], kf[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int t = tr + 32 * r;
+      qf[r] = __ldg(f + t), kf[r] = __ldg(f + kGdnChunk + t);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) u_r[r][u] = __ldg(s.U + (head_rows + t0 + t) * D + c0 + tc + 8 * u);
+    }
+    const float e_last = __ldg(f + 2 * kGdnChunk);
+    cp_async_wait<1>();
+    __syncthreads();  // W, q of chunk c and the state slice are in shared memory
+    // (a) X = [W; q] S: rows tr, tr+32 of W (r = 0, 1) and of q (r = 2, 3).
+    float acc[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) acc[r][u] = 0.0f;
+    for (int d = 0; d < D; d += 4) {
+      float4 x[4], y[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) x[r] = *reinterpret_cast<const float4*>(wq_s + (tr + 32 * r) * LD + d);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) y[u] = *reinterpret_cast<const float4*>(st_s + (tc + 8 * u) * LD + d);
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc[r][u] = dot4(x[r], y[u], acc[r][u]);
+    }
+    __syncthreads();  // wq_s consumed
+    if (c + 1 < nc) stage_wq(c + 1);
+    cp_async_commit();
+    // (b) v_new = U - W S, stored transposed (and scaled for the state update).
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int at = (tc + 8 * u) * kGdnPitch64 + tr + 32 * r;
+        const float vn = u_r[r][u] - acc[r][u];
+        vn_s[at] = vn;
+        vs_s[at] = kf[r] * vn;
+      }
+    cp_async_wait<1>();
+    __syncthreads();  // k, P of chunk c and v_new are in shared memory
+    // (c) o_t = q-factor_t (q_t S) + sum_{j <= t} P[t][j] v_new_j; P is zero above the diagonal, so
+    // the loop runs to the larger row (tr + 32; uniform per warp).
+    {
+      float o[2][4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) o[r][u] = qf[r] * acc[2 + r][u];
+      for (int j = 0; j <= tr + 32; j += 4) {
+        const float4 p0 = *reinterpret_cast<const float4*>(p_s + tr * kGdnPitch64 + j);
+        const float4 p1 = *reinterpret_cast<const float4*>(p_s + (tr + 32) * kGdnPitch64 + j);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float4 y = *reinterpret_cast<const float4*>(vn_s + (tc + 8 * u) * kGdnPitch64 + j);
+          o[0][u] = dot4(p0, y, o[0][u]);
+          o[1][u] = dot4(p1, y, o[1][u]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t t = t0 + tr + 32 * r;
+        if (t < n) {
+          float* out = a.out.data + t * a.out.stride + static_cast<int64_t>(h) * D + c0 + tc;
+#pragma unroll
+          for (int u = 0; u < 4; ++u) out[8 * u] = o[r][u];
+        }
+      }
+    }
+    // (d) S[i][c] = e^gamma_last S[i][c] + sum_t k_t[i] (k-factor_t v_new_t[c]) for i = 4 tr .. 4 tr + 3.
+    if (tr < D4) {
+      float4 sa[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float4 old = *reinterpret_cast<const float4*>(st_s + (tc + 8 * u) * LD + 4 * tr);
+        sa[u] = make_float4(e_last * old.x, e_last * old.y, e_last * old.z, e_last * old.w);
+      }
+      for (int t = 0; t < kGdnChunk; t += 4) {
+        float4 kr[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) kr[e] = *reinterpret_cast<const float4*>(k_s + (t + e) * LD + 4 * tr);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float4 v = *reinterpret_cast<const float4*>(vs_s + (tc + 8 * u) * kGdnPitch64 + t);
+          sa[u].x = fmaf(kr[3].x, v.w, fmaf(kr[2].x, v.z, fmaf(kr[1].x, v.y, fmaf(kr[0].x, v.x, sa[u].x))));
+          sa[u].y = fmaf(kr[3].y, v.w, fmaf(kr[2].y, v.z, fmaf(kr[1].y, v.y, fmaf(kr[0].y, v.x, sa[u].y))));
+          sa[u].z = fmaf(kr[3].z, v.w, fmaf(kr[2].z, v.z, fmaf(kr[1].z, v.y, fmaf(kr[0].z, v.x, sa[u].z))));
+          sa[u].w = fmaf(kr[3].w, v.w, fmaf(kr[2].w, v.z, fmaf(kr[1].w, v.y, fmaf(kr[0].w, v.x, sa[u].w))));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) *reinterpret_cast<float4*>(st_s + (tc + 8 * u) * LD + 4 * tr) = sa[u];
+    }
+    __syncthreads();  // k_s, p_s, vn_s, vs_s consumed; the state slice updated
+    if (c + 1 < nc) stage_kp(c + 1);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();  // only empty groups are left
+  for (int i = tid; i < kGdnSlice * D4; i += kGdnThreads) {
+    const int cc = i / D4, d = i % D4 * 4;
+    *reinterpret_cast<float4*>(state + cc * D + d) = *reinterpret_cast<const float4*>(st_s + cc * LD + d);
+  }
+}
+
+// The chunked kernels run prompts of >= 64 tokens: a partial chunk costs what a full one does (two
+// launches, a 64-token prep and one scan step: ~10-15 us predicted at 9B shapes), while the recurrent
+// kernel takes ~0.25-0.5 us per token, so the crossover should lie below one chunk; 64 keeps the
+// chunked path to steps that fill at least one chunk (CudaBench.AttentionAndGdnDecode measures it). Head
+// dims must be multiples of 32 up to 128 (the tilings above). Everything else, and any request with
+// capture, runs the recurrent kernel. Both compute the same function, up to f32 rounding.
+bool gdn_uses_chunked(const GdnParams& p) {
+  return p.chunked && !p.capture && p.q.rows >= kGdnChunkedMinTokens && p.head_dim % kGdnSlice == 0 &&
+         p.head_dim <= 128;
+}
+
+cudaError_t gdn_chunked_launch(const GdnKArgs& a, float* scratch, cudaStream_t stream) {
+  static const cudaError_t attr = [] {
+    cudaError_t e = cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(gdn_prep_smem(128)));
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(gdn_scan_smem(128)));
+    return e;
+  }();
+  if (attr != cudaSuccess) return attr;
+  if (!scratch) return cudaErrorInvalidValue;
+  const int64_t n_chunks = (a.v.rows + kGdnChunk - 1) / kGdnChunk, rows = n_chunks * kGdnChunk * a.n_v;
+  GdnChunkScratch s;
+  s.W = scratch;
+  s.U = s.W + rows * a.D;
+  s.P = s.U + rows * a.D;
+  s.fac = s.P + rows * kGdnChunk;
+  s.n_chunks = static_cast<int>(n_chunks);
+  gdn_chunk_prep_kernel<<<dim3(static_cast<unsigned>(n_chunks), a.n_v), kGdnThreads, gdn_prep_smem(a.D), stream>>>(
+      a, s);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  gdn_chunk_scan_kernel<<<dim3(a.n_v, a.D / kGdnSlice), kGdnThreads, gdn_scan_smem(a.D), stream>>>(a, s);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, float* conv_state, float* capture, Mat y,
@@ -240,13 +643,19 @@ cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, floa
 
 bool gdn_head_dim_supported(int d) { return d == 16 || d == 32 || d == 64 || d == 128 || d == 256 || d == 512; }
 
-// The chunked (prompt) form runs this same recurrent kernel: its result is the recurrent form's by
-// construction. A chunked-parallel kernel is an optimisation for long prompts, not yet written.
-cudaError_t gdn_launch(const GdnParams& p, cudaStream_t stream) {
+size_t gdn_scratch_bytes(const GdnParams& p) {
+  if (!gdn_uses_chunked(p)) return 0;
+  const int64_t n_chunks = (p.q.rows + kGdnChunk - 1) / kGdnChunk, rows = n_chunks * kGdnChunk * p.n_v_heads;
+  return static_cast<size_t>(2 * rows * p.head_dim + rows * kGdnChunk + n_chunks * p.n_v_heads * kGdnFacPitch) *
+         sizeof(float);
+}
+
+cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int D = p.head_dim;
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
              p.state, p.capture};
+  if (gdn_uses_chunked(p)) return gdn_chunked_launch(a, static_cast<float*>(scratch), stream);
   // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
   const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
   int chunk = 32;
