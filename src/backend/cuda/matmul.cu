@@ -27,6 +27,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch_util.h"
 #include "backend/cuda/quant_blocks.cuh"
 
 namespace hyspec::cuda {
@@ -54,15 +55,6 @@ bool with_type(GgmlType t, F&& f) {
 // The tensor-core paths need whole 32-element chunks; F32 weights always take the exact path.
 bool fast_path(const WeightView& w) { return w.n_in % 32 == 0 && w.type != GgmlType::F32; }
 
-int sm_count() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 1;
-  }();
-  return n;
-}
 
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
@@ -447,10 +439,6 @@ cudaError_t prep_activations(const float* x, int64_t x_stride, int64_t rows, int
   return cudaGetLastError();
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 
 struct DeviceSmem {
   int per_sm = 0, per_block_optin = 0, reserved = 0;

@@ -24,6 +24,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch_util.h"
 
 namespace hyspec::cuda {
 namespace {
@@ -33,10 +34,6 @@ constexpr int kRows = 16;        // weight rows per tile
 constexpr int kBlockBytes = 144;  // Q4_K: d, dmin (f16), scales[12], qs[128]
 constexpr int kPieces = kBlockBytes / 16;
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 
 // x [n, K] f32 -> q [n, K] int8 and ds [n, K/32] {d, s}: q = round(x / d), d = max|x| / 127 over each
 // 32-element block, s = sum of the block's x. A warp per block. Bytes: read 4, write 1.25 per element.
@@ -354,15 +351,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_mma_kernel(Int8MvArgs a) {
   cp_async_wait<0>();
 }
 
-int sm_count() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 1;
-  }();
-  return n;
-}
 
 size_t q8_bytes(int64_t n, int64_t K) { return (static_cast<size_t>(n * K) + 255) / 256 * 256; }
 
