@@ -788,7 +788,8 @@ TEST_F(CudaBench, MatmulDecode) {
   for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0,
                         GgmlType::BF16, GgmlType::F16}) {
     if (only && ggml_type_name(type) != only) continue;
-    for (Shape sh : {Shape{4096, 4096}, Shape{4096, 12288}, Shape{12288, 4096}}) {
+    // 9B shapes: attn_k/v-sized, ffn gate/up, ffn_down, GDN attn_qkv
+    for (Shape sh : {Shape{4096, 4096}, Shape{4096, 12288}, Shape{12288, 4096}, Shape{4096, 8192}}) {
       constexpr int kCopies = 8;
       const auto bytes = random_weight_bytes(type, sh.K, sh.N, rng_);
       std::vector<Weight> ws;
