@@ -107,6 +107,7 @@ struct GdnArgs {
   float eps = 1e-6f;               // for the L2 normalisation of q and k
   float* state = nullptr;          // [n_v_heads, d, d] in/out: final state written in place
   float* capture = nullptr;        // optional [n, n_v_heads, d, d]: state after each token
+  uint16_t* capture_f16 = nullptr; // or the same as IEEE halves (at most one of the two is set)
   bool chunked = false;            // chunked (prompt) form; must equal the recurrent form
   Rows out;                        // [n, n_v_heads*d]
 };
@@ -174,6 +175,8 @@ class Backend {
   // y[r] += sigmoid(g[r][0]) * x[r]   (g: one column)
   virtual void add_sigmoid_scaled(Rows x, Rows g, Rows y) = 0;
   virtual void copy_rows(Rows src, Rows dst) = 0;                     // dst = src (strided)
+  // dst[i] = src[i] for n IEEE halves (a state captured as F16 restored to F32).
+  virtual void f16_to_f32(const uint16_t* src, float* dst, int64_t n) = 0;
   // NeoX RoPE, in place, on the first n_rot dims of each head_dim-wide head; theta_i = base^(-2i/n_rot).
   virtual void rope_neox(Rows x, int head_dim, int n_rot, const int32_t* positions, float freq_base) = 0;
   // Write k, v rows into the cache at positions[t].

@@ -15,6 +15,7 @@ struct EngineFlags {
   int64_t ctx = 0;
   int batch = 256;
   std::string kv_type = "f32";
+  std::string capture_type = "f32";
   std::string spec = "none";
   std::string draft_model;
   int draft_max = 16;

@@ -32,6 +32,9 @@ struct EngineConfig {
   int64_t n_ctx = 0;        // 0: min(training context, 8192)
   int n_batch = 256;        // prompt tokens per forward
   GgmlType kv_type = GgmlType::F32;
+  // Per-token GDN states of a verify step: F32 (lossless rollback) or F16 (half the bytes; a rollback
+  // restores rounded states, so speculative output may part from plain decoding).
+  GgmlType capture_type = GgmlType::F32;
   bool dequantize = false;  // every weight to F32 at load
   SpecMethod spec = SpecMethod::None;
   std::string draft_model;  // DFlash drafter: GGUF file or HF directory

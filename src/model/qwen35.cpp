@@ -97,9 +97,12 @@ Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(Backend& backend, const G
   return m;
 }
 
-Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, GgmlType kv_type) const {
+Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, GgmlType kv_type,
+                                                GgmlType capture_type) const {
   if (kv_type != GgmlType::F32 && kv_type != GgmlType::F16)
     return Status::errorf("KV cache type {} is not supported (F32 or F16)", ggml_type_name(kv_type));
+  if (capture_type != GgmlType::F32 && capture_type != GgmlType::F16)
+    return Status::errorf("state capture type {} is not supported (F32 or F16)", ggml_type_name(capture_type));
   if (n_ctx <= 0) return Status::errorf("context length {} is invalid", n_ctx);
   SequenceState s;
   s.n_ctx = n_ctx;
@@ -128,6 +131,7 @@ Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, 
   s.ssm.assign(hp_.n_layer, nullptr);
   s.conv_capture.assign(hp_.n_layer, nullptr);
   s.ssm_capture.assign(hp_.n_layer, nullptr);
+  s.ssm_capture_f16.assign(hp_.n_layer, nullptr);
   for (int i = 0; i < hp_.n_layer; ++i) {
     if (!hp_.recurrent[i]) {
       HS_ASSIGN_OR_RETURN(s.kv[i], make_kv());
@@ -139,9 +143,14 @@ Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, 
     s.ssm[i] = static_cast<float*>(ssm);
     if (s.max_capture > 0) {
       HS_ASSIGN_OR_RETURN(void* cc, alloc(static_cast<size_t>(s.max_capture * hist * C) * sizeof(float)));
-      HS_ASSIGN_OR_RETURN(void* sc, alloc(static_cast<size_t>(s.max_capture * ssm_size) * sizeof(float)));
+      const size_t elem = capture_type == GgmlType::F16 ? 2 : 4;
+      HS_ASSIGN_OR_RETURN(void* sc, alloc(static_cast<size_t>(s.max_capture * ssm_size) * elem));
       s.conv_capture[i] = static_cast<float*>(cc);
-      s.ssm_capture[i] = static_cast<float*>(sc);
+      if (capture_type == GgmlType::F16) {
+        s.ssm_capture_f16[i] = static_cast<uint16_t*>(sc);
+      } else {
+        s.ssm_capture[i] = static_cast<float*>(sc);
+      }
     }
   }
   if (impl_->mtp) {
@@ -166,7 +175,11 @@ void Qwen35Model::restore_captured(SequenceState& s, int slot) const {
   for (int i = 0; i < hp_.n_layer; ++i) {
     if (!s.conv[i] || !s.conv_capture[i]) continue;
     backend_.copy(s.conv[i], s.conv_capture[i] + slot * conv_size, static_cast<size_t>(conv_size) * sizeof(float));
-    backend_.copy(s.ssm[i], s.ssm_capture[i] + slot * ssm_size, static_cast<size_t>(ssm_size) * sizeof(float));
+    if (s.ssm_capture_f16[i]) {
+      backend_.f16_to_f32(s.ssm_capture_f16[i] + slot * ssm_size, s.ssm[i], ssm_size);
+    } else {
+      backend_.copy(s.ssm[i], s.ssm_capture[i] + slot * ssm_size, static_cast<size_t>(ssm_size) * sizeof(float));
+    }
   }
 }
 

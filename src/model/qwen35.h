@@ -19,7 +19,8 @@ struct SequenceState {
   std::vector<KvLayer> kv;             // per trunk layer (empty for GDN layers)
   std::vector<float*> conv, ssm;       // per trunk layer (null for attention layers)
   std::vector<float*> conv_capture;    // per GDN layer: [max_capture, K-1, C] state after token i
-  std::vector<float*> ssm_capture;     // per GDN layer: [max_capture, Hv, d, d]
+  std::vector<float*> ssm_capture;     // per GDN layer: [max_capture, Hv, d, d] (F32 capture)
+  std::vector<uint16_t*> ssm_capture_f16;  // the same as halves (F16 capture: half the bytes, lossy rollback)
   KvLayer mtp_kv;                      // the MTP block's own cache (when the model has one)
   std::vector<Buffer> storage;
 };
@@ -65,8 +66,11 @@ class Qwen35Model {
   const Weight& output() const;
 
   // Allocate state for one sequence of up to n_ctx tokens, with capture room for verify steps of
-  // up to max_capture tokens. KV type F32 or F16.
-  Result<SequenceState> create_state(int64_t n_ctx, int max_capture, GgmlType kv_type) const;
+  // up to max_capture tokens. KV type F32 or F16. capture_type F32, or F16: verify writes the per-token
+  // GDN states as halves (half the bytes and memory), and a rollback restores rounded states, so
+  // speculative output is no longer bit-identical to plain decoding.
+  Result<SequenceState> create_state(int64_t n_ctx, int max_capture, GgmlType kv_type,
+                                     GgmlType capture_type = GgmlType::F32) const;
   void reset_state(SequenceState& s) const;  // empty sequence: zero conv and recurrent state
   // Rollback after a verify: the GDN/conv state becomes the one captured after token `slot`.
   void restore_captured(SequenceState& s, int slot) const;

@@ -19,7 +19,7 @@ struct Ctx {
 
 // x [n, E] normed input -> out [n, E]
 void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, float* conv_state, float* ssm_state, float* conv_capture,
-               float* ssm_capture, bool chunked, Rows out) {
+               float* ssm_capture, uint16_t* ssm_capture_f16, bool chunked, Rows out) {
   const Qwen35Hparams& hp = c.hp;
   const int64_t d = hp.ssm_d, K = int64_t{hp.ssm_k_heads} * d, V = int64_t{hp.ssm_v_heads} * d;
   const int64_t C = hp.gdn_channels(), Hv = hp.ssm_v_heads;
@@ -42,6 +42,7 @@ void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, float* conv_state, flo
   g.eps = hp.eps;
   g.state = ssm_state;
   g.capture = ssm_capture;
+  g.capture_f16 = ssm_capture_f16;
   g.chunked = chunked;
   g.out = o;
   c.be.gated_delta_net(g);
@@ -126,7 +127,7 @@ void block(const Ctx& c, const Block& b, int layer, SequenceState& st, const int
   Rows x = c.buf(c.I.x, E), h = c.buf(c.I.h, E), mix = c.buf(c.I.mix, E);
   if (b.recurrent) {
     gdn_mixer(c, b.gdn, h, st.conv[layer], st.ssm[layer], capture ? st.conv_capture[layer] : nullptr,
-              capture ? st.ssm_capture[layer] : nullptr, chunked, mix);
+              capture ? st.ssm_capture[layer] : nullptr, capture ? st.ssm_capture_f16[layer] : nullptr, chunked, mix);
   } else {
     attention_mixer(c, b.attn, h, kv_override ? *kv_override : st.kv[layer], positions, mix);
   }

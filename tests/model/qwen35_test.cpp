@@ -11,6 +11,7 @@
 #include "common/backend_io.h"
 #include "common/fixtures.h"
 #include "model/qwen35.h"
+#include "util/half.h"
 
 namespace hyspec {
 namespace {
@@ -144,7 +145,7 @@ TEST_P(Qwen35Fixture, PerLayerHiddenStatesOfTheShortCaseMatchTransformers) {
 
 // The CPU backend runs prompts through its recurrent row kernel (cheaper there); these tests make it
 // use the chunked form so that the two forms are compared for real. (The CUDA backend runs every
-// chunked step of >= 64 tokens through its chunked kernels anyway.) The two forms round differently,
+// chunked step of >= 128 tokens through its chunked kernels anyway.) The two forms round differently,
 // hence tolerances, not equality.
 struct ForceChunkedForm {
   ForceChunkedForm() { setenv("HYSPEC_CPU_GDN_CHUNKED", "1", 1); }
@@ -198,6 +199,52 @@ TEST_P(Qwen35Fixture, RecurrentCaptureHoldsTheStateTheChunkedFormReachesAtEveryP
       for (int64_t i = 0; i < conv; ++i) dc = std::max(dc, std::fabs(want_c[i] - got_c[i]));
       EXPECT_LE(ds, 1e-4f) << "recurrent state, layer " << layer << ", after " << t << " tokens";
       EXPECT_LE(dc, 1e-5f) << "conv window, layer " << layer << ", after " << t << " tokens";
+    }
+  }
+}
+
+// F16 capture: the same forward (the capture type changes only what is stored), and a rollback to
+// slot t restores exactly the f16 rounding of the state the F32 capture holds there.
+TEST_P(Qwen35Fixture, F16CaptureRestoresTheRoundedF32State) {
+  const std::string dir = GetParam();
+  const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
+  Loaded l = load(dir + "/" + dir + "-f32.gguf");
+  const Qwen35Hparams& hp = l.model->hparams();
+  const int64_t ssm = int64_t{hp.ssm_v_heads} * hp.ssm_d * hp.ssm_d, V = hp.n_vocab;
+  auto tokens = ids(manifest["cases"][1]["tokens"]);
+  tokens.resize(17);  // a 16-draft verify step
+  const int64_t n = 17;
+  std::vector<int32_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
+  test::BackendArena io(*l.backend);
+  const int32_t* tok_dev = io.put(tokens);
+  const int32_t* pos_dev = io.put(pos);
+  ASSERT_TRUE(l.model->reserve(n).is_ok());
+  auto s32 = l.model->create_state(n, static_cast<int>(n), GgmlType::F32, GgmlType::F32);
+  auto s16 = l.model->create_state(n, static_cast<int>(n), GgmlType::F32, GgmlType::F16);
+  ASSERT_TRUE(s32.is_ok() && s16.is_ok());
+  float* logits = io.alloc<float>(static_cast<size_t>(n * V));
+  std::vector<float> lg32(n * V), lg16(n * V);
+  for (auto* st : {&*s32, &*s16}) {
+    ForwardArgs a;
+    a.n = n;
+    a.tokens = tok_dev;
+    a.positions = pos_dev;
+    a.capture = true;
+    a.logits = Rows(logits, n, V);
+    ASSERT_TRUE(l.model->forward(a, *st).is_ok());
+    l.backend->download((st == &*s32 ? lg32 : lg16).data(), logits, n * V * sizeof(float));
+  }
+  EXPECT_EQ(lg32, lg16);
+  for (int slot : {0, 7, 16}) {
+    l.model->restore_captured(*s16, slot);
+    for (int layer = 0; layer < hp.n_layer; ++layer) {
+      if (!hp.recurrent[layer]) continue;
+      std::vector<float> want(ssm), got(ssm);
+      l.backend->download(want.data(), s32->ssm_capture[layer] + slot * ssm, ssm * sizeof(float));
+      l.backend->download(got.data(), s16->ssm[layer], ssm * sizeof(float));
+      for (int64_t i = 0; i < ssm; ++i)
+        ASSERT_EQ(got[i], fp16_to_fp32(fp32_to_fp16(want[i]))) << "layer " << layer << " slot " << slot << " at " << i;
     }
   }
 }

@@ -130,7 +130,20 @@ class CpuBackend final : public Backend {
   void causal_conv_silu(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) override {
     cpu::causal_conv_silu(pool_, x, weight, kernel, conv_state, capture, y);
   }
-  void gated_delta_net(const GdnArgs& a) override { cpu::gated_delta_net(pool_, a); }
+  void gated_delta_net(const GdnArgs& a) override {
+    if (!a.capture_f16) return cpu::gated_delta_net(pool_, a);
+    // F16 capture: the f32 states into a scratch copy, then rounded (the kernels write f32 rows).
+    const size_t count = static_cast<size_t>(a.q.n_rows) * a.n_v_heads * a.head_dim * a.head_dim;
+    capture_scratch_.resize(count);
+    GdnArgs f = a;
+    f.capture = capture_scratch_.data();
+    f.capture_f16 = nullptr;
+    cpu::gated_delta_net(pool_, f);
+    for (size_t i = 0; i < count; ++i) a.capture_f16[i] = fp32_to_fp16(capture_scratch_[i]);
+  }
+  void f16_to_f32(const uint16_t* src, float* dst, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+  }
   void moe_ffn(const MoeArgs& a) override { cpu::moe_ffn(pool_, a); }
 
   void argmax(Rows x, int32_t* out) override {
@@ -148,6 +161,7 @@ class CpuBackend final : public Backend {
  private:
   ThreadPool pool_;
   bool exact_;
+  std::vector<float> capture_scratch_;  // F16 GDN capture: the f32 states before rounding
 };
 
 }  // namespace

@@ -205,6 +205,10 @@ class CudaBackend final : public Backend {
     if (!expect(same_shape(x, y) && g.n_rows == x.n_rows && g.n_cols >= 1, "add_sigmoid_scaled: shapes")) return;
     check(cuda::binary_launch(cuda::Binary::AddSigmoidScaled, mat(x), mat(g), mat(y), stream_), "add_sigmoid_scaled");
   }
+  void f16_to_f32(const uint16_t* src, float* dst, int64_t n) override {
+    auto prof = profile("f16_to_f32");
+    check(cuda::f16_to_f32_launch(src, dst, n, stream_), "f16_to_f32");
+  }
   void copy_rows(Rows src, Rows dst) override {
     auto prof = profile("copy_rows");
     if (!expect(same_shape(src, dst), "copy_rows: [{}, {}] -> [{}, {}]", src.n_rows, src.n_cols, dst.n_rows,
@@ -293,7 +297,9 @@ class CudaBackend final : public Backend {
         !expect(a.n_k_heads > 0 && a.n_v_heads > 0 && a.k.n_rows == n && a.v.n_rows == n && a.out.n_rows == n &&
                     a.beta_logit.n_rows == n && a.alpha.n_rows == n,
                 "gated_delta_net: inconsistent shapes") ||
-        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.q.data) && aligned16(a.k.data) &&
+        !expect(!(a.capture && a.capture_f16), "gated_delta_net: one capture buffer, F32 or F16") ||
+        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.capture_f16) && aligned16(a.q.data) &&
+                    aligned16(a.k.data) &&
                     a.q.stride % 4 == 0 && a.k.stride % 4 == 0,
                 "gated_delta_net: state, capture, q and k rows must be 16-byte aligned"))
       return;
@@ -312,6 +318,7 @@ class CudaBackend final : public Backend {
     p.eps = a.eps;
     p.state = a.state;
     p.capture = a.capture;
+    p.capture_f16 = a.capture_f16;
     p.chunked = a.chunked;
     const size_t scratch_bytes = cuda::gdn_scratch_bytes(p);
     void* scratch = nullptr;

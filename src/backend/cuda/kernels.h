@@ -124,6 +124,7 @@ struct GdnParams {
   float eps = 1e-6f;
   float* state = nullptr;
   float* capture = nullptr;
+  uint16_t* capture_f16 = nullptr;  // or the captured states as halves
   bool chunked = false;  // prompt form: the chunked kernels where they pay (gdn_launch decides)
 };
 bool gdn_head_dim_supported(int head_dim);
@@ -131,5 +132,7 @@ bool gdn_head_dim_supported(int head_dim);
 size_t gdn_scratch_bytes(const GdnParams& p);
 // q, k: 16-byte aligned rows (float4 loads); state and capture 16-byte aligned.
 cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream);
+// dst[i] = src[i], n halves to floats.
+cudaError_t f16_to_f32_launch(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
 
 }  // namespace hyspec::cuda

@@ -1,5 +1,7 @@
 // The recurrent ops of the Gated DeltaNet mixer: the causal depthwise conv with its rolling state,
 // and the delta-rule recurrence (QWEN35.md, "Gated DeltaNet mixer").
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "backend/cuda/async_copy.cuh"
@@ -77,6 +79,7 @@ struct GdnKArgs {
   float eps;
   float* state;
   float* capture;
+  uint16_t* capture_f16;
 };
 
 // The delta rule, token by token, in one kernel. Columns j (v index) of a head's state evolve
@@ -215,6 +218,13 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         float4* cap = reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
 #pragma unroll
         for (int i = 0; i < 4; ++i) cap[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
+      } else if (a.capture_f16) {
+        uint2* cap = reinterpret_cast<uint2*>(a.capture_f16 + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const __half2 lo = __floats2half2_rn(S[4 * i], S[4 * i + 1]), hi = __floats2half2_rn(S[4 * i + 2], S[4 * i + 3]);
+          cap[p + P * i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+        }
       }
     }
   }
@@ -596,7 +606,7 @@ __global__ void __launch_bounds__(kGdnThreads, 1) gdn_chunk_scan_kernel(GdnKArgs
 // dims must be multiples of 32 up to 128 (the tilings above). Everything else, and any request with
 // capture, runs the recurrent kernel. Both compute the same function, up to f32 rounding.
 bool gdn_uses_chunked(const GdnParams& p) {
-  return p.chunked && !p.capture && p.q.rows >= kGdnChunkedMinTokens && p.head_dim % kGdnSlice == 0 &&
+  return p.chunked && !p.capture && !p.capture_f16 && p.q.rows >= kGdnChunkedMinTokens && p.head_dim % kGdnSlice == 0 &&
          p.head_dim <= 128;
 }
 
@@ -658,7 +668,7 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int D = p.head_dim;
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
-             p.state, p.capture};
+             p.state, p.capture, p.capture_f16};
   if (gdn_uses_chunked(p)) return gdn_chunked_launch(a, static_cast<float*>(scratch), stream);
   // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
   const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
@@ -667,6 +677,20 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   const size_t smem = chunk * per_token;
   const dim3 grid(p.n_v_heads, D / 16);
   gdn_kernel<<<grid, D, smem, stream>>>(a, chunk);
+  return cudaGetLastError();
+}
+
+namespace {
+__global__ void f16_to_f32_kernel(const __half* __restrict__ src, float* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __half2float(src[i]);
+}
+}  // namespace
+
+cudaError_t f16_to_f32_launch(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 2048));
+  f16_to_f32_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const __half*>(src), dst, n);
   return cudaGetLastError();
 }
 
