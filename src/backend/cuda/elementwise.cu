@@ -48,15 +48,30 @@ __global__ void rms_norm_kernel(NormArgs a) {
   float* xr = a.x.data + r * a.x.stride + gc;
   const float* zr = a.z ? a.z + r * a.z_stride + gc : nullptr;
   float ss = 0.0f;
-  if (valid)
-    for (int64_t c = lt; c < a.group; c += tpg) {
-      float v = xr[c];
-      if constexpr (kKind == NormKind::AddResidual) {
-        v = v + zr[c];
-        xr[c] = v;  // read back below by this same thread
+  if (valid) {
+    // Four elements per round, loaded before any is stored: the store to x would otherwise order
+    // each later load behind it (x and z may alias as far as the compiler knows). Same summation
+    // order as one element per round.
+    for (int64_t c0 = lt; c0 < a.group; c0 += 4 * int64_t{tpg}) {
+      float v[4], d[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * int64_t{tpg};
+        v[k] = c < a.group ? xr[c] : 0.0f;
+        if constexpr (kKind == NormKind::AddResidual) d[k] = c < a.group ? zr[c] : 0.0f;
       }
-      ss += v * v;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * int64_t{tpg};
+        if (c >= a.group) break;
+        if constexpr (kKind == NormKind::AddResidual) {
+          v[k] = v[k] + d[k];
+          xr[c] = v[k];  // read back below by this same thread
+        }
+        ss += v[k] * v[k];
+      }
     }
+  }
   ss = warp_sum(ss);
   if (tpg > 32) {
     if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;

@@ -403,18 +403,36 @@ __global__ void matmul_exact_kernel(const uint8_t* __restrict__ w, size_t row_by
 }
 
 // Prefill: rows [r0, r0+rows) decoded to f16 in chunk order. Bytes: read the tile once, write 2 B/elem.
+// A thread decodes one chunk (64 bytes of f16); a warp's 32 consecutive chunks leave through shared
+// memory so that each store instruction writes 512 contiguous bytes (direct 64-byte-strided stores
+// left the kernel bound by half-filled L2 sector writes). Launched with 256 threads.
 template <class T>
 __global__ void dequant_tile_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t r0, int64_t rows,
                                     int64_t n_chunks, __half* __restrict__ out) {
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * n_chunks;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / n_chunks, c = idx % n_chunks;
-    half2 a[16];
-    T::chunk(w + (r0 + r) * row_bytes, c, a);
-    uint4* dst = reinterpret_cast<uint4*>(out + (r * n_chunks + c) * 32);
-    const uint32_t* v = reinterpret_cast<const uint32_t*>(a);
+  __shared__ uint4 stage[8][32 * 4];
+  const int lane = threadIdx.x & 31;
+  uint4* my = stage[threadIdx.x >> 5];
+  const int64_t total = rows * n_chunks;
+  // Warp-uniform loop: the warp's chunks are idx0 .. idx0 + 31.
+  for (int64_t idx0 = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) & ~int64_t{31}; idx0 < total;
+       idx0 += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t idx = idx0 + lane;
+    if (idx < total) {
+      const int64_t r = idx / n_chunks, c = idx % n_chunks;
+      half2 a[16];
+      T::chunk(w + (r0 + r) * row_bytes, c, a);
+      const uint32_t* v = reinterpret_cast<const uint32_t*>(a);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) dst[k] = make_uint4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+      for (int k = 0; k < 4; ++k) my[4 * lane + k] = make_uint4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    }
+    __syncwarp();
+    // Chunk idx0 + i is output chunk idx0 + i (the tile is [rows][n_chunks] chunks, row-major).
+    uint4* dst = reinterpret_cast<uint4*>(out + idx0 * 32);
+    const int64_t pieces = min(int64_t{32}, total - idx0) * 4;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (32 * k + lane < pieces) dst[32 * k + lane] = my[32 * k + lane];
+    __syncwarp();  // my is rewritten next round
   }
 }
 
@@ -558,11 +576,14 @@ cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t s
   return launch_mmv<T, 4, 32>(a, 0, stream);
 }
 
-// Rows of the f16 weight tile kept for cuBLAS: at most kTileBytes.
-constexpr size_t kTileBytes = size_t(64) << 20;
+// Rows of the f16 weight tile kept for cuBLAS: at most HYSPEC_GEMM_TILE_MB (default 64) MiB.
+size_t tile_bytes() {
+  static const size_t bytes = static_cast<size_t>(std::clamp(env_int("HYSPEC_GEMM_TILE_MB", 64), 1, 1024)) << 20;
+  return bytes;
+}
 
 int64_t tile_rows(const WeightView& w) {
-  const int64_t r = static_cast<int64_t>(kTileBytes / (static_cast<size_t>(w.n_in) * 2));
+  const int64_t r = static_cast<int64_t>(tile_bytes() / (static_cast<size_t>(w.n_in) * 2));
   return std::max<int64_t>(16, std::min<int64_t>(r / 16 * 16, w.n_out));
 }
 
