@@ -90,14 +90,17 @@ struct StepRing {
   static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
   const Int8MvArgs& a;
   uint8_t* ring;
+  float* red;  // after the rings: [warps][NMAX][16] partial sums
   int lane, ks, NS, cnt;
-  int64_t total, issued = 0, i_tile;
+  int64_t my_tiles, total, issued = 0, i_tile;
   int i_m = 0, i_slot = 0, c_slot = 0;
 
-  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, int64_t my_tiles)
+  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem)
       : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), NS(args.stages), i_tile(blockIdx.x) {
     ring = smem + ks * NS * kRows * kBlockBytes;
-    const int64_t S = a.K / 256;
+    red = reinterpret_cast<float*>(smem + kWarps * NS * kRows * kBlockBytes);
+    const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
+    my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
     cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
     total = my_tiles * cnt;
   }
@@ -194,11 +197,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  float* const red = reinterpret_cast<float*>(smem + kWarps * a.stages * kRows * kBlockBytes);  // [warps][NMAX][16]
   const int64_t nb32 = a.K / 32;
-  const int64_t tiles = (a.n_out + StepRing<SW>::kOut - 1) / StepRing<SW>::kOut;
-  const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  StepRing<SW> ring(a, smem, my_tiles);
+  StepRing<SW> ring(a, smem);
+  float* const red = ring.red;
+  const int64_t my_tiles = ring.my_tiles;
   ring.prime();
   pdl_wait();  // the activations belong to the previous kernel
   pdl_trigger();
@@ -278,11 +280,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_mma_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  float* const red = reinterpret_cast<float*>(smem + kWarps * a.stages * kRows * kBlockBytes);  // [warps][NMAX][16]
   const int64_t nb32 = a.K / 32;
-  const int64_t tiles = (a.n_out + StepRing<SW>::kOut - 1) / StepRing<SW>::kOut;
-  const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  StepRing<SW> ring(a, smem, my_tiles);
+  StepRing<SW> ring(a, smem);
+  float* const red = ring.red;
+  const int64_t my_tiles = ring.my_tiles;
   ring.prime();
   pdl_wait();
   pdl_trigger();
