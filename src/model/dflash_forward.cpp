@@ -76,11 +76,13 @@ Status DflashModel::draft(const DflashDraftArgs& args, DflashState& st) {
     be.attention(a);
     be.matmul(l.attn_output, att, mix);
     be.add_rms_norm(x, mix, l.ffn_norm.f32(), E, hp_.eps, h);
-    // SwiGLU FFN.
+    // SwiGLU FFN (one pass over gate and up where the backend fuses them: the same bits).
     Rows gate(I.t1, n, F), up(I.t2, n, F);
-    be.matmul(l.ffn_gate, h, gate);
-    be.matmul(l.ffn_up, h, up);
-    be.swiglu(gate, up, gate);
+    if (!be.matmul_swiglu(l.ffn_gate, l.ffn_up, h, gate)) {
+      be.matmul(l.ffn_gate, h, gate);
+      be.matmul(l.ffn_up, h, up);
+      be.swiglu(gate, up, gate);
+    }
     be.matmul(l.ffn_down, gate, mix);
     if (il + 1 < I.layers.size()) be.add_rms_norm(x, mix, I.layers[il + 1].attn_norm.f32(), E, hp_.eps, h);
   }
