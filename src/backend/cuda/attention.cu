@@ -572,8 +572,13 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const bool decode = uses_decode_kernel(p.q.rows, p.n_head / p.n_kv_head, p.n_kv_head);
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
   if (base >= n_sm) return 1;
-  // Two blocks per SM for either kernel.
-  const int64_t want = ((decode ? 2 : 2) * n_sm + base - 1) / base;
+  // Blocks per SM to aim for: 2 (HYSPEC_ATTN_BLOCKS_PER_SM overrides, benchmarks).
+  static const int per_sm = [] {
+    const char* e = std::getenv("HYSPEC_ATTN_BLOCKS_PER_SM");
+    const int v = e && *e ? std::atoi(e) : 2;
+    return v >= 1 ? v : 1;
+  }();
+  const int64_t want = (int64_t{per_sm} * n_sm + base - 1) / base;
   // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
   const int64_t max_useful = std::max<int64_t>(
       1, decode ? (p.kv_capacity + kDecodeKeys * decode_min_tiles() - 1) / (kDecodeKeys * decode_min_tiles())
