@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <utility>
 
 namespace hyspec::cuda {
 
@@ -20,6 +21,24 @@ inline int sm_count() {
 inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
+}
+
+// Launch allowing programmatic dependent launch when `pdl` (the kernel waits with pdl_wait before it
+// reads what earlier kernels wrote, and may start its own prologue while they finish).
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       bool pdl, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace hyspec::cuda

@@ -521,17 +521,8 @@ cudaError_t launch_mmv(MmvArgs a, unsigned grid_y, cudaStream_t stream) {
   const int64_t tiles = (a.n_out + (SW ? RW / 2 : RW) - 1) / (SW ? RW / 2 : RW);
   static const int forced_grid = env_int("HYSPEC_MMV_GRID", 0);
   const int64_t slots = forced_grid > 0 ? forced_grid : int64_t{c.blocks_per_sm} * sm_count();
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid_y ? tiles : std::min(tiles, slots)), grid_y ? grid_y : 1);
-  cfg.blockDim = dim3(kMmvWarps * 32);
-  cfg.dynamicSmemBytes = c.smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = use_pdl() ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, mmv_kernel<T, NT, RW, SW, MB>, a);
+  const dim3 grid(static_cast<unsigned>(grid_y ? tiles : std::min(tiles, slots)), grid_y ? grid_y : 1);
+  return launch_pdl(mmv_kernel<T, NT, RW, SW, MB>, grid, dim3(kMmvWarps * 32), c.smem, stream, use_pdl(), a);
 }
 
 // x as 16-byte aligned rows: x itself, or a copy in `staging`.

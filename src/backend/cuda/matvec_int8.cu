@@ -371,17 +371,8 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream) {
   if (attr_err != cudaSuccess) return attr_err;
   a.stages = ring_stages();
   const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sm_count()})));
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, a);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sm_count()})));
+  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, true, a);
 }
 
 template <bool SW>
@@ -416,21 +407,11 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   auto* xq = static_cast<int8_t*>(scratch);
   auto* xds = reinterpret_cast<float2*>(static_cast<char*>(scratch) + q8_bytes(x.rows, w.n_in));
-  {
-    const int64_t blocks32 = x.rows * (w.n_in / 32);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>((blocks32 + 7) / 8, 1024)));
-    cfg.blockDim = dim3(256);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t err =
-        cudaLaunchKernelEx(&cfg, quantize_q8_kernel, static_cast<const float*>(x.data), x.stride, x.rows, w.n_in, xq, xds);
-    if (err != cudaSuccess) return err;
-  }
+  const int64_t blocks32 = x.rows * (w.n_in / 32);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks32 + 7) / 8, 1024)));
+  const cudaError_t err = launch_pdl(quantize_q8_kernel, grid, dim3(256), 0, stream, true,
+                                     static_cast<const float*>(x.data), x.stride, x.rows, w.n_in, xq, xds);
+  if (err != cudaSuccess) return err;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, w.n_in, xq, xds, static_cast<int>(x.rows), 0, y.data, y.stride};
   return up ? launch_for_width<true>(a, stream) : launch_for_width<false>(a, stream);
 }
