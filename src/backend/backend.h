@@ -7,7 +7,8 @@
 // - All pointers are backend memory (host memory on CPU, device memory on CUDA), including the
 //   per-step inputs (token ids, positions) that ops read, so a recorded step can be replayed.
 // - Ops are asynchronous on CUDA (one stream, in order); `download` and `synchronize` wait.
-// - Weights keep their GGML type: `matmul` reads them as stored (f32, f16, bf16, every quant).
+// - Weights keep their GGML type: `matmul` reads them as stored (f32, f16, bf16, every quant; CUDA
+//   stores the types it has no kernels for as Q8_0, see load_weight).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -144,7 +145,8 @@ class Backend {
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual Status synchronize() = 0;
 
-  // Make a GGUF tensor usable as a weight (CPU: zero-copy view; CUDA: uploaded once).
+  // Make a GGUF tensor usable as a weight (CPU: zero-copy view; CUDA: uploaded once, and types it has
+  // no kernels for re-quantized to Q8_0 on the way: the Weight's type says what is stored).
   // dequantize_to_f32: convert to F32 at load (parity checks of quantized kernels).
   virtual Result<Weight> load_weight(const GgufTensorInfo& t, bool dequantize_to_f32 = false) = 0;
   // A host f32 array as an F32 weight (n_out rows of n_in).

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "common/fixtures.h"
 #include "format/quants.h"
 #include "util/half.h"
 
@@ -347,6 +348,38 @@ TEST_F(CudaBackendTest, MatmulRowsNotMultipleOf32UseExactFallback) {
     cpu_->matmul(*wc, x.c.rows(n, K), y.c.rows(n, N));
     gpu_->matmul(*wg, x.g.rows(n, K), y.g.rows(n, N));
     expect_close(y, 1e-5, std::string(ggml_type_name(type)));
+  }
+}
+
+// Types without CUDA kernels load as Q8_0 requantized on the host: matmul and embed then follow the
+// source's dequantized values to the Q8_0 grid's precision (gguf-py's fixture blocks, every such type).
+TEST_F(CudaBackendTest, TypesWithoutKernelsRunAsQ8_0) {
+  for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                        GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ1_S, GgmlType::IQ1_M,
+                        GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S}) {
+    const std::string name(ggml_type_name(type));
+    const std::string blocks = test::read_text_file(test::fixture_path("quants/" + name + ".blocks"));
+    const std::vector<uint8_t> bytes(blocks.begin(), blocks.end());
+    const int64_t block = ggml_type_traits(type).block_size, N = 8;
+    const int64_t K = static_cast<int64_t>(bytes.size() / ggml_type_traits(type).type_size) * block / N;
+    ASSERT_EQ(ggml_row_bytes(type, K).value() * N, bytes.size()) << name;
+    const GgufTensorInfo info = tensor_info("w", type, bytes, K, N);
+    auto wc = cpu_->load_weight(info, /*dequantize_to_f32=*/true);
+    auto wg = gpu_->load_weight(info);
+    ASSERT_TRUE(wc.is_ok() && wg.is_ok()) << name << ": " << wg.message();
+    EXPECT_EQ(wg->type, GgmlType::Q8_0) << name;
+    for (int64_t n : {1, 17, 40}) {
+      Pair x = both(randn(n * K)), y = both_poison(n * N);
+      cpu_->matmul(*wc, x.c.rows(n, K), y.c.rows(n, N));
+      gpu_->matmul(*wg, x.g.rows(n, K), y.g.rows(n, N));
+      expect_close(y, 1e-2, fmt::format("{} n={}", name, n));
+    }
+    std::vector<int32_t> ids = {0, 5, 7, 3};
+    Buffer tc = put_i32(*cpu_, ids), tg = put_i32(*gpu_, ids);
+    Pair out = both_poison(4 * K);
+    cpu_->embed(*wc, tc.as<int32_t>(), 4, out.c.rows(4, K));
+    gpu_->embed(*wg, tg.as<int32_t>(), 4, out.g.rows(4, K));
+    expect_close(out, 1e-2, name + " embed");
   }
 }
 

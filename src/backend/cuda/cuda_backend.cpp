@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
@@ -122,10 +123,44 @@ class CudaBackend final : public Backend {
     } else {
       if (!ggml_type_traits(t.type).dequantizable && t.type != GgmlType::F32)
         return Status::errorf("tensor '{}': GGML type {} is not supported for weights", t.name, ggml_type_name(t.type));
-      HS_ASSIGN_OR_RETURN(w.owner, upload_weight(t.data, w.row_bytes * rows, t.name));
+      if (t.type != GgmlType::F32 && !cuda::matmul_type_supported(t.type)) {
+        HS_ASSIGN_OR_RETURN(std::vector<uint8_t> q8, requantize_q8_0(t, w));
+        HS_ASSIGN_OR_RETURN(w.owner, upload_weight(q8.data(), q8.size(), t.name));
+      } else {
+        HS_ASSIGN_OR_RETURN(w.owner, upload_weight(t.data, w.row_bytes * rows, t.name));
+      }
     }
     w.data = w.owner.get();
     return w;
+  }
+
+  // Types without CUDA kernels (Q2_K, Q3_K, Q4_1, Q5_0/1, IQ*, MXFP4) are dequantized on the host and
+  // stored as Q8_0, which has them (8.5 bits per weight: 2-4x the memory of a 2-4 bit file; the
+  // requantization adds ~0.2% rms of each 32-block's range, far below the source type's own error).
+  // Rows are converted in parallel. Sets w's type and row bytes.
+  static Result<std::vector<uint8_t>> requantize_q8_0(const GgufTensorInfo& t, Weight& w) {
+    const int64_t rows = w.n_out * w.n_expert;
+    if (w.n_in % 32 != 0)
+      return Status::errorf("tensor '{}': {} rows of {} cannot be stored as Q8_0 on CUDA", t.name,
+                            ggml_type_name(t.type), w.n_in);
+    const size_t q8_row = static_cast<size_t>(w.n_in / 32) * 34;
+    std::vector<uint8_t> out(q8_row * static_cast<size_t>(rows));
+    const int n_threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 16u));
+    std::vector<Status> status(static_cast<size_t>(n_threads));
+    std::vector<std::thread> threads;
+    for (int k = 0; k < n_threads; ++k)
+      threads.emplace_back([&, k] {
+        std::vector<float> row(static_cast<size_t>(w.n_in));
+        for (int64_t r = k; r < rows && status[k].is_ok(); r += n_threads) {
+          status[k] = dequantize_row(t.type, t.data + r * w.row_bytes, row.data(), w.n_in);
+          if (status[k].is_ok()) status[k] = quantize_row(GgmlType::Q8_0, row.data(), out.data() + r * q8_row, w.n_in);
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (const Status& st : status) HS_RETURN_IF_ERROR(st.with_context("tensor '" + t.name + "'"));
+    w.type = GgmlType::Q8_0;
+    w.row_bytes = q8_row;
+    return out;
   }
 
   Result<Weight> weight_from_f32(const std::string& name, const float* data, int64_t n_in, int64_t n_out) override {
