@@ -353,6 +353,9 @@ TEST_F(CudaBackendTest, MatmulRowsNotMultipleOf32UseExactFallback) {
 
 // Types without CUDA kernels load as Q8_0 requantized on the host: matmul and embed then follow the
 // source's dequantized values to the Q8_0 grid's precision (gguf-py's fixture blocks, every such type).
+// The fixture's random scales differ wildly between neighbouring sub-blocks (16 or 32 elements), so a
+// 32-element Q8_0 block can hold values of very different size: up to ~2% relative here (measured
+// 1.75% worst, H100), against ~0.3% for weights whose neighbouring sub-blocks have similar scales.
 TEST_F(CudaBackendTest, TypesWithoutKernelsRunAsQ8_0) {
   for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
                         GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ1_S, GgmlType::IQ1_M,
@@ -372,14 +375,14 @@ TEST_F(CudaBackendTest, TypesWithoutKernelsRunAsQ8_0) {
       Pair x = both(randn(n * K)), y = both_poison(n * N);
       cpu_->matmul(*wc, x.c.rows(n, K), y.c.rows(n, N));
       gpu_->matmul(*wg, x.g.rows(n, K), y.g.rows(n, N));
-      expect_close(y, 1e-2, fmt::format("{} n={}", name, n));
+      expect_close(y, 3e-2, fmt::format("{} n={}", name, n));
     }
     std::vector<int32_t> ids = {0, 5, 7, 3};
     Buffer tc = put_i32(*cpu_, ids), tg = put_i32(*gpu_, ids);
     Pair out = both_poison(4 * K);
     cpu_->embed(*wc, tc.as<int32_t>(), 4, out.c.rows(4, K));
     gpu_->embed(*wg, tg.as<int32_t>(), 4, out.g.rows(4, K));
-    expect_close(out, 1e-2, name + " embed");
+    expect_close(out, 3e-2, name + " embed");
   }
 }
 
