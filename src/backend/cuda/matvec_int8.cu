@@ -1,13 +1,17 @@
-// Integer-dot matvec for Q4_K weights at decode and verify widths (1..32 tokens).
+// Integer-dot matvec for Q4_K weights at decode and verify widths (1..32 tokens); opt-in
+// (BackendOptions::int8_matvec, `--int8-matvec`), docs/CUDA_NOTES.md says why.
 //
-// The f16 tensor-core matvec (matmul.cu) decodes every 4-bit code into an f16 fragment: ~900 warp
-// instructions per 16 rows x 256 weights, issue-bound at ~1.45 TB/s on an H100. Here the codes stay
-// integers: activations are quantized once per call to int8 in blocks of 32 (scale d = max|x|/127 and
-// the exact f32 sum s of each block, `quantize_q8_kernel`), and a lane owns one weight row, masking a
-// Q4_K block's nibbles into words of four codes and multiplying them with dp4a (4 MACs per
-// instruction, exact int32 sums per 32-element sub-block). A sub-block then adds
+// The f16 tensor-core matvec (matmul.cu) decodes every 4-bit code into an f16 fragment and is
+// issue-bound at ~1.45 TB/s for one token on an H100. Here the codes stay integers: activations are
+// quantized once per call to int8 in blocks of 32 (scale d = max|x|/127 and the exact f32 sum s of each
+// block, `quantize_q8_kernel`). Up to 4 tokens a lane owns one weight row, masks a Q4_K block's nibbles
+// into words of four codes and multiplies them with dp4a (4 MACs per instruction); from 5 tokens an
+// int8 mma.m16n8k32 per sub-block and 8 tokens does it. Either way the int32 sum of a 32-element
+// sub-block is exact, and the sub-block then adds
 //   (d*sc) * dx * isum - (dmin*m) * s
-// in f32. ~200 lane instructions per 16 rows x 256 weights for one token (+~60 per further token).
+// to the output in f32, in the same order in both kernels (`add_sub_block`): every width gives the
+// one-token bits. That per-output, per-sub-block epilogue is also why the mma kernel loses to the f16
+// path from 8 tokens (ncu at 17 tokens: 7.5 M vs 4.2 M instructions).
 //
 // Layout: a block of 8 warps owns a tile of 16 rows at a time (8 gate + 8 up rows for the fused
 // SwiGLU); warp ks takes the super-blocks (steps) ks, ks + 8, ... of the tile's rows, streamed
