@@ -64,14 +64,13 @@ StackedProjection Binder::get_stacked(std::initializer_list<std::pair<std::strin
     // A run of several parts: their rows copied into one host array, which a zero-copy backend keeps.
     std::shared_ptr<std::vector<uint8_t>> bytes;
     if (j - i > 1) {
-      bytes = std::make_shared<std::vector<uint8_t>>();
-      for (size_t k = i; k < j; ++k) {
-        bytes->insert(bytes->end(), infos[k]->data, infos[k]->data + infos[k]->nbytes);
-        if (k > i) stacked.name += "+" + infos[k]->name;
-      }
+      bytes = std::make_shared<std::vector<uint8_t>>(infos[i]->data, infos[i]->data + infos[i]->nbytes);
       stacked.n_dims = 2;
-      stacked.ne[1] = 0;
-      for (size_t k = i; k < j; ++k) stacked.ne[1] += infos[k]->ne[1];
+      for (size_t k = i + 1; k < j; ++k) {
+        bytes->insert(bytes->end(), infos[k]->data, infos[k]->data + infos[k]->nbytes);
+        stacked.name += "+" + infos[k]->name;
+        stacked.ne[1] += infos[k]->ne[1];
+      }
       stacked.nbytes = bytes->size();
       stacked.data = bytes->data();
     }

@@ -25,7 +25,10 @@ struct StackedProjection {
 
   // out: [n, width] (x.n_cols == n_in)
   void matmul(Backend& backend, Rows x, Rows out) const;
-  Rows part(Rows out, size_t i, int64_t n_out) const { return out.cols(begin[i], n_out); }
+  // Part i's columns of a [n, width] result.
+  Rows part(Rows out, size_t i) const {
+    return out.cols(begin[i], (i + 1 < begin.size() ? begin[i + 1] : width) - begin[i]);
+  }
 };
 
 class Binder {

@@ -185,9 +185,8 @@ void Qwen35Model::restore_captured(SequenceState& s, int slot) const {
 
 Status Qwen35Model::reserve(int64_t max_tokens) {
   const int64_t qg = 2 * int64_t{hp_.n_head} * hp_.head_dim;
-  const int64_t gdn_in = hp_.gdn_channels() + int64_t{hp_.ssm_v_heads} * (hp_.ssm_d + 2);  // stacked in_proj
-  const int64_t widest =
-      std::max<int64_t>({int64_t{hp_.n_embd} * 2, gdn_in, qg, hp_.n_ff, hp_.n_ff_shexp, hp_.n_ff_exp});
+  int64_t widest = std::max<int64_t>({int64_t{hp_.n_embd} * 2, qg, hp_.n_ff, hp_.n_ff_shexp, hp_.n_ff_exp});
+  for (const Block& b : impl_->blocks) widest = std::max(widest, b.gdn.in_proj.width);  // GDN stacked projections
   return impl_->reserve(backend_, max_tokens, hp_.n_embd, widest, 16);  // small: the shared expert gate
 }
 

@@ -22,11 +22,11 @@ void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, float* conv_state, flo
                float* ssm_capture, uint16_t* ssm_capture_f16, bool chunked, Rows out) {
   const Qwen35Hparams& hp = c.hp;
   const int64_t d = hp.ssm_d, K = int64_t{hp.ssm_k_heads} * d, V = int64_t{hp.ssm_v_heads} * d;
-  const int64_t C = hp.gdn_channels(), Hv = hp.ssm_v_heads;
+  const int64_t C = hp.gdn_channels();
   Rows in = c.buf(c.I.t1, w.in_proj.width), conv = c.buf(c.I.t3, C), o = c.buf(c.I.t4, V);
   w.in_proj.matmul(c.be, x, in);
-  Rows qkv = w.in_proj.part(in, 0, C), z = w.in_proj.part(in, 1, V), beta = w.in_proj.part(in, 2, Hv),
-       alpha = w.in_proj.part(in, 3, Hv);
+  Rows qkv = w.in_proj.part(in, 0), z = w.in_proj.part(in, 1), beta = w.in_proj.part(in, 2),
+       alpha = w.in_proj.part(in, 3);
   c.be.causal_conv_silu(qkv, w.ssm_conv1d.f32(), hp.conv_kernel, conv_state, conv_capture, conv);
   GdnArgs g;
   g.q = conv.cols(0, K);

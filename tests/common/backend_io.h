@@ -27,6 +27,12 @@ class BackendArena {
     buffers_.push_back(*r);
     return r->template as<T>();
   }
+  // Positions 0..n-1 (a sequence from its start) in backend memory.
+  const int32_t* positions(int64_t n) {
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
+    return put(pos);
+  }
   // Rows of fresh backend memory.
   Rows rows(int64_t n_rows, int64_t n_cols) { return Rows(alloc<float>(static_cast<size_t>(n_rows * n_cols)), n_rows, n_cols); }
   std::vector<float> get(Rows r) {

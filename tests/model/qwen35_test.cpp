@@ -51,11 +51,9 @@ std::vector<float> run_logits(Loaded& l, const std::vector<int32_t>& tokens, int
   auto st = l.model->create_state(n + 8, capture ? static_cast<int>(step) : 0, kv);
   EXPECT_TRUE(st.is_ok()) << st.message();
   std::vector<float> logits;
-  std::vector<int32_t> pos(n);
-  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
   test::BackendArena io(*l.backend);
   const int32_t* tok_dev = io.put(tokens);
-  const int32_t* pos_dev = io.put(pos);
+  const int32_t* pos_dev = io.positions(n);
   for (int64_t s = 0; s < n; s += step) {
     const int64_t m = std::min(step, n - s);
     ForwardArgs a;
@@ -119,13 +117,11 @@ TEST_P(Qwen35Fixture, PerLayerHiddenStatesOfTheShortCaseMatchTransformers) {
   ASSERT_TRUE(l.model->reserve(n).is_ok());
   auto st = l.model->create_state(n, 0, GgmlType::F32);
   ASSERT_TRUE(st.is_ok());
-  std::vector<int32_t> pos(n);
-  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
   test::BackendArena io(*l.backend);
   ForwardArgs a;
   a.n = n;
   a.tokens = io.put(tokens);
-  a.positions = io.put(pos);
+  a.positions = io.positions(n);
   a.gdn_chunked = true;
   for (int i = 0; i < L; ++i) a.taps.push_back(i);  // the input of layer i = transformers' hidden_states[i]
   a.features = io.rows(n, L * E);
@@ -162,11 +158,9 @@ TEST_P(Qwen35Fixture, RecurrentCaptureHoldsTheStateTheChunkedFormReachesAtEveryP
   const auto tokens = ids(manifest["cases"][1]["tokens"]);  // chunk_cross: 70 tokens, past one 64-token chunk
   const int64_t n = static_cast<int64_t>(tokens.size());
   ASSERT_GT(n, 64);
-  std::vector<int32_t> pos(n);
-  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
   test::BackendArena io(*l.backend);
   const int32_t* tok_dev = io.put(tokens);
-  const int32_t* pos_dev = io.put(pos);
+  const int32_t* pos_dev = io.positions(n);
   ASSERT_TRUE(l.model->reserve(n).is_ok());
   // Recurrent form over all tokens, capturing every position's state.
   auto rec = l.model->create_state(n, static_cast<int>(n), GgmlType::F32);
@@ -214,11 +208,9 @@ TEST_P(Qwen35Fixture, F16CaptureRestoresTheRoundedF32State) {
   auto tokens = ids(manifest["cases"][1]["tokens"]);
   tokens.resize(17);  // a 16-draft verify step
   const int64_t n = 17;
-  std::vector<int32_t> pos(n);
-  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
   test::BackendArena io(*l.backend);
   const int32_t* tok_dev = io.put(tokens);
-  const int32_t* pos_dev = io.put(pos);
+  const int32_t* pos_dev = io.positions(n);
   ASSERT_TRUE(l.model->reserve(n).is_ok());
   auto s32 = l.model->create_state(n, static_cast<int>(n), GgmlType::F32, GgmlType::F32);
   auto s16 = l.model->create_state(n, static_cast<int>(n), GgmlType::F32, GgmlType::F16);

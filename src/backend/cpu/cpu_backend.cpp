@@ -139,7 +139,9 @@ class CpuBackend final : public Backend {
     f.capture = capture_scratch_.data();
     f.capture_f16 = nullptr;
     cpu::gated_delta_net(pool_, f);
-    for (size_t i = 0; i < count; ++i) a.capture_f16[i] = fp32_to_fp16(capture_scratch_[i]);
+    pool_.parallel_for(static_cast<int64_t>(count), [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) a.capture_f16[i] = fp32_to_fp16(capture_scratch_[i]);
+    }, 4096);
   }
   void f16_to_f32(const uint16_t* src, float* dst, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);

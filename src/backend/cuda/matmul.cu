@@ -55,14 +55,13 @@ bool with_type(GgmlType t, F&& f) {
 // The tensor-core paths need whole 32-element chunks; F32 weights always take the exact path.
 bool fast_path(const WeightView& w) { return w.n_in % 32 == 0 && w.type != GgmlType::F32; }
 
-
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
-// ---- activations -> f16 in chunk order -------------------------------------------------------
+// ---- activations -> f16 (bf16 for BF16 weights) in chunk order -------------------------------
 // xh[r][j] = x[r][block(j) + perm(j % kBlock)]; bytes: read 4K, write 2K per row.
 template <class T>
 __global__ void prep_activations_kernel(const float* __restrict__ x, int64_t x_stride, int64_t rows, int64_t K,
-                                        __half* __restrict__ xh) {
+                                        void* __restrict__ xh) {
   const int64_t half_k = K / 2;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * half_k;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -70,7 +69,10 @@ __global__ void prep_activations_kernel(const float* __restrict__ x, int64_t x_s
     const int64_t blk = j / T::kBlock * T::kBlock;
     const int jj = static_cast<int>(j % T::kBlock);
     const float* xr = x + r * x_stride + blk;
-    reinterpret_cast<half2*>(xh + r * K)[j / 2] = __floats2half2_rn(xr[T::perm(jj)], xr[T::perm(jj + 1)]);
+    if constexpr (std::is_same_v<T, TypeBF16>)
+      static_cast<__nv_bfloat162*>(xh)[idx] = __floats2bfloat162_rn(xr[T::perm(jj)], xr[T::perm(jj + 1)]);
+    else
+      static_cast<half2*>(xh)[idx] = __floats2half2_rn(xr[T::perm(jj)], xr[T::perm(jj + 1)]);
   }
 }
 
@@ -449,14 +451,13 @@ __global__ void embed_kernel(const uint8_t* __restrict__ table, size_t row_bytes
 }
 
 template <class T>
-cudaError_t prep_activations(const float* x, int64_t x_stride, int64_t rows, int64_t K, __half* xh,
+cudaError_t prep_activations(const float* x, int64_t x_stride, int64_t rows, int64_t K, void* xh,
                              cudaStream_t stream) {
   const int64_t total = rows * K / 2;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(total, 256), 65535));
   prep_activations_kernel<T><<<blocks, 256, 0, stream>>>(x, x_stride, rows, K, xh);
   return cudaGetLastError();
 }
-
 
 struct DeviceSmem {
   int per_sm = 0, per_block_optin = 0, reserved = 0;
@@ -580,35 +581,16 @@ int64_t tile_rows(const WeightView& w) {
 
 // F16 and BF16 weights are cuBLAS operands as stored: no tile is decoded (a BF16 prompt step used
 // to spend as long converting weights to f16 as multiplying). Their activations are converted to the
-// weights' type: for BF16 that rounds x to 8 mantissa bits (~1e-3 relative per product sum, what a
-// bf16 model computes natively; the decode path keeps f16 activations).
+// weights' type (prep_activations): for BF16 that rounds x to 8 mantissa bits (~1e-3 relative per
+// product sum, what a bf16 model computes natively; the decode path keeps f16 activations).
 template <class T>
 constexpr bool kGemmInPlace = std::is_same_v<T, TypeF16> || std::is_same_v<T, TypeBF16>;
-
-// x [rows, K] f32 (strided) -> xb [rows, K] bf16, dense. Bytes: read 4, write 2 per element.
-__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t x_stride, int64_t rows, int64_t K,
-                               __nv_bfloat162* __restrict__ xb) {
-  const int64_t half_k = K / 2;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * half_k;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / half_k, j = (idx % half_k) * 2;
-    xb[idx] = __floats2bfloat162_rn(x[r * x_stride + j], x[r * x_stride + j + 1]);
-  }
-}
 
 template <class T>
 cudaError_t gemm(const WeightView& w, Mat x, Mat y, __half* xh, __half* tile, cublasHandle_t cublas,
                  cudaStream_t stream) {
   constexpr bool kBf16 = std::is_same_v<T, TypeBF16>;
-  cudaError_t err = cudaSuccess;
-  if constexpr (kBf16) {
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(x.rows * w.n_in / 2, 256), 65535));
-    to_bf16_kernel<<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, w.n_in,
-                                               reinterpret_cast<__nv_bfloat162*>(xh));
-    err = cudaGetLastError();
-  } else {
-    err = prep_activations<T>(x.data, x.stride, x.rows, w.n_in, xh, stream);
-  }
+  cudaError_t err = prep_activations<T>(x.data, x.stride, x.rows, w.n_in, xh, stream);
   if (err != cudaSuccess) return err;
   const cudaDataType_t ab = kBf16 ? CUDA_R_16BF : CUDA_R_16F;
   const int64_t n_chunks = w.n_in / 32, step = kGemmInPlace<T> ? w.n_out : tile_rows(w);
