@@ -905,7 +905,9 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
   // 9B shapes: 16 q / 4 kv heads of 256, F16 KV; GDN 16 k / 32 v heads of 128.
   const int H = 16, Hkv = 4, D = 256;
   const int64_t W = Hkv * D;
-  for (int64_t ctx : {1024, 8192, 32768}) {
+  const char* only_ctx = std::getenv("HYSPEC_BENCH_CTX");  // e.g. 16384 (profilers)
+  for (int64_t ctx : {1024, 8192, 16384, 32768}) {
+    if (only_ctx && std::atoll(only_ctx) != ctx) continue;
     const int64_t cap = ctx + 512;
     Buffer kc = b.alloc(cap * W * 2).value(), vc = b.alloc(cap * W * 2).value();
     b.fill_zero(kc.data(), cap * W * 2);

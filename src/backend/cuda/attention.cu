@@ -3,10 +3,11 @@
 // out[t, h] = sum_j softmax_j(scale * q[t,h] . K[j, h/G]) V[j, h/G] over the visible keys j:
 // causal: j <= positions[t]; block mode: j <= positions[n-1]. G = n_head / n_kv_head.
 //
-// Two kernels. Steps of up to kDecodeMaxRows rows (decode and speculative verify) run
-// attention_decode_kernel, whose result for a query is bit-identical whatever other rows share the
-// step: speculative decoding is lossless only if a verify row gets exactly the decode step's
-// logits. Its blocks take 8 query vectors each (grid.z = query groups) and one split of the key
+// Steps of up to kDecodeMaxRows rows (decode and speculative verify) run a decode kernel,
+// attention_decode_mma_kernel (tensor cores) for F16 KV where the device grants its shared memory,
+// else attention_decode_kernel (SIMT), whose result for a query is bit-identical whatever other
+// rows share the step: speculative decoding is lossless only if a verify row gets exactly the
+// decode step's logits. Their blocks take 8 query vectors each (grid.z = query groups) and one split of the key
 // range; the splits are fixed slices of the KV capacity (not of the step's keys), so a query sees
 // the same tiles, in the same order, in a decode step and in any verify block: tiles and splits
 // past its own last key add exact zeros (p = 0, rescale factor e^0 = 1). Longer steps (prompts) run
@@ -27,6 +28,8 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch_util.h"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace hyspec::cuda {
 namespace {
@@ -273,12 +276,17 @@ bool uses_decode_kernel(int64_t rows, int group, int n_kv) {
   return rows <= kDecodeMaxRows && n_kv * groups <= kAttentionMaxKvHeads;
 }
 
+constexpr int kMaxSplits = 256;
+// Shared memory of the last block's split merge (finish_decode_block).
+constexpr size_t kDecodeMergeBytes = (2 * kDecodeQueries * kMaxSplits + kDecodeQueries) * sizeof(float);
+
 template <int D, typename KV>
 struct DecodeSmem {
   static constexpr int kRowBytes = D * static_cast<int>(sizeof(KV)) + 16;  // padded: lane = key is conflict-free
   static constexpr int kPieces = D * static_cast<int>(sizeof(KV)) / 16;    // 16-byte pieces per row
   static constexpr size_t kTile = size_t{kDecodeKeys} * kRowBytes;          // K or V of one tile
-  static constexpr size_t kQ = 4 * kTile;                                   // 2 stages x (K, V)
+  // 2 stages x (K, V); after the loop, the split merge's work area
+  static constexpr size_t kQ = std::max(4 * kTile, kDecodeMergeBytes);
   static constexpr size_t kScores = kQ + sizeof(float) * kDecodeQueries * D;
   static constexpr size_t kP = kScores + sizeof(float) * kDecodeWarps * kDecodeQueries * kDecodeKeys;
   static constexpr size_t kMisc = kP + sizeof(float) * kDecodeKeys * kDecodeQueries;
@@ -292,6 +300,76 @@ __device__ __forceinline__ float2 kv_pair(const uint8_t* p) {  // two consecutiv
   } else {
     return *reinterpret_cast<const float2*>(p);
   }
+}
+
+// The end of a decode block (kv head blockIdx.x, split z, query group blockIdx.z): its unnormalised
+// output o_s [Q][D] and (max, sum) ml_s [2][Q] are in shared memory. With one split, out = o / sum;
+// with several, every block writes its partial and the last block of its (kv head, query group) to
+// finish (a self-resetting counter) merges them: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z.
+// The (max, sum) pairs go through shared memory `work` (kDecodeMergeBytes; o_s and ml_s may alias
+// it) first, so the sums over splits are independent L2 loads, not chains.
+template <int D>
+__device__ void finish_decode_block(const AttnArgs& a, unsigned* counters, const float* o_s, const float* ml_s,
+                                    int M, int z, int n_eff, void* work) {
+  constexpr int Q = kDecodeQueries, kThreadsPerBlock = kDecodeWarps * 32;
+  __shared__ int s_last;
+  const int tid = threadIdx.x, kvh = blockIdx.x, q0 = blockIdx.z * Q, M_all = a.n * a.group;
+  auto out_of = [&](int m) {
+    const int row = (q0 + m) / a.group, head = kvh * a.group + (q0 + m) % a.group;
+    return a.out.data + static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D;
+  };
+  auto slot_of = [&](int zz, int m) { return (static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m; };
+  if (n_eff == 1) {
+    for (int i = tid; i < M * D; i += kThreadsPerBlock) {
+      const int m = i / D, d = i % D;
+      const float l = ml_s[Q + m], inv = l > 0.0f ? 1.0f / l : 0.0f;
+      out_of(m)[d] = o_s[i] * inv;
+    }
+    return;
+  }
+  for (int i = tid; i < M * D / 4; i += kThreadsPerBlock)
+    reinterpret_cast<float4*>(a.part_o + slot_of(z, i / (D / 4)) * D)[i % (D / 4)] = reinterpret_cast<const float4*>(o_s)[i];
+  if (tid < M) a.part_ml[slot_of(z, tid) * 2] = ml_s[tid], a.part_ml[slot_of(z, tid) * 2 + 1] = ml_s[Q + tid];
+  unsigned* counter = counters + kvh * gridDim.z + blockIdx.z;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // The split maxima and sums first, all loads in parallel; then per query the weights e^(m_z - M).
+  float* wz = static_cast<float*>(work);  // [Q][n_eff] maxima, then weights
+  float* wl = wz + Q * n_eff;             // [Q][n_eff] sums; wl[Q * n_eff + m] = 1 / den
+  for (int i = tid; i < M * n_eff; i += kThreadsPerBlock) {
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i % n_eff, i / n_eff) * 2));
+    wz[i] = ml.x, wl[i] = ml.y;
+  }
+  __syncthreads();
+  if (tid < M) {
+    float gmax = -INFINITY;
+    for (int zz = 0; zz < n_eff; ++zz) gmax = fmaxf(gmax, wz[tid * n_eff + zz]);
+    float den = 0.0f;
+    for (int zz = 0; zz < n_eff; ++zz) {
+      const float f = gmax == -INFINITY ? 0.0f : expf(wz[tid * n_eff + zz] - gmax);
+      den += f * wl[tid * n_eff + zz];
+      wz[tid * n_eff + zz] = f;
+    }
+    wl[Q * n_eff + tid] = den > 0.0f ? 1.0f / den : 0.0f;
+  }
+  __syncthreads();
+  for (int i = tid; i < M * D / 4; i += kThreadsPerBlock) {  // float4 loads: 4x fewer L2 round trips
+    const int m = i / (D / 4), d4 = i % (D / 4);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int zz = 0; zz < n_eff; ++zz) {
+      const float w = wz[m * n_eff + zz];
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(zz, m) * D) + d4);
+      acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+    }
+    const float inv = wl[Q * n_eff + m];
+    reinterpret_cast<float4*>(out_of(m))[d4] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  }
+  if (tid == 0) *counter = 0u;  // ready for the next launch (stream order)
 }
 
 template <int D, typename KV>
@@ -308,7 +386,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   float* sp_s = reinterpret_cast<float*>(sm + L::kScores);     // [warp][Q][TK] partial scores
   float* p_s = reinterpret_cast<float*>(sm + L::kP);           // [TK][Q] probabilities of the tile
   float* misc = reinterpret_cast<float*>(sm + L::kMisc);       // alpha[Q], m[Q], l[Q]
-  __shared__ int s_last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kvh = blockIdx.x, z = blockIdx.y, qg = blockIdx.z;
   const int M_all = a.n * a.group;   // query vectors of this kv head in the step
@@ -330,7 +407,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   const int n_eff = max(1, (kend + chunk - 1) / chunk);
   if (z >= n_eff) return;
   const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
-  unsigned* counter = counters + kvh * gridDim.z + qg;
 
   const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * D * sizeof(KV);
   const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * D * sizeof(KV);
@@ -463,72 +539,230 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
     }
   }
 
-  // Final (max, sum) of each query to shared memory.
+  // The block's result to shared memory (the K/V stages are free now): output, then (max, sum).
   __syncthreads();
+  float* o_s = reinterpret_cast<float*>(sm);  // [Q][D]
+#pragma unroll
+  for (int i = 0; i < QPT; ++i) {
+    const int m = grp + NG * i;
+    if (m < M) o_s[m * D + 2 * pair] = o[i][0], o_s[m * D + 2 * pair + 1] = o[i][1];
+  }
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int m = warp + kDecodeWarps * j;
     if (m < Q && lane == 0) misc[Q + m] = m_run[j], misc[2 * Q + m] = l_run[j];
   }
   __syncthreads();
-  if (n_eff == 1) {
+  finish_decode_block<D>(a, counters, o_s, misc + Q, M, z, n_eff, sm);
+}
+
+// Decode/verify attention on tensor cores, F16 KV. Same blocks, splits and merge as
+// attention_decode_kernel (a block: one kv head, one split, kDecodeQueries query vectors), but each
+// warp walks the split on its own: steps of 16 keys (warp w takes steps w, w+4, ...), K and V of
+// its next two steps copied into its own shared-memory stages with cp.async while this one runs,
+// and its own online softmax; the four warps merge once at the end, in a fixed order.
+// Per step: S = Q.K^T and O += P.V as m16n8k16 MMAs (f32 accumulation). The 16 A rows are the 8
+// queries split in f16 halves, rows 0-7 = hi and 8-15 = lo (x = hi + lo to ~2^-22), for Q and for P,
+// so the products keep f32 precision against the exact F16 keys and values; a lane ends with the
+// scores of its query g for keys 2t, 2t+1, 2t+8, 2t+9 (hi + lo rows summed in the lane), which is
+// the A-fragment layout of P for the P.V product: no shuffles besides the row max.
+// A query's result depends only on its own rows, its tiles and the fixed split/step order, so a
+// verify row gets a decode step's bits (masked keys add exact zeros: p = 0, rescale factor 1).
+// Budget (one kv head, D=256): bytes = 1 KB per key read once; MMA FLOPs = 2 * 2 * 16 * D per key
+// (Q hi/lo x 8 queries padded to 16 rows), ~0.1 of the tensor cores at HBM speed.
+constexpr int kMmaStepKeys = 16;
+
+template <int D>
+struct MmaDecodeSmem {
+  static constexpr int kPitch = D * 2 + 16;  // bytes per f16 row: ldmatrix rows land 4 banks apart
+  static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kPitch;  // K and V of one step
+  static constexpr int kStages = 3;                                   // per warp: two steps in flight
+  static constexpr size_t kQ = size_t{kDecodeWarps} * kStages * kStage;  // Q hi/lo rows [16][kPitch]
+  static constexpr size_t kBytes = kQ + 16 * kPitch;
+  // After the loop the stages hold the warps' results: o [warps][Q][D], (m, l) [warps][Q][2], then
+  // the block's o [Q][D] and (m, l) [2][Q].
+  static constexpr size_t kWarpMl = size_t{kDecodeWarps} * kDecodeQueries * D * 4;
+  static constexpr size_t kBlockO = kWarpMl + size_t{kDecodeWarps} * kDecodeQueries * 2 * 4;
+  static constexpr size_t kBlockMl = kBlockO + size_t{kDecodeQueries} * D * 4;
+  static_assert(kBlockMl + 2 * kDecodeQueries * 4 <= kQ, "results fit in the stages");
+  static_assert(kDecodeMergeBytes <= kBytes, "the split merge fits");
+};
+
+template <int D>
+__global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
+  using L = MmaDecodeSmem<D>;
+  constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, NT = D / 8;
+  constexpr int kPieces = D * 2 / 16;  // 16-byte pieces per K or V row
+  static_assert(Q == 8, "the 16 MMA rows are 8 queries x (hi, lo)");
+  extern __shared__ __align__(16) uint8_t sm[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int kvh = blockIdx.x, z = blockIdx.y, q0 = blockIdx.z * Q;
+  const int M = min(Q, a.n * a.group - q0);
+  auto row_of = [&](int m) { return (q0 + m) / a.group; };
+  auto head_of = [&](int m) { return kvh * a.group + (q0 + m) % a.group; };
+  auto limit_of = [&](int m) { return a.causal ? a.positions[row_of(m)] : a.positions[a.n - 1]; };
+
+  int kend = 0;
 #pragma unroll
-    for (int i = 0; i < QPT; ++i) {
-      const int m = grp + NG * i;
-      if (m >= M) continue;
-      const float l = misc[2 * Q + m], inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int row = row_of(m), head = head_of(m);
-      float* dst = a.out.data + static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + 2 * pair;
-      dst[0] = o[i][0] * inv, dst[1] = o[i][1] * inv;
-    }
-    return;
-  }
+  for (int m = 0; m < Q; ++m)
+    if (m < M) kend = max(kend, limit_of(m) + 1);
+  kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
+  const int chunk = a.chunk_tiles * kDecodeKeys;
+  const int n_eff = max(1, (kend + chunk - 1) / chunk);
+  if (z >= n_eff) return;
+  const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
+
+  const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * D * 2;
+  const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * D * 2;
+  const int64_t pitch = a.kv_width * 2;
+  uint8_t* const stages = sm + warp * L::kStages * L::kStage;
+  // Keys past k1 copy row k1-1: finite data that the mask gives weight 0.
+  auto issue = [&](int ks, int stage) {  // one commit group per call
+    uint8_t* kd = stages + stage * L::kStage;
+    uint8_t* vd = kd + SK * P;
 #pragma unroll
-  for (int i = 0; i < QPT; ++i) {
-    const int m = grp + NG * i;
-    if (m >= M) continue;
-    const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M_all + q0 + m;
-    *reinterpret_cast<float2*>(a.part_o + slot * D + 2 * pair) = make_float2(o[i][0], o[i][1]);
-    if (pair == 0) a.part_ml[slot * 2] = misc[Q + m], a.part_ml[slot * 2 + 1] = misc[2 * Q + m];
-  }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s_last = atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  // Last block of this kv head: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z. The (max, sum)
-  // pairs go through shared memory first (the K/V stages are free now), so the sum over splits is
-  // independent L2 loads, not a chain.
-  float* wz = reinterpret_cast<float*>(sm);  // [Q][n_eff] weights e^(m_z - M), then 1/den in [Q*n_eff + m]
-  for (int i = tid; i < M * n_eff; i += kDecodeWarps * 32) {
-    const int m = i / n_eff, zz = i % n_eff;
-    wz[i] = __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m) * 2);
-  }
-  __syncthreads();
-  if (tid < M) {
-    float gmax = -INFINITY;
-    for (int zz = 0; zz < n_eff; ++zz) gmax = fmaxf(gmax, wz[tid * n_eff + zz]);
-    float den = 0.0f;
-    for (int zz = 0; zz < n_eff; ++zz) {
-      const float f = gmax == -INFINITY ? 0.0f : expf(wz[tid * n_eff + zz] - gmax);
-      den += f * __ldcg(a.part_ml + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + tid) * 2 + 1);
-      wz[tid * n_eff + zz] = f;
+    for (int it = 0; it < SK * kPieces / 32; ++it) {
+      const int i = it * 32 + lane, r = i / kPieces, pc = i % kPieces;
+      const int64_t off = min(ks + r, k1 - 1) * pitch + pc * 16;
+      cp_async16(kd + r * P + pc * 16, kbase + off);
+      cp_async16(vd + r * P + pc * 16, vbase + off);
     }
-    wz[Q * n_eff + tid] = den > 0.0f ? 1.0f / den : 0.0f;
+    cp_async_commit();
+  };
+  constexpr int kStride = SK * kDecodeWarps;  // keys between a warp's steps
+  int ks = k0 + SK * warp;
+  for (int st = 0; st + 1 < L::kStages; ++st) {
+    if (ks + st * kStride < k1) {
+      issue(ks + st * kStride, st);
+    } else {
+      cp_async_commit();  // empty groups keep wait_group's count
+    }
+  }
+
+  // Q, pre-scaled, as f16 hi (rows 0-7) and lo (rows 8-15); absent queries are zero rows.
+  uint8_t* const q_sm = sm + L::kQ;
+  for (int i = tid; i < Q * D; i += kDecodeWarps * 32) {
+    const int m = i / D, d = i % D;
+    const float v = m < M ? a.q.data[static_cast<int64_t>(row_of(m)) * a.q.stride + static_cast<int64_t>(head_of(m)) * D + d] * a.scale
+                          : 0.0f;
+    const __half hi = __float2half_rn(v);
+    *reinterpret_cast<__half*>(q_sm + m * P + 2 * d) = hi;
+    *reinterpret_cast<__half*>(q_sm + (m + 8) * P + 2 * d) = __float2half_rn(v - __half2float(hi));
+  }
+  __syncthreads();
+
+  const int lim = g < M ? limit_of(g) : -1;
+  float m_run = -INFINITY, l_run = 0.0f;  // query g; l_run sums this lane's keys only
+  float o[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  // ldmatrix row addresses: A (Q) matrices {rows 0-7, 8-15} x {dims +0, +8}; K as B: {keys 0-7 x
+  // dims +0, +8, keys 8-15 x ...}; V as B (transposed): {keys 0-7, 8-15} x {dims +0, +8}.
+  const int r8 = lane & 7, hi8 = (lane >> 3) & 1, hi16 = lane >> 4;
+  const uint8_t* q_row = q_sm + (r8 + 8 * hi8) * P + 16 * hi16;
+  const int k_off = (r8 + 8 * hi16) * P + 16 * hi8, v_off = (r8 + 8 * hi8) * P + 16 * hi16;
+
+  for (int stage = 0; ks < k1; ks += kStride, stage = stage + 1 == L::kStages ? 0 : stage + 1) {
+    constexpr int kAhead = L::kStages - 1;
+    if (ks + kAhead * kStride < k1) {
+      issue(ks + kAhead * kStride, stage == 0 ? kAhead : stage - 1);
+    } else {
+      cp_async_commit();
+    }
+    cp_async_wait<L::kStages - 1>();
+    __syncwarp();
+    const uint8_t* kd = stages + stage * L::kStage;
+    const uint8_t* vd = kd + SK * P;
+    // Even and odd dim blocks accumulate apart (two independent MMA chains per key half).
+    float c[2][2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[4], kb[4];
+      ldmatrix_x4(qa, q_row + 32 * kk);
+      ldmatrix_x4(kb, kd + k_off + 32 * kk);
+      mma_16816(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+      mma_16816(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+    }
+    float s[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1, j = e & 1;  // key half, key of the pair
+      s[e] = (c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]);
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = ks + 2 * t + (e & 1) + 8 * (e >> 1);
+      if (key >= k1 || key > lim) s[e] = -INFINITY;
+      mx = fmaxf(mx, s[e]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    float p[4] = {0.f, 0.f, 0.f, 0.f}, alpha = 1.0f;
+    if (m_new != -INFINITY) {
+      alpha = expf(m_run - m_new);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - m_new);
+    }
+    l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
+    m_run = m_new;
+    // P as the A fragment: row g = hi, row g+8 = lo; keys 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3).
+    const half2 h01 = __floats2half2_rn(p[0], p[1]), h23 = __floats2half2_rn(p[2], p[3]);
+    const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+    const half2 l01 = __floats2half2_rn(p[0] - f01.x, p[1] - f01.y), l23 = __floats2half2_rn(p[2] - f23.x, p[3] - f23.y);
+    const uint32_t pa0 = as_u32(h01), pa1 = as_u32(l01), pa2 = as_u32(h23), pa3 = as_u32(l23);
+    if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // once the maxima settle, most steps skip this
+#pragma unroll
+      for (int j = 0; j < NT; ++j) o[j][0] *= alpha, o[j][1] *= alpha, o[j][2] *= alpha, o[j][3] *= alpha;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, vd + v_off + 32 * kk);
+      mma_16816(o[2 * kk], pa0, pa1, pa2, pa3, vb[0], vb[1]);
+      mma_16816(o[2 * kk + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
+    }
+    __syncwarp();  // every lane is done with this stage before the next step refills it
+  }
+  cp_async_wait<0>();
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+
+  // Merge the warps in a fixed order: M = max_w m_w, o = sum_w e^(m_w - M) o_w, l likewise.
+  __syncthreads();  // every warp is done with its stages
+  float* wo = reinterpret_cast<float*>(sm);
+  float* wml = reinterpret_cast<float*>(sm + L::kWarpMl);
+  float* o_s = reinterpret_cast<float*>(sm + L::kBlockO);
+  float* ml_s = reinterpret_cast<float*>(sm + L::kBlockMl);
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    float* dst = wo + (warp * Q + g) * D + 8 * j + 2 * t;
+    dst[0] = o[j][0] + o[j][2], dst[1] = o[j][1] + o[j][3];
+  }
+  if (t == 0) wml[(warp * Q + g) * 2] = m_run, wml[(warp * Q + g) * 2 + 1] = l_run;
+  __syncthreads();
+  if (tid < Q) {
+    float mx = -INFINITY;
+    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, wml[(w * Q + tid) * 2]);
+    float l = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float f = mx == -INFINITY ? 0.0f : expf(wml[(w * Q + tid) * 2] - mx);
+      l += f * wml[(w * Q + tid) * 2 + 1];
+      wml[(w * Q + tid) * 2 + 1] = f;  // the weight replaces the sum
+    }
+    ml_s[tid] = mx, ml_s[Q + tid] = l;
   }
   __syncthreads();
   for (int i = tid; i < M * D; i += kDecodeWarps * 32) {
-    const int m = i / D, d = i % D;
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int zz = 0; zz < n_eff; ++zz)
-      acc += wz[m * n_eff + zz] * __ldcg(a.part_o + ((static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m) * D + d);
-    const int row = row_of(m), head = head_of(m);
-    a.out.data[static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D + d] =
-        acc * wz[Q * n_eff + m];
+    const int m = i / D;
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) v += wml[(w * Q + m) * 2 + 1] * wo[w * Q * D + i];
+    o_s[i] = v;
   }
-  if (tid == 0) *counter = 0u;  // ready for the next launch (stream order)
+  __syncthreads();
+  finish_decode_block<D>(a, counters, o_s, ml_s, M, z, n_eff, sm);
 }
 
 template <int D, typename KV>
@@ -543,7 +777,22 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
         attention_decode_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (dattr != cudaSuccess) return dattr;
     const dim3 grid(a.n_kv, a.n_splits, (M + kDecodeQueries - 1) / kDecodeQueries);
-    attention_decode_kernel<D, KV><<<grid, kDecodeWarps * 32, smem, stream>>>(a, counters);
+    // The tensor-core kernel for F16 KV, where the device grants its shared memory (sm_86/89 have
+    // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
+    constexpr size_t msmem = MmaDecodeSmem<D>::kBytes;
+    static const bool use_mma = [] {
+      if (sizeof(KV) != 2 || env_int("HYSPEC_ATTN_MMA", 1) == 0) return false;
+      if (cudaFuncSetAttribute(attention_decode_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(msmem)) == cudaSuccess)
+        return true;
+      cudaGetLastError();  // not sticky: clear it, the SIMT kernel takes over
+      return false;
+    }();
+    if (use_mma) {
+      attention_decode_mma_kernel<D><<<grid, kDecodeWarps * 32, msmem, stream>>>(a, counters);
+    } else {
+      attention_decode_kernel<D, KV><<<grid, kDecodeWarps * 32, smem, stream>>>(a, counters);
+    }
     return cudaGetLastError();  // merges its own splits
   } else {
     const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
@@ -572,18 +821,16 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const bool decode = uses_decode_kernel(p.q.rows, p.n_head / p.n_kv_head, p.n_kv_head);
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
   if (base >= n_sm) return 1;
-  // Blocks per SM to aim for: 2 (HYSPEC_ATTN_BLOCKS_PER_SM overrides, benchmarks).
-  static const int per_sm = [] {
-    const char* e = std::getenv("HYSPEC_ATTN_BLOCKS_PER_SM");
-    const int v = e && *e ? std::atoi(e) : 2;
-    return v >= 1 ? v : 1;
-  }();
+  // Blocks per SM to aim for: 2, or 1 for the tensor-core decode kernel, which holds one block per
+  // SM (its shared memory) and measured faster in one wave (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
+  static const int per_sm_env = env_int("HYSPEC_ATTN_BLOCKS_PER_SM", 0);
+  const int per_sm = per_sm_env >= 1 ? per_sm_env : decode && p.kv_f16 ? 1 : 2;
   const int64_t want = (int64_t{per_sm} * n_sm + base - 1) / base;
   // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
   const int64_t max_useful = std::max<int64_t>(
       1, decode ? (p.kv_capacity + kDecodeKeys * decode_min_tiles() - 1) / (kDecodeKeys * decode_min_tiles())
                 : p.kv_capacity / (2 * kKeys));
-  return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, 256));
+  return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, kMaxSplits));
 }
 
 size_t attention_scratch_bytes(const AttentionParams& p, int n_splits) {

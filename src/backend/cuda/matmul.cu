@@ -29,6 +29,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/quant_blocks.cuh"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace hyspec::cuda {
 namespace {
@@ -76,12 +77,6 @@ __global__ void prep_activations_kernel(const float* __restrict__ x, int64_t x_s
   }
 }
 
-__device__ __forceinline__ void mma_16816(float (&d)[4], half2 a0, half2 a1, half2 a2, half2 a3, half2 b0, half2 b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(as_u32(a0)), "r"(as_u32(a1)), "r"(as_u32(a2)), "r"(as_u32(a3)), "r"(as_u32(b0)), "r"(as_u32(b1)));
-}
 
 struct MmvArgs {
   const uint8_t* w;
@@ -319,8 +314,8 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
             if (nt * 8 >= n) break;  // warp-uniform
 #pragma unroll
             for (int i = 0; i < 8; ++i)
-              mma_16816(acc[q][nt], A0[2 * i], A1[2 * i], A0[2 * i + 1], A1[2 * i + 1], as_half2(b[nt][2 * i]),
-                        as_half2(b[nt][2 * i + 1]));
+              mma_16816(acc[q][nt], as_u32(A0[2 * i]), as_u32(A1[2 * i]), as_u32(A0[2 * i + 1]),
+                        as_u32(A1[2 * i + 1]), b[nt][2 * i], b[nt][2 * i + 1]);
           }
         }
       }

@@ -33,20 +33,10 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace hyspec::cuda {
 
-__device__ __forceinline__ half2 as_half2(uint32_t u) {
-  half2 h;
-  static_assert(sizeof(h) == 4);
-  __builtin_memcpy(&h, &u, 4);
-  return h;
-}
-__device__ __forceinline__ uint32_t as_u32(half2 h) {
-  uint32_t u;
-  __builtin_memcpy(&u, &h, 4);
-  return u;
-}
 __device__ __forceinline__ float ld_f16(const uint8_t* p) {
   return __half2float(*reinterpret_cast<const __half*>(p));
 }
