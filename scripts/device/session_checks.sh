@@ -12,10 +12,10 @@ for t in test_backend test_model test_engine; do
   echo "== $t (cuda)"
   HYSPEC_TEST_BACKEND=cuda timeout 200 "$D/bin/$t" --gtest_brief=1 2>&1 | grep -E "Failure|FAILED|PASSED|SKIPPED \]|Expected|actual|error" | head -20
 done
-echo "== memcheck/racecheck: GDN, add_rms_norm, matmul"
+echo "== memcheck/racecheck: GDN, add_rms_norm, attention, matmul"
 for tool in memcheck racecheck; do
   compute-sanitizer --tool $tool --error-exitcode 9 "$D/bin/test_backend" \
-    --gtest_filter='CudaBackendTest.GatedDelta*:CudaBackendTest.AddRmsNorm*:Matvec/CudaMatmulTest.MatvecRows*' 2>&1 |
+    --gtest_filter='CudaBackendTest.GatedDelta*:CudaBackendTest.AddRmsNorm*:CudaBackendTest.Attention*:Matvec/CudaMatmulTest.MatvecRows*' 2>&1 |
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | head -4
 done
 echo "== benches"

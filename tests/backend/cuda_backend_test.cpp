@@ -666,9 +666,18 @@ TEST_F(CudaBackendTest, GatedDeltaNetChunkedPromptMatchesCpuRecurrent) {
   }
 }
 
+// Widths of several tokens take the grouped expert path (up to 25 rows per expert at n = 100: two
+// 16-row tiles); Q4_K at 256-wide rows, with 16 experts and top-4.
 TEST_F(CudaBackendTest, MoeFfnMatchesCpu) {
-  const int64_t hidden = 128, ffn = 64, E = 8;
-  for (GgmlType type : {GgmlType::Q8_0, GgmlType::F16}) {
+  struct Case {
+    GgmlType type;
+    int64_t hidden, ffn, E;
+    int top_k;
+  };
+  for (const Case cs : {Case{GgmlType::Q8_0, 128, 64, 8, 2}, Case{GgmlType::F16, 128, 64, 8, 2},
+                        Case{GgmlType::Q4_K, 256, 256, 16, 4}}) {
+    const GgmlType type = cs.type;
+    const int64_t hidden = cs.hidden, ffn = cs.ffn, E = cs.E;
     const auto router_b = random_weight_bytes(GgmlType::F32, hidden, E, rng_);
     const auto gate_b = random_weight_bytes(type, hidden, ffn * E, rng_), up_b = random_weight_bytes(type, hidden, ffn * E, rng_);
     const auto down_b = random_weight_bytes(type, ffn, hidden * E, rng_);
@@ -681,7 +690,7 @@ TEST_F(CudaBackendTest, MoeFfnMatchesCpu) {
       wc.push_back(cpu_->load_weight(info, true).value());
       wg.push_back(gpu_->load_weight(info).value());
     }
-    for (int64_t n : {1, 3, 16, 40}) {
+    for (int64_t n : {1, 3, 16, 40, 100}) {
       Pair x = both(randn(n * hidden)), out = both_poison(n * hidden);
       for (Backend* be : {cpu_.get(), gpu_.get()}) {
         const bool g = be == gpu_.get();
@@ -692,12 +701,43 @@ TEST_F(CudaBackendTest, MoeFfnMatchesCpu) {
         a.gate_exps = &w[1];
         a.up_exps = &w[2];
         a.down_exps = &w[3];
-        a.top_k = 2;
+        a.top_k = cs.top_k;
         a.out = (g ? out.g : out.c).rows(n, hidden);
         be->moe_ffn(a);
       }
       expect_close(out, 2e-3, fmt::format("{} n={}", ggml_type_name(type), n));
     }
+  }
+}
+
+// A row of a grouped (several-token) MoE step has the bits of the same token in a one-token step:
+// speculative verify rows must equal decode steps.
+TEST_F(CudaBackendTest, MoeFfnGroupedRowsEqualOneTokenSteps) {
+  const int64_t hidden = 256, ffn = 256, E = 16, n = 24;
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0}) {
+    const auto router_b = random_weight_bytes(GgmlType::F32, hidden, E, rng_);
+    const auto gate_b = random_weight_bytes(type, hidden, ffn * E, rng_), up_b = random_weight_bytes(type, hidden, ffn * E, rng_);
+    const auto down_b = random_weight_bytes(type, ffn, hidden * E, rng_);
+    Weight router = gpu_->load_weight(tensor_info("router", GgmlType::F32, router_b, hidden, E)).value();
+    Weight gate = gpu_->load_weight(tensor_info("gate", type, gate_b, hidden, ffn, E)).value();
+    Weight up = gpu_->load_weight(tensor_info("up", type, up_b, hidden, ffn, E)).value();
+    Weight down = gpu_->load_weight(tensor_info("down", type, down_b, ffn, hidden, E)).value();
+    Tensor x = put(*gpu_, randn(n * hidden)), all = poison(*gpu_, n * hidden), one = poison(*gpu_, n * hidden);
+    auto run = [&](int64_t row0, int64_t rows, Tensor& out) {
+      MoeArgs a;
+      a.x = Rows(x.f() + row0 * hidden, rows, hidden);
+      a.router = &router;
+      a.gate_exps = &gate;
+      a.up_exps = &up;
+      a.down_exps = &down;
+      a.top_k = 4;
+      a.out = Rows(out.f() + row0 * hidden, rows, hidden);
+      gpu_->moe_ffn(a);
+    };
+    run(0, n, all);
+    for (int64_t t = 0; t < n; ++t) run(t, 1, one);
+    const auto va = get_gpu(all), vo = get_gpu(one);
+    EXPECT_EQ(std::memcmp(va.data(), vo.data(), va.size() * sizeof(float)), 0) << ggml_type_name(type);
   }
 }
 
@@ -898,6 +938,39 @@ TEST_F(CudaBench, CopyBandwidth) {
   b.fill_zero(src.data(), bytes);
   const double s = time_graph([&] { for (int i = 0; i < 4; ++i) b.copy(dst.data(), src.data(), bytes); }, 4);
   std::printf("BENCH copy 256 MiB %8.2f us %6.0f GB/s (read + write)\n", s * 1e6, 2.0 * bytes / s / 1e9);
+}
+
+// MoE expert FFN (qwen35moe-like: 2048 wide, 128 experts of 768, top-8, Q4_K experts) at decode,
+// verify and prompt widths. HYSPEC_MOE_GROUPED_MIN=0 times the per-slot path instead of the grouped.
+TEST_F(CudaBench, MoeFfn) {
+  Backend& b = *gpu_;
+  const int64_t hidden = 2048, ffn = 768, E = 128;
+  const auto router_b = random_weight_bytes(GgmlType::F32, hidden, E, rng_);
+  Weight router = b.load_weight(tensor_info("router", GgmlType::F32, router_b, hidden, E)).value();
+  std::vector<Weight> w;
+  for (const char* name : {"gate", "up", "down"}) {
+    const bool down = name[0] == 'd';
+    const auto bytes = random_weight_bytes(GgmlType::Q4_K, down ? ffn : hidden, (down ? hidden : ffn) * E, rng_);
+    w.push_back(b.load_weight(tensor_info(name, GgmlType::Q4_K, bytes, down ? ffn : hidden, down ? hidden : ffn, E)).value());
+  }
+  const double expert_bytes = 3.0 * static_cast<double>(ggml_row_bytes(GgmlType::Q4_K, hidden).value()) * ffn;
+  for (int64_t n : {1, 17, 128, 512}) {
+    Tensor x = put(b, randn(n * hidden)), out = poison(b, n * hidden);
+    MoeArgs a;
+    a.x = x.rows(n, hidden);
+    a.router = &router;
+    a.gate_exps = &w[0];
+    a.up_exps = &w[1];
+    a.down_exps = &w[2];
+    a.top_k = 8;
+    a.out = out.rows(n, hidden);
+    b.moe_ffn(a);  // sizes the scratch arenas before the capture
+    ASSERT_TRUE(b.synchronize().is_ok());
+    const double s = time_graph([&] { for (int i = 0; i < 4; ++i) b.moe_ffn(a); }, 4);
+    const double used = std::min<double>(E, 8.0 * n) * expert_bytes;  // at least this many expert bytes
+    std::printf("BENCH moe_ffn n=%-4ld %9.1f us %7.2f us/token  >= %6.0f GB/s of experts\n", static_cast<long>(n),
+                s * 1e6, s * 1e6 / n, used / s / 1e9);
+  }
 }
 
 TEST_F(CudaBench, AttentionAndGdnDecode) {

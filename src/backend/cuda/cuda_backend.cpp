@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch_util.h"
 #include "backend/cuda/op_profiler.h"
 #include "format/quants.h"
 
@@ -29,6 +30,13 @@ namespace {
 using cuda::Mat;
 
 constexpr size_t kCublasWorkspace = size_t(32) << 20;
+// MoE steps of at least this many tokens take the grouped expert path (HYSPEC_MOE_GROUPED_MIN overrides;
+// 0 turns it off). Two: verify steps too, whose rows must match decode steps bit for bit (they do: the
+// grouped matmul decodes and sums like the per-slot one).
+int moe_grouped_min_tokens() {
+  static const int v = cuda::env_int("HYSPEC_MOE_GROUPED_MIN", 2);
+  return v;
+}
 
 Mat mat(const Rows& r) { return Mat{r.data, r.n_rows, r.n_cols, r.stride}; }
 
@@ -361,8 +369,9 @@ class CudaBackend final : public Backend {
     check(cuda::gdn_launch(p, scratch, stream_), "gated_delta_net");
   }
 
-  // Router matmul -> softmax/top-k on the device -> for every (token, slot) the expert's gate and up
-  // rows (one matvec each, expert weights read once per use) -> swiglu -> down -> weighted sum.
+  // Router matmul -> softmax/top-k on the device -> the experts' gate and up rows -> swiglu -> down ->
+  // weighted sum. One token: a matvec per (token, slot). Several (moe_grouped_min_tokens): grouped by
+  // expert on the device, a grouped matmul per projection (gate and up fused).
   void moe_ffn(const MoeArgs& a) override {
     auto prof = profile("moe_ffn");
     const int64_t n = a.x.n_rows, hidden = a.x.n_cols;
@@ -385,8 +394,17 @@ class CudaBackend final : public Backend {
       off += (bytes + 255) / 256 * 256;
       return at;
     };
+    const cuda::WeightView gv = view(*a.gate_exps), uv = view(*a.up_exps), dv = view(*a.down_exps);
+    // Steps of several tokens group the (token, slot) pairs by expert, so that an expert's weights are
+    // read once per 16 of its rows, not once per row (a 512-token prompt chunk with 8 of 256 experts
+    // per token: ~1 pass over all experts instead of 16); the rows' values are the same bits.
+    const bool grouped = moe_grouped_min_tokens() > 0 && n >= moe_grouped_min_tokens() && E <= 8192 && cuda::matmul_grouped_supported(gv) &&
+                         cuda::matmul_grouped_supported(uv) && cuda::matmul_grouped_supported(dv);
+    const bool fused = cuda::matmul_swiglu_supported(gv, uv, 1);
     const size_t o_logits = take(n * E * 4), o_ids = take(nk * 4), o_w = take(nk * 4), o_g = take(nk * ffn * 4),
-                 o_u = take(nk * ffn * 4), o_d = take(nk * hidden * 4);
+                 o_u = take(fused ? 0 : nk * ffn * 4), o_d = take(nk * hidden * 4),
+                 o_off = take(grouped ? (E + 1) * 4 : 0), o_order = take(grouped ? nk * 4 : 0),
+                 o_pos = take(grouped ? nk * 4 : 0), o_xs = take(grouped ? nk * hidden * 4 : 0);
     auto* base = static_cast<char*>(arena(op_arena_, off));
     if (!base) return;
     auto* logits = reinterpret_cast<float*>(base + o_logits);
@@ -396,16 +414,44 @@ class CudaBackend final : public Backend {
         d{reinterpret_cast<float*>(base + o_d), nk, hidden, hidden};
     matmul(*a.router, a.x, Rows(logits, n, E));
     check(cuda::moe_route_launch(Mat{logits, n, E, E}, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");
-    const cuda::WeightView gv = view(*a.gate_exps), uv = view(*a.up_exps), dv = view(*a.down_exps);
+    if (grouped) {
+      auto* offsets = reinterpret_cast<int32_t*>(base + o_off);
+      auto* order = reinterpret_cast<int32_t*>(base + o_order);
+      auto* pos = reinterpret_cast<int32_t*>(base + o_pos);
+      const Mat xs{reinterpret_cast<float*>(base + o_xs), nk, hidden, hidden};
+      void* s = arena(matmul_arena_, std::max(cuda::matmul_grouped_scratch_bytes(gv, nk),
+                                              cuda::matmul_grouped_scratch_bytes(dv, nk)));
+      if (!s) return;
+      const int ne = static_cast<int>(E);
+      check(cuda::moe_group_launch(ids, nk, ne, offsets, order, pos, stream_), "moe_ffn group");
+      check(cuda::gather_rows_launch(mat(a.x), order, static_cast<int>(k), xs, stream_), "moe_ffn gather");
+      if (fused) {
+        check(cuda::matmul_grouped_launch(gv, uv.data, offsets, ne, xs, g, s, stream_), "moe_ffn gate+up");
+      } else {
+        check(cuda::matmul_grouped_launch(gv, nullptr, offsets, ne, xs, g, s, stream_), "moe_ffn gate");
+        check(cuda::matmul_grouped_launch(uv, nullptr, offsets, ne, xs, u, s, stream_), "moe_ffn up");
+        check(cuda::binary_launch(cuda::Binary::SwiGlu, g, u, g, stream_), "moe_ffn swiglu");
+      }
+      check(cuda::matmul_grouped_launch(dv, nullptr, offsets, ne, g, d, s, stream_), "moe_ffn down");
+      check(cuda::moe_combine_launch(d, pos, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
+      return;
+    }
     void* s = arena(matmul_arena_, std::max(cuda::matmul_experts_scratch_bytes(gv, n),
                                             cuda::matmul_experts_scratch_bytes(dv, nk)));
     if (!s) return;
     const cuda::MatmulScratch ms{s, matmul_arena_.size};
-    check(cuda::matmul_experts_launch(gv, ids, nk, static_cast<int>(k), mat(a.x), g, ms, stream_), "moe_ffn gate");
-    check(cuda::matmul_experts_launch(uv, ids, nk, static_cast<int>(k), mat(a.x), u, ms, stream_), "moe_ffn up");
-    check(cuda::binary_launch(cuda::Binary::SwiGlu, g, u, g, stream_), "moe_ffn swiglu");
-    check(cuda::matmul_experts_launch(dv, ids, nk, 1, g, d, ms, stream_), "moe_ffn down");
-    check(cuda::moe_combine_launch(d, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
+    if (cuda::matmul_swiglu_supported(gv, uv, 1)) {
+      check(cuda::matmul_experts_launch(gv, uv.data, ids, nk, static_cast<int>(k), mat(a.x), g, ms, stream_),
+            "moe_ffn gate+up");
+    } else {
+      check(cuda::matmul_experts_launch(gv, nullptr, ids, nk, static_cast<int>(k), mat(a.x), g, ms, stream_),
+            "moe_ffn gate");
+      check(cuda::matmul_experts_launch(uv, nullptr, ids, nk, static_cast<int>(k), mat(a.x), u, ms, stream_),
+            "moe_ffn up");
+      check(cuda::binary_launch(cuda::Binary::SwiGlu, g, u, g, stream_), "moe_ffn swiglu");
+    }
+    check(cuda::matmul_experts_launch(dv, nullptr, ids, nk, 1, g, d, ms, stream_), "moe_ffn down");
+    check(cuda::moe_combine_launch(d, nullptr, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
   }
 
   void argmax(Rows x, int32_t* out) override {

@@ -194,13 +194,56 @@ __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* wei
   if (lane < top_k) weights[blockIdx.x * top_k + lane] /= total;
 }
 
-__global__ void moe_combine_kernel(Mat eo, const float* __restrict__ w, int top_k, Mat out) {
+__global__ void moe_combine_kernel(Mat eo, const int32_t* __restrict__ pos, const float* __restrict__ w, int top_k,
+                                   Mat out) {
   const int64_t total = out.rows * out.cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / out.cols, c = i % out.cols;
     float s = 0.0f;
-    for (int k = 0; k < top_k; ++k) s += w[t * top_k + k] * eo.data[(t * top_k + k) * eo.stride + c];
+    for (int k = 0; k < top_k; ++k) {
+      const int64_t slot = t * top_k + k, row = pos ? pos[slot] : slot;
+      s += w[slot] * eo.data[row * eo.stride + c];
+    }
     out.data[t * out.stride + c] = s;
+  }
+}
+
+// One block of 1024 threads; shared memory: a counter per expert.
+__global__ void moe_group_kernel(const int32_t* __restrict__ ids, int64_t n_slots, int n_experts, int32_t* offsets,
+                                 int32_t* order, int32_t* pos) {
+  extern __shared__ int cursor[];
+  const int tid = threadIdx.x, lane = tid & 31;
+  for (int e = tid; e < n_experts; e += blockDim.x) cursor[e] = 0;
+  __syncthreads();
+  for (int64_t i = tid; i < n_slots; i += blockDim.x) atomicAdd(&cursor[ids[i]], 1);
+  __syncthreads();
+  if (tid < 32) {  // exclusive scan of the counts, 32 experts per round
+    int carry = 0;
+    for (int base = 0; base < n_experts; base += 32) {
+      const int e = base + lane, v = e < n_experts ? cursor[e] : 0;
+      int incl = v;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += up;
+      }
+      if (e < n_experts) offsets[e] = cursor[e] = carry + incl - v;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) offsets[n_experts] = carry;
+  }
+  __syncthreads();
+  for (int64_t i = tid; i < n_slots; i += blockDim.x) {
+    const int p = atomicAdd(&cursor[ids[i]], 1);
+    order[p] = static_cast<int32_t>(i);
+    pos[i] = p;
+  }
+}
+
+__global__ void gather_rows_kernel(Mat x, const int32_t* __restrict__ order, int x_div, Mat y) {
+  const int64_t total = y.rows * y.cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i / y.cols, c = i % y.cols;
+    y.data[j * y.stride + c] = x.data[(order[j] / x_div) * x.stride + c];
   }
 }
 
@@ -268,9 +311,24 @@ cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights
   return cudaGetLastError();
 }
 
-cudaError_t moe_combine_launch(Mat expert_out, const float* weights, int top_k, Mat out, cudaStream_t stream) {
+cudaError_t moe_combine_launch(Mat expert_out, const int32_t* pos, const float* weights, int top_k, Mat out,
+                               cudaStream_t stream) {
   if (out.rows == 0) return cudaSuccess;
-  moe_combine_kernel<<<grid_for(out.rows * out.cols, 256, 65535), 256, 0, stream>>>(expert_out, weights, top_k, out);
+  moe_combine_kernel<<<grid_for(out.rows * out.cols, 256, 65535), 256, 0, stream>>>(expert_out, pos, weights, top_k,
+                                                                                     out);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_group_launch(const int32_t* ids, int64_t n_slots, int n_experts, int32_t* offsets, int32_t* order,
+                             int32_t* pos, cudaStream_t stream) {
+  if (n_experts < 1 || n_experts > 8192) return cudaErrorInvalidValue;
+  moe_group_kernel<<<1, 1024, n_experts * sizeof(int), stream>>>(ids, n_slots, n_experts, offsets, order, pos);
+  return cudaGetLastError();
+}
+
+cudaError_t gather_rows_launch(Mat x, const int32_t* order, int x_div, Mat y, cudaStream_t stream) {
+  if (y.rows == 0) return cudaSuccess;
+  gather_rows_kernel<<<grid_for(y.rows * y.cols, 256, 65535), 256, 0, stream>>>(x, order, x_div, y);
   return cudaGetLastError();
 }
 

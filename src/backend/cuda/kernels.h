@@ -64,10 +64,20 @@ size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream);
 
-// Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div].
-cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids, int64_t n_batch, int x_div,
-                                  Mat x, Mat y, MatmulScratch scratch, cudaStream_t stream);
+// Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div]; with `up` (same type
+// and shape as w = gate, not F32), y[b] = silu(Wg x) * (Wu x) in the same pass.
+cudaError_t matmul_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_batch,
+                                  int x_div, Mat x, Mat y, MatmulScratch scratch, cudaStream_t stream);
 size_t matmul_experts_scratch_bytes(const WeightView& w, int64_t n_x_rows);
+// Grouped expert matmul (MoE steps of several tokens): rows [offsets[e], offsets[e+1]) of x and y
+// belong to expert e (moe_group_launch's order); y[j] = W[e] x[j], each expert's weights read once
+// per 16 of its rows instead of once per row. up: fused SwiGLU with these up weights (same type and
+// shape as w = gate), or null. Bit-identical per row to matmul_experts_launch (same decode and
+// summation order). Scratch: matmul_grouped_scratch_bytes(w, x.rows).
+bool matmul_grouped_supported(const WeightView& w);
+size_t matmul_grouped_scratch_bytes(const WeightView& w, int64_t n_rows);
+cudaError_t matmul_grouped_launch(const WeightView& w, const uint8_t* up, const int32_t* offsets, int n_experts,
+                                  Mat x, Mat y, void* scratch, cudaStream_t stream);
 
 // out[t] = row tokens[t] of the table, dequantised to f32.
 cudaError_t embed_launch(const WeightView& table, const int32_t* tokens, Mat out, cudaStream_t stream);
@@ -90,7 +100,17 @@ cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
 // out[t] = sum_s weights[t][s] * expert_out[t*k + s]
-cudaError_t moe_combine_launch(Mat expert_out, const float* weights, int top_k, Mat out, cudaStream_t stream);
+// out[t] = sum_s weights[t*k+s] * expert_out[row of slot t*k+s]: row = pos[slot], or the slot itself
+// when pos is null.
+cudaError_t moe_combine_launch(Mat expert_out, const int32_t* pos, const float* weights, int top_k, Mat out,
+                               cudaStream_t stream);
+// The (token, slot) pairs of a step grouped by expert, in one block: offsets[0..n_experts] (the run of
+// expert e is [offsets[e], offsets[e+1])), order[j] = the slot at position j, pos[slot] = its position.
+// Positions within a run follow no fixed order (each row is computed on its own).
+cudaError_t moe_group_launch(const int32_t* ids, int64_t n_slots, int n_experts, int32_t* offsets, int32_t* order,
+                             int32_t* pos, cudaStream_t stream);
+// y[j] = x[order[j] / x_div] (rows).
+cudaError_t gather_rows_launch(Mat x, const int32_t* order, int x_div, Mat y, cudaStream_t stream);
 
 // ---- attention (attention.cu) ----
 struct AttentionParams {

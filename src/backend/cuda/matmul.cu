@@ -92,6 +92,9 @@ struct MmvArgs {
   int n;                        // tokens (<= 32)
   int stages;                   // ring slots per warp (2..8)
   const uint8_t* w2;            // fused SwiGLU: the up weights (w = gate), same type and shape
+  // Grouped mode when non-null: blockIdx.y = expert e, whose rows of x and y are [offsets[e],
+  // offsets[e+1]) (xh holds all of them); tiles = (row tile, token tile of NT*8 rows) pairs.
+  const int32_t* group_offsets;
   float* y;
   int64_t y_stride;
 };
@@ -189,30 +192,46 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
   uint8_t* const ring = smem + ks * NS * RW * RS;
   float* const red = reinterpret_cast<float*>(smem + kMmvWarps * NS * RW * RS);  // [warps][RGW*NT*4][32]
   const uint8_t* w = a.w;
+  const uint8_t* w2 = a.w2;
   const float* x = a.x;
   float* y = a.y;
   int n = a.n;
+  const bool grouped = a.group_offsets != nullptr;
+  int64_t tok0 = 0, token_tiles = 1;  // grouped: the expert's first row and its tiles of NT*8 rows
   if (a.expert_ids) {  // the expert ids come from the previous kernel
     pdl_wait();
     const int b = blockIdx.y;
     w += static_cast<size_t>(a.expert_ids[b]) * a.expert_bytes;
+    if (w2) w2 += static_cast<size_t>(a.expert_ids[b]) * a.expert_bytes;
     x += static_cast<int64_t>(b / a.x_div) * a.x_stride;
     y += b * a.y_stride;
     n = 1;
+  } else if (grouped) {  // so do the group offsets
+    pdl_wait();
+    const int e = blockIdx.y;
+    tok0 = a.group_offsets[e];
+    n = a.group_offsets[e + 1] - static_cast<int>(tok0);
+    w += static_cast<size_t>(e) * a.expert_bytes;
+    if (w2) w2 += static_cast<size_t>(e) * a.expert_bytes;
+    token_tiles = (n + NT * 8 - 1) / (NT * 8);
   }
   const int64_t n_chunks = a.K / 32, S = (n_chunks + C - 1) / C;
-  const int64_t tiles = (a.n_out + kOut - 1) / kOut;
+  const int64_t row_tiles = (a.n_out + kOut - 1) / kOut, tiles = row_tiles * token_tiles;
   const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
   const int cnt = ks < S ? static_cast<int>((S - 1 - ks) / kMmvWarps + 1) : 0;  // steps per tile
   const int64_t total = my_tiles * cnt;
 
   // Row r of a tile's slots: the weight row it holds.
+  auto row_tile = [&](int64_t tile) -> int64_t {
+    return grouped ? static_cast<int64_t>(static_cast<int>(tile) % static_cast<int>(row_tiles)) : tile;
+  };
   auto row_src = [&](int64_t tile, int r) -> const uint8_t* {
+    const int64_t rt = row_tile(tile);
     if constexpr (SW) {
-      const int64_t row = min(tile * kOut + 8 * (r >> 4) + (r & 7), a.n_out - 1);
-      return ((r & 15) < 8 ? w : a.w2) + row * static_cast<int64_t>(a.row_bytes);
+      const int64_t row = min(rt * kOut + 8 * (r >> 4) + (r & 7), a.n_out - 1);
+      return ((r & 15) < 8 ? w : w2) + row * static_cast<int64_t>(a.row_bytes);
     } else {
-      return w + min(tile * RW + r, a.n_out - 1) * static_cast<int64_t>(a.row_bytes);
+      return w + min(rt * RW + r, a.n_out - 1) * static_cast<int64_t>(a.row_bytes);
     }
   };
   // Copy cursor: item `issued` = step ks + 8*i_m of tile i_tile, into slot i_slot.
@@ -250,12 +269,15 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
     cp_async_commit();  // one group per call, empty or not, so wait_group counts items
   };
   for (int k = 0; k + 1 < NS; ++k) issue();
-  if (!a.expert_ids) pdl_wait();  // x, xh and y belong to earlier kernels
+  if (!a.expert_ids && !grouped) pdl_wait();  // x, xh and y belong to earlier kernels
   pdl_trigger();
 
   int c_slot = 0;
   for (int64_t j = 0; j < my_tiles; ++j) {
-    const int64_t tile = blockIdx.x + j * gridDim.x;
+    const int64_t tile = blockIdx.x + j * gridDim.x, rt = row_tile(tile);
+    // Grouped: this tile's rows of x and y start at tb; nn of them are the expert's.
+    const int64_t tt = grouped ? tile / row_tiles : 0, tb = tok0 + tt * NT * 8;
+    const int nn = grouped ? min(NT * 8, n - static_cast<int>(tt) * NT * 8) : n;
     float acc[RGW][NT][4];
 #pragma unroll
     for (int q = 0; q < RGW; ++q)
@@ -285,14 +307,14 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const int tok = nt * 8 + g;
-          if (nt * 8 < n && valid && a.xh) {
-            const uint4* piece = reinterpret_cast<const uint4*>(a.xh) + ((c >> 2) * 4 * a.n_pad + tok) * 4 + t;
+          if (nt * 8 < nn && valid && a.xh) {  // (grouped: rows past nn belong to other experts, unused)
+            const uint4* piece = reinterpret_cast<const uint4*>(a.xh) + ((c >> 2) * 4 * a.n_pad + tb + tok) * 4 + t;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
               const uint4 v = piece[k * a.n_pad * 4];
               b[nt][4 * k] = v.x, b[nt][4 * k + 1] = v.y, b[nt][4 * k + 2] = v.z, b[nt][4 * k + 3] = v.w;
             }
-          } else if (nt * 8 < n && valid && tok < n) {
+          } else if (nt * 8 < nn && valid && tok < nn) {
             load_b<T>(x + tok * a.x_stride, c, b[nt]);
           } else {
 #pragma unroll
@@ -311,7 +333,7 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
           }
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            if (nt * 8 >= n) break;  // warp-uniform
+            if (nt * 8 >= nn) break;  // warp-uniform
 #pragma unroll
             for (int i = 0; i < 8; ++i)
               mma_16816(acc[q][nt], as_u32(A0[2 * i]), as_u32(A1[2 * i]), as_u32(A0[2 * i + 1]),
@@ -334,20 +356,20 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
       const int ln = i & 31, e = (i >> 5) & 3, nt = (i >> 7) % NT, q = i / (128 * NT);
       const int tok = nt * 8 + 2 * (ln & 3) + (e & 1);
       if constexpr (SW) {
-        const int64_t row = tile * kOut + 8 * q + (ln >> 2);
-        if (e < 2 && row < a.n_out && tok < n) {
+        const int64_t row = rt * kOut + 8 * q + (ln >> 2);
+        if (e < 2 && row < a.n_out && tok < nn) {
           float vg = 0.0f, vu = 0.0f;
 #pragma unroll
           for (int k = 0; k < kMmvWarps; ++k) vg += red[k * kVals + i], vu += red[k * kVals + i + 64];
-          y[tok * a.y_stride + row] = vg / (1.0f + expf(-vg)) * vu;
+          y[(tb + tok) * a.y_stride + row] = vg / (1.0f + expf(-vg)) * vu;
         }
       } else {
-        const int64_t row = tile * RW + 16 * q + (ln >> 2) + (e >= 2 ? 8 : 0);
-        if (row < a.n_out && tok < n) {
+        const int64_t row = rt * RW + 16 * q + (ln >> 2) + (e >= 2 ? 8 : 0);
+        if (row < a.n_out && tok < nn) {
           float v = 0.0f;
 #pragma unroll
           for (int k = 0; k < kMmvWarps; ++k) v += red[k * kVals + i];
-          y[tok * a.y_stride + row] = v;
+          y[(tb + tok) * a.y_stride + row] = v;
         }
       }
     }
@@ -510,14 +532,14 @@ bool use_pdl() {
 
 // grid_y > 0: batched experts (one tile per block, blockIdx.y = batch entry); else a persistent grid.
 template <class T, int NT, int RW, bool SW = false, int MB = mmv_min_blocks<NT>()>
-cudaError_t launch_mmv(MmvArgs a, unsigned grid_y, cudaStream_t stream) {
+cudaError_t launch_mmv(MmvArgs a, unsigned grid_y, cudaStream_t stream, unsigned grid_x = 0) {
   const MmvConfig& c = mmv_config<T, NT, RW, SW, MB>();
   if (c.err != cudaSuccess) return c.err;
   a.stages = c.stages;
   const int64_t tiles = (a.n_out + (SW ? RW / 2 : RW) - 1) / (SW ? RW / 2 : RW);
   static const int forced_grid = env_int("HYSPEC_MMV_GRID", 0);
   const int64_t slots = forced_grid > 0 ? forced_grid : int64_t{c.blocks_per_sm} * sm_count();
-  const dim3 grid(static_cast<unsigned>(grid_y ? tiles : std::min(tiles, slots)), grid_y ? grid_y : 1);
+  const dim3 grid(grid_x ? grid_x : static_cast<unsigned>(grid_y ? tiles : std::min(tiles, slots)), grid_y ? grid_y : 1);
   return launch_pdl(mmv_kernel<T, NT, RW, SW, MB>, grid, dim3(kMmvWarps * 32), c.smem, stream, use_pdl(), a);
 }
 
@@ -537,7 +559,7 @@ template <class T>
 cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t stream, const uint8_t* up = nullptr) {
   cudaError_t err = cudaSuccess;
   MmvArgs a{w.data, w.row_bytes, 0, nullptr, 1, w.n_out, w.n_in, x.data, x.stride, nullptr, 0,
-            static_cast<int>(x.rows), 0, up, y.data, y.stride};
+            static_cast<int>(x.rows), 0, up, nullptr, y.data, y.stride};
   if (x.rows <= kFusedWidth) {
     const Mat xa = aligned_rows(x, static_cast<float*>(scratch), stream, err);
     if (err != cudaSuccess) return err;
@@ -673,17 +695,60 @@ cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, M
   return err;
 }
 
+// Grouped expert matmul: tiles of 16 rows of an expert's run (NT = 2). xh holds every row plus one
+// tile of zero rows, which the last tile of the last expert may read.
+constexpr int kGroupedNT = 2;
+int64_t grouped_rows_padded(int64_t n_rows) { return (n_rows + 7) / 8 * 8 + kGroupedNT * 8; }
+
+bool matmul_grouped_supported(const WeightView& w) { return fast_path(w); }
+
+size_t matmul_grouped_scratch_bytes(const WeightView& w, int64_t n_rows) {
+  return static_cast<size_t>(grouped_rows_padded(n_rows)) * ((w.n_in / 32 + 3) / 4) * 128 * 2;
+}
+
+cudaError_t matmul_grouped_launch(const WeightView& w, const uint8_t* up, const int32_t* offsets, int n_experts,
+                                  Mat x, Mat y, void* scratch, cudaStream_t stream) {
+  if (x.rows == 0) return cudaSuccess;
+  if (!fast_path(w) || n_experts < 1 || n_experts > 65535) return cudaErrorInvalidValue;
+  cudaError_t err = cudaErrorInvalidValue;
+  with_type(w.type, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, TypeF32>) {
+      auto* xh = static_cast<__half*>(scratch);
+      const int64_t n_pad = grouped_rows_padded(x.rows);
+      const int64_t pieces = (w.n_in / 32 + 3) / 4 * 4 * n_pad * 4;
+      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(pieces, 256), 4096));
+      prep_fragments_kernel<T><<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, n_pad, w.n_in, xh);
+      if ((err = cudaGetLastError()) != cudaSuccess) return;
+      MmvArgs a{w.data, w.row_bytes, static_cast<size_t>(w.n_out) * w.row_bytes, nullptr, 1, w.n_out, w.n_in,
+                x.data, x.stride, xh, n_pad, 0, 0, up, offsets, y.data, y.stride};
+      // Blocks per expert: a quarter of its row tiles by default (HYSPEC_MOE_BLOCKS_PER_EXPERT).
+      const int64_t row_tiles = (w.n_out + (up ? 7 : 15)) / (up ? 8 : 16);
+      static const int forced = env_int("HYSPEC_MOE_BLOCKS_PER_EXPERT", 0);
+      const auto per_expert =
+          static_cast<unsigned>(std::clamp<int64_t>(forced > 0 ? forced : (row_tiles + 3) / 4, 1, row_tiles));
+      err = up ? launch_mmv<T, kGroupedNT, 16, true>(a, static_cast<unsigned>(n_experts), stream, per_expert)
+               : launch_mmv<T, kGroupedNT, 16>(a, static_cast<unsigned>(n_experts), stream, per_expert);
+    }
+  });
+  return err;
+}
+
 size_t matmul_experts_scratch_bytes(const WeightView& w, int64_t n_x_rows) {
   return static_cast<size_t>(n_x_rows * w.n_in) * sizeof(float);  // staging of unaligned x
 }
 
-cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids, int64_t n_batch, int x_div, Mat x,
-                                  Mat y, MatmulScratch scratch, cudaStream_t stream) {
+cudaError_t matmul_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_batch,
+                                  int x_div, Mat x, Mat y, MatmulScratch scratch, cudaStream_t stream) {
   cudaError_t err = cudaErrorInvalidValue;
   if (n_batch == 0) return cudaSuccess;
   with_type(w.type, [&](auto tag) {
     using T = decltype(tag);
     err = cudaSuccess;
+    if (!fast_path(w) && up) {
+      err = cudaErrorInvalidValue;
+      return;
+    }
     if (!fast_path(w)) {  // F32 experts (dequantized models): exact, like the CPU
       const int64_t slice = 65535 / x_div * x_div;
       for (int64_t b0 = 0; b0 < n_batch && err == cudaSuccess; b0 += slice) {
@@ -704,9 +769,11 @@ cudaError_t matmul_experts_launch(const WeightView& w, const int32_t* expert_ids
     for (int64_t b0 = 0; b0 < n_batch && err == cudaSuccess; b0 += slice) {
       const int64_t nb = std::min<int64_t>(slice, n_batch - b0);
       MmvArgs a{w.data,  w.row_bytes, static_cast<size_t>(w.n_out) * w.row_bytes, expert_ids + b0, x_div, w.n_out,
-                w.n_in,  xa.data + (b0 / x_div) * xa.stride, xa.stride, nullptr, 0, 1, 0, nullptr,
+                w.n_in,  xa.data + (b0 / x_div) * xa.stride, xa.stride, nullptr, 0, 1, 0, up, nullptr,
                 y.data + b0 * y.stride, y.stride};
-      if constexpr (!std::is_same_v<T, TypeF32>) err = launch_mmv<T, 1, 16>(a, static_cast<unsigned>(nb), stream);
+      if constexpr (!std::is_same_v<T, TypeF32>)
+        err = up ? launch_mmv<T, 1, 16, true>(a, static_cast<unsigned>(nb), stream)
+                 : launch_mmv<T, 1, 16>(a, static_cast<unsigned>(nb), stream);
     }
   });
   return err;
