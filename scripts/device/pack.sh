@@ -7,9 +7,9 @@ FIX="${HYSPEC_FIXTURES:-$(pwd)/../shared/fixtures}"
 rm -rf .device && mkdir -p .device/bin .device/lib .device/fixtures
 # (tests on: scripts/test.sh configures the same build dir with HYSPEC_TESTS=OFF)
 cmake --preset cuda -DHYSPEC_TESTS=ON > /dev/null
-cmake --build --preset cuda -j "$(nproc)" --target hyspec test_backend test_model test_engine test_util
+cmake --build --preset cuda -j "$(nproc)" --target hyspec test_backend test_model test_engine test_util test_server
 for b in build-cuda/hyspec build-cuda/tests/test_backend build-cuda/tests/test_model build-cuda/tests/test_engine \
-         build-cuda/tests/test_util; do
+         build-cuda/tests/test_util build-cuda/tests/test_server; do
   strip -o ".device/bin/$(basename "$b")" "$b"
 done
 # Libraries from Debian packages that an Ubuntu CUDA image does not have.

@@ -55,8 +55,8 @@ int run_serve(ServeOptions& opt) {
     srv.shutdown();
     return fail(loaded);
   }
-  fmt::print("hyspec serve: model loaded ({}, speculative: {}, {} slot(s)); ready\n", config->model_path,
-             spec_method_name(config->spec), opt.server.parallel);
+  fmt::print("hyspec serve: model loaded ({} on {}, speculative: {}, {} slot(s)); ready\n", config->model_path,
+             srv.backend_name(), spec_method_name(config->spec), opt.server.parallel);
   std::fflush(stdout);
 
   int sig = 0;

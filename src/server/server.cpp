@@ -338,6 +338,8 @@ Status Server::load(const EngineConfig& engine_config) {
   return Status::ok();
 }
 
+std::string Server::backend_name() const { return impl_->engine ? impl_->engine->backend().name() : ""; }
+
 void Server::shutdown() {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.shutdown_mu);

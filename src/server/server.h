@@ -32,6 +32,8 @@ class Server {
   Result<int> start();
   // Loads the model and its tokenizer and starts the engine thread; /health turns 200.
   Status load(const EngineConfig& engine_config);
+  // The loaded engine's backend, e.g. "cuda:0 NVIDIA H100 80GB HBM3" ("" before load()).
+  std::string backend_name() const;
   // Graceful stop: new requests get 503, queued ones fail with 503, running ones may finish within
   // the grace period (then they are cancelled), every open stream is ended with [DONE], then the
   // listener closes. Idempotent; blocks until done.

@@ -41,7 +41,10 @@ std::string read_text_file(const std::string& path) {
 
 nlohmann::json read_json_file(const std::string& path) { return nlohmann::json::parse(read_text_file(path)); }
 
-std::string hyspec_binary() { return HYSPEC_BINARY; }
+std::string hyspec_binary() {
+  const char* env = std::getenv("HYSPEC_BIN");  // a binary carried elsewhere (the GPU machine)
+  return env && *env ? env : HYSPEC_BINARY;
+}
 
 BackendKind test_backend_kind() {
   const char* env = std::getenv("HYSPEC_TEST_BACKEND");

@@ -15,6 +15,7 @@ std::string fixture_path(const std::string& relative);
 std::vector<float> read_f32_file(const std::string& path);
 nlohmann::json read_json_file(const std::string& path);
 std::string read_text_file(const std::string& path);
+// The hyspec CLI the server/CLI tests spawn: HYSPEC_BIN, else the one built with the tests.
 std::string hyspec_binary();
 // The backend the model and engine tests run on: HYSPEC_TEST_BACKEND=cuda|cpu (default cpu), so the
 // same fixture tests run on the CPU and, on a GPU machine, on CUDA (scripts/device/test.sh).

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <regex>
@@ -39,6 +40,9 @@ class ServerProcess {
       const std::string bin = hyspec_binary();
       std::vector<std::string> all = {bin, "serve", "--port", "0"};
       all.insert(all.end(), args.begin(), args.end());
+      // HYSPEC_TEST_BACKEND=cuda serves on the GPU (scripts/device/test.sh).
+      if (test_backend_kind() == BackendKind::Cuda && std::find(args.begin(), args.end(), "--backend") == args.end())
+        all.insert(all.end(), {"--backend", "cuda"});
       std::vector<char*> argv;
       for (std::string& a : all) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -56,6 +60,7 @@ class ServerProcess {
         auto r = c.Get("/health");
         if (r && r->status == 200) {
           ready_ = true;
+          if (test_backend_kind() == BackendKind::Cuda) expect_served_on_cuda(deadline);
           return;
         }
       }
@@ -123,6 +128,13 @@ class ServerProcess {
   }
 
  private:
+  // The "model loaded (... on BACKEND, ...)" line follows /health turning 200 by a moment.
+  template <class TimePoint>
+  void expect_served_on_cuda(TimePoint deadline) {
+    while (output().find("model loaded") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_NE(output().find(" on cuda"), std::string::npos) << output();
+  }
   static int& counter() {
     static int n = 0;
     return n;
