@@ -581,7 +581,12 @@ cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t s
   static const bool three = env_int("HYSPEC_MMV_BLOCKS", 0) == 3;
   if (x.rows <= 8) return three ? launch_mmv<T, 1, 16, false, 3>(a, 0, stream) : launch_mmv<T, 1, 16>(a, 0, stream);
   if (x.rows <= 16) return launch_mmv<T, 2, 16>(a, 0, stream);
-  if (x.rows <= 24) return launch_mmv<T, 3, 16>(a, 0, stream);  // a 16-draft verify: 17 rows
+  // 17-24 rows (a 16-draft verify: 17): three n-tiles of 16-row tiles, or for Q6_K the 32-token kernel
+  // (H100, 17 rows: Q6_K 0.66-0.83 -> 0.74-0.90 TB/s; Q4_K, Q5_K, Q8_0 lose 8-30% with it).
+  // HYSPEC_MMV_WIDE17=0/1 forces either (benchmarks). All widths give the same bits per row.
+  static const int wide17 = env_int("HYSPEC_MMV_WIDE17", -1);
+  const bool wide = wide17 >= 0 ? wide17 != 0 : std::is_same_v<T, TypeQ6_K>;
+  if (x.rows <= 24 && !wide) return launch_mmv<T, 3, 16>(a, 0, stream);
   return launch_mmv<T, 4, 32>(a, 0, stream);
 }
 
