@@ -32,7 +32,9 @@ struct NormArgs {
   int64_t group, groups_per_row;
   float eps;
   int tpg;  // threads per group: 32 (a warp per group) or blockDim.x (a block per group), from group only
+  int vec4;  // > 0: every thread's elements as `vec4` float4s, all loaded at once (see the kernel)
 };
+constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip form
 
 // y = x / sqrt(mean(x^2) + eps) * w  [* silu(z)] over each group of columns; 2 reads + 1 write.
 // AddResidual first stores x += z (the add of binary_kernel, element by element) and norms the sum:
@@ -48,6 +50,55 @@ __global__ void rms_norm_kernel(NormArgs a) {
   float* xr = a.x.data + r * a.x.stride + gc;
   const float* zr = a.z ? a.z + r * a.z_stride + gc : nullptr;
   float ss = 0.0f;
+  if (a.vec4 > 0) {
+    // One round trip: thread lt owns float4s lt, lt + tpg, ... of the group; x, z and w are all loaded
+    // before anything is stored or reduced (a decode step's hidden-size norm is one block, and this
+    // form replaced 5-6 dependent global round trips). The lane split depends on the group size only.
+    float4 v[kNormMaxVec4], d[kNormMaxVec4], wv[kNormMaxVec4];
+#pragma unroll
+    for (int k = 0; k < kNormMaxVec4; ++k) {
+      if (k >= a.vec4 || !valid) break;
+      const int64_t c = (int64_t{k} * tpg + lt) * 4;
+      v[k] = *reinterpret_cast<const float4*>(xr + c);
+      if (zr) d[k] = *reinterpret_cast<const float4*>(zr + c);
+      if (a.w) wv[k] = *reinterpret_cast<const float4*>(a.w + c);
+    }
+#pragma unroll
+    for (int k = 0; k < kNormMaxVec4; ++k) {
+      if (k >= a.vec4 || !valid) break;
+      if constexpr (kKind == NormKind::AddResidual) {
+        v[k].x += d[k].x, v[k].y += d[k].y, v[k].z += d[k].z, v[k].w += d[k].w;
+        *reinterpret_cast<float4*>(xr + (int64_t{k} * tpg + lt) * 4) = v[k];
+      }
+      ss += v[k].x * v[k].x;
+      ss += v[k].y * v[k].y;
+      ss += v[k].z * v[k].z;
+      ss += v[k].w * v[k].w;
+    }
+    ss = warp_sum(ss);
+    if (tpg > 32) {
+      if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+      __syncthreads();
+      ss = 0.0f;
+      for (int i = 0; i < tpg / 32; ++i) ss += partial[i];
+    }
+    if (!valid) return;
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.group) + a.eps);
+    float* yr = a.y.data + r * a.y.stride + gc;
+#pragma unroll
+    for (int k = 0; k < kNormMaxVec4; ++k) {
+      if (k >= a.vec4) break;
+      float o[4] = {v[k].x * inv, v[k].y * inv, v[k].z * inv, v[k].w * inv};
+      const float wk[4] = {wv[k].x, wv[k].y, wv[k].z, wv[k].w}, zk[4] = {d[k].x, d[k].y, d[k].z, d[k].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (a.w) o[e] *= wk[e];
+        if constexpr (kKind == NormKind::Gated) o[e] *= silu(zk[e]);
+      }
+      *reinterpret_cast<float4*>(yr + (int64_t{k} * tpg + lt) * 4) = make_float4(o[0], o[1], o[2], o[3]);
+    }
+    return;
+  }
   if (valid) {
     // Four elements per round, loaded before any is stored: the store to x would otherwise order
     // each later load behind it (x and z may alias as far as the compiler knows). Same summation
@@ -251,7 +302,12 @@ template <NormKind kKind>
 cudaError_t norm_launch(Mat x, const float* z, int64_t z_stride, const float* w, int64_t group, float eps, Mat y,
                         cudaStream_t stream) {
   if (x.rows == 0) return cudaSuccess;
-  NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, group > 512 ? 256 : 32};
+  NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, group > 512 ? 256 : 32, 0};
+  // The one-round-trip form where every row, group and vector is whole, 16-byte aligned float4s.
+  auto aligned = [](const void* p, int64_t stride) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && stride % 4 == 0; };
+  if (group % (4 * a.tpg) == 0 && group / (4 * a.tpg) <= kNormMaxVec4 && aligned(x.data, x.stride) &&
+      aligned(y.data, y.stride) && (!z || aligned(z, z_stride)) && (!w || aligned(w, 4)))
+    a.vec4 = static_cast<int>(group / (4 * a.tpg));
   const int64_t groups = x.rows * a.groups_per_row;
   const unsigned blocks = a.tpg == 32 ? grid_for(groups, 8) : static_cast<unsigned>(groups);
   rms_norm_kernel<kKind><<<blocks, 256, 0, stream>>>(a);
