@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GPU time per kernel of recorded decode steps, measured by ncu (each kernel node of the replayed CUDA
+# graphs timed on its own, so launch gaps and PDL overlap are not in it; ncu also locks clocks lower
+# than the boost clock). Complements bench/profile_cuda.sh, whose event brackets inflate small ops.
+# On the GPU machine, after bench/compare_llamacpp.sh made the files:
+#   bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf [ncu --launch-skip] [--launch-count]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ -d .device/bin ] || tar xJf .device/bin.tar.xz -C .device
+export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+M=${1:?model}; SKIP=${2:-600}; COUNT=${3:-900}
+CSV=$(mktemp)
+timeout 300 /usr/local/cuda/bin/ncu --graph-profiling node --metrics gpu__time_duration.sum --csv \
+  --launch-skip "$SKIP" --launch-count "$COUNT" \
+  .device/bin/hyspec bench -m "$M" --backend cuda -p 0 -n 16 -c 1024 --kv-type f16 > "$CSV" 2>/dev/null
+python3 - "$CSV" <<'PY'
+import collections, csv, re, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]
+ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+agg = collections.defaultdict(lambda: [0, 0.0])
+for r in rows[1:]:
+    name = re.sub(r"<.*", "", re.sub(r"\(.*", "", r[ki]))[:60]
+    agg[name][0] += 1
+    agg[name][1] += float(r[vi].replace(",", "")) * scale.get(r[ui], float("nan"))
+total = sum(t for _, t in agg.values())
+print(f"{len(rows) - 1} kernels, {total:.0f} us")
+print("| kernel | calls | us | us/call | share |\n| --- | ---: | ---: | ---: | ---: |")
+for name, (calls, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:16]:
+    print(f"| {name} | {calls} | {t:.0f} | {t / calls:.2f} | {100 * t / total:.1f}% |")
+PY
+rm -f "$CSV"
