@@ -16,6 +16,9 @@
 // grid is persistent (as many blocks as fit), the ring runs on across tiles, and the kernel is
 // launched with programmatic dependent launch: it starts streaming weights while the previous
 // kernel finishes and waits for it only before reading activations.
+// MoE experts run the same kernel per expert: batched (blockIdx.y = one (token, slot) pair, width 1)
+// for one-token steps, grouped (blockIdx.y = expert, its rows of a step grouped by the router, in
+// 16-row token tiles) for several; both give every row the bits of a width-1 call.
 // Widths n > 32 (prefill): activations converted to f16 in chunk order (prep_activations_kernel),
 // weight row tiles decoded to f16 (dequant_tile_kernel), multiplied with cuBLAS (f32 accumulate).
 #include <cuda_bf16.h>
