@@ -51,13 +51,17 @@ class ServerProcess {
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(ready_timeout_s);
     const std::regex listening(R"(listening on http://[^:]+:(\d+))");
+    std::string last_health = "never asked";  // for the failure message
     while (std::chrono::steady_clock::now() < deadline && exited_status() < 0) {
       std::smatch m;
       const std::string log = output();
       if (port_ == 0 && std::regex_search(log, m, listening)) port_ = std::stoi(m[1]);
       if (port_ != 0) {
         httplib::Client c("127.0.0.1", port_);
+        c.set_connection_timeout(2);
+        c.set_read_timeout(5);
         auto r = c.Get("/health");
+        last_health = r ? "HTTP " + std::to_string(r->status) + " " + r->body : "error " + httplib::to_string(r.error());
         if (r && r->status == 200) {
           ready_ = true;
           if (test_backend_kind() == BackendKind::Cuda) expect_served_on_cuda(deadline);
@@ -66,7 +70,8 @@ class ServerProcess {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    ADD_FAILURE() << "hyspec serve did not become ready; its output:\n" << output();
+    ADD_FAILURE() << "hyspec serve did not become ready (port " << port_ << ", last /health: " << last_health
+                  << "); its output:\n" << output();
   }
   ~ServerProcess() {
     if (exit_status_ < 0 && pid_ > 0) stop(10);
