@@ -302,21 +302,47 @@ __device__ __forceinline__ float2 kv_pair(const uint8_t* p) {  // two consecutiv
   }
 }
 
-// The end of a decode block (kv head blockIdx.x, split z, query group blockIdx.z): its unnormalised
+// A decode block (kv head blockIdx.x, split blockIdx.y, query group blockIdx.z): its M query vectors
+// (local index m = global - q0) and the keys [k0, k1) of its split. Splits are fixed slices of the
+// capacity (chunk_tiles tiles each); n_eff of them reach into these queries' keys: the launch provides
+// for the capacity, and the others exit at once and take no part in the merge.
+struct DecodeBlock {
+  const AttnArgs* a;
+  int kvh, q0, M, n_eff, k0, k1;
+  __device__ int row(int m) const { return (q0 + m) / a->group; }
+  __device__ int head(int m) const { return kvh * a->group + (q0 + m) % a->group; }
+  __device__ int limit(int m) const { return a->causal ? a->positions[row(m)] : a->positions[a->n - 1]; }  // last key seen
+};
+__device__ DecodeBlock decode_block(const AttnArgs& a) {
+  DecodeBlock b{&a, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.z) * kDecodeQueries, 0, 0, 0, 0};
+  b.M = min(kDecodeQueries, a.n * a.group - b.q0);
+  int kend = 0;
+#pragma unroll
+  for (int m = 0; m < kDecodeQueries; ++m)
+    if (m < b.M) kend = max(kend, b.limit(m) + 1);
+  kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
+  const int chunk = a.chunk_tiles * kDecodeKeys;
+  b.n_eff = max(1, (kend + chunk - 1) / chunk);
+  b.k0 = static_cast<int>(blockIdx.y) * chunk;
+  b.k1 = min(kend, b.k0 + chunk);
+  return b;
+}
+
+// The end of a decode block: its unnormalised
 // output o_s [Q][D] and (max, sum) ml_s [2][Q] are in shared memory. With one split, out = o / sum;
 // with several, every block writes its partial and the last block of its (kv head, query group) to
 // finish (a self-resetting counter) merges them: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z.
 // The (max, sum) pairs go through shared memory `work` (kDecodeMergeBytes; o_s and ml_s may alias
 // it) first, so the sums over splits are independent L2 loads, not chains.
 template <int D>
-__device__ void finish_decode_block(const AttnArgs& a, unsigned* counters, const float* o_s, const float* ml_s,
-                                    int M, int z, int n_eff, void* work) {
+__device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, unsigned* counters, const float* o_s,
+                                    const float* ml_s, void* work) {
   constexpr int Q = kDecodeQueries, kThreadsPerBlock = kDecodeWarps * 32;
   __shared__ int s_last;
-  const int tid = threadIdx.x, kvh = blockIdx.x, q0 = blockIdx.z * Q, M_all = a.n * a.group;
+  const int tid = threadIdx.x, kvh = blk.kvh, q0 = blk.q0, M = blk.M, z = blockIdx.y, n_eff = blk.n_eff;
+  const int M_all = a.n * a.group;
   auto out_of = [&](int m) {
-    const int row = (q0 + m) / a.group, head = kvh * a.group + (q0 + m) % a.group;
-    return a.out.data + static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D;
+    return a.out.data + static_cast<int64_t>(blk.row(m)) * a.out.stride + static_cast<int64_t>(blk.head(m)) * D;
   };
   auto slot_of = [&](int zz, int m) { return (static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m; };
   if (n_eff == 1) {
@@ -387,26 +413,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   float* p_s = reinterpret_cast<float*>(sm + L::kP);           // [TK][Q] probabilities of the tile
   float* misc = reinterpret_cast<float*>(sm + L::kMisc);       // alpha[Q], m[Q], l[Q]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int kvh = blockIdx.x, z = blockIdx.y, qg = blockIdx.z;
-  const int M_all = a.n * a.group;   // query vectors of this kv head in the step
-  const int q0 = qg * Q;             // this block's first one; local index m = global - q0
-  const int M = min(Q, M_all - q0);  // this block's count
-  // Local query m: row and head in the step, and its last visible key.
-  auto row_of = [&](int m) { return (q0 + m) / a.group; };
-  auto head_of = [&](int m) { return kvh * a.group + (q0 + m) % a.group; };
-  auto limit_of = [&](int m) { return a.causal ? a.positions[row_of(m)] : a.positions[a.n - 1]; };
-
-  int kend = 0;
-#pragma unroll
-  for (int m = 0; m < Q; ++m)
-    if (m < M) kend = max(kend, limit_of(m) + 1);
-  kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
-  // Splits in use: those that reach into this group's keys (the launch provides for the capacity);
-  // the rest exit at once and take no part in the merge.
-  const int chunk = a.chunk_tiles * TK;
-  const int n_eff = max(1, (kend + chunk - 1) / chunk);
-  if (z >= n_eff) return;
-  const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
+  const DecodeBlock blk = decode_block(a);
+  if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
+  const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
   const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * D * sizeof(KV);
   const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * D * sizeof(KV);
@@ -429,7 +438,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
     const int m = i / D, d = i % D;
     float v = 0.0f;
     if (m < M) {
-      const int row = row_of(m), head = head_of(m);
+      const int row = blk.row(m), head = blk.head(m);
       v = a.q.data[static_cast<int64_t>(row) * a.q.stride + static_cast<int64_t>(head) * D + d] * a.scale;
     }
     q_s[i] = v;
@@ -440,7 +449,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int m = warp + kDecodeWarps * j;
-    lim[j] = m < M ? limit_of(m) : -1;
+    lim[j] = m < M ? blk.limit(m) : -1;
   }
   const int pair = tid % (D / 2), grp = tid / (D / 2);
   float o[QPT][2];
@@ -553,7 +562,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
     if (m < Q && lane == 0) misc[Q + m] = m_run[j], misc[2 * Q + m] = l_run[j];
   }
   __syncthreads();
-  finish_decode_block<D>(a, counters, o_s, misc + Q, M, z, n_eff, sm);
+  finish_decode_block<D>(a, blk, counters, o_s, misc + Q, sm);
 }
 
 // Decode/verify attention on tensor cores, F16 KV. Same blocks, splits and merge as
@@ -596,21 +605,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   static_assert(Q == 8, "the 16 MMA rows are 8 queries x (hi, lo)");
   extern __shared__ __align__(16) uint8_t sm[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int kvh = blockIdx.x, z = blockIdx.y, q0 = blockIdx.z * Q;
-  const int M = min(Q, a.n * a.group - q0);
-  auto row_of = [&](int m) { return (q0 + m) / a.group; };
-  auto head_of = [&](int m) { return kvh * a.group + (q0 + m) % a.group; };
-  auto limit_of = [&](int m) { return a.causal ? a.positions[row_of(m)] : a.positions[a.n - 1]; };
-
-  int kend = 0;
-#pragma unroll
-  for (int m = 0; m < Q; ++m)
-    if (m < M) kend = max(kend, limit_of(m) + 1);
-  kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
-  const int chunk = a.chunk_tiles * kDecodeKeys;
-  const int n_eff = max(1, (kend + chunk - 1) / chunk);
-  if (z >= n_eff) return;
-  const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
+  const DecodeBlock blk = decode_block(a);
+  if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
+  const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
   const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * D * 2;
   const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * D * 2;
@@ -643,15 +640,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   uint8_t* const q_sm = sm + L::kQ;
   for (int i = tid; i < Q * D; i += kDecodeWarps * 32) {
     const int m = i / D, d = i % D;
-    const float v = m < M ? a.q.data[static_cast<int64_t>(row_of(m)) * a.q.stride + static_cast<int64_t>(head_of(m)) * D + d] * a.scale
-                          : 0.0f;
+    const float v =
+        m < M ? a.q.data[static_cast<int64_t>(blk.row(m)) * a.q.stride + static_cast<int64_t>(blk.head(m)) * D + d] * a.scale
+              : 0.0f;
     const __half hi = __float2half_rn(v);
     *reinterpret_cast<__half*>(q_sm + m * P + 2 * d) = hi;
     *reinterpret_cast<__half*>(q_sm + (m + 8) * P + 2 * d) = __float2half_rn(v - __half2float(hi));
   }
   __syncthreads();
 
-  const int lim = g < M ? limit_of(g) : -1;
+  const int lim = g < M ? blk.limit(g) : -1;
   float m_run = -INFINITY, l_run = 0.0f;  // query g; l_run sums this lane's keys only
   float o[NT][4];
 #pragma unroll
@@ -762,7 +760,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     o_s[i] = v;
   }
   __syncthreads();
-  finish_decode_block<D>(a, counters, o_s, ml_s, M, z, n_eff, sm);
+  finish_decode_block<D>(a, blk, counters, o_s, ml_s, sm);
 }
 
 template <int D, typename KV>

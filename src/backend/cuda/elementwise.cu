@@ -40,6 +40,19 @@ constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip for
 // AddResidual first stores x += z (the add of binary_kernel, element by element) and norms the sum:
 // 3 reads + 2 writes, with the arithmetic of an add followed by a plain norm. A group's arithmetic
 // (lane split, reduction order) depends on the group size only, never on the number of rows.
+// 1 / sqrt(mean of squares + eps) of a group from each thread's partial sum of squares: over the warp,
+// or (tpg > 32) over the block through `partial`, in a fixed order. Every thread of the block calls it.
+__device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial, int64_t group, float eps) {
+  ss = warp_sum(ss);
+  if (tpg > 32) {
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    ss = 0.0f;
+    for (int i = 0; i < tpg / 32; ++i) ss += partial[i];
+  }
+  return 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
+}
+
 template <NormKind kKind>
 __global__ void rms_norm_kernel(NormArgs a) {
   __shared__ float partial[32];
@@ -75,15 +88,8 @@ __global__ void rms_norm_kernel(NormArgs a) {
       ss += v[k].z * v[k].z;
       ss += v[k].w * v[k].w;
     }
-    ss = warp_sum(ss);
-    if (tpg > 32) {
-      if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-      __syncthreads();
-      ss = 0.0f;
-      for (int i = 0; i < tpg / 32; ++i) ss += partial[i];
-    }
+    const float inv = group_inv_rms(ss, tpg, partial, a.group, a.eps);
     if (!valid) return;
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.group) + a.eps);
     float* yr = a.y.data + r * a.y.stride + gc;
 #pragma unroll
     for (int k = 0; k < kNormMaxVec4; ++k) {
@@ -123,15 +129,8 @@ __global__ void rms_norm_kernel(NormArgs a) {
       }
     }
   }
-  ss = warp_sum(ss);
-  if (tpg > 32) {
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    ss = 0.0f;
-    for (int i = 0; i < tpg / 32; ++i) ss += partial[i];
-  }
+  const float inv = group_inv_rms(ss, tpg, partial, a.group, a.eps);
   if (!valid) return;
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.group) + a.eps);
   float* yr = a.y.data + r * a.y.stride + gc;
   for (int64_t c = lt; c < a.group; c += tpg) {
     float v = xr[c] * inv;

@@ -161,6 +161,16 @@ __global__ void prep_fragments_kernel(const float* __restrict__ x, int64_t x_str
   }
 }
 
+// Bytes of x in fragment order for n_pad tokens of K elements, and its conversion (one launch).
+size_t fragments_bytes(int64_t n_pad, int64_t K) { return static_cast<size_t>(n_pad) * ((K / 32 + 3) / 4) * 128 * 2; }
+template <class T>
+cudaError_t prep_fragments(Mat x, int64_t n_pad, int64_t K, __half* xh, cudaStream_t stream) {
+  const int64_t pieces = (K / 32 + 3) / 4 * 4 * n_pad * 4;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(pieces, 256), 4096));
+  prep_fragments_kernel<T><<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, n_pad, K, xh);
+  return cudaGetLastError();
+}
+
 // Streaming tensor-core matvec, see the top of the file. Block = kMmvWarps warps; tile = RW rows
 // (RW/16 row groups per warp, which share each B fragment load); warp ks takes the steps ks,
 // ks + 8, ... of every tile the block owns (tiles blockIdx.x, + gridDim.x, ...).
@@ -570,11 +580,7 @@ cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t s
   } else {
     a.n_pad = (x.rows + 7) / 8 * 8;
     a.xh = static_cast<const __half*>(scratch);
-    const int64_t pieces = (w.n_in / 32 + 3) / 4 * 4 * a.n_pad * 4;
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(pieces, 256), 4096));
-    prep_fragments_kernel<T><<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, a.n_pad, w.n_in,
-                                                         static_cast<__half*>(scratch));
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if ((err = prep_fragments<T>(x, a.n_pad, w.n_in, static_cast<__half*>(scratch), stream)) != cudaSuccess) return err;
   }
   if (up) {
     if (x.rows <= 8) return launch_mmv<T, 1, 16, true>(a, 0, stream);
@@ -652,7 +658,7 @@ size_t matmul_scratch_bytes(const WeightView& w, int64_t n) {
   if (!fast_path(w)) return 0;
   if (int8_matvec_supported(w, n)) return int8_matvec_scratch_bytes(w, n);
   if (n <= kFusedWidth) return static_cast<size_t>(n * w.n_in) * sizeof(float);  // staging of unaligned x
-  if (n <= kMmvMaxWidth) return static_cast<size_t>((n + 7) / 8 * 8) * ((w.n_in / 32 + 3) / 4) * 128 * 2;
+  if (n <= kMmvMaxWidth) return fragments_bytes((n + 7) / 8 * 8, w.n_in);
   const bool in_place = w.type == GgmlType::F16 || w.type == GgmlType::BF16;
   return align_up(static_cast<size_t>(n * w.n_in) * 2, 256) + (in_place ? 0 : static_cast<size_t>(tile_rows(w) * w.n_in) * 2);
 }
@@ -711,7 +717,7 @@ int64_t grouped_rows_padded(int64_t n_rows) { return (n_rows + 7) / 8 * 8 + kGro
 bool matmul_grouped_supported(const WeightView& w) { return fast_path(w); }
 
 size_t matmul_grouped_scratch_bytes(const WeightView& w, int64_t n_rows) {
-  return static_cast<size_t>(grouped_rows_padded(n_rows)) * ((w.n_in / 32 + 3) / 4) * 128 * 2;
+  return fragments_bytes(grouped_rows_padded(n_rows), w.n_in);
 }
 
 cudaError_t matmul_grouped_launch(const WeightView& w, const uint8_t* up, const int32_t* offsets, int n_experts,
@@ -724,10 +730,7 @@ cudaError_t matmul_grouped_launch(const WeightView& w, const uint8_t* up, const 
     if constexpr (!std::is_same_v<T, TypeF32>) {
       auto* xh = static_cast<__half*>(scratch);
       const int64_t n_pad = grouped_rows_padded(x.rows);
-      const int64_t pieces = (w.n_in / 32 + 3) / 4 * 4 * n_pad * 4;
-      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(pieces, 256), 4096));
-      prep_fragments_kernel<T><<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, n_pad, w.n_in, xh);
-      if ((err = cudaGetLastError()) != cudaSuccess) return;
+      if ((err = prep_fragments<T>(x, n_pad, w.n_in, xh, stream)) != cudaSuccess) return;
       MmvArgs a{w.data, w.row_bytes, static_cast<size_t>(w.n_out) * w.row_bytes, nullptr, 1, w.n_out, w.n_in,
                 x.data, x.stride, xh, n_pad, 0, 0, up, offsets, y.data, y.stride};
       // Blocks per expert: a quarter of its row tiles by default (HYSPEC_MOE_BLOCKS_PER_EXPERT).
