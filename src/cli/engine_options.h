@@ -21,7 +21,7 @@ struct EngineFlags {
   int draft_max = 16;
   bool dequantize = false;
   bool no_graphs = false;
-  bool int8_matvec = false;
+  bool f16_matvec = false;
 
   void add_to(CLI::App& cmd, bool with_spec = true);
   Result<EngineConfig> to_config() const;

@@ -40,7 +40,7 @@ struct EngineConfig {
   std::string draft_model;  // DFlash drafter: GGUF file or HF directory
   int draft_max = 16;       // most drafted tokens per round
   bool add_ngram = false;   // compose n-gram lookup with the model drafter (the longer draft wins)
-  bool int8_matvec = false;  // CUDA: BackendOptions::int8_matvec
+  bool int8_matvec = true;  // CUDA: BackendOptions::int8_matvec
   bool use_graphs = true;   // CUDA: replay recorded decode/verify steps
 };
 

@@ -1,26 +1,30 @@
-// Integer-dot matvec for Q4_K weights at decode and verify widths (1..32 tokens); opt-in
-// (BackendOptions::int8_matvec, `--int8-matvec`), docs/CUDA_NOTES.md says why.
+// Integer-dot matvec for Q4_K and Q6_K weights at decode and verify widths (1..32 tokens): the
+// default for those types (BackendOptions::int8_matvec; `--f16-matvec` turns it off).
 //
-// The f16 tensor-core matvec (matmul.cu) decodes every 4-bit code into an f16 fragment and is
-// issue-bound at ~1.45 TB/s for one token on an H100. Here the codes stay integers: activations are
-// quantized once per call to int8 in blocks of 32 (scale d = max|x|/127 and the exact f32 sum s of each
-// block, `quantize_q8_kernel`). Up to 4 tokens a lane owns one weight row, masks a Q4_K block's nibbles
-// into words of four codes and multiplies them with dp4a (4 MACs per instruction); from 5 tokens an
-// int8 mma.m16n8k32 per sub-block and 8 tokens does it. Either way the int32 sum of a 32-element
-// sub-block is exact, and the sub-block then adds
-//   (d*sc) * dx * isum - (dmin*m) * s
-// to the output in f32, in the same order in both kernels (`add_sub_block`): every width gives the
-// one-token bits. That per-output, per-sub-block epilogue is also why the mma kernel loses to the f16
-// path from 8 tokens (ncu at 17 tokens: 7.5 M vs 4.2 M instructions).
+// The f16 tensor-core matvec (matmul.cu) turns every code into an f16 fragment and stalls at ~1.4
+// TB/s for one token on an H100. Here the codes stay integers, as in llama.cpp's CPU q4_K/q6_K x q8_K
+// dots: activations are quantized to int8 in blocks of 256, one scale dx per block plus the exact sum
+// of every 16 codes (`quantize_block`). A super-block of 256 weights then adds to an output
+//   Q4_K (8 sub-blocks of 32, 6-bit scale sc and min m, f16 d and dmin):
+//     dx * (d * isum - dmin * msum),  isum = sum_i sc_i * dot_i,  msum = sum_i m_i * bsum_i
+//   Q6_K (16 sub-blocks of 16, codes 0..63, int8 scale sc, f16 d):
+//     dx * d * (isum - 32 * msum),    isum = sum_j sc_j * dot_j,  msum = sum_j sc_j * bsum_j
+// with exact integers and one float rounding sequence per super-block (`add_super_block`,
+// `add_q6k_super_block`). One or two tokens: a lane owns half a super-block of one weight row and
+// forms dot with dp4a (4 MACs per instruction) against x staged in shared memory. Three or more: an
+// int8 mma (m16n8k32 per Q4_K sub-block, m16n8k16 per Q6_K one) forms the dots of 16 rows and 8 tokens,
+// and one f16 mma.m16n8k16 per super-block forms msum (small integers: the f32 result is exact).
+// Integers are exact and the float sequence is the same, so every width gives the one-token bits:
+// speculative verify rows equal decode steps.
 //
 // Layout: a block of 8 warps owns a tile of 16 rows at a time (8 gate + 8 up rows for the fused
 // SwiGLU); warp ks takes the super-blocks (steps) ks, ks + 8, ... of the tile's rows, streamed
-// through a private cp.async ring of `stages` slots of 16 x 144 bytes (144 = one Q4_K block; 9 x 16
-// bytes, so 8 lanes reading 16 bytes of 8 rows hit distinct banks); lane (r, h) = (lane % 16,
-// lane / 16) takes row r and sub-blocks 4h..4h+3 of each step. The two halves and then the 8 warps
-// are summed in a fixed order, so a row's result is the same bits whatever the number of tokens
-// (speculative verify rows equal decode steps), and the same in the fused SwiGLU as in a plain call.
-// Bytes per call: W once + n*K*1.25 (int8 activations + scales, from L1/L2 per tile) + n*n_out*4.
+// through a private cp.async ring of `stages` slots of 16 rows' blocks (Q4KLayout, Q6KLayout). The
+// warps are summed in a fixed order, so a row's result is the same bits whatever the number of
+// tokens, and the same in the fused SwiGLU as in a plain call.
+// Bytes per call: W once + n*K*(1 + 1/8 + 1/64) (int8 x, 16-element sums, scales: in shared memory for
+// dp4a, from L1/L2 per tile for mma) + n*n_out*4. Instructions per Q4_K super-block and 16 rows, one
+// token: ~100 per warp. H100, one token: 1.9-2.1 TB/s on 4096 x 8192..12288 (f16 matvec 1.3-1.5).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -29,36 +33,80 @@
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
+#include "backend/cuda/tensor_core.cuh"
 
 namespace hyspec::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kRows = 16;        // weight rows per tile
-constexpr int kBlockBytes = 144;  // Q4_K: d, dmin (f16), scales[12], qs[128]
-constexpr int kPieces = kBlockBytes / 16;
+constexpr int kRows = 16;  // weight rows per tile
 
+// A ring slot row per weight type. Q4_K blocks are 9 x 16 bytes: rows and steps stay 16-byte aligned
+// (and 8 lanes reading 16 bytes of 8 rows hit distinct banks). Q6_K blocks (210 bytes) start at any
+// even address: a row's slot holds the 16-byte aligned cover of its block (<= 14 pieces), which keeps
+// the bytes' address mod 16, and is read at that offset.
+struct Q4KLayout {
+  static constexpr int kBlockBytes = 144;  // d, dmin (f16), scales[12], qs[128]
+  static constexpr int kSlotBytes = 144;
+  static constexpr bool kAligned = true;
+};
+struct Q6KLayout {
+  static constexpr int kBlockBytes = 210;  // ql[128], qh[64], scales[16] (int8), d (f16)
+  static constexpr int kSlotBytes = 240;
+  static constexpr bool kAligned = false;
+};
 
-// x [n, K] f32 -> q [n, K] int8 and ds [n, K/32] {d, s}: q = round(x / d), d = max|x| / 127 over each
-// 32-element block, s = sum of the block's x. A warp per block. Bytes: read 4, write 1.25 per element.
-__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t K,
-                                   int8_t* __restrict__ q, float2* __restrict__ ds) {
+// Quantized activations of n tokens: q [n, K] int8 (natural order), d [n, K/256] f32 scales, bs
+// [n, K/16] f16 sums of 16 consecutive codes (|sum| <= 2032: exact in f16).
+struct Q8K {
+  int8_t* q;
+  float* d;
+  __half* bs;
+};
+
+// One 256-element block of x -> q (8 codes per lane, lane l: elements 8l..8l+7), its 16-element
+// code sums and its scale: q = round(x / d), d = max|x| / 127. The quantize kernel and the dp4a
+// kernel's in-block copy both call it, so their codes are the same bits.
+__device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int lane, int8_t* q, __half* bs,
+                                               float* d_out) {
+  float v[8];
+  if ((reinterpret_cast<uintptr_t>(xb) & 15) == 0) {  // warp-uniform: rows are 16-byte aligned or not
+    const float4 v0 = reinterpret_cast<const float4*>(xb)[2 * lane], v1 = reinterpret_cast<const float4*>(xb)[2 * lane + 1];
+    v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = xb[8 * lane + e];
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f;
+  uint32_t packed[2] = {0u, 0u};
+  int sum = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int qv = amax > 0.0f ? __float2int_rn(v[e] / d) : 0;
+    sum += qv;
+    packed[e / 4] |= (static_cast<uint32_t>(qv) & 0xffu) << (8 * (e % 4));
+  }
+  *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(packed[0], packed[1]);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  if ((lane & 1) == 0) bs[lane / 2] = __int2half_rn(sum);
+  if (lane == 0) *d_out = d;
+}
+
+// x [n, K] f32 -> Q8K, a warp per 256-element block. Bytes: read 4, write ~1.13 per element.
+__global__ void quantize_q8k_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t K, Q8K out) {
   pdl_wait();  // x belongs to the previous kernel
   pdl_trigger();
   const int lane = threadIdx.x & 31;
-  const int64_t nb = K / 32, warps = int64_t(gridDim.x) * blockDim.x / 32;
+  const int64_t nb = K / 256, warps = int64_t(gridDim.x) * blockDim.x / 32;
   for (int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; b < n * nb; b += warps) {
     const int64_t t = b / nb, j = b % nb;
-    const float v = x[t * x_stride + j * 32 + lane];
-    float amax = fabsf(v), sum = v;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    }
-    const float d = amax / 127.0f;
-    q[t * K + j * 32 + lane] = static_cast<int8_t>(amax > 0.0f ? __float2int_rn(v / d) : 0);
-    if (lane == 0) ds[b] = make_float2(d, sum);
+    quantize_block(x + t * x_stride + j * 256, lane, out.q + t * K + j * 256, out.bs + t * (K / 16) + j * 16,
+                   out.d + b);
   }
 }
 
@@ -67,31 +115,22 @@ struct Int8MvArgs {
   const uint8_t* w2;  // fused SwiGLU: the up weights (w = gate)
   size_t row_bytes;
   int64_t n_out, K;
-  const int8_t* xq;   // [n, K]
-  const float2* xds;  // [n, K/32]
+  Q8K x;              // quantized by quantize_q8k_kernel (tensor-core kernel)
+  const float* xf;    // [n, K] f32, quantized in-block (dp4a kernel)
+  int64_t xf_stride;
   int n;
   int stages;
   float* y;
   int64_t y_stride;
 };
 
-__device__ __forceinline__ int dot8(const uint32_t (&w)[8], int4 x0, int4 x1) {
-  int s = __dp4a(static_cast<int>(w[0]), x0.x, 0);
-  s = __dp4a(static_cast<int>(w[1]), x0.y, s);
-  s = __dp4a(static_cast<int>(w[2]), x0.z, s);
-  s = __dp4a(static_cast<int>(w[3]), x0.w, s);
-  s = __dp4a(static_cast<int>(w[4]), x1.x, s);
-  s = __dp4a(static_cast<int>(w[5]), x1.y, s);
-  s = __dp4a(static_cast<int>(w[6]), x1.z, s);
-  return __dp4a(static_cast<int>(w[7]), x1.w, s);
-}
-
 // A warp's ring of cp.async slots over the (tile, step) items of a persistent block: warp ks takes
 // steps ks, ks + 8, ... of tiles blockIdx.x, + gridDim.x, ...; a slot holds the 16 rows' blocks of one
-// step (16 x 144 bytes), `stages - 1` steps are in flight ahead of the one being read.
-template <bool SW>
+// step (16 x L::kSlotBytes), `stages - 1` steps are in flight ahead of the one being read.
+template <class L, bool SW>
 struct StepRing {
   static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
+  static constexpr int kPieces = L::kAligned ? L::kBlockBytes / 16 : (L::kBlockBytes + 14 + 15) / 16;
   const Int8MvArgs& a;
   uint8_t* ring;
   float* red;  // after the rings: [warps][NMAX][16] partial sums
@@ -101,8 +140,8 @@ struct StepRing {
 
   __device__ StepRing(const Int8MvArgs& args, uint8_t* smem)
       : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), NS(args.stages), i_tile(blockIdx.x) {
-    ring = smem + ks * NS * kRows * kBlockBytes;
-    red = reinterpret_cast<float*>(smem + kWarps * NS * kRows * kBlockBytes);
+    ring = smem + ks * NS * kRows * L::kSlotBytes;
+    red = reinterpret_cast<float*>(smem + kWarps * NS * kRows * L::kSlotBytes);
     const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
     my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
     cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
@@ -119,13 +158,21 @@ struct StepRing {
   }
   __device__ void issue() {
     if (issued < total) {
-      const int64_t off = (ks + int64_t{kWarps} * i_m) * kBlockBytes;
-      uint8_t* slot = ring + i_slot * kRows * kBlockBytes;
+      const int64_t off = (ks + int64_t{kWarps} * i_m) * L::kBlockBytes;
+      uint8_t* slot = ring + i_slot * kRows * L::kSlotBytes;
 #pragma unroll
       for (int it = 0; it < (kRows * kPieces + 31) / 32; ++it) {
         const int i = it * 32 + lane;
         const int rr = i / kPieces, p = i - rr * kPieces;
-        if (i < kRows * kPieces) cp_async16(slot + rr * kBlockBytes + 16 * p, row_src(i_tile, rr) + off + 16 * p);
+        if (i < kRows * kPieces) {
+          const uint8_t* src = row_src(i_tile, rr) + off;
+          if constexpr (L::kAligned) {
+            cp_async16(slot + rr * L::kSlotBytes + 16 * p, src + 16 * p);
+          } else {
+            const uint8_t* a0 = src - (reinterpret_cast<uintptr_t>(src) & 15);
+            if (a0 + 16 * p < src + L::kBlockBytes) cp_async16(slot + rr * L::kSlotBytes + 16 * p, a0 + 16 * p);
+          }
+        }
       }
       ++issued;
       if (++i_m == cnt) i_m = 0, i_tile += gridDim.x;
@@ -141,36 +188,43 @@ struct StepRing {
     cp_async_wait_upto(NS - 2);  // this thread's copies of the step have landed
     __syncwarp();                // ... and every lane's; the slot refilled next was read before
     issue();
-    const uint8_t* slot = ring + c_slot * kRows * kBlockBytes;
+    const uint8_t* slot = ring + c_slot * kRows * L::kSlotBytes;
     if (++c_slot == NS) c_slot = 0;
     return slot;
   }
+  // Row rr's block of super-block s of `tile` in its slot.
+  __device__ const uint8_t* block(const uint8_t* slot, int64_t tile, int rr, int64_t s) const {
+    const uint8_t* p = slot + rr * L::kSlotBytes;
+    if constexpr (L::kAligned) return p;
+    return p + ((reinterpret_cast<uintptr_t>(row_src(tile, rr)) + s * L::kBlockBytes) & 15);
+  }
 };
 
-// float(v) for |v| < 2^22 with an integer add and a float subtract (exact, so the same value as a
-// conversion instruction, which issues at 1/8 of the float rate on sm_90).
-__device__ __forceinline__ float small_int_to_float(int v) {
-  return __int_as_float(v + 0x4B400000) - 12582912.0f;
+// The packed 6-bit scales (sc) and mins (mn) of sub-blocks 4h..4h+3 of a Q4_K block header, one per byte.
+__device__ __forceinline__ uint32_t q4k_sc(const uint4& hdr, int h) {
+  return h ? (hdr.w & 0x0f0f0f0fu) | ((hdr.y >> 2) & 0x30303030u) : hdr.y & 0x3f3f3f3fu;
+}
+__device__ __forceinline__ uint32_t q4k_mn(const uint4& hdr, int h) {
+  return h ? ((hdr.w >> 4) & 0x0f0f0f0fu) | ((hdr.z >> 2) & 0x30303030u) : hdr.z & 0x3f3f3f3fu;
+}
+__device__ __forceinline__ int byte_of(uint32_t packed, int i) { return static_cast<int>((packed >> (8 * i)) & 0xffu); }
+
+// What a super-block adds to one output: the one rounding sequence both kernels use (isum and msum
+// are exact), so the dp4a and the tensor-core kernel give the same bits.
+__device__ __forceinline__ float add_super_block(float acc, int isum, float msum, float2 dmin, float dx) {
+  const float u = fmaf(dmin.x, __int2float_rn(isum), -__fmul_rn(dmin.y, msum));
+  return fmaf(dx, u, acc);
 }
 
-// Scales d*sc and mins dmin*m of sub-blocks 4h..4h+3 of a Q4_K block header (its 6-bit packing).
-__device__ __forceinline__ void q4k_scales(const uint8_t* blk, int h, float (&dsc)[4], float (&dmn)[4]) {
-  const uint4 hdr = *reinterpret_cast<const uint4*>(blk);
-  const uint32_t sc = h ? (hdr.w & 0x0f0f0f0fu) | ((hdr.y >> 2) & 0x30303030u) : hdr.y & 0x3f3f3f3fu;
-  const uint32_t mn = h ? ((hdr.w >> 4) & 0x0f0f0f0fu) | ((hdr.z >> 2) & 0x30303030u) : hdr.z & 0x3f3f3f3fu;
-  const float2 dmin = __half22float2(*reinterpret_cast<const half2*>(&hdr.x));
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    dsc[i] = dmin.x * small_int_to_float(static_cast<int>((sc >> (8 * i)) & 0xffu));
-    dmn[i] = dmin.y * small_int_to_float(static_cast<int>((mn >> (8 * i)) & 0xffu));
-  }
-}
-
-// What a sub-block adds to one output: the one rounding sequence both kernels use, so the dp4a and
-// the tensor-core kernel give the same bits.
-__device__ __forceinline__ float add_sub_block(float acc, int isum, float dsc, float dmn, float dx, float sx) {
-  acc = fmaf(small_int_to_float(isum), dsc * dx, acc);  // |isum| <= 32 * 15 * 127
-  return fmaf(-dmn, sx, acc);
+__device__ __forceinline__ int dot8(const uint32_t (&w)[8], int4 x0, int4 x1) {
+  int s = __dp4a(static_cast<int>(w[0]), x0.x, 0);
+  s = __dp4a(static_cast<int>(w[1]), x0.y, s);
+  s = __dp4a(static_cast<int>(w[2]), x0.z, s);
+  s = __dp4a(static_cast<int>(w[3]), x0.w, s);
+  s = __dp4a(static_cast<int>(w[4]), x1.x, s);
+  s = __dp4a(static_cast<int>(w[5]), x1.y, s);
+  s = __dp4a(static_cast<int>(w[6]), x1.z, s);
+  return __dp4a(static_cast<int>(w[7]), x1.w, s);
 }
 
 // Sum the warps' partials red[warp][token][row] in order and write the tile (SW: silu(gate) * up).
@@ -194,20 +248,60 @@ __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile) 
   }
 }
 
+// Shared-memory copy of the quantized activations for the dp4a kernel: q [n*K], bs [n*K/16] halves
+// (both multiples of 16 bytes since K % 256 == 0), d [n*K/256] floats.
+constexpr size_t kMaxStagedX = 48 * 1024;
+constexpr int64_t kInBlockMaxK = 8192;
+__host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
+  return static_cast<size_t>(n * K + n * K / 8 + n * K / 64);
+}
+
+// The block's shared-memory copy of the quantized activations: quantized here from a.xf, or copied
+// from what quantize_q8k_kernel wrote (a.x). Either way the same bits (quantize_block).
+__device__ void stage_x(const Int8MvArgs& a, int8_t* xq, __half* xbs, float* xd) {
+  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
+  const int64_t K = a.K, n = a.n, nb = K / 256;
+  if (a.xf) {  // every block quantizes x for itself
+    for (int64_t b = ks; b < n * nb; b += kWarps) {
+      const int64_t t = b / nb, jb = b % nb;
+      quantize_block(a.xf + t * a.xf_stride + jb * 256, lane, xq + t * K + jb * 256, xbs + t * (K / 16) + jb * 16,
+                     xd + b);
+    }
+  } else {  // or copies what quantize_q8k_kernel made
+    auto copy16 = [&](void* dst, const void* src, int64_t bytes) {
+      for (int64_t i = threadIdx.x; i < bytes / 16; i += kWarps * 32)
+        static_cast<uint4*>(dst)[i] = __ldg(static_cast<const uint4*>(src) + i);
+    };
+    copy16(xq, a.x.q, n * K);
+    copy16(xbs, a.x.bs, n * K / 8);
+    for (int64_t i = threadIdx.x; i < n * nb; i += kWarps * 32) xd[i] = __ldg(a.x.d + i);
+  }
+}
+
 // dp4a kernel, lane = row: lane (r, h) = (lane % 16, lane / 16) takes row r and sub-blocks 4h..4h+3
-// of each step. NMAX: accumulators per lane (n <= NMAX). Cheapest for one token (no idle lanes).
+// of each step; the two halves' integer sums meet by a shuffle. NMAX: accumulators per lane (n <=
+// NMAX). Cheapest for one token (no idle lanes). The quantized activations (<= kMaxStagedX bytes)
+// live in shared memory: read from L1/L2 next to the dot products, their latency stalled the warps.
+// Up to kInBlockMaxK inputs every block quantizes them itself (quantize_block, the bits of
+// quantize_q8k_kernel): one launch per matvec instead of two. Above, each block's reading all of x as
+// f32 from L2 cost more than the launch (12288 x 4096: 1.19 vs 1.89 TB/s), so quantize_q8k_kernel
+// runs first and the blocks copy its output.
 template <int NMAX, bool SW>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  const int64_t nb32 = a.K / 32;
-  StepRing<SW> ring(a, smem);
+  StepRing<Q4KLayout, SW> ring(a, smem);
   float* const red = ring.red;
-  const int64_t my_tiles = ring.my_tiles;
+  const int64_t my_tiles = ring.my_tiles, nb = a.K / 256, K = a.K, n = a.n;
+  int8_t* const xq = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
+  __half* const xbs = reinterpret_cast<__half*>(xq + n * K);
+  float* const xd = reinterpret_cast<float*>(xbs + n * K / 16);
   ring.prime();
   pdl_wait();  // the activations belong to the previous kernel
   pdl_trigger();
+  stage_x(a, xq, xbs, xd);
+  __syncthreads();
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = blockIdx.x + j * gridDim.x;
@@ -215,10 +309,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
     for (int m = 0; m < ring.cnt; ++m) {
-      const uint8_t* blk = ring.next() + r * kBlockBytes;
+      const uint8_t* blk = ring.next() + r * Q4KLayout::kBlockBytes;
       const int64_t s = ks + int64_t{kWarps} * m;  // super-block of the row
-      float dsc[4], dmn[4];
-      q4k_scales(blk, h, dsc, dmn);
+      const uint4 hdr = *reinterpret_cast<const uint4*>(blk);
+      const uint32_t sc = q4k_sc(hdr, h), mn = q4k_mn(hdr, h);
+      const float2 dmin = __half22float2(as_half2(hdr.x));
       // Sub-block 2g (g = 0..3) is the low nibbles of qs[32g .. 32g+32), 2g+1 the high ones, element l
       // in byte l: word k of the masked bytes holds elements 4k..4k+3, the order of the int8 x.
       uint32_t wq[4][8];
@@ -234,27 +329,31 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
             wq[2 * g + 1][4 * v + k] = (words[k] >> 4) & 0x0f0f0f0fu;
           }
         }
-      const int64_t xb = s * 8 + 4 * h;  // this lane's first 32-element block
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
-        if (c >= a.n) break;  // warp-uniform
-        const int4* xp = reinterpret_cast<const int4*>(a.xq + c * a.K + xb * 32);
-        const float4* dp = reinterpret_cast<const float4*>(a.xds + c * nb32 + xb);
-        const float4 d01 = __ldg(dp), d23 = __ldg(dp + 1);
-        const float dx[4] = {d01.x, d01.z, d23.x, d23.z}, sx[4] = {d01.y, d01.w, d23.y, d23.w};
+        if (c >= n) break;  // warp-uniform
+        const int4* xp = reinterpret_cast<const int4*>(xq + c * K + s * 256 + 128 * h);
+        int isum = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          acc[c] = add_sub_block(acc[c], dot8(wq[i], __ldg(xp + 2 * i), __ldg(xp + 2 * i + 1)), dsc[i], dmn[i], dx[i],
-                                 sx[i]);
+        for (int i = 0; i < 4; ++i) isum += byte_of(sc, i) * dot8(wq[i], xp[2 * i], xp[2 * i + 1]);
+        // The 16-element sums of sub-blocks 4h..4h+3: exact small integers, so msum is exact.
+        const uint4 bsv = *reinterpret_cast<const uint4*>(xbs + c * (K / 16) + s * 16 + 8 * h);
+        const uint32_t bsw[4] = {bsv.x, bsv.y, bsv.z, bsv.w};
+        float msum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 b2 = __half22float2(as_half2(bsw[i]));
+          msum = fmaf(static_cast<float>(byte_of(mn, i)), b2.x + b2.y, msum);
+        }
+        isum += __shfl_xor_sync(0xffffffffu, isum, 16);
+        msum += __shfl_xor_sync(0xffffffffu, msum, 16);
+        acc[c] = add_super_block(acc[c], isum, msum, dmin, xd[c * nb + s]);
       }
     }
-    // Sub-blocks 0-3 + 4-7 of each step, then the warps in order.
-#pragma unroll
-    for (int c = 0; c < NMAX; ++c) acc[c] += __shfl_xor_sync(0xffffffffu, acc[c], 16);
-    if (h == 0) {
+    if (h == 0) {  // both halves hold the same sums
 #pragma unroll
       for (int c = 0; c < NMAX; ++c)
-        if (c < a.n) red[(ks * NMAX + c) * kRows + r] = acc[c];
+        if (c < n) red[(ks * NMAX + c) * kRows + r] = acc[c];
     }
     __syncthreads();
     write_tile<NMAX, SW>(a, red, tile);
@@ -271,75 +370,102 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
+__device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2(__int2half_rn(v))); }
+
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k32 per sub-block and 8 tokens gives the
-// exact integer sums of 16 rows; lane (g, t) = (lane / 4, lane % 4) then holds rows g, g+8 and tokens
-// 2t, 2t+1 of each n-tile and adds them with add_sub_block in the dp4a kernel's order (sub-blocks
-// 0-3 and 4-7 in two accumulators, summed at the end of the tile), so its results are the dp4a
-// kernel's bits. The k order inside a sub-block is permuted (lane t's fragment columns 4t..4t+3 and
-// 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations alike): each lane loads 8 contiguous
-// bytes of a row's codes and of a token's int8 x.
-template <int NT, bool SW>
-__global__ void __launch_bounds__(kWarps * 32, 2) q4k_mma_kernel(Int8MvArgs a) {
+// exact dot_i of 16 rows; lane (g, t) = (lane / 4, lane % 4) holds rows g, g+8 and tokens 2t, 2t+1 of
+// each n-tile and adds sc_i * dot_i to its integer sums. msum is one f16 mma.m16n8k16 per super-block
+// and n-tile: A[row][2i] = A[row][2i+1] = m_i, B[k][tok] = the k-th 16-element sum of the token's
+// block, so sum_k A B = sum_i m_i bsum_i, exactly. The k order inside a sub-block is permuted (lane
+// t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
+// alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
+template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
+__global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) {
   constexpr int NMAX = NT * 8;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t nb32 = a.K / 32;
-  StepRing<SW> ring(a, smem);
+  StepRing<Q4KLayout, SW> ring(a, smem);
   float* const red = ring.red;
-  const int64_t my_tiles = ring.my_tiles;
+  const int64_t my_tiles = ring.my_tiles, nb = a.K / 256;
   ring.prime();
   pdl_wait();
   pdl_trigger();
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = blockIdx.x + j * gridDim.x;
-    float acc[2][NT][4];  // [half][n-tile][(row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)]
+    float acc[NT][4];  // [n-tile][(row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)]
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) acc[hh][nt][0] = acc[hh][nt][1] = acc[hh][nt][2] = acc[hh][nt][3] = 0.0f;
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* slot = ring.next();
-      const uint8_t* b0 = slot + g * kBlockBytes;
-      const uint8_t* b1 = slot + (g + 8) * kBlockBytes;
+      const uint8_t* b0 = slot + g * Q4KLayout::kBlockBytes;
+      const uint8_t* b1 = slot + (g + 8) * Q4KLayout::kBlockBytes;
       const int64_t s = ks + int64_t{kWarps} * m;
+      const uint4 hdr0 = *reinterpret_cast<const uint4*>(b0), hdr1 = *reinterpret_cast<const uint4*>(b1);
+      const uint32_t sc0[2] = {q4k_sc(hdr0, 0), q4k_sc(hdr0, 1)}, sc1[2] = {q4k_sc(hdr1, 0), q4k_sc(hdr1, 1)};
+      // msum's A fragment: m_t (columns 2t, 2t+1) and m_{t+4} (2t+8, 2t+9) of rows g and g+8.
+      const uint32_t ma0 = dup_half(byte_of(q4k_mn(hdr0, 0), t)), ma1 = dup_half(byte_of(q4k_mn(hdr1, 0), t));
+      const uint32_t ma2 = dup_half(byte_of(q4k_mn(hdr0, 1), t)), ma3 = dup_half(byte_of(q4k_mn(hdr1, 1), t));
+      int isum[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
+      // Half a step's B fragments first (sub-blocks 4hh..4hh+3): their L1/L2 latency then hides
+      // behind the A decoding.
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float dsc0[4], dmn0[4], dsc1[4], dmn1[4];
-        q4k_scales(b0, hh, dsc0, dmn0);
-        q4k_scales(b1, hh, dsc1, dmn1);
+        uint2 bx[NT][4];
 #pragma unroll
-        for (int gg = 0; gg < 2; ++gg) {  // qs group 2hh + gg: sub-blocks 4hh + 2gg (low) and + 1 (high)
-          const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + 16 + 32 * (2 * hh + gg) + 8 * t);
-          const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + 16 + 32 * (2 * hh + gg) + 8 * t);
+        for (int nt = 0; nt < NT; ++nt) {
+          const int tok = nt * 8 + g;
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            bx[nt][i] = tok < a.n ? __ldg(reinterpret_cast<const uint2*>(a.x.q + tok * a.K + s * 256 + 32 * (4 * hh + i) + 8 * t))
+                                  : make_uint2(0u, 0u);
+        }
+#pragma unroll
+        for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
+          const int gg = 2 * hh + gh;
+          const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + 16 + 32 * gg + 8 * t);
+          const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + 16 + 32 * gg + 8 * t);
 #pragma unroll
           for (int hi = 0; hi < 2; ++hi) {
-            const int i = 2 * gg + hi;  // sub-block 4hh + i
+            const int i = 2 * gg + hi;
             const int sh = 4 * hi;
             const uint32_t a0 = (w0.x >> sh) & 0x0f0f0f0fu, a2 = (w0.y >> sh) & 0x0f0f0f0fu;
             const uint32_t a1 = (w1.x >> sh) & 0x0f0f0f0fu, a3 = (w1.y >> sh) & 0x0f0f0f0fu;
-            const int64_t xb = s * 8 + 4 * hh + i;  // 32-element block
+            const int s0 = byte_of(sc0[hh], i & 3), s1 = byte_of(sc1[hh], i & 3);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               if (nt * 8 >= a.n) break;  // warp-uniform
-              const int tok = nt * 8 + g;
-              uint2 bx = make_uint2(0u, 0u);
-              if (tok < a.n) bx = __ldg(reinterpret_cast<const uint2*>(a.xq + tok * a.K + xb * 32 + 8 * t));
               int d[4];
-              mma_s8(d, a0, a1, a2, a3, bx.x, bx.y);
-              const int c0 = nt * 8 + 2 * t;
-              float2 s0 = make_float2(0.0f, 0.0f), s1 = s0;
-              if (c0 < a.n) s0 = __ldg(a.xds + c0 * nb32 + xb);
-              if (c0 + 1 < a.n) s1 = __ldg(a.xds + (c0 + 1) * nb32 + xb);
-              float* ac = acc[hh][nt];
-              ac[0] = add_sub_block(ac[0], d[0], dsc0[i], dmn0[i], s0.x, s0.y);
-              ac[1] = add_sub_block(ac[1], d[1], dsc0[i], dmn0[i], s1.x, s1.y);
-              ac[2] = add_sub_block(ac[2], d[2], dsc1[i], dmn1[i], s0.x, s0.y);
-              ac[3] = add_sub_block(ac[3], d[3], dsc1[i], dmn1[i], s1.x, s1.y);
+              mma_s8(d, a0, a1, a2, a3, bx[nt][i & 3].x, bx[nt][i & 3].y);
+              isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
+              isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
             }
           }
         }
+      }
+      const float2 dm0 = __half22float2(as_half2(hdr0.x)), dm1 = __half22float2(as_half2(hdr1.x));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (nt * 8 >= a.n) break;  // warp-uniform
+        const int tok = nt * 8 + g;
+        uint32_t bb0 = 0u, bb1 = 0u;
+        if (tok < a.n) {
+          const __half* bs = a.x.bs + tok * (a.K / 16) + s * 16;
+          bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t));
+          bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t + 8));
+        }
+        float msum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_16816(msum, ma0, ma1, ma2, ma3, bb0, bb1);
+        const int c0 = nt * 8 + 2 * t;
+        const float dx0 = c0 < a.n ? __ldg(a.x.d + c0 * nb + s) : 0.0f;
+        const float dx1 = c0 + 1 < a.n ? __ldg(a.x.d + (c0 + 1) * nb + s) : 0.0f;
+        acc[nt][0] = add_super_block(acc[nt][0], isum[nt][0], msum[0], dm0, dx0);
+        acc[nt][1] = add_super_block(acc[nt][1], isum[nt][1], msum[1], dm0, dx1);
+        acc[nt][2] = add_super_block(acc[nt][2], isum[nt][2], msum[2], dm1, dx0);
+        acc[nt][3] = add_super_block(acc[nt][3], isum[nt][3], msum[3], dm1, dx1);
       }
     }
 #pragma unroll
@@ -347,7 +473,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_mma_kernel(Int8MvArgs a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = nt * 8 + 2 * t + (e & 1), rr = g + (e >= 2 ? 8 : 0);
-        if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[0][nt][e] + acc[1][nt][e];
+        if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];
       }
     __syncthreads();
     write_tile<NMAX, SW>(a, red, tile);
@@ -356,68 +482,325 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_mma_kernel(Int8MvArgs a) {
   cp_async_wait<0>();
 }
 
+// ---- Q6_K ------------------------------------------------------------------------------------
+// A Q6_K super-block: 16 sub-blocks of 16 codes q in 0..63 (low 4 bits in ql, high 2 in qh) with int8
+// scales sc_j and one f16 d; w = d * sc_j * (q - 32). Against int8 x it adds
+//   dx * d * (isum - 32 * msum),  isum = sum_j sc_j * dot_j,  msum = sum_j sc_j * bsum_j (exact integers)
+// with one float rounding sequence (`add_q6k_super_block`), in both kernels.
 
-size_t q8_bytes(int64_t n, int64_t K) { return (static_cast<size_t>(n * K) + 255) / 256 * 256; }
+// A 32-bit word of a slot at an even address (Q6_K blocks keep their address mod 16 in the slot).
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
+  const uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(u & ~uintptr_t{3});
+  return (u & 2) ? __funnelshift_r(w[0], w[1], 16) : w[0];
+}
+__device__ __forceinline__ int sbyte_of(uint32_t packed, int i) {
+  return static_cast<int>(static_cast<int8_t>((packed >> (8 * i)) & 0xffu));
+}
 
-// Ring depth: 4 stages (2 blocks per SM fit: 8 x 4 x 16 x 144 + 8 x NMAX x 16 x 4 bytes of
-// partials); benchmarks may override with HYSPEC_MV8_STAGES.
+__device__ __forceinline__ float add_q6k_super_block(float acc, int isum, float msum, float d, float dx) {
+  const int total = isum - 32 * __float2int_rn(msum);
+  return fmaf(__fmul_rn(d, dx), __int2float_rn(total), acc);
+}
+
+// Codes of elements 4k..4k+3 of the four 32-element groups of a half super-block, from ql words A
+// (group 0 low, group 2 high nibbles), B (groups 1, 3) and qh word H (2 bits per group).
+__device__ __forceinline__ uint32_t q6k_codes(uint32_t A, uint32_t B, uint32_t H, int group) {
+  switch (group) {
+    case 0: return (A & 0x0f0f0f0fu) | ((H << 4) & 0x30303030u);
+    case 1: return (B & 0x0f0f0f0fu) | ((H << 2) & 0x30303030u);
+    case 2: return ((A >> 4) & 0x0f0f0f0fu) | (H & 0x30303030u);
+    default: return ((B >> 4) & 0x0f0f0f0fu) | ((H >> 2) & 0x30303030u);
+  }
+}
+
+// dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
+// 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
+template <int NMAX, bool SW>
+__global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
+  const int r = lane & 15, h = lane >> 4;
+  StepRing<Q6KLayout, SW> ring(a, smem);
+  float* const red = ring.red;
+  const int64_t my_tiles = ring.my_tiles, nb = a.K / 256, K = a.K, n = a.n;
+  int8_t* const xq = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
+  __half* const xbs = reinterpret_cast<__half*>(xq + n * K);
+  float* const xd = reinterpret_cast<float*>(xbs + n * K / 16);
+  ring.prime();
+  pdl_wait();
+  pdl_trigger();
+  stage_x(a, xq, xbs, xd);
+  __syncthreads();
+
+  for (int64_t j = 0; j < my_tiles; ++j) {
+    const int64_t tile = blockIdx.x + j * gridDim.x;
+    float acc[NMAX];
+#pragma unroll
+    for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
+    for (int m = 0; m < ring.cnt; ++m) {
+      const uint8_t* slot = ring.next();
+      const int64_t s = ks + int64_t{kWarps} * m;
+      const uint8_t* blk = ring.block(slot, tile, r, s);
+      uint32_t codes[4][8];  // [group][k]: elements 32 group + 4k .. + 3 of the half
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t A = ld_u32(blk + 64 * h + 4 * k), B = ld_u32(blk + 64 * h + 32 + 4 * k);
+        const uint32_t H = ld_u32(blk + 128 + 32 * h + 4 * k);
+#pragma unroll
+        for (int grp = 0; grp < 4; ++grp) codes[grp][k] = q6k_codes(A, B, H, grp);
+      }
+      const uint32_t sc[2] = {ld_u32(blk + 192 + 8 * h), ld_u32(blk + 196 + 8 * h)};  // sub-blocks 8h..8h+7
+      const float d = __half2float(*reinterpret_cast<const __half*>(blk + 208));
+#pragma unroll
+      for (int c = 0; c < NMAX; ++c) {
+        if (c >= n) break;  // warp-uniform
+        const int4* xp = reinterpret_cast<const int4*>(xq + c * K + s * 256 + 128 * h);
+        int isum = 0;
+#pragma unroll
+        for (int grp = 0; grp < 4; ++grp)
+#pragma unroll
+          for (int half16 = 0; half16 < 2; ++half16) {  // sub-block 2 grp + half16 of the half
+            const int4 x = xp[2 * grp + half16];
+            int dot = __dp4a(static_cast<int>(codes[grp][4 * half16]), x.x, 0);
+            dot = __dp4a(static_cast<int>(codes[grp][4 * half16 + 1]), x.y, dot);
+            dot = __dp4a(static_cast<int>(codes[grp][4 * half16 + 2]), x.z, dot);
+            dot = __dp4a(static_cast<int>(codes[grp][4 * half16 + 3]), x.w, dot);
+            const int jl = 2 * grp + half16;
+            isum += sbyte_of(sc[jl >> 2], jl & 3) * dot;
+          }
+        const uint4 bsv = *reinterpret_cast<const uint4*>(xbs + c * (K / 16) + s * 16 + 8 * h);
+        const uint32_t bsw[4] = {bsv.x, bsv.y, bsv.z, bsv.w};
+        float msum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 b2 = __half22float2(as_half2(bsw[i]));
+          msum = fmaf(static_cast<float>(sbyte_of(sc[i >> 1], 2 * (i & 1))), b2.x, msum);
+          msum = fmaf(static_cast<float>(sbyte_of(sc[i >> 1], 2 * (i & 1) + 1)), b2.y, msum);
+        }
+        isum += __shfl_xor_sync(0xffffffffu, isum, 16);
+        msum += __shfl_xor_sync(0xffffffffu, msum, 16);
+        acc[c] = add_q6k_super_block(acc[c], isum, msum, d, xd[c * nb + s]);
+      }
+    }
+    if (h == 0) {
+#pragma unroll
+      for (int c = 0; c < NMAX; ++c)
+        if (c < n) red[(ks * NMAX + c) * kRows + r] = acc[c];
+    }
+    __syncthreads();
+    write_tile<NMAX, SW>(a, red, tile);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+}
+
+__device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+// Tensor-core kernel for several tokens: one int8 mma.m16n8k16 per 16-code sub-block and 8 tokens
+// (lane t's fragment columns 4t..4t+3 = the sub-block's elements 4t..4t+3); msum is one f16
+// mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
+template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
+__global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) {
+  constexpr int NMAX = NT * 8;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
+  StepRing<Q6KLayout, SW> ring(a, smem);
+  float* const red = ring.red;
+  const int64_t my_tiles = ring.my_tiles, nb = a.K / 256;
+  ring.prime();
+  pdl_wait();
+  pdl_trigger();
+
+  for (int64_t j = 0; j < my_tiles; ++j) {
+    const int64_t tile = blockIdx.x + j * gridDim.x;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    for (int m = 0; m < ring.cnt; ++m) {
+      const uint8_t* slot = ring.next();
+      const int64_t s = ks + int64_t{kWarps} * m;
+      const uint8_t* p0 = ring.block(slot, tile, g, s);
+      const uint8_t* p1 = ring.block(slot, tile, g + 8, s);
+      uint32_t sc0[4], sc1[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sc0[i] = ld_u32(p0 + 192 + 4 * i), sc1[i] = ld_u32(p1 + 192 + 4 * i);
+      int isum[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t bx[NT][8];  // x of sub-blocks 8h + jl for token g of each n-tile
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int tok = nt * 8 + g;
+#pragma unroll
+          for (int jl = 0; jl < 8; ++jl)
+            bx[nt][jl] = tok < a.n ? __ldg(reinterpret_cast<const uint32_t*>(a.x.q + tok * a.K + s * 256 + 128 * h +
+                                                                              16 * jl + 4 * t))
+                                   : 0u;
+        }
+#pragma unroll
+        for (int L = 0; L < 2; ++L) {  // elements 16L + 4t.. of each 32-element group
+          const int k = 4 * L + t;
+          const uint32_t A0 = ld_u32(p0 + 64 * h + 4 * k), B0 = ld_u32(p0 + 64 * h + 32 + 4 * k);
+          const uint32_t H0 = ld_u32(p0 + 128 + 32 * h + 4 * k);
+          const uint32_t A1 = ld_u32(p1 + 64 * h + 4 * k), B1 = ld_u32(p1 + 64 * h + 32 + 4 * k);
+          const uint32_t H1 = ld_u32(p1 + 128 + 32 * h + 4 * k);
+#pragma unroll
+          for (int grp = 0; grp < 4; ++grp) {
+            const int jl = 2 * grp + L, jg = 8 * h + jl;  // sub-block of the half, of the block
+            const uint32_t a0 = q6k_codes(A0, B0, H0, grp), a1 = q6k_codes(A1, B1, H1, grp);
+            const int s0 = sbyte_of(sc0[jg >> 2], jg & 3), s1 = sbyte_of(sc1[jg >> 2], jg & 3);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              if (nt * 8 >= a.n) break;  // warp-uniform
+              int d[4];
+              mma_s8_k16(d, a0, a1, bx[nt][jl]);
+              isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
+              isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
+            }
+          }
+        }
+      }
+      // msum's A fragment: sc_{2t}, sc_{2t+1} (columns 2t, 2t+1) and sc_{2t+8}, sc_{2t+9} of rows g, g+8.
+      // (Selects, not an indexed array, keep the words in registers.)
+      auto sc_pair = [&](const uint32_t (&sc)[4], int base) {  // sc_{j0}, sc_{j0+1}, j0 = 4 base + 2t
+        const uint32_t w = (t >> 1) ? sc[base + 1] : sc[base];
+        const int sh = 16 * (t & 1);
+        return as_u32(__halves2half2(__int2half_rn(static_cast<int8_t>((w >> sh) & 0xffu)),
+                                     __int2half_rn(static_cast<int8_t>((w >> (sh + 8)) & 0xffu))));
+      };
+      const uint32_t ma0 = sc_pair(sc0, 0), ma1 = sc_pair(sc1, 0);
+      const uint32_t ma2 = sc_pair(sc0, 2), ma3 = sc_pair(sc1, 2);
+      const float d0 = __half2float(*reinterpret_cast<const __half*>(p0 + 208));
+      const float d1 = __half2float(*reinterpret_cast<const __half*>(p1 + 208));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (nt * 8 >= a.n) break;  // warp-uniform
+        const int tok = nt * 8 + g;
+        uint32_t bb0 = 0u, bb1 = 0u;
+        if (tok < a.n) {
+          const __half* bs = a.x.bs + tok * (a.K / 16) + s * 16;
+          bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t));
+          bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t + 8));
+        }
+        float msum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_16816(msum, ma0, ma1, ma2, ma3, bb0, bb1);
+        const int c0 = nt * 8 + 2 * t;
+        const float dx0 = c0 < a.n ? __ldg(a.x.d + c0 * nb + s) : 0.0f;
+        const float dx1 = c0 + 1 < a.n ? __ldg(a.x.d + (c0 + 1) * nb + s) : 0.0f;
+        acc[nt][0] = add_q6k_super_block(acc[nt][0], isum[nt][0], msum[0], d0, dx0);
+        acc[nt][1] = add_q6k_super_block(acc[nt][1], isum[nt][1], msum[1], d0, dx1);
+        acc[nt][2] = add_q6k_super_block(acc[nt][2], isum[nt][2], msum[2], d1, dx0);
+        acc[nt][3] = add_q6k_super_block(acc[nt][3], isum[nt][3], msum[3], d1, dx1);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = nt * 8 + 2 * t + (e & 1), rr = g + (e >= 2 ? 8 : 0);
+        if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];
+      }
+    __syncthreads();
+    write_tile<NMAX, SW>(a, red, tile);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+}
+
+// Scratch: q, then d, then bs, each 256-byte aligned.
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+size_t q_bytes(int64_t n, int64_t K) { return align256(static_cast<size_t>(n * K)); }
+size_t d_bytes(int64_t n, int64_t K) { return align256(static_cast<size_t>(n * (K / 256)) * sizeof(float)); }
+size_t bs_bytes(int64_t n, int64_t K) { return align256(static_cast<size_t>(n * (K / 16)) * sizeof(__half)); }
+
+// Ring depth: 2 stages (one step in flight per warp while the other is read). 3-6 measured the same
+// or slower on an H100 (one token, 4096 x 12288: 1.97 TB/s at 2, 1.88 at 4, 1.72 at 6); benchmarks may
+// override with HYSPEC_MV8_STAGES.
 int ring_stages() {
-  static const int stages = std::clamp(env_int("HYSPEC_MV8_STAGES", 4), 2, 6);
+  static const int stages = std::clamp(env_int("HYSPEC_MV8_STAGES", 2), 2, 6);
   return stages;
 }
 
-template <int NMAX, auto kernel>
-cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream) {
-  const size_t smem = static_cast<size_t>(kWarps) * ring_stages() * kRows * kBlockBytes +
-                      static_cast<size_t>(kWarps) * NMAX * kRows * sizeof(float);
+// staged: room for the dp4a kernel's copy of the activations (kMaxStagedX).
+template <class L, int NMAX, auto kernel, int MB = 2>
+cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false) {
+  const size_t smem = static_cast<size_t>(kWarps) * ring_stages() * kRows * L::kSlotBytes +
+                      static_cast<size_t>(kWarps) * NMAX * kRows * sizeof(float) + (staged ? kMaxStagedX : 0);
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
   a.stages = ring_stages();
   const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sm_count()})));
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, MB * int64_t{sm_count()})));
   return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, true, a);
 }
 
+// dp4a: the one- or two-token kernel, else the tensor cores by width; every choice gives the same
+// bits, so the switch is a speed choice only.
 template <bool SW>
-cudaError_t launch_for_width(Int8MvArgs a, cudaStream_t stream) {
-  // Widths up to HYSPEC_MV8_DP4A (default 4) take the dp4a kernel, wider ones the tensor cores; both
-  // give the same bits, so the switch is a speed choice only.
-  static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 4);
+cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   const int n = a.n;
-  if (n <= dp4a_max && n <= 4) {
-    if (n == 1) return launch<1, q4k_dp4a_kernel<1, SW>>(a, SW, stream);
-    return launch<4, q4k_dp4a_kernel<4, SW>>(a, SW, stream);
-  }
-  if (n <= 8) return launch<8, q4k_mma_kernel<1, SW>>(a, SW, stream);
-  if (n <= 16) return launch<16, q4k_mma_kernel<2, SW>>(a, SW, stream);
-  if (n <= 24) return launch<24, q4k_mma_kernel<3, SW>>(a, SW, stream);
-  if constexpr (!SW) return launch<32, q4k_mma_kernel<4, false>>(a, false, stream);
+  if (dp4a) return n == 1 ? launch<Q4KLayout, 1, q4k_dp4a_kernel<1, SW>>(a, SW, stream, true)
+                          : launch<Q4KLayout, 2, q4k_dp4a_kernel<2, SW>>(a, SW, stream, true);
+  if (n <= 8) return launch<Q4KLayout, 8, q4k_mma_kernel<1, SW>>(a, SW, stream);
+  if (n <= 16) return launch<Q4KLayout, 16, q4k_mma_kernel<2, SW>>(a, SW, stream);
+  if (n <= 24) return launch<Q4KLayout, 24, q4k_mma_kernel<3, SW>>(a, SW, stream);
+  if constexpr (!SW) return launch<Q4KLayout, 32, q4k_mma_kernel<4, false>, 1>(a, false, stream);
+  return cudaErrorInvalidValue;
+}
+template <bool SW>
+cudaError_t launch_q6k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
+  const int n = a.n;
+  if (dp4a) return n == 1 ? launch<Q6KLayout, 1, q6k_dp4a_kernel<1, SW>>(a, SW, stream, true)
+                          : launch<Q6KLayout, 2, q6k_dp4a_kernel<2, SW>>(a, SW, stream, true);
+  if (n <= 8) return launch<Q6KLayout, 8, q6k_mma_kernel<1, SW>>(a, SW, stream);
+  if (n <= 16) return launch<Q6KLayout, 16, q6k_mma_kernel<2, SW>>(a, SW, stream);
+  if (n <= 24) return launch<Q6KLayout, 24, q6k_mma_kernel<3, SW>>(a, SW, stream);
+  if constexpr (!SW) return launch<Q6KLayout, 32, q6k_mma_kernel<4, false>, 1>(a, false, stream);
   return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
 bool int8_matvec_supported(const WeightView& w, int64_t n) {
-  return w.int8_matvec && w.type == GgmlType::Q4_K && w.n_in % 256 == 0 && n >= 1 && n <= kInt8MvMaxWidth;
+  return w.int8_matvec && (w.type == GgmlType::Q4_K || w.type == GgmlType::Q6_K) && w.n_in % 256 == 0 && n >= 1 &&
+         n <= kInt8MvMaxWidth;
 }
 
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n) {
-  return q8_bytes(n, w.n_in) + static_cast<size_t>(n * (w.n_in / 32)) * sizeof(float2);
+  return q_bytes(n, w.n_in) + d_bytes(n, w.n_in) + bs_bytes(n, w.n_in);
 }
 
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
-  auto* xq = static_cast<int8_t*>(scratch);
-  auto* xds = reinterpret_cast<float2*>(static_cast<char*>(scratch) + q8_bytes(x.rows, w.n_in));
-  const int64_t blocks32 = x.rows * (w.n_in / 32);
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks32 + 7) / 8, 1024)));
-  const cudaError_t err = launch_pdl(quantize_q8_kernel, grid, dim3(256), 0, stream, true,
-                                     static_cast<const float*>(x.data), x.stride, x.rows, w.n_in, xq, xds);
-  if (err != cudaSuccess) return err;
-  Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, w.n_in, xq, xds, static_cast<int>(x.rows), 0, y.data, y.stride};
-  return up ? launch_for_width<true>(a, stream) : launch_for_width<false>(a, stream);
+  const int64_t n = x.rows, K = w.n_in;
+  Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), 0, y.data, y.stride};
+  // Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
+  static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 2);
+  const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX;
+  if (!dp4a || K > kInBlockMaxK) {  // quantize x once, for every block
+    char* base = static_cast<char*>(scratch);
+    a.x = Q8K{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes(n, K)),
+              reinterpret_cast<__half*>(base + q_bytes(n, K) + d_bytes(n, K))};
+    a.xf = nullptr;
+    const int64_t blocks = n * (K / 256);
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks + 7) / 8, 1024)));
+    const cudaError_t err = launch_pdl(quantize_q8k_kernel, grid, dim3(256), 0, stream, true,
+                                       static_cast<const float*>(x.data), x.stride, n, K, a.x);
+    if (err != cudaSuccess) return err;
+  }
+  if (w.type == GgmlType::Q6_K) return up ? launch_q6k<true>(a, dp4a, stream) : launch_q6k<false>(a, dp4a, stream);
+  return up ? launch_q4k<true>(a, dp4a, stream) : launch_q4k<false>(a, dp4a, stream);
 }
 
 }  // namespace hyspec::cuda
