@@ -19,7 +19,7 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
   cmd.add_flag("--dequantize", dequantize, "Convert every weight to F32 at load (kernel parity checks)");
   cmd.add_flag("--no-graphs", no_graphs, "CUDA: do not record/replay steps as CUDA graphs");
   cmd.add_flag("--f16-matvec", f16_matvec,
-               "CUDA: Q4_K/Q6_K decode/verify matmuls on f16 activations (slower; ~3e-4 instead of ~5e-3 error per product)");
+               "CUDA: Q4_K/Q5_K/Q6_K decode/verify matmuls on f16 activations (slower; ~3e-4 instead of ~5e-3 error per product)");
   if (with_spec) {
     cmd.add_option("--spec", spec, "Speculative decoding: none, ngram, mtp, dflash, mtp+ngram, dflash+ngram")
         ->check(CLI::IsMember({"none", "ngram", "mtp", "dflash", "mtp+ngram", "dflash+ngram"}));

@@ -187,8 +187,8 @@ GgufTensorInfo tensor_info(const std::string& name, GgmlType type, const std::ve
   return t;
 }
 
-// The matmul tests run twice: with BackendOptions::int8_matvec (the default: Q4_K and Q6_K on int8
-// activations, matvec_int8.cu) and without (the f16 tensor-core matvec for every type).
+// The matmul tests run twice: with BackendOptions::int8_matvec (the default: Q4_K, Q5_K and Q6_K on
+// int8 activations, matvec_int8.cu) and without (the f16 tensor-core matvec for every type).
 class CudaMatmulTest : public CudaBackendTest, public ::testing::WithParamInterface<bool> {
  protected:
   void SetUp() override {
@@ -199,11 +199,14 @@ class CudaMatmulTest : public CudaBackendTest, public ::testing::WithParamInterf
 INSTANTIATE_TEST_SUITE_P(Matvec, CudaMatmulTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "int8" : "f16"; });
 
-// Relative error of CUDA matmul against the CPU on the dequantized weights. Q4_K and Q6_K at widths
-// <= 32 quantize activations to int8 per 256 elements (matvec_int8.cu, as llama.cpp's CPU q8_K):
-// ~5e-3 rms relative for random x; the f16 tensor-core paths ~3e-4.
+// The types of the int8 matvec (BackendOptions::int8_matvec).
+bool int8_type(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K; }
+
+// Relative error of CUDA matmul against the CPU on the dequantized weights. Q4_K, Q5_K and Q6_K at
+// widths <= 32 quantize activations to int8 per 256 elements (matvec_int8.cu, as llama.cpp's CPU
+// q8_K): ~5e-3 rms relative for random x; the f16 tensor-core paths ~3e-4.
 double matmul_tol(GgmlType type, int64_t n, double f16_tol, bool int8) {
-  if (int8 && (type == GgmlType::Q4_K || type == GgmlType::Q6_K) && n <= 32) return 1.2e-2;
+  if (int8 && int8_type(type) && n <= 32) return 1.2e-2;
   return f16_tol;
 }
 
@@ -293,8 +296,8 @@ TEST_P(CudaMatmulTest, MatmulSwiGluMatchesSeparateOps) {
       const bool fused = gpu_->matmul_swiglu(*gg, *ug, x.g.rows(n, K), y.g.rows(n, N));
       EXPECT_EQ(fused, n <= 24) << ggml_type_name(type) << " n=" << n;
       if (!fused) continue;
-      // silu(g) * u compounds the int8-activation errors of both products (Q4_K, Q6_K)
-      expect_close(y, options_.int8_matvec && (type == GgmlType::Q4_K || type == GgmlType::Q6_K) ? 3e-2 : 2e-3,
+      // silu(g) * u compounds the int8-activation errors of both products
+      expect_close(y, options_.int8_matvec && int8_type(type) ? 3e-2 : 2e-3,
                    fmt::format("{} n={}", ggml_type_name(type), n));
     }
   }

@@ -55,7 +55,7 @@ bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
                                  cudaStream_t stream);
 
-// Q4_K and Q6_K at widths 1..kInt8MvMaxWidth (matvec_int8.cu): activations quantized to int8 per 256
+// Q4_K, Q5_K and Q6_K at widths 1..kInt8MvMaxWidth (matvec_int8.cu): activations quantized to int8 per 256
 // elements, integer dot products (dp4a / int8 mma); matmul_launch and matmul_swiglu_launch route such
 // calls here (up: the SwiGLU up weights, or null) when the weight view says int8_matvec
 // (BackendOptions::int8_matvec, the default).

@@ -1,18 +1,18 @@
-// Integer-dot matvec for Q4_K and Q6_K weights at decode and verify widths (1..32 tokens): the
+// Integer-dot matvec for Q4_K, Q5_K and Q6_K weights at decode and verify widths (1..32 tokens): the
 // default for those types (BackendOptions::int8_matvec; `--f16-matvec` turns it off).
 //
 // The f16 tensor-core matvec (matmul.cu) turns every code into an f16 fragment and stalls at ~1.4
 // TB/s for one token on an H100. Here the codes stay integers, as in llama.cpp's CPU q4_K/q6_K x q8_K
 // dots: activations are quantized to int8 in blocks of 256, one scale dx per block plus the exact sum
 // of every 16 codes (`quantize_block`). A super-block of 256 weights then adds to an output
-//   Q4_K (8 sub-blocks of 32, 6-bit scale sc and min m, f16 d and dmin):
+//   Q4_K, Q5_K (8 sub-blocks of 32 codes 0..15 / 0..31, 6-bit scale sc and min m, f16 d and dmin):
 //     dx * (d * isum - dmin * msum),  isum = sum_i sc_i * dot_i,  msum = sum_i m_i * bsum_i
 //   Q6_K (16 sub-blocks of 16, codes 0..63, int8 scale sc, f16 d):
 //     dx * d * (isum - 32 * msum),    isum = sum_j sc_j * dot_j,  msum = sum_j sc_j * bsum_j
 // with exact integers and one float rounding sequence per super-block (`add_super_block`,
 // `add_q6k_super_block`). One or two tokens: a lane owns half a super-block of one weight row and
 // forms dot with dp4a (4 MACs per instruction) against x staged in shared memory. Three or more: an
-// int8 mma (m16n8k32 per Q4_K sub-block, m16n8k16 per Q6_K one) forms the dots of 16 rows and 8 tokens,
+// int8 mma (m16n8k32 per Q4_K/Q5_K sub-block, m16n8k16 per Q6_K one) forms the dots of 16 rows and 8 tokens,
 // and one f16 mma.m16n8k16 per super-block forms msum (small integers: the f32 result is exact).
 // Integers are exact and the float sequence is the same, so every width gives the one-token bits:
 // speculative verify rows equal decode steps.
@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
@@ -48,6 +49,12 @@ constexpr int kRows = 16;  // weight rows per tile
 struct Q4KLayout {
   static constexpr int kBlockBytes = 144;  // d, dmin (f16), scales[12], qs[128]
   static constexpr int kSlotBytes = 144;
+  static constexpr bool kAligned = true;
+};
+// Q5_K: Q4_K's header and codes plus qh[32] (bit j of qh[l]: the fifth bit of element l of sub-block j).
+struct Q5KLayout {
+  static constexpr int kBlockBytes = 176;  // d, dmin (f16), scales[12], qh[32], qs[128]
+  static constexpr int kSlotBytes = 176;
   static constexpr bool kAligned = true;
 };
 struct Q6KLayout {
@@ -286,12 +293,15 @@ __device__ void stage_x(const Int8MvArgs& a, int8_t* xq, __half* xbs, float* xd)
 // quantize_q8k_kernel): one launch per matvec instead of two. Above, each block's reading all of x as
 // f32 from L2 cost more than the launch (12288 x 4096: 1.19 vs 1.89 TB/s), so quantize_q8k_kernel
 // runs first and the blocks copy its output.
-template <int NMAX, bool SW>
+// Q5 (Q5_K): the same with the fifth bit of every code from qh.
+template <int NMAX, bool SW, bool Q5 = false>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) {
+  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+  constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<Q4KLayout, SW> ring(a, smem);
+  StepRing<L, SW> ring(a, smem);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, nb = a.K / 256, K = a.K, n = a.n;
   int8_t* const xq = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
@@ -309,7 +319,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
     for (int m = 0; m < ring.cnt; ++m) {
-      const uint8_t* blk = ring.next() + r * Q4KLayout::kBlockBytes;
+      const uint8_t* blk = ring.next() + r * L::kBlockBytes;
       const int64_t s = ks + int64_t{kWarps} * m;  // super-block of the row
       const uint4 hdr = *reinterpret_cast<const uint4*>(blk);
       const uint32_t sc = q4k_sc(hdr, h), mn = q4k_mn(hdr, h);
@@ -321,7 +331,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
       for (int g = 0; g < 2; ++g)
 #pragma unroll
         for (int v = 0; v < 2; ++v) {
-          const uint4 u = *reinterpret_cast<const uint4*>(blk + 16 + 64 * h + 32 * g + 16 * v);
+          const uint4 u = *reinterpret_cast<const uint4*>(blk + kQs + 64 * h + 32 * g + 16 * v);
           const uint32_t words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
@@ -329,6 +339,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
             wq[2 * g + 1][4 * v + k] = (words[k] >> 4) & 0x0f0f0f0fu;
           }
         }
+      if constexpr (Q5) {  // qh word k holds the fifth bits of elements 4k..4k+3 of every sub-block
+        const uint4 q0 = *reinterpret_cast<const uint4*>(blk + 16), q1 = *reinterpret_cast<const uint4*>(blk + 32);
+        const uint32_t qh[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int k = 0; k < 8; ++k) wq[i][k] |= ((qh[k] >> (4 * h + i)) & 0x01010101u) << 4;
+      }
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
         if (c >= n) break;  // warp-uniform
@@ -379,13 +397,15 @@ __device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2
 // block, so sum_k A B = sum_i m_i bsum_i, exactly. The k order inside a sub-block is permuted (lane
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
-template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
+template <int NT, bool SW, bool Q5 = false, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) {
+  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+  constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   constexpr int NMAX = NT * 8;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  StepRing<Q4KLayout, SW> ring(a, smem);
+  StepRing<L, SW> ring(a, smem);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, nb = a.K / 256;
   ring.prime();
@@ -399,8 +419,11 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* slot = ring.next();
-      const uint8_t* b0 = slot + g * Q4KLayout::kBlockBytes;
-      const uint8_t* b1 = slot + (g + 8) * Q4KLayout::kBlockBytes;
+      const uint8_t* b0 = slot + g * L::kBlockBytes;
+      const uint8_t* b1 = slot + (g + 8) * L::kBlockBytes;
+      // Q5: fifth bits of elements 8t..8t+7 (qh bytes 8t..) of every sub-block, rows g and g+8.
+      const uint2 qh0 = Q5 ? *reinterpret_cast<const uint2*>(b0 + 16 + 8 * t) : make_uint2(0u, 0u);
+      const uint2 qh1 = Q5 ? *reinterpret_cast<const uint2*>(b1 + 16 + 8 * t) : make_uint2(0u, 0u);
       const int64_t s = ks + int64_t{kWarps} * m;
       const uint4 hdr0 = *reinterpret_cast<const uint4*>(b0), hdr1 = *reinterpret_cast<const uint4*>(b1);
       const uint32_t sc0[2] = {q4k_sc(hdr0, 0), q4k_sc(hdr0, 1)}, sc1[2] = {q4k_sc(hdr1, 0), q4k_sc(hdr1, 1)};
@@ -426,14 +449,18 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
 #pragma unroll
         for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
           const int gg = 2 * hh + gh;
-          const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + 16 + 32 * gg + 8 * t);
-          const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + 16 + 32 * gg + 8 * t);
+          const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + kQs + 32 * gg + 8 * t);
+          const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + kQs + 32 * gg + 8 * t);
 #pragma unroll
           for (int hi = 0; hi < 2; ++hi) {
             const int i = 2 * gg + hi;
             const int sh = 4 * hi;
-            const uint32_t a0 = (w0.x >> sh) & 0x0f0f0f0fu, a2 = (w0.y >> sh) & 0x0f0f0f0fu;
-            const uint32_t a1 = (w1.x >> sh) & 0x0f0f0f0fu, a3 = (w1.y >> sh) & 0x0f0f0f0fu;
+            uint32_t a0 = (w0.x >> sh) & 0x0f0f0f0fu, a2 = (w0.y >> sh) & 0x0f0f0f0fu;
+            uint32_t a1 = (w1.x >> sh) & 0x0f0f0f0fu, a3 = (w1.y >> sh) & 0x0f0f0f0fu;
+            if constexpr (Q5) {
+              a0 |= ((qh0.x >> i) & 0x01010101u) << 4, a2 |= ((qh0.y >> i) & 0x01010101u) << 4;
+              a1 |= ((qh1.x >> i) & 0x01010101u) << 4, a3 |= ((qh1.y >> i) & 0x01010101u) << 4;
+            }
             const int s0 = byte_of(sc0[hh], i & 3), s1 = byte_of(sc1[hh], i & 3);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
@@ -746,15 +773,16 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
 
 // dp4a: the one- or two-token kernel, else the tensor cores by width; every choice gives the same
 // bits, so the switch is a speed choice only.
-template <bool SW>
+template <bool SW, bool Q5>
 cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
+  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   const int n = a.n;
-  if (dp4a) return n == 1 ? launch<Q4KLayout, 1, q4k_dp4a_kernel<1, SW>>(a, SW, stream, true)
-                          : launch<Q4KLayout, 2, q4k_dp4a_kernel<2, SW>>(a, SW, stream, true);
-  if (n <= 8) return launch<Q4KLayout, 8, q4k_mma_kernel<1, SW>>(a, SW, stream);
-  if (n <= 16) return launch<Q4KLayout, 16, q4k_mma_kernel<2, SW>>(a, SW, stream);
-  if (n <= 24) return launch<Q4KLayout, 24, q4k_mma_kernel<3, SW>>(a, SW, stream);
-  if constexpr (!SW) return launch<Q4KLayout, 32, q4k_mma_kernel<4, false>, 1>(a, false, stream);
+  if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
+                          : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
+  if (n <= 8) return launch<L, 8, q4k_mma_kernel<1, SW, Q5>>(a, SW, stream);
+  if (n <= 16) return launch<L, 16, q4k_mma_kernel<2, SW, Q5>>(a, SW, stream);
+  if (n <= 24) return launch<L, 24, q4k_mma_kernel<3, SW, Q5>>(a, SW, stream);
+  if constexpr (!SW) return launch<L, 32, q4k_mma_kernel<4, false, Q5, 1>, 1>(a, false, stream);
   return cudaErrorInvalidValue;
 }
 template <bool SW>
@@ -772,8 +800,8 @@ cudaError_t launch_q6k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
 }  // namespace
 
 bool int8_matvec_supported(const WeightView& w, int64_t n) {
-  return w.int8_matvec && (w.type == GgmlType::Q4_K || w.type == GgmlType::Q6_K) && w.n_in % 256 == 0 && n >= 1 &&
-         n <= kInt8MvMaxWidth;
+  const bool type_ok = w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K;
+  return w.int8_matvec && type_ok && w.n_in % 256 == 0 && n >= 1 && n <= kInt8MvMaxWidth;
 }
 
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n) {
@@ -800,7 +828,8 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
     if (err != cudaSuccess) return err;
   }
   if (w.type == GgmlType::Q6_K) return up ? launch_q6k<true>(a, dp4a, stream) : launch_q6k<false>(a, dp4a, stream);
-  return up ? launch_q4k<true>(a, dp4a, stream) : launch_q4k<false>(a, dp4a, stream);
+  if (w.type == GgmlType::Q5_K) return up ? launch_q4k<true, true>(a, dp4a, stream) : launch_q4k<false, true>(a, dp4a, stream);
+  return up ? launch_q4k<true, false>(a, dp4a, stream) : launch_q4k<false, false>(a, dp4a, stream);
 }
 
 }  // namespace hyspec::cuda
