@@ -263,11 +263,21 @@ __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
   return static_cast<size_t>(n * K + n * K / 8 + n * K / 64);
 }
 
-// The block's shared-memory copy of the quantized activations: quantized here from a.xf, or copied
-// from what quantize_q8k_kernel wrote (a.x). Either way the same bits (quantize_block).
-__device__ void stage_x(const Int8MvArgs& a, int8_t* xq, __half* xbs, float* xd) {
+// The dp4a kernels' shared-memory copy of the quantized activations, after the [warps][NMAX][16]
+// partial sums at red: quantized here from a.xf, or copied from what quantize_q8k_kernel wrote (a.x);
+// either way the same bits (quantize_block). Call after the previous kernel is done (pdl_wait).
+struct StagedX {
+  int8_t* q;   // [n, K]
+  __half* bs;  // [n, K/16]
+  float* d;    // [n, K/256]
+};
+template <int NMAX>
+__device__ StagedX stage_x(const Int8MvArgs& a, float* red) {
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int64_t K = a.K, n = a.n, nb = K / 256;
+  int8_t* const xq = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
+  __half* const xbs = reinterpret_cast<__half*>(xq + n * K);
+  float* const xd = reinterpret_cast<float*>(xbs + n * K / 16);
   if (a.xf) {  // every block quantizes x for itself
     for (int64_t b = ks; b < n * nb; b += kWarps) {
       const int64_t t = b / nb, jb = b % nb;
@@ -283,6 +293,23 @@ __device__ void stage_x(const Int8MvArgs& a, int8_t* xq, __half* xbs, float* xd)
     copy16(xbs, a.x.bs, n * K / 8);
     for (int64_t i = threadIdx.x; i < n * nb; i += kWarps * 32) xd[i] = __ldg(a.x.d + i);
   }
+  __syncthreads();
+  return StagedX{xq, xbs, xd};
+}
+
+// A dp4a kernel's tile: lane (r, 0)'s outputs (row r, every token) to red, then the warps summed in
+// order and written (both halves of a row hold the same sums).
+template <int NMAX, bool SW>
+__device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red, const float (&acc)[NMAX], int64_t tile,
+                                                int r, int h, int ks) {
+  if (h == 0) {
+#pragma unroll
+    for (int c = 0; c < NMAX; ++c)
+      if (c < a.n) red[(ks * NMAX + c) * kRows + r] = acc[c];
+  }
+  __syncthreads();
+  write_tile<NMAX, SW>(a, red, tile);
+  __syncthreads();  // red is rewritten by the next tile
 }
 
 // dp4a kernel, lane = row: lane (r, h) = (lane % 16, lane / 16) takes row r and sub-blocks 4h..4h+3
@@ -304,14 +331,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
   StepRing<L, SW> ring(a, smem);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, nb = a.K / 256, K = a.K, n = a.n;
-  int8_t* const xq = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
-  __half* const xbs = reinterpret_cast<__half*>(xq + n * K);
-  float* const xd = reinterpret_cast<float*>(xbs + n * K / 16);
   ring.prime();
   pdl_wait();  // the activations belong to the previous kernel
   pdl_trigger();
-  stage_x(a, xq, xbs, xd);
-  __syncthreads();
+  const StagedX x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = blockIdx.x + j * gridDim.x;
@@ -350,12 +373,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
         if (c >= n) break;  // warp-uniform
-        const int4* xp = reinterpret_cast<const int4*>(xq + c * K + s * 256 + 128 * h);
+        const int4* xp = reinterpret_cast<const int4*>(x.q + c * K + s * 256 + 128 * h);
         int isum = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) isum += byte_of(sc, i) * dot8(wq[i], xp[2 * i], xp[2 * i + 1]);
         // The 16-element sums of sub-blocks 4h..4h+3: exact small integers, so msum is exact.
-        const uint4 bsv = *reinterpret_cast<const uint4*>(xbs + c * (K / 16) + s * 16 + 8 * h);
+        const uint4 bsv = *reinterpret_cast<const uint4*>(x.bs + c * (K / 16) + s * 16 + 8 * h);
         const uint32_t bsw[4] = {bsv.x, bsv.y, bsv.z, bsv.w};
         float msum = 0.0f;
 #pragma unroll
@@ -365,17 +388,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
         }
         isum += __shfl_xor_sync(0xffffffffu, isum, 16);
         msum += __shfl_xor_sync(0xffffffffu, msum, 16);
-        acc[c] = add_super_block(acc[c], isum, msum, dmin, xd[c * nb + s]);
+        acc[c] = add_super_block(acc[c], isum, msum, dmin, x.d[c * nb + s]);
       }
     }
-    if (h == 0) {  // both halves hold the same sums
-#pragma unroll
-      for (int c = 0; c < NMAX; ++c)
-        if (c < n) red[(ks * NMAX + c) * kRows + r] = acc[c];
-    }
-    __syncthreads();
-    write_tile<NMAX, SW>(a, red, tile);
-    __syncthreads();  // red is rewritten by the next tile
+    write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
   }
   cp_async_wait<0>();
 }
@@ -390,6 +406,53 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, ui
 
 __device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2(__int2half_rn(v))); }
 
+// The end of a super-block in the tensor-core kernels, per n-tile: msum by one exact f16 MMA (A = ma,
+// the type's small integers per 16-code group; B = the tokens' 16-code sums) and the type's addition of
+// the super-block to lane (g, t)'s four outputs (`add(acc, isum, msum, row_half, dx)`).
+template <int NT, class Add>
+__device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t s, int g, int t, const uint32_t (&ma)[4],
+                                                   const int (&isum)[NT][4], float (&acc)[NT][4], Add add) {
+  const int64_t nb = a.K / 256;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if (nt * 8 >= a.n) break;  // warp-uniform
+    const int tok = nt * 8 + g;
+    uint32_t bb0 = 0u, bb1 = 0u;
+    if (tok < a.n) {
+      const __half* bs = a.x.bs + tok * (a.K / 16) + s * 16;
+      bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t));
+      bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t + 8));
+    }
+    float msum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_16816(msum, ma[0], ma[1], ma[2], ma[3], bb0, bb1);
+    const int c0 = nt * 8 + 2 * t;
+    const float dx0 = c0 < a.n ? __ldg(a.x.d + c0 * nb + s) : 0.0f;
+    const float dx1 = c0 + 1 < a.n ? __ldg(a.x.d + (c0 + 1) * nb + s) : 0.0f;
+    acc[nt][0] = add(acc[nt][0], isum[nt][0], msum[0], 0, dx0);
+    acc[nt][1] = add(acc[nt][1], isum[nt][1], msum[1], 0, dx1);
+    acc[nt][2] = add(acc[nt][2], isum[nt][2], msum[2], 1, dx0);
+    acc[nt][3] = add(acc[nt][3], isum[nt][3], msum[3], 1, dx1);
+  }
+}
+
+// A tensor-core kernel's tile: lane (g, t)'s outputs (rows g, g+8; tokens 2t, 2t+1 of each n-tile) to
+// red, then the warps summed in order and written.
+template <int NT, bool SW>
+__device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, const float (&acc)[NT][4], int64_t tile,
+                                               int g, int t, int ks) {
+  constexpr int NMAX = NT * 8;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = nt * 8 + 2 * t + (e & 1), rr = g + (e >= 2 ? 8 : 0);
+      if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];
+    }
+  __syncthreads();
+  write_tile<NMAX, SW>(a, red, tile);
+  __syncthreads();  // red is rewritten by the next tile
+}
+
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k32 per sub-block and 8 tokens gives the
 // exact dot_i of 16 rows; lane (g, t) = (lane / 4, lane % 4) holds rows g, g+8 and tokens 2t, 2t+1 of
 // each n-tile and adds sc_i * dot_i to its integer sums. msum is one f16 mma.m16n8k16 per super-block
@@ -401,13 +464,12 @@ template <int NT, bool SW, bool Q5 = false, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
-  constexpr int NMAX = NT * 8;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   StepRing<L, SW> ring(a, smem);
   float* const red = ring.red;
-  const int64_t my_tiles = ring.my_tiles, nb = a.K / 256;
+  const int64_t my_tiles = ring.my_tiles;
   ring.prime();
   pdl_wait();
   pdl_trigger();
@@ -428,8 +490,8 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
       const uint4 hdr0 = *reinterpret_cast<const uint4*>(b0), hdr1 = *reinterpret_cast<const uint4*>(b1);
       const uint32_t sc0[2] = {q4k_sc(hdr0, 0), q4k_sc(hdr0, 1)}, sc1[2] = {q4k_sc(hdr1, 0), q4k_sc(hdr1, 1)};
       // msum's A fragment: m_t (columns 2t, 2t+1) and m_{t+4} (2t+8, 2t+9) of rows g and g+8.
-      const uint32_t ma0 = dup_half(byte_of(q4k_mn(hdr0, 0), t)), ma1 = dup_half(byte_of(q4k_mn(hdr1, 0), t));
-      const uint32_t ma2 = dup_half(byte_of(q4k_mn(hdr0, 1), t)), ma3 = dup_half(byte_of(q4k_mn(hdr1, 1), t));
+      const uint32_t ma[4] = {dup_half(byte_of(q4k_mn(hdr0, 0), t)), dup_half(byte_of(q4k_mn(hdr1, 0), t)),
+                              dup_half(byte_of(q4k_mn(hdr0, 1), t)), dup_half(byte_of(q4k_mn(hdr1, 1), t))};
       int isum[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
@@ -474,37 +536,11 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
         }
       }
       const float2 dm0 = __half22float2(as_half2(hdr0.x)), dm1 = __half22float2(as_half2(hdr1.x));
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if (nt * 8 >= a.n) break;  // warp-uniform
-        const int tok = nt * 8 + g;
-        uint32_t bb0 = 0u, bb1 = 0u;
-        if (tok < a.n) {
-          const __half* bs = a.x.bs + tok * (a.K / 16) + s * 16;
-          bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t));
-          bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t + 8));
-        }
-        float msum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_16816(msum, ma0, ma1, ma2, ma3, bb0, bb1);
-        const int c0 = nt * 8 + 2 * t;
-        const float dx0 = c0 < a.n ? __ldg(a.x.d + c0 * nb + s) : 0.0f;
-        const float dx1 = c0 + 1 < a.n ? __ldg(a.x.d + (c0 + 1) * nb + s) : 0.0f;
-        acc[nt][0] = add_super_block(acc[nt][0], isum[nt][0], msum[0], dm0, dx0);
-        acc[nt][1] = add_super_block(acc[nt][1], isum[nt][1], msum[1], dm0, dx1);
-        acc[nt][2] = add_super_block(acc[nt][2], isum[nt][2], msum[2], dm1, dx0);
-        acc[nt][3] = add_super_block(acc[nt][3], isum[nt][3], msum[3], dm1, dx1);
-      }
+      finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
+        return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
+      });
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = nt * 8 + 2 * t + (e & 1), rr = g + (e >= 2 ? 8 : 0);
-        if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];
-      }
-    __syncthreads();
-    write_tile<NMAX, SW>(a, red, tile);
-    __syncthreads();
+    write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -551,14 +587,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
   StepRing<Q6KLayout, SW> ring(a, smem);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, nb = a.K / 256, K = a.K, n = a.n;
-  int8_t* const xq = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
-  __half* const xbs = reinterpret_cast<__half*>(xq + n * K);
-  float* const xd = reinterpret_cast<float*>(xbs + n * K / 16);
   ring.prime();
   pdl_wait();
   pdl_trigger();
-  stage_x(a, xq, xbs, xd);
-  __syncthreads();
+  const StagedX x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = blockIdx.x + j * gridDim.x;
@@ -582,7 +614,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
         if (c >= n) break;  // warp-uniform
-        const int4* xp = reinterpret_cast<const int4*>(xq + c * K + s * 256 + 128 * h);
+        const int4* xp = reinterpret_cast<const int4*>(x.q + c * K + s * 256 + 128 * h);
         int isum = 0;
 #pragma unroll
         for (int grp = 0; grp < 4; ++grp)
@@ -596,7 +628,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
             const int jl = 2 * grp + half16;
             isum += sbyte_of(sc[jl >> 2], jl & 3) * dot;
           }
-        const uint4 bsv = *reinterpret_cast<const uint4*>(xbs + c * (K / 16) + s * 16 + 8 * h);
+        const uint4 bsv = *reinterpret_cast<const uint4*>(x.bs + c * (K / 16) + s * 16 + 8 * h);
         const uint32_t bsw[4] = {bsv.x, bsv.y, bsv.z, bsv.w};
         float msum = 0.0f;
 #pragma unroll
@@ -607,17 +639,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
         }
         isum += __shfl_xor_sync(0xffffffffu, isum, 16);
         msum += __shfl_xor_sync(0xffffffffu, msum, 16);
-        acc[c] = add_q6k_super_block(acc[c], isum, msum, d, xd[c * nb + s]);
+        acc[c] = add_q6k_super_block(acc[c], isum, msum, d, x.d[c * nb + s]);
       }
     }
-    if (h == 0) {
-#pragma unroll
-      for (int c = 0; c < NMAX; ++c)
-        if (c < n) red[(ks * NMAX + c) * kRows + r] = acc[c];
-    }
-    __syncthreads();
-    write_tile<NMAX, SW>(a, red, tile);
-    __syncthreads();
+    write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
   }
   cp_async_wait<0>();
 }
@@ -634,13 +659,12 @@ __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1
 // mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
 template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) {
-  constexpr int NMAX = NT * 8;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
   StepRing<Q6KLayout, SW> ring(a, smem);
   float* const red = ring.red;
-  const int64_t my_tiles = ring.my_tiles, nb = a.K / 256;
+  const int64_t my_tiles = ring.my_tiles;
   ring.prime();
   pdl_wait();
   pdl_trigger();
@@ -704,41 +728,14 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
         return as_u32(__halves2half2(__int2half_rn(static_cast<int8_t>((w >> sh) & 0xffu)),
                                      __int2half_rn(static_cast<int8_t>((w >> (sh + 8)) & 0xffu))));
       };
-      const uint32_t ma0 = sc_pair(sc0, 0), ma1 = sc_pair(sc1, 0);
-      const uint32_t ma2 = sc_pair(sc0, 2), ma3 = sc_pair(sc1, 2);
+      const uint32_t ma[4] = {sc_pair(sc0, 0), sc_pair(sc1, 0), sc_pair(sc0, 2), sc_pair(sc1, 2)};
       const float d0 = __half2float(*reinterpret_cast<const __half*>(p0 + 208));
       const float d1 = __half2float(*reinterpret_cast<const __half*>(p1 + 208));
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if (nt * 8 >= a.n) break;  // warp-uniform
-        const int tok = nt * 8 + g;
-        uint32_t bb0 = 0u, bb1 = 0u;
-        if (tok < a.n) {
-          const __half* bs = a.x.bs + tok * (a.K / 16) + s * 16;
-          bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t));
-          bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t + 8));
-        }
-        float msum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_16816(msum, ma0, ma1, ma2, ma3, bb0, bb1);
-        const int c0 = nt * 8 + 2 * t;
-        const float dx0 = c0 < a.n ? __ldg(a.x.d + c0 * nb + s) : 0.0f;
-        const float dx1 = c0 + 1 < a.n ? __ldg(a.x.d + (c0 + 1) * nb + s) : 0.0f;
-        acc[nt][0] = add_q6k_super_block(acc[nt][0], isum[nt][0], msum[0], d0, dx0);
-        acc[nt][1] = add_q6k_super_block(acc[nt][1], isum[nt][1], msum[1], d0, dx1);
-        acc[nt][2] = add_q6k_super_block(acc[nt][2], isum[nt][2], msum[2], d1, dx0);
-        acc[nt][3] = add_q6k_super_block(acc[nt][3], isum[nt][3], msum[3], d1, dx1);
-      }
+      finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
+        return add_q6k_super_block(ac, is, ms, r1 ? d1 : d0, dx);
+      });
     }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = nt * 8 + 2 * t + (e & 1), rr = g + (e >= 2 ? 8 : 0);
-        if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];
-      }
-    __syncthreads();
-    write_tile<NMAX, SW>(a, red, tile);
-    __syncthreads();
+    write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
