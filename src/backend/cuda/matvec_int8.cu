@@ -754,11 +754,29 @@ int ring_stages() {
   return stages;
 }
 
-// staged: room for the dp4a kernel's copy of the activations (kMaxStagedX).
+// Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX).
+template <class L>
+size_t smem_bytes(int nmax, bool staged) {
+  return static_cast<size_t>(kWarps) * ring_stages() * kRows * L::kSlotBytes +
+         static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) + (staged ? kMaxStagedX : 0);
+}
+
+// Whether the dp4a kernels' shared memory fits the device (not on sm_86/89's 99 KB for Q6_K; the
+// tensor-core kernels, which give the same bits, take those widths there).
+template <class L>
+bool dp4a_fits() {
+  static const bool fits = [] {
+    int dev = 0, optin = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return smem_bytes<L>(2, true) <= static_cast<size_t>(optin);
+  }();
+  return fits;
+}
+
 template <class L, int NMAX, auto kernel, int MB = 2>
 cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false) {
-  const size_t smem = static_cast<size_t>(kWarps) * ring_stages() * kRows * L::kSlotBytes +
-                      static_cast<size_t>(kWarps) * NMAX * kRows * sizeof(float) + (staged ? kMaxStagedX : 0);
+  const size_t smem = smem_bytes<L>(NMAX, staged);
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
@@ -812,7 +830,10 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), 0, y.data, y.stride};
   // Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
   static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 2);
-  const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX;
+  const bool fits = w.type == GgmlType::Q6_K ? dp4a_fits<Q6KLayout>()
+                    : w.type == GgmlType::Q5_K ? dp4a_fits<Q5KLayout>()
+                                               : dp4a_fits<Q4KLayout>();
+  const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX && fits;
   if (!dp4a || K > kInBlockMaxK) {  // quantize x once, for every block
     char* base = static_cast<char*>(scratch);
     a.x = Q8K{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes(n, K)),
