@@ -203,9 +203,10 @@ struct BackendOptions {
   int device = 0;     // CUDA device ordinal
   // CPU: never quantize activations (see Weight::exact); slower on quantized weights.
   bool exact_activations = false;
-  // CUDA: Q4_K, Q5_K and Q6_K matmuls of 1..32 tokens on int8 activations (matvec_int8.cu): one-token decode ~1.4x and 16-token verify ~1.1x faster than the f16 tensor-core
-  // matvec, ~5e-3 relative error per product (int8 x per 256, as llama.cpp's CPU q8_K) instead of
-  // ~3e-4. Every width stays bit-identical to one-token steps either way. false: the f16 matvec.
+  // CUDA: Q4_K, Q5_K and Q6_K matmuls of 1..32 tokens on int8 activations (matvec_int8.cu): one-token
+  // decode ~1.4x and 16-token verify ~1.1x faster than the f16 tensor-core matvec, ~5e-3 relative error
+  // per product (int8 x per 256, as llama.cpp's CPU q8_K) instead of ~3e-4. Every width stays
+  // bit-identical to one-token steps either way. false: the f16 matvec.
   bool int8_matvec = true;
 };
 

@@ -391,7 +391,7 @@ class CudaBackend final : public Backend {
     size_t off = 0;
     auto take = [&](size_t bytes) {
       const size_t at = off;
-      off += (bytes + 255) / 256 * 256;
+      off += cuda::align_up(bytes, 256);
       return at;
     };
     const cuda::WeightView gv = view(*a.gate_exps), uv = view(*a.up_exps), dv = view(*a.down_exps);

@@ -1,8 +1,9 @@
-// Host-side helpers shared by the kernel launchers: the current device's SM count and integer
-// environment knobs (benchmark switches, read once by their callers).
+// Host-side helpers shared by the kernel launchers: the current device's SM count, scratch alignment
+// and integer environment knobs (benchmark switches, read once by their callers).
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <utility>
 
@@ -17,6 +18,8 @@ inline int sm_count() {
   }();
   return n;
 }
+
+inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);

@@ -646,7 +646,6 @@ cudaError_t gemm(const WeightView& w, Mat x, Mat y, __half* xh, __half* tile, cu
   return cudaSuccess;
 }
 
-size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 

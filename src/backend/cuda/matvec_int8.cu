@@ -46,22 +46,20 @@ constexpr int kRows = 16;  // weight rows per tile
 // (and 8 lanes reading 16 bytes of 8 rows hit distinct banks). Q6_K blocks (210 bytes) start at any
 // even address: a row's slot holds the 16-byte aligned cover of its block (<= 14 pieces), which keeps
 // the bytes' address mod 16, and is read at that offset.
-struct Q4KLayout {
-  static constexpr int kBlockBytes = 144;  // d, dmin (f16), scales[12], qs[128]
-  static constexpr int kSlotBytes = 144;
-  static constexpr bool kAligned = true;
+// An unaligned block's cover takes up to (kBlockBytes + 14) / 16 rounded up pieces; its slot one piece
+// more, so that the 16 rows of a slot do not all start in the same banks.
+template <int kBytes>
+struct BlockLayout {
+  static constexpr int kBlockBytes = kBytes;
+  static constexpr bool kAligned = kBytes % 16 == 0;
+  static constexpr int kPieces = kAligned ? kBytes / 16 : (kBytes + 14 + 15) / 16;  // cp.async copies per row
+  static constexpr int kSlotBytes = kAligned ? kBytes : 16 * (kPieces + 1);
 };
+using Q4KLayout = BlockLayout<144>;  // d, dmin (f16), scales[12], qs[128]
 // Q5_K: Q4_K's header and codes plus qh[32] (bit j of qh[l]: the fifth bit of element l of sub-block j).
-struct Q5KLayout {
-  static constexpr int kBlockBytes = 176;  // d, dmin (f16), scales[12], qh[32], qs[128]
-  static constexpr int kSlotBytes = 176;
-  static constexpr bool kAligned = true;
-};
-struct Q6KLayout {
-  static constexpr int kBlockBytes = 210;  // ql[128], qh[64], scales[16] (int8), d (f16)
-  static constexpr int kSlotBytes = 240;
-  static constexpr bool kAligned = false;
-};
+using Q5KLayout = BlockLayout<176>;  // d, dmin (f16), scales[12], qh[32], qs[128]
+using Q6KLayout = BlockLayout<210>;  // ql[128], qh[64], scales[16] (int8), d (f16)
+static_assert(Q6KLayout::kPieces == 14 && Q6KLayout::kSlotBytes == 240);
 
 // Quantized activations of n tokens: q [n, K] int8 (natural order), d [n, K/256] f32 scales, bs
 // [n, K/16] f16 sums of 16 consecutive codes (|sum| <= 2032: exact in f16).
@@ -104,17 +102,21 @@ __device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int
   if (lane == 0) *d_out = d;
 }
 
+// Block b (token b / (K/256), block b % (K/256)) of x [n, K] into out.
+__device__ __forceinline__ void quantize_x_block(const float* x, int64_t x_stride, int64_t K, int64_t b, int lane,
+                                                 const Q8K& out) {
+  const int64_t nb = K / 256, t = b / nb, j = b % nb;
+  quantize_block(x + t * x_stride + j * 256, lane, out.q + t * K + j * 256, out.bs + t * (K / 16) + j * 16, out.d + b);
+}
+
 // x [n, K] f32 -> Q8K, a warp per 256-element block. Bytes: read 4, write ~1.13 per element.
 __global__ void quantize_q8k_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t K, Q8K out) {
   pdl_wait();  // x belongs to the previous kernel
   pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int64_t nb = K / 256, warps = int64_t(gridDim.x) * blockDim.x / 32;
-  for (int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; b < n * nb; b += warps) {
-    const int64_t t = b / nb, j = b % nb;
-    quantize_block(x + t * x_stride + j * 256, lane, out.q + t * K + j * 256, out.bs + t * (K / 16) + j * 16,
-                   out.d + b);
-  }
+  for (int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; b < n * nb; b += warps)
+    quantize_x_block(x, x_stride, K, b, lane, out);
 }
 
 struct Int8MvArgs {
@@ -137,7 +139,7 @@ struct Int8MvArgs {
 template <class L, bool SW>
 struct StepRing {
   static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
-  static constexpr int kPieces = L::kAligned ? L::kBlockBytes / 16 : (L::kBlockBytes + 14 + 15) / 16;
+  static constexpr int kPieces = L::kPieces;
   const Int8MvArgs& a;
   uint8_t* ring;
   float* red;  // after the rings: [warps][NMAX][16] partial sums
@@ -263,38 +265,31 @@ __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
   return static_cast<size_t>(n * K + n * K / 8 + n * K / 64);
 }
 
-// The dp4a kernels' shared-memory copy of the quantized activations, after the [warps][NMAX][16]
-// partial sums at red: quantized here from a.xf, or copied from what quantize_q8k_kernel wrote (a.x);
-// either way the same bits (quantize_block). Call after the previous kernel is done (pdl_wait).
-struct StagedX {
-  int8_t* q;   // [n, K]
-  __half* bs;  // [n, K/16]
-  float* d;    // [n, K/256]
-};
+// The dp4a kernels' shared-memory copy of the quantized activations (the Q8K layout, packed), after
+// the [warps][NMAX][16] partial sums at red: quantized here from a.xf, or copied from what
+// quantize_q8k_kernel wrote (a.x); either way the same bits (quantize_block). Call after the previous
+// kernel is done (pdl_wait).
 template <int NMAX>
-__device__ StagedX stage_x(const Int8MvArgs& a, float* red) {
+__device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int64_t K = a.K, n = a.n, nb = K / 256;
-  int8_t* const xq = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
-  __half* const xbs = reinterpret_cast<__half*>(xq + n * K);
-  float* const xd = reinterpret_cast<float*>(xbs + n * K / 16);
+  Q8K x;
+  x.q = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
+  x.bs = reinterpret_cast<__half*>(x.q + n * K);
+  x.d = reinterpret_cast<float*>(x.bs + n * K / 16);
   if (a.xf) {  // every block quantizes x for itself
-    for (int64_t b = ks; b < n * nb; b += kWarps) {
-      const int64_t t = b / nb, jb = b % nb;
-      quantize_block(a.xf + t * a.xf_stride + jb * 256, lane, xq + t * K + jb * 256, xbs + t * (K / 16) + jb * 16,
-                     xd + b);
-    }
+    for (int64_t b = ks; b < n * nb; b += kWarps) quantize_x_block(a.xf, a.xf_stride, K, b, lane, x);
   } else {  // or copies what quantize_q8k_kernel made
     auto copy16 = [&](void* dst, const void* src, int64_t bytes) {
       for (int64_t i = threadIdx.x; i < bytes / 16; i += kWarps * 32)
         static_cast<uint4*>(dst)[i] = __ldg(static_cast<const uint4*>(src) + i);
     };
-    copy16(xq, a.x.q, n * K);
-    copy16(xbs, a.x.bs, n * K / 8);
-    for (int64_t i = threadIdx.x; i < n * nb; i += kWarps * 32) xd[i] = __ldg(a.x.d + i);
+    copy16(x.q, a.x.q, n * K);
+    copy16(x.bs, a.x.bs, n * K / 8);
+    for (int64_t i = threadIdx.x; i < n * nb; i += kWarps * 32) x.d[i] = __ldg(a.x.d + i);
   }
   __syncthreads();
-  return StagedX{xq, xbs, xd};
+  return x;
 }
 
 // A dp4a kernel's tile: lane (r, 0)'s outputs (row r, every token) to red, then the warps summed in
@@ -334,7 +329,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
   ring.prime();
   pdl_wait();  // the activations belong to the previous kernel
   pdl_trigger();
-  const StagedX x = stage_x<NMAX>(a, red);
+  const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = blockIdx.x + j * gridDim.x;
@@ -590,7 +585,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
   ring.prime();
   pdl_wait();
   pdl_trigger();
-  const StagedX x = stage_x<NMAX>(a, red);
+  const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = blockIdx.x + j * gridDim.x;
@@ -741,10 +736,9 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
 }
 
 // Scratch: q, then d, then bs, each 256-byte aligned.
-size_t align256(size_t b) { return (b + 255) / 256 * 256; }
-size_t q_bytes(int64_t n, int64_t K) { return align256(static_cast<size_t>(n * K)); }
-size_t d_bytes(int64_t n, int64_t K) { return align256(static_cast<size_t>(n * (K / 256)) * sizeof(float)); }
-size_t bs_bytes(int64_t n, int64_t K) { return align256(static_cast<size_t>(n * (K / 16)) * sizeof(__half)); }
+size_t q_bytes(int64_t n, int64_t K) { return align_up(static_cast<size_t>(n * K), 256); }
+size_t d_bytes(int64_t n, int64_t K) { return align_up(static_cast<size_t>(n * (K / 256)) * sizeof(float), 256); }
+size_t bs_bytes(int64_t n, int64_t K) { return align_up(static_cast<size_t>(n * (K / 16)) * sizeof(__half), 256); }
 
 // Ring depth: 2 stages (one step in flight per warp while the other is read). 3-6 measured the same
 // or slower on an H100 (one token, 4096 x 12288: 1.97 TB/s at 2, 1.88 at 4, 1.72 at 6); benchmarks may
