@@ -19,7 +19,7 @@
 //
 // Layout: a block of 8 warps owns a tile of 16 rows at a time (8 gate + 8 up rows for the fused
 // SwiGLU); warp ks takes the super-blocks (steps) ks, ks + 8, ... of the tile's rows, streamed
-// through a private cp.async ring of `stages` slots of 16 rows' blocks (Q4KLayout, Q6KLayout). The
+// through a private double-buffered cp.async ring of 16 rows' blocks (Q4KLayout, Q6KLayout). The
 // warps are summed in a fixed order, so a row's result is the same bits whatever the number of
 // tokens, and the same in the fused SwiGLU as in a plain call.
 // Bytes per call: W once + n*K*(1 + 1/8 + 1/64) (int8 x, 16-element sums, scales: in shared memory for
@@ -61,19 +61,28 @@ using Q5KLayout = BlockLayout<176>;  // d, dmin (f16), scales[12], qh[32], qs[12
 using Q6KLayout = BlockLayout<210>;  // ql[128], qh[64], scales[16] (int8), d (f16)
 static_assert(Q6KLayout::kPieces == 14 && Q6KLayout::kSlotBytes == 240);
 
-// Quantized activations of n tokens: q [n, K] int8 (natural order), d [n, K/256] f32 scales, bs
-// [n, K/16] f16 sums of 16 consecutive codes (|sum| <= 2032: exact in f16).
+// Quantized activations of n tokens: q [n, K] int8, d [n, K/256] f32 scales, bs [n, K/16] f16 sums of
+// 16 consecutive codes (|sum| <= 2032: exact in f16). quantize_q8k_kernel writes padded_tokens(n)
+// rows, the ones past n all zero, so that the tensor-core kernels need no branch per 8-token tile.
+// The codes of a 256-element block are stored in one of three orders (XOrder): natural for the dp4a
+// kernels, or permuted so that a tensor-core lane's B fragments of a half super-block are 32
+// contiguous bytes (two 16-byte loads instead of 4 x 8 or 8 x 4 bytes).
 struct Q8K {
   int8_t* q;
   float* d;
   __half* bs;
 };
+enum class XOrder : int {
+  kNatural,  // element o at o
+  kFragQ4,   // o = 32i + 8t + e (sub-block i, lane t's 8 codes) at 64t + 8i + e
+  kFragQ6,   // o = 128h + 16j + 4t + e (half h, sub-block j, lane t's 4 codes) at 128h + 32t + 4j + e
+};
 
-// One 256-element block of x -> q (8 codes per lane, lane l: elements 8l..8l+7), its 16-element
-// code sums and its scale: q = round(x / d), d = max|x| / 127. The quantize kernel and the dp4a
-// kernel's in-block copy both call it, so their codes are the same bits.
+// One 256-element block of x -> q (8 codes per lane, lane l: elements 8l..8l+7, stored in `order`),
+// its 16-element code sums and its scale: q = round(x / d), d = max|x| / 127. The quantize kernel and
+// the dp4a kernel's in-block copy both call it, so their codes are the same bits.
 __device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int lane, int8_t* q, __half* bs,
-                                               float* d_out) {
+                                               float* d_out, XOrder order = XOrder::kNatural) {
   float v[8];
   if ((reinterpret_cast<uintptr_t>(xb) & 15) == 0) {  // warp-uniform: rows are 16-byte aligned or not
     const float4 v0 = reinterpret_cast<const float4*>(xb)[2 * lane], v1 = reinterpret_cast<const float4*>(xb)[2 * lane + 1];
@@ -96,7 +105,15 @@ __device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int
     sum += qv;
     packed[e / 4] |= (static_cast<uint32_t>(qv) & 0xffu) << (8 * (e % 4));
   }
-  *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(packed[0], packed[1]);
+  if (order == XOrder::kNatural) {
+    *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(packed[0], packed[1]);
+  } else if (order == XOrder::kFragQ4) {  // i = lane / 4, t = lane % 4
+    *reinterpret_cast<uint2*>(q + 64 * (lane & 3) + 8 * (lane >> 2)) = make_uint2(packed[0], packed[1]);
+  } else {  // h = lane / 16, j = (lane % 16) / 2, t = 2 (lane % 2) and t + 1
+    int8_t* p = q + 128 * (lane >> 4) + 64 * (lane & 1) + 4 * ((lane & 15) >> 1);
+    *reinterpret_cast<uint32_t*>(p) = packed[0];
+    *reinterpret_cast<uint32_t*>(p + 32) = packed[1];
+  }
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
   if ((lane & 1) == 0) bs[lane / 2] = __int2half_rn(sum);
   if (lane == 0) *d_out = d;
@@ -104,19 +121,31 @@ __device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int
 
 // Block b (token b / (K/256), block b % (K/256)) of x [n, K] into out.
 __device__ __forceinline__ void quantize_x_block(const float* x, int64_t x_stride, int64_t K, int64_t b, int lane,
-                                                 const Q8K& out) {
+                                                 const Q8K& out, XOrder order = XOrder::kNatural) {
   const int64_t nb = K / 256, t = b / nb, j = b % nb;
-  quantize_block(x + t * x_stride + j * 256, lane, out.q + t * K + j * 256, out.bs + t * (K / 16) + j * 16, out.d + b);
+  quantize_block(x + t * x_stride + j * 256, lane, out.q + t * K + j * 256, out.bs + t * (K / 16) + j * 16, out.d + b,
+                 order);
 }
 
-// x [n, K] f32 -> Q8K, a warp per 256-element block. Bytes: read 4, write ~1.13 per element.
-__global__ void quantize_q8k_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t K, Q8K out) {
+__host__ __device__ constexpr int64_t padded_tokens(int64_t n) { return (n + 7) / 8 * 8; }
+
+// x [n, K] f32 -> Q8K of padded_tokens(n) rows (zeros past n), a warp per 256-element block. Bytes:
+// read 4, write ~1.13 per element.
+__global__ void quantize_q8k_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t K, Q8K out,
+                                    XOrder order) {
   pdl_wait();  // x belongs to the previous kernel
   pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int64_t nb = K / 256, warps = int64_t(gridDim.x) * blockDim.x / 32;
-  for (int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; b < n * nb; b += warps)
-    quantize_x_block(x, x_stride, K, b, lane, out);
+  for (int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; b < padded_tokens(n) * nb; b += warps) {
+    if (b < n * nb) {
+      quantize_x_block(x, x_stride, K, b, lane, out, order);
+    } else {  // a padding row
+      reinterpret_cast<uint2*>(out.q + b * 256)[lane] = make_uint2(0u, 0u);
+      if (lane < 16) out.bs[b * 16 + lane] = __float2half(0.0f);
+      if (lane == 0) out.d[b] = 0.0f;
+    }
+  }
 }
 
 struct Int8MvArgs {
@@ -128,33 +157,43 @@ struct Int8MvArgs {
   const float* xf;    // [n, K] f32, quantized in-block (dp4a kernel)
   int64_t xf_stride;
   int n;
-  int stages;
   float* y;
   int64_t y_stride;
 };
 
-// A warp's ring of cp.async slots over the (tile, step) items of a persistent block: warp ks takes
-// steps ks, ks + 8, ... of tiles blockIdx.x, + gridDim.x, ...; a slot holds the 16 rows' blocks of one
-// step (16 x L::kSlotBytes), `stages - 1` steps are in flight ahead of the one being read.
+// A warp's double-buffered ring of cp.async slots over the (tile, step) items of a persistent block:
+// warp ks takes steps ks, ks + 8, ... of tiles blockIdx.x, + gridDim.x, ...; a slot holds the 16 rows'
+// blocks of one step (16 x L::kSlotBytes) and one step is in flight while the other is read (deeper
+// rings measured the same or slower on an H100: one token, 4096 x 12288, 1.97 TB/s at 2 slots, 1.88
+// at 4, 1.72 at 6). A copy instruction of the warp moves whole blocks of kRowsPerCopy rows (lane l:
+// row l / kPieces of the group, piece l % kPieces): each row's bytes stay one contiguous request (16
+// rows x 32 bytes per instruction measured 20% slower at one token), and a lane's address is its
+// constant offset plus a per-step base.
 template <class L, bool SW>
 struct StepRing {
+  static constexpr int kStages = 2;
   static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
   static constexpr int kPieces = L::kPieces;
+  static constexpr int kRowsPerCopy = 32 / kPieces;
+  static constexpr int kCopies = (kRows + kRowsPerCopy - 1) / kRowsPerCopy;
   const Int8MvArgs& a;
   uint8_t* ring;
   float* red;  // after the rings: [warps][NMAX][16] partial sums
-  int lane, ks, NS, cnt;
-  int64_t my_tiles, total, issued = 0, i_tile;
-  int i_m = 0, i_slot = 0, c_slot = 0;
+  int lane, ks, cnt;
+  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile;
+  int i_m = 0;
+  int q, p;    // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
+  int valid;   // rows of tile i_tile inside the matrix
 
   __device__ StepRing(const Int8MvArgs& args, uint8_t* smem)
-      : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), NS(args.stages), i_tile(blockIdx.x) {
-    ring = smem + ks * NS * kRows * L::kSlotBytes;
-    red = reinterpret_cast<float*>(smem + kWarps * NS * kRows * L::kSlotBytes);
+      : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(blockIdx.x) {
+    ring = smem + ks * kStages * kRows * L::kSlotBytes;
+    red = reinterpret_cast<float*>(smem + kWarps * kStages * kRows * L::kSlotBytes);
     const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
     my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
     cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
     total = my_tiles * cnt;
+    q = lane / kPieces, p = lane - q * kPieces;
   }
   // Row rr of a tile's slots: the weight row it holds (SW: 8 gate rows, then the same 8 up rows).
   __device__ const uint8_t* row_src(int64_t tile, int rr) const {
@@ -167,45 +206,51 @@ struct StepRing {
   }
   __device__ void issue() {
     if (issued < total) {
-      const int64_t off = (ks + int64_t{kWarps} * i_m) * L::kBlockBytes;
-      uint8_t* slot = ring + i_slot * kRows * L::kSlotBytes;
+      const int64_t rb = static_cast<int64_t>(a.row_bytes);
+      const int64_t step = (ks + int64_t{kWarps} * i_m) * L::kBlockBytes;
+      // Tile rows past the matrix (its last tile) are not copied: their outputs are never written.
+      const int64_t first = i_tile * kOut;
+      const int rows = static_cast<int>(min(int64_t{kOut}, a.n_out - first));
+      const uint8_t* gate = a.w + first * rb + step + q * rb;
+      const uint8_t* up = SW ? a.w2 + first * rb + step + q * rb - 8 * rb : nullptr;
+      uint8_t* dst = ring + (issued & 1) * kRows * L::kSlotBytes + q * L::kSlotBytes + 16 * p;
 #pragma unroll
-      for (int it = 0; it < (kRows * kPieces + 31) / 32; ++it) {
-        const int i = it * 32 + lane;
-        const int rr = i / kPieces, p = i - rr * kPieces;
-        if (i < kRows * kPieces) {
-          const uint8_t* src = row_src(i_tile, rr) + off;
-          if constexpr (L::kAligned) {
-            cp_async16(slot + rr * L::kSlotBytes + 16 * p, src + 16 * p);
-          } else {
-            const uint8_t* a0 = src - (reinterpret_cast<uintptr_t>(src) & 15);
-            if (a0 + 16 * p < src + L::kBlockBytes) cp_async16(slot + rr * L::kSlotBytes + 16 * p, a0 + 16 * p);
-          }
+      for (int c = 0; c < kCopies; ++c) {
+        const int rr = c * kRowsPerCopy + q;  // the slot row
+        const bool in = q < kRowsPerCopy && rr < kRows && (SW ? (rr & 7) < rows : rr < rows);
+        const uint8_t* src = (SW && c * kRowsPerCopy >= 8 ? up : gate) + (c * kRowsPerCopy) * rb;
+        if constexpr (SW) {  // a group may straddle the gate/up boundary
+          if (c * kRowsPerCopy < 8 && (c + 1) * kRowsPerCopy > 8 && rr >= 8) src = up + (c * kRowsPerCopy) * rb;
+        }
+        if constexpr (L::kAligned) {
+          if (in) cp_async16(dst + c * kRowsPerCopy * L::kSlotBytes, src + 16 * p);
+        } else {  // the 16-byte aligned cover of the block
+          const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 15);
+          if (in && 16 * p < mis + L::kBlockBytes) cp_async16(dst + c * kRowsPerCopy * L::kSlotBytes, src - mis + 16 * p);
         }
       }
       ++issued;
       if (++i_m == cnt) i_m = 0, i_tile += gridDim.x;
-      if (++i_slot == NS) i_slot = 0;
     }
     cp_async_commit();  // one group per call, empty or not, so wait_group counts items
   }
-  __device__ void prime() {
-    for (int k = 0; k + 1 < NS; ++k) issue();
-  }
-  // The next step's slot (its copies have landed), after queueing the copies of a later one.
+  __device__ void prime() { issue(); }
+  // The next step's slot (its copies have landed), after queueing the copies of the one after.
   __device__ const uint8_t* next() {
-    cp_async_wait_upto(NS - 2);  // this thread's copies of the step have landed
-    __syncwarp();                // ... and every lane's; the slot refilled next was read before
+    cp_async_wait<0>();  // this thread's copies of the step have landed
+    __syncwarp();        // ... and every lane's; the slot refilled next was read before
     issue();
-    const uint8_t* slot = ring + c_slot * kRows * L::kSlotBytes;
-    if (++c_slot == NS) c_slot = 0;
-    return slot;
+    return ring + (consumed++ & 1) * kRows * L::kSlotBytes;
   }
-  // Row rr's block of super-block s of `tile` in its slot.
-  __device__ const uint8_t* block(const uint8_t* slot, int64_t tile, int rr, int64_t s) const {
+  // The low 4 address bits of row rr's blocks in `tile` (Q6_K: where a block sits in its cover).
+  __device__ int row_misalignment(int64_t tile, int rr) const {
+    return static_cast<int>(reinterpret_cast<uintptr_t>(row_src(tile, rr)) & 15);
+  }
+  // Row rr's block of super-block s in its slot, given its row_misalignment.
+  __device__ const uint8_t* block(const uint8_t* slot, int rr, int row_mis, int64_t s) const {
     const uint8_t* p = slot + rr * L::kSlotBytes;
     if constexpr (L::kAligned) return p;
-    return p + ((reinterpret_cast<uintptr_t>(row_src(tile, rr)) + s * L::kBlockBytes) & 15);
+    return p + ((row_mis + s * L::kBlockBytes) & 15);
   }
 };
 
@@ -404,25 +449,22 @@ __device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2
 // The end of a super-block in the tensor-core kernels, per n-tile: msum by one exact f16 MMA (A = ma,
 // the type's small integers per 16-code group; B = the tokens' 16-code sums) and the type's addition of
 // the super-block to lane (g, t)'s four outputs (`add(acc, isum, msum, row_half, dx)`).
+// The activations are padded to whole n-tiles (zeros), so no token needs a bounds check.
 template <int NT, class Add>
 __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t s, int g, int t, const uint32_t (&ma)[4],
                                                    const int (&isum)[NT][4], float (&acc)[NT][4], Add add) {
   const int64_t nb = a.K / 256;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    if (nt * 8 >= a.n) break;  // warp-uniform
     const int tok = nt * 8 + g;
-    uint32_t bb0 = 0u, bb1 = 0u;
-    if (tok < a.n) {
-      const __half* bs = a.x.bs + tok * (a.K / 16) + s * 16;
-      bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t));
-      bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t + 8));
-    }
+    const __half* bs = a.x.bs + tok * (a.K / 16) + s * 16;
+    const uint32_t bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t));
+    const uint32_t bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t + 8));
     float msum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mma_16816(msum, ma[0], ma[1], ma[2], ma[3], bb0, bb1);
     const int c0 = nt * 8 + 2 * t;
-    const float dx0 = c0 < a.n ? __ldg(a.x.d + c0 * nb + s) : 0.0f;
-    const float dx1 = c0 + 1 < a.n ? __ldg(a.x.d + (c0 + 1) * nb + s) : 0.0f;
+    const float dx0 = __ldg(a.x.d + c0 * nb + s);
+    const float dx1 = __ldg(a.x.d + (c0 + 1) * nb + s);
     acc[nt][0] = add(acc[nt][0], isum[nt][0], msum[0], 0, dx0);
     acc[nt][1] = add(acc[nt][1], isum[nt][1], msum[1], 0, dx1);
     acc[nt][2] = add(acc[nt][2], isum[nt][2], msum[2], 1, dx0);
@@ -490,18 +532,18 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
       int isum[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
-      // Half a step's B fragments first (sub-blocks 4hh..4hh+3): their L1/L2 latency then hides
-      // behind the A decoding.
+      // Half a step's B fragments first (sub-blocks 4hh..4hh+3, two 16-byte loads per n-tile in the
+      // kFragQ4 layout): their L1/L2 latency then hides behind the A decoding. Padding tokens load
+      // nothing (their codes are zeros).
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        uint2 bx[NT][4];
+        uint4 bx[NT][2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const int tok = nt * 8 + g;
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            bx[nt][i] = tok < a.n ? __ldg(reinterpret_cast<const uint2*>(a.x.q + tok * a.K + s * 256 + 32 * (4 * hh + i) + 8 * t))
-                                  : make_uint2(0u, 0u);
+          const uint4* xp = reinterpret_cast<const uint4*>(a.x.q + tok * a.K + s * 256 + 64 * t) + 2 * hh;
+          bx[nt][0] = tok < a.n ? __ldg(xp) : make_uint4(0u, 0u, 0u, 0u);
+          bx[nt][1] = tok < a.n ? __ldg(xp + 1) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
@@ -518,12 +560,12 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
               a0 |= ((qh0.x >> i) & 0x01010101u) << 4, a2 |= ((qh0.y >> i) & 0x01010101u) << 4;
               a1 |= ((qh1.x >> i) & 0x01010101u) << 4, a3 |= ((qh1.y >> i) & 0x01010101u) << 4;
             }
-            const int s0 = byte_of(sc0[hh], i & 3), s1 = byte_of(sc1[hh], i & 3);
+            const int s0 = byte_of(sc0[i >> 2], i & 3), s1 = byte_of(sc1[i >> 2], i & 3);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-              if (nt * 8 >= a.n) break;  // warp-uniform
               int d[4];
-              mma_s8(d, a0, a1, a2, a3, bx[nt][i & 3].x, bx[nt][i & 3].y);
+              const uint4& b = bx[nt][gh];
+              mma_s8(d, a0, a1, a2, a3, hi ? b.z : b.x, hi ? b.w : b.y);
               isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
               isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
             }
@@ -592,10 +634,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
+    const int mis = ring.row_misalignment(tile, r);
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* slot = ring.next();
       const int64_t s = ks + int64_t{kWarps} * m;
-      const uint8_t* blk = ring.block(slot, tile, r, s);
+      const uint8_t* blk = ring.block(slot, r, mis, s);
       uint32_t codes[4][8];  // [group][k]: elements 32 group + 4k .. + 3 of the half
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
@@ -669,11 +712,12 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    const int mis0 = ring.row_misalignment(tile, g), mis1 = ring.row_misalignment(tile, g + 8);
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* slot = ring.next();
       const int64_t s = ks + int64_t{kWarps} * m;
-      const uint8_t* p0 = ring.block(slot, tile, g, s);
-      const uint8_t* p1 = ring.block(slot, tile, g + 8, s);
+      const uint8_t* p0 = ring.block(slot, g, mis0, s);
+      const uint8_t* p1 = ring.block(slot, g + 8, mis1, s);
       uint32_t sc0[4], sc1[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) sc0[i] = ld_u32(p0 + 192 + 4 * i), sc1[i] = ld_u32(p1 + 192 + 4 * i);
@@ -682,15 +726,17 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
       for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        uint32_t bx[NT][8];  // x of sub-blocks 8h + jl for token g of each n-tile
+        // x of sub-blocks 8h + jl for token g of each n-tile: two 16-byte loads in the kFragQ6 layout
+        // (padding tokens load nothing: their codes are zeros).
+        uint32_t bx[NT][8];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const int tok = nt * 8 + g;
-#pragma unroll
-          for (int jl = 0; jl < 8; ++jl)
-            bx[nt][jl] = tok < a.n ? __ldg(reinterpret_cast<const uint32_t*>(a.x.q + tok * a.K + s * 256 + 128 * h +
-                                                                              16 * jl + 4 * t))
-                                   : 0u;
+          const uint4* xp = reinterpret_cast<const uint4*>(a.x.q + tok * a.K + s * 256 + 128 * h + 32 * t);
+          const uint4 v0 = tok < a.n ? __ldg(xp) : make_uint4(0u, 0u, 0u, 0u);
+          const uint4 v1 = tok < a.n ? __ldg(xp + 1) : make_uint4(0u, 0u, 0u, 0u);
+          bx[nt][0] = v0.x, bx[nt][1] = v0.y, bx[nt][2] = v0.z, bx[nt][3] = v0.w;
+          bx[nt][4] = v1.x, bx[nt][5] = v1.y, bx[nt][6] = v1.z, bx[nt][7] = v1.w;
         }
 #pragma unroll
         for (int L = 0; L < 2; ++L) {  // elements 16L + 4t.. of each 32-element group
@@ -706,7 +752,6 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
             const int s0 = sbyte_of(sc0[jg >> 2], jg & 3), s1 = sbyte_of(sc1[jg >> 2], jg & 3);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-              if (nt * 8 >= a.n) break;  // warp-uniform
               int d[4];
               mma_s8_k16(d, a0, a1, bx[nt][jl]);
               isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
@@ -735,23 +780,19 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
   cp_async_wait<0>();
 }
 
-// Scratch: q, then d, then bs, each 256-byte aligned.
-size_t q_bytes(int64_t n, int64_t K) { return align_up(static_cast<size_t>(n * K), 256); }
-size_t d_bytes(int64_t n, int64_t K) { return align_up(static_cast<size_t>(n * (K / 256)) * sizeof(float), 256); }
-size_t bs_bytes(int64_t n, int64_t K) { return align_up(static_cast<size_t>(n * (K / 16)) * sizeof(__half), 256); }
-
-// Ring depth: 2 stages (one step in flight per warp while the other is read). 3-6 measured the same
-// or slower on an H100 (one token, 4096 x 12288: 1.97 TB/s at 2, 1.88 at 4, 1.72 at 6); benchmarks may
-// override with HYSPEC_MV8_STAGES.
-int ring_stages() {
-  static const int stages = std::clamp(env_int("HYSPEC_MV8_STAGES", 2), 2, 6);
-  return stages;
+// Scratch: q, then d, then bs, each 256-byte aligned, for padded_tokens(n) rows.
+size_t q_bytes(int64_t n, int64_t K) { return align_up(static_cast<size_t>(padded_tokens(n) * K), 256); }
+size_t d_bytes(int64_t n, int64_t K) {
+  return align_up(static_cast<size_t>(padded_tokens(n) * (K / 256)) * sizeof(float), 256);
+}
+size_t bs_bytes(int64_t n, int64_t K) {
+  return align_up(static_cast<size_t>(padded_tokens(n) * (K / 16)) * sizeof(__half), 256);
 }
 
 // Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX).
 template <class L>
 size_t smem_bytes(int nmax, bool staged) {
-  return static_cast<size_t>(kWarps) * ring_stages() * kRows * L::kSlotBytes +
+  return static_cast<size_t>(kWarps) * StepRing<L, false>::kStages * kRows * L::kSlotBytes +
          static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) + (staged ? kMaxStagedX : 0);
 }
 
@@ -774,7 +815,6 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
-  a.stages = ring_stages();
   const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, MB * int64_t{sm_count()})));
   return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, true, a);
@@ -821,7 +861,7 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
                                cudaStream_t stream) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
-  Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), 0, y.data, y.stride};
+  Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
   // Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
   static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 2);
   const bool fits = w.type == GgmlType::Q6_K ? dp4a_fits<Q6KLayout>()
@@ -833,10 +873,13 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
     a.x = Q8K{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes(n, K)),
               reinterpret_cast<__half*>(base + q_bytes(n, K) + d_bytes(n, K))};
     a.xf = nullptr;
-    const int64_t blocks = n * (K / 256);
+    const int64_t blocks = padded_tokens(n) * (K / 256);
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks + 7) / 8, 1024)));
+    const XOrder order = dp4a                         ? XOrder::kNatural
+                         : w.type == GgmlType::Q6_K ? XOrder::kFragQ6
+                                                    : XOrder::kFragQ4;
     const cudaError_t err = launch_pdl(quantize_q8k_kernel, grid, dim3(256), 0, stream, true,
-                                       static_cast<const float*>(x.data), x.stride, n, K, a.x);
+                                       static_cast<const float*>(x.data), x.stride, n, K, a.x, order);
     if (err != cudaSuccess) return err;
   }
   if (w.type == GgmlType::Q6_K) return up ? launch_q6k<true>(a, dp4a, stream) : launch_q6k<false>(a, dp4a, stream);
