@@ -400,6 +400,8 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
 
 template <int D, typename KV>
 __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(AttnArgs a, unsigned* counters) {
+  pdl_wait();  // K, V and Q belong to the previous kernels (launched with PDL: only its start overlaps them)
+  pdl_trigger();
   using L = DecodeSmem<D, KV>;
   constexpr int Q = kDecodeQueries, TK = kDecodeKeys, RB = L::kRowBytes;
   constexpr int DW = D / kDecodeWarps;             // score dims per warp
@@ -599,6 +601,8 @@ struct MmaDecodeSmem {
 
 template <int D>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
+  pdl_wait();  // as attention_decode_kernel
+  pdl_trigger();
   using L = MmaDecodeSmem<D>;
   constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, NT = D / 8;
   constexpr int kPieces = D * 2 / 16;  // 16-byte pieces per K or V row
@@ -786,12 +790,11 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
       cudaGetLastError();  // not sticky: clear it, the SIMT kernel takes over
       return false;
     }();
-    if (use_mma) {
-      attention_decode_mma_kernel<D><<<grid, kDecodeWarps * 32, msmem, stream>>>(a, counters);
-    } else {
-      attention_decode_kernel<D, KV><<<grid, kDecodeWarps * 32, smem, stream>>>(a, counters);
-    }
-    return cudaGetLastError();  // merges its own splits
+    if (use_mma)
+      return launch_pdl(attention_decode_mma_kernel<D>, grid, dim3(kDecodeWarps * 32), msmem, stream, use_pdl(), a,
+                        counters);  // merges its own splits
+    return launch_pdl(attention_decode_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, use_pdl(), a,
+                      counters);
   } else {
     const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
     attention_kernel<D, KV><<<grid, kThreads, attention_smem<D>(), stream>>>(a);

@@ -4,7 +4,9 @@
 
 #include <cfloat>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch_util.h"
 
 namespace hyspec::cuda {
 namespace {
@@ -56,6 +58,8 @@ __device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial
 template <NormKind kKind>
 __global__ void rms_norm_kernel(NormArgs a) {
   __shared__ float partial[32];
+  pdl_wait();  // (launched with PDL: the next matvec streams its weights meanwhile)
+  pdl_trigger();
   const int tpg = a.tpg, lt = threadIdx.x % tpg;
   const int64_t gidx = blockIdx.x * int64_t(blockDim.x / tpg) + threadIdx.x / tpg;
   const bool valid = gidx < a.x.rows * a.groups_per_row;
@@ -141,6 +145,8 @@ __global__ void rms_norm_kernel(NormArgs a) {
 }
 
 __global__ void binary_kernel(Binary op, Mat a, Mat b, Mat y) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t total = y.rows * y.cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / y.cols, c = i % y.cols;
@@ -160,6 +166,8 @@ __global__ void binary_kernel(Binary op, Mat a, Mat b, Mat y) {
 // 1e5+, where an f32 angle would be off by ~1e-2 rad).
 __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* __restrict__ positions,
                                  float freq_base) {
+  pdl_wait();
+  pdl_trigger();
   const int half = n_rot / 2;
   const int64_t heads = x.cols / head_dim, total = x.rows * heads * half;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -179,6 +187,8 @@ __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* 
 template <typename C>
 __global__ void kv_store_kernel(Mat k, Mat v, C* __restrict__ kc, C* __restrict__ vc, int64_t width, int64_t capacity,
                                 const int32_t* __restrict__ positions) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t total = k.rows * width;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / width, c = i % width, pos = positions[t], dst = pos * width + c;
@@ -309,8 +319,7 @@ cudaError_t norm_launch(Mat x, const float* z, int64_t z_stride, const float* w,
     a.vec4 = static_cast<int>(group / (4 * a.tpg));
   const int64_t groups = x.rows * a.groups_per_row;
   const unsigned blocks = a.tpg == 32 ? grid_for(groups, 8) : static_cast<unsigned>(groups);
-  rms_norm_kernel<kKind><<<blocks, 256, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_pdl(rms_norm_kernel<kKind>, dim3(blocks), dim3(256), 0, stream, use_pdl(), a);
 }
 
 }  // namespace
@@ -328,16 +337,16 @@ cudaError_t add_rms_norm_launch(Mat x, Mat delta, const float* w, int64_t group,
 
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream) {
   if (y.rows == 0 || y.cols == 0) return cudaSuccess;
-  binary_kernel<<<grid_for(y.rows * y.cols, 256, 65535), 256, 0, stream>>>(op, a, b, y);
-  return cudaGetLastError();
+  return launch_pdl(binary_kernel, dim3(grid_for(y.rows * y.cols, 256, 65535)), dim3(256), 0, stream, use_pdl(), op, a,
+                    b, y);
 }
 
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
                              cudaStream_t stream) {
   const int64_t total = x.rows * (x.cols / head_dim) * (n_rot / 2);
   if (total == 0) return cudaSuccess;
-  rope_neox_kernel<<<grid_for(total, 256, 65535), 256, 0, stream>>>(x, head_dim, n_rot, positions, freq_base);
-  return cudaGetLastError();
+  return launch_pdl(rope_neox_kernel, dim3(grid_for(total, 256, 65535)), dim3(256), 0, stream, use_pdl(), x, head_dim,
+                    n_rot, positions, freq_base);
 }
 
 cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width, int64_t capacity,
@@ -345,12 +354,10 @@ cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16
   if (k.rows == 0) return cudaSuccess;
   const unsigned blocks = grid_for(k.rows * width, 256, 65535);
   if (f16)
-    kv_store_kernel<__half><<<blocks, 256, 0, stream>>>(k, v, static_cast<__half*>(k_cache),
-                                                         static_cast<__half*>(v_cache), width, capacity, positions);
-  else
-    kv_store_kernel<float><<<blocks, 256, 0, stream>>>(k, v, static_cast<float*>(k_cache),
-                                                        static_cast<float*>(v_cache), width, capacity, positions);
-  return cudaGetLastError();
+    return launch_pdl(kv_store_kernel<__half>, dim3(blocks), dim3(256), 0, stream, use_pdl(), k, v,
+                      static_cast<__half*>(k_cache), static_cast<__half*>(v_cache), width, capacity, positions);
+  return launch_pdl(kv_store_kernel<float>, dim3(blocks), dim3(256), 0, stream, use_pdl(), k, v,
+                    static_cast<float*>(k_cache), static_cast<float*>(v_cache), width, capacity, positions);
 }
 
 cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream) {

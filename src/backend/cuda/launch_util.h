@@ -26,6 +26,12 @@ inline int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
+// Programmatic dependent launch for the decode/verify kernels (HYSPEC_PDL=0 turns it off, to measure).
+inline bool use_pdl() {
+  static const bool on = env_int("HYSPEC_PDL", 1) != 0;
+  return on;
+}
+
 // Launch allowing programmatic dependent launch when `pdl` (the kernel waits with pdl_wait before it
 // reads what earlier kernels wrote, and may start its own prologue while they finish).
 template <typename... KernelArgs, typename... Args>

@@ -538,11 +538,6 @@ const MmvConfig& mmv_config() {
   return cfg;
 }
 
-bool use_pdl() {
-  static const bool on = env_int("HYSPEC_PDL", 1) != 0;
-  return on;
-}
-
 // grid_y > 0: batched experts (one tile per block, blockIdx.y = batch entry); else a persistent grid.
 template <class T, int NT, int RW, bool SW = false, int MB = mmv_min_blocks<NT>()>
 cudaError_t launch_mmv(MmvArgs a, unsigned grid_y, cudaStream_t stream, unsigned grid_x = 0) {
