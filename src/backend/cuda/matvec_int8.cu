@@ -182,8 +182,7 @@ struct StepRing {
   int lane, ks, cnt;
   int64_t my_tiles, total, issued = 0, consumed = 0, i_tile;
   int i_m = 0;
-  int q, p;    // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
-  int valid;   // rows of tile i_tile inside the matrix
+  int q, p;  // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
 
   __device__ StepRing(const Int8MvArgs& args, uint8_t* smem)
       : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(blockIdx.x) {
