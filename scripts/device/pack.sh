@@ -7,11 +7,13 @@ FIX="${HYSPEC_FIXTURES:-$(pwd)/../shared/fixtures}"
 rm -rf .device && mkdir -p .device/bin .device/lib .device/fixtures
 # (tests on: scripts/test.sh configures the same build dir with HYSPEC_TESTS=OFF)
 cmake --preset cuda -DHYSPEC_TESTS=ON > /dev/null
-cmake --build --preset cuda -j "$(nproc)" --target hyspec test_backend test_model test_engine test_util test_server
-for b in build-cuda/hyspec build-cuda/tests/test_backend build-cuda/tests/test_model build-cuda/tests/test_engine \
-         build-cuda/tests/test_util build-cuda/tests/test_server; do
-  strip -o ".device/bin/$(basename "$b")" "$b"
-done
+# HYSPEC_DEVICE_BINS picks fewer test binaries (each ~3.5 MB packed): the side-by-side run carries .anchor
+# (8.5 MB) too, e.g. HYSPEC_DEVICE_BINS="test_backend test_model test_server" with two fixture sets.
+BINS="${HYSPEC_DEVICE_BINS-test_backend test_model test_engine test_util test_server}"
+# shellcheck disable=SC2086
+cmake --build --preset cuda -j "$(nproc)" --target hyspec $BINS
+strip -o .device/bin/hyspec build-cuda/hyspec
+for b in $BINS; do strip -o ".device/bin/$b" "build-cuda/tests/$b"; done
 # Libraries from Debian packages that an Ubuntu CUDA image does not have.
 for lib in libfmt.so.9 libpcre2-8.so.0 libcpp-httplib.so.0.11; do cp -L "/usr/lib/x86_64-linux-gnu/$lib" .device/lib/; done
 # The fixtures the model and engine tests read (not the tokenizer or quant ones: text/format tests stay on CI).

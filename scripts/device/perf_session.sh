@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The measured part of a CUDA performance session in two back-to-back device calls (one would pass the
+# 10-minute limit of a command), with carry [".device", ".anchor"]:
+#   here:  bench/pack_llamacpp.sh (once), then
+#          HYSPEC_DEVICE_BINS="test_backend test_model test_server" HYSPEC_DEVICE_FIXTURES="qwen35-tiny dflash-tiny" \
+#            scripts/device/pack.sh          (tree + .device + .anchor stay under the 64 MiB a call carries)
+#   there: scripts/device/perf_session.sh start    # llama.cpp's anchor detached, then session_checks.sh (~4 min)
+#          scripts/device/perf_session.sh finish   # both 9B files side by side, kernel times of verify-16 and decode
+# The anchor's files live in /tmp/anchor, so `finish` must follow while the machine is still warm (30 s).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+MODE=${1:?start|finish}
+[ -d .device/bin ] || tar xJf .device/bin.tar.xz -C .device
+export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export OUT=${OUT:-/tmp/hyspec-out}
+if [ "$MODE" = start ]; then
+  bash bench/compare_llamacpp.sh start 9b
+  bash scripts/device/session_checks.sh 2>&1 | tee "$OUT/checks.log"
+  exit 0
+fi
+bash bench/compare_llamacpp.sh finish 9b
+echo "== GPU time per kernel of a verify-16 step (ncu)"
+KT_BENCH="-p 0 -n 0 --verify 16" KT_STEPS=9 bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf 0 20000 | tee "$OUT/kt_verify16.md"
+echo "== GPU time per kernel of decode steps (ncu)"
+bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf | tee "$OUT/kt_decode.md"
