@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <utility>
 
@@ -20,6 +21,9 @@ inline int sm_count() {
 }
 
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Tokens rounded up to whole 8-token n-tiles of the tensor-core matvecs.
+__host__ __device__ constexpr int64_t padded_tokens(int64_t n) { return (n + 7) / 8 * 8; }
 
 inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);

@@ -573,7 +573,7 @@ cudaError_t mmv(const WeightView& w, Mat x, Mat y, void* scratch, cudaStream_t s
     if (err != cudaSuccess) return err;
     a.x = xa.data, a.x_stride = xa.stride;
   } else {
-    a.n_pad = (x.rows + 7) / 8 * 8;
+    a.n_pad = padded_tokens(x.rows);
     a.xh = static_cast<const __half*>(scratch);
     if ((err = prep_fragments<T>(x, a.n_pad, w.n_in, static_cast<__half*>(scratch), stream)) != cudaSuccess) return err;
   }
@@ -641,7 +641,6 @@ cudaError_t gemm(const WeightView& w, Mat x, Mat y, __half* xh, __half* tile, cu
   return cudaSuccess;
 }
 
-
 }  // namespace
 
 bool matmul_type_supported(GgmlType t) {
@@ -652,7 +651,7 @@ size_t matmul_scratch_bytes(const WeightView& w, int64_t n) {
   if (!fast_path(w)) return 0;
   if (int8_matvec_supported(w, n)) return int8_matvec_scratch_bytes(w, n);
   if (n <= kFusedWidth) return static_cast<size_t>(n * w.n_in) * sizeof(float);  // staging of unaligned x
-  if (n <= kMmvMaxWidth) return fragments_bytes((n + 7) / 8 * 8, w.n_in);
+  if (n <= kMmvMaxWidth) return fragments_bytes(padded_tokens(n), w.n_in);
   const bool in_place = w.type == GgmlType::F16 || w.type == GgmlType::BF16;
   return align_up(static_cast<size_t>(n * w.n_in) * 2, 256) + (in_place ? 0 : static_cast<size_t>(tile_rows(w) * w.n_in) * 2);
 }
@@ -706,7 +705,7 @@ cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, M
 // Grouped expert matmul: tiles of 16 rows of an expert's run (NT = 2). xh holds every row plus one
 // tile of zero rows, which the last tile of the last expert may read.
 constexpr int kGroupedNT = 2;
-int64_t grouped_rows_padded(int64_t n_rows) { return (n_rows + 7) / 8 * 8 + kGroupedNT * 8; }
+int64_t grouped_rows_padded(int64_t n_rows) { return padded_tokens(n_rows) + kGroupedNT * 8; }
 
 bool matmul_grouped_supported(const WeightView& w) { return fast_path(w); }
 

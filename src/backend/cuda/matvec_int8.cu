@@ -127,8 +127,6 @@ __device__ __forceinline__ void quantize_x_block(const float* x, int64_t x_strid
                  order);
 }
 
-__host__ __device__ constexpr int64_t padded_tokens(int64_t n) { return (n + 7) / 8 * 8; }
-
 // x [n, K] f32 -> Q8K of padded_tokens(n) rows (zeros past n), a warp per 256-element block. Bytes:
 // read 4, write ~1.13 per element.
 __global__ void quantize_q8k_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t K, Q8K out,
