@@ -20,7 +20,11 @@ export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 if [ "$MODE" = start ]; then
   mkdir -p "$W/llama.cpp" && tar xJf .anchor/llama.cpp-src.tar.xz -C "$W/llama.cpp"
   # the anchor clones its first argument only when WORKDIR/llama.cpp is absent; it is present now
-  setsid nohup bash -c "bash .anchor/llamacpp_anchor.sh .anchor/llama.cpp-src.tar.xz $W $SHAPE > $W/anchor.md 2> $W/anchor.err; echo done > $W/anchor.done" > /dev/null 2>&1 &
+  A=.anchor/llamacpp_anchor.sh
+  # ANCHOR_MODELS_ONLY=1: build llama.cpp and make the GGUFs, skip llama-bench (A/B sessions of hyspec
+  # builds, whose GPU benches would otherwise share the GPU with llama-bench's).
+  if [ "${ANCHOR_MODELS_ONLY:-0}" = 1 ]; then sed '/^\$B -m/d' "$A" > "$W/anchor_models.sh"; A=$W/anchor_models.sh; fi
+  setsid nohup bash -c "bash $A .anchor/llama.cpp-src.tar.xz $W $SHAPE > $W/anchor.md 2> $W/anchor.err; echo done > $W/anchor.done" > /dev/null 2>&1 &
   echo "anchor started in $W"
   exit 0
 fi

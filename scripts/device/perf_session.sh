@@ -6,6 +6,7 @@
 #            scripts/device/pack.sh          (tree + .device + .anchor stay under the 64 MiB a call carries)
 #   there: scripts/device/perf_session.sh start    # llama.cpp's anchor detached, then session_checks.sh (~4 min)
 #          scripts/device/perf_session.sh finish   # both 9B files side by side, kernel times of verify-16 and decode
+#          (PERF_AB="VAR=value ...": also decode and verify-4/16 with and without those variables, interleaved)
 # The anchor's files live in /tmp/anchor, so `finish` must follow while the machine is still warm (30 s).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +20,15 @@ if [ "$MODE" = start ]; then
   exit 0
 fi
 bash bench/compare_llamacpp.sh finish 9b
+if [ -n "${PERF_AB:-}" ]; then  # e.g. PERF_AB="HYSPEC_NORM_QUANTIZE=0": decode and verify without and with it
+  for round in 1 2; do
+    for ab in "$PERF_AB" ""; do
+      echo "== A/B round $round: ${ab:-default}"
+      env $ab .device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 0 -n 128 --verify 4,16 -c 4096 \
+        --kv-type f16 2>&1 | grep -E "^\| (tg|verify)"
+    done
+  done | tee "$OUT/ab.md"
+fi
 echo "== GPU time per kernel of a verify-16 step (ncu)"
 KT_BENCH="-p 0 -n 0 --verify 16" KT_STEPS=9 bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf 0 20000 | tee "$OUT/kt_verify16.md"
 echo "== GPU time per kernel of decode steps (ncu)"

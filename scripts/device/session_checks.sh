@@ -25,7 +25,7 @@ if [ -x "$D/bin/test_backend" ]; then
   echo "== memcheck/racecheck: GDN, conv, norms, attention, matmul"
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 "$D/bin/test_backend" \
-      --gtest_filter='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:CudaBackendTest.Attention*:Matvec/CudaMatmulTest.MatvecRows*' 2>&1 |
+      --gtest_filter='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:CudaBackendTest.Attention*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*' 2>&1 |
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | head -4
   done
   echo "== benches"

@@ -490,6 +490,80 @@ TEST_F(CudaBackendTest, AddRmsNormIsBitIdenticalToAddThenRmsNorm) {
   }
 }
 
+// A norm of at most 32 rows also quantizes its output for the int8 matvecs, and a matmul of exactly
+// those rows reads that copy instead of quantizing them again: the products are the bits of a
+// matmul of the same values that no norm quantized (a copy), for the plain, gated and residual norms
+// and every matvec width, fused SwiGLU included. An op that rewrites the rows makes the matmul read
+// the new values; rows rewritten behind the backend's back (by another backend, which the contract
+// forbids) show that the quantized copy is what the matmul read.
+TEST_P(CudaMatmulTest, MatmulOfNormOutputReadsTheNormsQuantizedCopy) {
+  const int64_t K = 2048, N = 200, group_gated = 128;
+  auto made = create_backend(BackendKind::Cuda, options_);
+  ASSERT_TRUE(made.is_ok()) << made.message();
+  const std::unique_ptr<Backend> other = std::move(made).value();
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const auto gb = random_weight_bytes(type, K, N, rng_), ub = random_weight_bytes(type, K, N, rng_);
+    const GgufTensorInfo gi = tensor_info("gate", type, gb, K, N), ui = tensor_info("up", type, ub, K, N);
+    auto gg = gpu_->load_weight(gi), ug = gpu_->load_weight(ui);
+    ASSERT_TRUE(gg.is_ok() && ug.is_ok());
+    const Tensor wn = put(*gpu_, randn(K)), wg = put(*gpu_, randn(group_gated));
+    for (int64_t n : {1, 2, 3, 8, 17, 24, 32}) {
+      const Tensor x = put(*gpu_, randn(n * K, 3.0f)), z = put(*gpu_, randn(n * K)), d = put(*gpu_, randn(n * K));
+      for (int kind = 0; kind < 3; ++kind) {
+        const std::string what = fmt::format("{} n={} {}", ggml_type_name(type), n,
+                                             kind == 0 ? "rms_norm" : kind == 1 ? "gated_rms_norm" : "add_rms_norm");
+        // Every buffer is made first: an upload (as any op) between a norm and its matmul forgets the copy.
+        const Tensor xr = put(*gpu_, get_gpu(x)), h = poison(*gpu_, n * K), h2 = poison(*gpu_, n * K);
+        const Tensor y = poison(*gpu_, n * N), ys = poison(*gpu_, n * N), y2 = poison(*gpu_, n * N),
+                     ys2 = poison(*gpu_, n * N), y3 = poison(*gpu_, n * N), y4 = poison(*gpu_, n * N),
+                     y5 = poison(*gpu_, n * N);
+        const std::vector<float> x_host = get_gpu(x), other_rows = randn(n * K);
+        auto norm = [&] {
+          if (kind == 0) gpu_->rms_norm(xr.rows(n, K), wn.f(), K, 1e-6f, h.rows(n, K));
+          if (kind == 1) gpu_->gated_rms_norm(xr.rows(n, K), z.rows(n, K), wg.f(), group_gated, 1e-6f, h.rows(n, K));
+          if (kind == 2) gpu_->add_rms_norm(xr.rows(n, K), d.rows(n, K), wn.f(), K, 1e-6f, h.rows(n, K));
+        };
+        norm();
+        gpu_->matmul(*gg, h.rows(n, K), y.rows(n, N));
+        const bool fused = gpu_->matmul_swiglu(*gg, *ug, h.rows(n, K), ys.rows(n, N));
+        // The same values, not quantized by a norm.
+        gpu_->copy_rows(h.rows(n, K), h2.rows(n, K));
+        gpu_->matmul(*gg, h2.rows(n, K), y2.rows(n, N));
+        if (fused) gpu_->matmul_swiglu(*gg, *ug, h2.rows(n, K), ys2.rows(n, N));
+        const auto ref = get_gpu(y2);
+        EXPECT_TRUE(same_bits(get_gpu(y), ref)) << what;
+        if (fused) EXPECT_TRUE(same_bits(get_gpu(ys), get_gpu(ys2))) << what << " swiglu";
+
+        // An op that rewrites the rows after the norm (here in place): the matmul sees the new rows.
+        if (kind == 2) gpu_->upload(xr.f(), x_host.data(), n * K * sizeof(float));
+        norm();
+        gpu_->add(h.rows(n, K), d.rows(n, K), h.rows(n, K));
+        gpu_->copy_rows(h.rows(n, K), h2.rows(n, K));
+        gpu_->matmul(*gg, h.rows(n, K), y3.rows(n, N));
+        gpu_->matmul(*gg, h2.rows(n, K), y4.rows(n, N));
+        const auto after_add = get_gpu(y3);
+        EXPECT_TRUE(same_bits(after_add, get_gpu(y4))) << what << " after an add";
+        EXPECT_FALSE(same_bits(after_add, ref)) << what;
+
+        // Rows rewritten where the backend cannot see it: with int8 matvecs the product is still that
+        // of the norm's output.
+        if (kind == 2) gpu_->upload(xr.f(), x_host.data(), n * K * sizeof(float));
+        norm();
+        ASSERT_TRUE(gpu_->synchronize().is_ok());
+        other->upload(h.f(), other_rows.data(), other_rows.size() * sizeof(float));
+        ASSERT_TRUE(other->synchronize().is_ok());
+        gpu_->matmul(*gg, h.rows(n, K), y5.rows(n, N));
+        const auto behind = get_gpu(y5);
+        if (options_.int8_matvec) {
+          EXPECT_TRUE(same_bits(behind, ref)) << what << ": the matmul read the norm's quantized copy";
+        } else {
+          EXPECT_FALSE(same_bits(behind, ref)) << what << ": without int8 matvecs nothing is quantized";
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, ElementwiseOpsMatchCpu) {
   const int64_t n = 7, C = 300, S = 310;
   const auto av = randn(n * S), bv = randn(n * S), yv = randn(n * C);

@@ -96,6 +96,7 @@ class CudaBackend final : public Backend {
     return b;
   }
   void upload(void* dst, const void* src, size_t bytes) override {
+    forget_quantized();
     if (!not_capturing("upload")) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
   }
@@ -105,9 +106,13 @@ class CudaBackend final : public Backend {
     check(cudaStreamSynchronize(stream_), "download");
   }
   void copy(void* dst, const void* src, size_t bytes) override {
+    forget_quantized();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
-  void fill_zero(void* dst, size_t bytes) override { check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero"); }
+  void fill_zero(void* dst, size_t bytes) override {
+    forget_quantized();
+    check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");
+  }
   Status synchronize() override {
     if (!capturing_) check(cudaStreamSynchronize(stream_), "synchronize");
     if (profiler_ && !capturing_) profiler_->resolve();
@@ -180,7 +185,7 @@ class CudaBackend final : public Backend {
 
   // ---- ops ----
   void embed(const Weight& table, const int32_t* tokens, int64_t n, Rows out) override {
-    auto prof = profile("embed");
+    auto prof = begin_op("embed");
     if (!expect(cuda::matmul_type_supported(table.type), "embed '{}': type {} not supported on CUDA", table.name,
                 ggml_type_name(table.type)) ||
         !expect(out.n_cols == table.n_in && out.n_rows >= n, "embed '{}': output [{}, {}] for {} tokens of width {}",
@@ -190,7 +195,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Weight& w, Rows x, Rows y) override {
-    auto prof = profile("matmul", &w);
+    auto prof = begin_op("matmul", &w, /*reads_only_x=*/true);
     if (!expect(w.present(), "matmul: weight '{}' is not loaded", w.name) ||
         !expect(cuda::matmul_type_supported(w.type), "matmul '{}': type {} not supported on CUDA", w.name,
                 ggml_type_name(w.type)) ||
@@ -201,59 +206,70 @@ class CudaBackend final : public Backend {
     const cuda::WeightView v = view(w);
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(v, x.n_rows));
     if (!s) return;
-    check(cuda::matmul_launch(v, mat(x), mat(y), {s, matmul_arena_.size}, cublas_, stream_), "matmul");
+    check(cuda::matmul_launch(v, mat(x), mat(y), {s, matmul_arena_.size}, cublas_, stream_, quantized(x)), "matmul");
+    matmul_wrote(y);
   }
 
   bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) override {
     const cuda::WeightView g = view(gate), u = view(up);
     if (!gate.present() || !up.present() || !cuda::matmul_swiglu_supported(g, u, x.n_rows)) return false;
-    auto prof = profile("matmul_swiglu", &gate);
+    auto prof = begin_op("matmul_swiglu", &gate, /*reads_only_x=*/true);
     if (!expect(x.n_cols == gate.n_in && y.n_cols == gate.n_out && x.n_rows == y.n_rows,
                 "matmul_swiglu '{}' [{} -> {}]: x [{}, {}], y [{}, {}]", gate.name, gate.n_in, gate.n_out, x.n_rows,
                 x.n_cols, y.n_rows, y.n_cols))
       return true;
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(g, x.n_rows));
     if (!s) return true;
-    check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_), "matmul_swiglu");
+    check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_, quantized(x)),
+          "matmul_swiglu");
+    matmul_wrote(y);
     return true;
   }
 
   void rms_norm(Rows x, const float* w, int64_t group, float eps, Rows y) override {
-    auto prof = profile("rms_norm");
+    auto prof = begin_op("rms_norm");
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, y), "rms_norm: group {} over [{}, {}] -> [{}, {}]",
                 group, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
       return;
-    check(cuda::rms_norm_launch(mat(x), nullptr, 0, w, group, eps, mat(y), stream_), "rms_norm");
+    bool q = false;
+    check(cuda::rms_norm_launch(mat(x), nullptr, 0, w, group, eps, mat(y), stream_, quantize_into(), &q), "rms_norm");
+    norm_wrote(y, q);
   }
   void gated_rms_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) override {
-    auto prof = profile("gated_rms_norm");
+    auto prof = begin_op("gated_rms_norm");
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, y) && same_shape(x, z),
                 "gated_rms_norm: group {} over [{}, {}]", group, x.n_rows, x.n_cols))
       return;
-    check(cuda::rms_norm_launch(mat(x), z.data, z.stride, w, group, eps, mat(y), stream_), "gated_rms_norm");
+    bool q = false;
+    check(cuda::rms_norm_launch(mat(x), z.data, z.stride, w, group, eps, mat(y), stream_, quantize_into(), &q),
+          "gated_rms_norm");
+    norm_wrote(y, q);
   }
   void add(Rows a, Rows b, Rows y) override { binary(cuda::Binary::Add, a, b, y, "add"); }
   void add_rms_norm(Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h) override {
-    auto prof = profile("add_rms_norm");
+    auto prof = begin_op("add_rms_norm");
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, delta) && same_shape(x, h),
                 "add_rms_norm: group {} over [{}, {}], delta [{}, {}] -> [{}, {}]", group, x.n_rows, x.n_cols,
                 delta.n_rows, delta.n_cols, h.n_rows, h.n_cols))
       return;
-    check(cuda::add_rms_norm_launch(mat(x), mat(delta), w, group, eps, mat(h), stream_), "add_rms_norm");
+    bool q = false;
+    check(cuda::add_rms_norm_launch(mat(x), mat(delta), w, group, eps, mat(h), stream_, quantize_into(), &q),
+          "add_rms_norm");
+    norm_wrote(h, q);
   }
   void swiglu(Rows gate, Rows up, Rows y) override { binary(cuda::Binary::SwiGlu, gate, up, y, "swiglu"); }
   void sigmoid_mul(Rows x, Rows gate, Rows y) override { binary(cuda::Binary::SigmoidMul, x, gate, y, "sigmoid_mul"); }
   void add_sigmoid_scaled(Rows x, Rows g, Rows y) override {
-    auto prof = profile("add_sigmoid_scaled");
+    auto prof = begin_op("add_sigmoid_scaled");
     if (!expect(same_shape(x, y) && g.n_rows == x.n_rows && g.n_cols >= 1, "add_sigmoid_scaled: shapes")) return;
     check(cuda::binary_launch(cuda::Binary::AddSigmoidScaled, mat(x), mat(g), mat(y), stream_), "add_sigmoid_scaled");
   }
   void f16_to_f32(const uint16_t* src, float* dst, int64_t n) override {
-    auto prof = profile("f16_to_f32");
+    auto prof = begin_op("f16_to_f32");
     check(cuda::f16_to_f32_launch(src, dst, n, stream_), "f16_to_f32");
   }
   void copy_rows(Rows src, Rows dst) override {
-    auto prof = profile("copy_rows");
+    auto prof = begin_op("copy_rows");
     if (!expect(same_shape(src, dst), "copy_rows: [{}, {}] -> [{}, {}]", src.n_rows, src.n_cols, dst.n_rows,
                 dst.n_cols) ||
         src.n_rows == 0)
@@ -263,14 +279,14 @@ class CudaBackend final : public Backend {
           "copy_rows");
   }
   void rope_neox(Rows x, int head_dim, int n_rot, const int32_t* positions, float freq_base) override {
-    auto prof = profile("rope_neox");
+    auto prof = begin_op("rope_neox");
     if (!expect(head_dim > 0 && x.n_cols % head_dim == 0 && n_rot % 2 == 0 && n_rot <= head_dim,
                 "rope_neox: head_dim {}, n_rot {}, {} columns", head_dim, n_rot, x.n_cols))
       return;
     check(cuda::rope_neox_launch(mat(x), head_dim, n_rot, positions, freq_base, stream_), "rope_neox");
   }
   void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) override {
-    auto prof = profile("kv_store");
+    auto prof = begin_op("kv_store");
     if (!expect(kv.type == GgmlType::F32 || kv.type == GgmlType::F16, "kv_store: KV type {} (F32 or F16)",
                 ggml_type_name(kv.type)) ||
         !expect(k.n_cols == kv.width && v.n_cols == kv.width && k.n_rows == v.n_rows, "kv_store: rows of {}/{} for width {}",
@@ -282,7 +298,7 @@ class CudaBackend final : public Backend {
   }
 
   void attention(const AttentionArgs& a) override {
-    auto prof = profile("attention");
+    auto prof = begin_op("attention");
     const int64_t width = static_cast<int64_t>(a.n_head) * a.head_dim;
     if (!expect(cuda::attention_head_dim_supported(a.head_dim), "attention: head_dim {} (32, 64, 128 or 256)",
                 a.head_dim) ||
@@ -324,7 +340,7 @@ class CudaBackend final : public Backend {
   }
 
   void causal_conv_silu(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) override {
-    auto prof = profile("causal_conv_silu");
+    auto prof = begin_op("causal_conv_silu");
     if (!expect(kernel >= 1 && kernel <= 8 && same_shape(x, y), "causal_conv_silu: kernel {} (1..8), [{}, {}] -> [{}, {}]",
                 kernel, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
       return;
@@ -333,7 +349,7 @@ class CudaBackend final : public Backend {
   }
 
   void gated_delta_net(const GdnArgs& a) override {
-    auto prof = profile("gated_delta_net");
+    auto prof = begin_op("gated_delta_net");
     const int64_t n = a.q.n_rows;
     if (!expect(cuda::gdn_head_dim_supported(a.head_dim), "gated_delta_net: head_dim {} (16..512, a power of 2)",
                 a.head_dim) ||
@@ -373,7 +389,7 @@ class CudaBackend final : public Backend {
   // weighted sum. One token: a matvec per (token, slot). Several (moe_grouped_min_tokens): grouped by
   // expert on the device, a grouped matmul per projection (gate and up fused).
   void moe_ffn(const MoeArgs& a) override {
-    auto prof = profile("moe_ffn");
+    auto prof = begin_op("moe_ffn");
     const int64_t n = a.x.n_rows, hidden = a.x.n_cols;
     if (!expect(a.router && a.gate_exps && a.up_exps && a.down_exps, "moe_ffn: missing weights") ||
         !expect(a.top_k >= 1 && a.top_k <= 32 && a.top_k <= a.router->n_out, "moe_ffn: top_k {} of {} experts",
@@ -455,7 +471,7 @@ class CudaBackend final : public Backend {
   }
 
   void argmax(Rows x, int32_t* out) override {
-    auto prof = profile("argmax");
+    auto prof = begin_op("argmax");
     if (!expect(x.n_cols > 0, "argmax: empty rows")) return;
     check(cuda::argmax_launch(mat(x), out, stream_), "argmax");
   }
@@ -464,11 +480,13 @@ class CudaBackend final : public Backend {
   Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) override {
     if (!error_.is_ok()) return synchronize().with_context("before capture");
     if (capturing_) return Status::error("capture: already capturing");
+    forget_quantized();  // the graph's first matmul must not rely on an eager norm
     cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
     if (e != cudaSuccess) return Status::errorf("capture: cudaStreamBeginCapture: {}", cudaGetErrorString(e));
     capturing_ = true;
     step();
     capturing_ = false;
+    forget_quantized();
     cudaGraph_t graph = nullptr;
     e = cudaStreamEndCapture(stream_, &graph);
     Status st = error_;
@@ -491,6 +509,7 @@ class CudaBackend final : public Backend {
 
   Status launch_graph(cudaGraphExec_t exec) {
     if (capturing_) return Status::error("replay: cannot replay a graph while capturing");
+    forget_quantized();  // the graph's norms rewrote the quantized rows
     const cudaError_t e = cudaGraphLaunch(exec, stream_);
     if (e != cudaSuccess) {
       cudaGetLastError();
@@ -535,6 +554,15 @@ class CudaBackend final : public Backend {
       return Status::error("cudaMalloc of the attention counters failed");
     owned_.push_back(counters);
     attention_counters_ = static_cast<unsigned*>(counters);
+    // HYSPEC_NORM_QUANTIZE=0 leaves the quantizing to the matvecs (to measure what it saves).
+    if (int8_matvec_ && cuda::env_int("HYSPEC_NORM_QUANTIZE", 1) != 0) {
+      // Zeroed: the rows past a norm's are the padding of the matvecs' 8-token tiles.
+      void* q = nullptr;
+      if (cudaMalloc(&q, cuda::quantized_x_bytes()) != cudaSuccess || cudaMemset(q, 0, cuda::quantized_x_bytes()) != cudaSuccess)
+        return Status::error("cudaMalloc of the quantized activations failed");
+      owned_.push_back(q);
+      quantized_x_ = cuda::quantized_x_at(q);
+    }
     // Enough for every decode-width op of the real models; prefill grows them once.
     if (!arena(matmul_arena_, size_t(8) << 20) || !arena(op_arena_, size_t(32) << 20)) return synchronize();
     return Status::ok();
@@ -558,15 +586,37 @@ class CudaBackend final : public Backend {
     return cuda::WeightView{static_cast<const uint8_t*>(w.data), w.type, w.n_in, w.n_out, w.row_bytes, int8_matvec_};
   }
 
-  // Brackets the enclosing op for the profiler (when on and not capturing).
-  cuda::OpProfiler::Scope profile(const char* op, const Weight* w = nullptr) {
+  // Every op starts here: brackets it for the profiler (when on and not capturing) and forgets the
+  // rows the last norm quantized, which the op may rewrite (matmuls, which only read their input,
+  // keep them: reads_only_x).
+  cuda::OpProfiler::Scope begin_op(const char* op, const Weight* w = nullptr, bool reads_only_x = false) {
+    if (!reads_only_x) forget_quantized();
     return cuda::OpProfiler::Scope(profiler_ && !capturing_ ? profiler_.get() : nullptr, op, w ? &w->name : nullptr);
   }
+
+  // ---- rows quantized by a norm (see quantized_rows_) ----
+  const cuda::QuantizedX* quantize_into() const { return quantized_x_.d ? &quantized_x_ : nullptr; }
+  void norm_wrote(Rows y, bool quantized) {
+    quantized_rows_ = quantized ? y : Rows();
+  }
+  const cuda::QuantizedX* quantized(Rows x) const {
+    const Rows& q = quantized_rows_;
+    const bool same = q.data && x.data == q.data && x.n_rows == q.n_rows && x.n_cols == q.n_cols && x.stride == q.stride;
+    return same ? &quantized_x_ : nullptr;
+  }
+  // After a matmul wrote y: the quantized rows are stale if y overlaps them.
+  void matmul_wrote(Rows y) {
+    const Rows& q = quantized_rows_;
+    if (!q.data || y.n_rows == 0) return;
+    auto end = [](const Rows& r) { return r.data + (r.n_rows - 1) * r.stride + r.n_cols; };
+    if (y.data < end(q) && q.data < end(y)) forget_quantized();
+  }
+  void forget_quantized() { quantized_rows_ = Rows(); }
 
   static bool same_shape(const Rows& a, const Rows& b) { return a.n_rows == b.n_rows && a.n_cols == b.n_cols; }
 
   void binary(cuda::Binary op, Rows a, Rows b, Rows y, const char* what) {
-    auto prof = profile(what);
+    auto prof = begin_op(what);
     if (!expect(same_shape(a, b) && same_shape(a, y), "{}: [{}, {}], [{}, {}] -> [{}, {}]", what, a.n_rows, a.n_cols,
                 b.n_rows, b.n_cols, y.n_rows, y.n_cols))
       return;
@@ -616,6 +666,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::OpProfiler> profiler_;  // HYSPEC_CUDA_PROFILE only
   Arena matmul_arena_, op_arena_;
   unsigned* attention_counters_ = nullptr;
+  // The rows the last norm also quantized for the int8 matvecs (into quantized_x_), while no op since
+  // may have rewritten them: a matmul of exactly these rows reads quantized_x_ instead of quantizing
+  // its input. Every other op, memory op, capture and replay forgets them.
+  cuda::QuantizedX quantized_x_;
+  Rows quantized_rows_;
   std::vector<void*> owned_;
 };
 

@@ -7,6 +7,7 @@
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
+#include "backend/cuda/q8k.cuh"
 
 namespace hyspec::cuda {
 namespace {
@@ -35,6 +36,7 @@ struct NormArgs {
   float eps;
   int tpg;  // threads per group: 32 (a warp per group) or blockDim.x (a block per group), from group only
   int vec4;  // > 0: every thread's elements as `vec4` float4s, all loaded at once (see the kernel)
+  QuantizedX qx;  // qx.d set: also quantize y for the int8 matvecs (vec4 form; see norm_launch)
 };
 constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip form
 
@@ -55,9 +57,29 @@ __device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial
   return 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
 }
 
+// The block's groups (whole 256-blocks of one row, staged in span[] by the norm) -> Q8K rows of qx in
+// every XOrder, a warp per 256-block: the codes quantize_q8k_kernel would make of the stored y.
+__device__ void quantize_span(const NormArgs& a, const float* span) {
+  __syncthreads();  // span[] is complete
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t groups = blockDim.x / a.tpg, g0 = blockIdx.x * groups;
+  const int64_t K = a.x.cols, r = g0 / a.groups_per_row, c0 = g0 % a.groups_per_row * a.group;
+  for (int64_t j = warp; j < groups * a.group / 256; j += blockDim.x / 32) {
+    const float4 v0 = reinterpret_cast<const float4*>(span + 256 * j)[2 * lane];
+    const float4 v1 = reinterpret_cast<const float4*>(span + 256 * j)[2 * lane + 1];
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    const Q8KLane q = quantize_lane(v);
+    const int64_t b = r * (K / 256) + (c0 / 256 + j);  // the 256-block of the Q8K rows
+#pragma unroll
+    for (int o = 0; o < 3; ++o) store_codes(q, lane, a.qx.q[o] + b * 256, static_cast<XOrder>(o));
+    store_sums(q, lane, reinterpret_cast<__half*>(a.qx.bs) + b * 16, a.qx.d + b);
+  }
+}
+
 template <NormKind kKind>
 __global__ void rms_norm_kernel(NormArgs a) {
   __shared__ float partial[32];
+  extern __shared__ __align__(16) float span[];  // quantizing: the block's y values
   pdl_wait();  // (launched with PDL: the next matvec streams its weights meanwhile)
   pdl_trigger();
   const int tpg = a.tpg, lt = threadIdx.x % tpg;
@@ -106,7 +128,10 @@ __global__ void rms_norm_kernel(NormArgs a) {
         if constexpr (kKind == NormKind::Gated) o[e] *= silu(zk[e]);
       }
       *reinterpret_cast<float4*>(yr + (int64_t{k} * tpg + lt) * 4) = make_float4(o[0], o[1], o[2], o[3]);
+      if (a.qx.d)
+        reinterpret_cast<float4*>(span + threadIdx.x / tpg * a.group)[k * tpg + lt] = make_float4(o[0], o[1], o[2], o[3]);
     }
+    if (a.qx.d) quantize_span(a, span);  // every group of the block is valid (norm_launch)
     return;
   }
   if (valid) {
@@ -309,30 +334,38 @@ __global__ void gather_rows_kernel(Mat x, const int32_t* __restrict__ order, int
 
 template <NormKind kKind>
 cudaError_t norm_launch(Mat x, const float* z, int64_t z_stride, const float* w, int64_t group, float eps, Mat y,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const QuantizedX* qx, bool* quantized) {
   if (x.rows == 0) return cudaSuccess;
-  NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, group > 512 ? 256 : 32, 0};
+  NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, group > 512 ? 256 : 32, 0, QuantizedX{}};
   // The one-round-trip form where every row, group and vector is whole, 16-byte aligned float4s.
   auto aligned = [](const void* p, int64_t stride) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && stride % 4 == 0; };
   if (group % (4 * a.tpg) == 0 && group / (4 * a.tpg) <= kNormMaxVec4 && aligned(x.data, x.stride) &&
       aligned(y.data, y.stride) && (!z || aligned(z, z_stride)) && (!w || aligned(w, 4)))
     a.vec4 = static_cast<int>(group / (4 * a.tpg));
-  const int64_t groups = x.rows * a.groups_per_row;
+  const int64_t groups = x.rows * a.groups_per_row, groups_per_block = 256 / a.tpg;
+  // Quantizing for the int8 matvecs: a block's groups must be whole 256-blocks of one row (a warp
+  // per group: 8 groups to a block, in one row), and the rows few enough for the matvecs.
+  const int64_t span = groups_per_block * group;
+  const bool quantize = qx && a.vec4 > 0 && x.rows <= kInt8MvMaxWidth && x.cols % 256 == 0 &&
+                        x.cols <= kQuantizedXMaxK && span % 256 == 0 && a.groups_per_row % groups_per_block == 0;
+  if (quantized) *quantized = quantize;
+  if (quantize) a.qx = *qx;
   const unsigned blocks = a.tpg == 32 ? grid_for(groups, 8) : static_cast<unsigned>(groups);
-  return launch_pdl(rms_norm_kernel<kKind>, dim3(blocks), dim3(256), 0, stream, use_pdl(), a);
+  const size_t smem = quantize ? static_cast<size_t>(span) * sizeof(float) : 0;
+  return launch_pdl(rms_norm_kernel<kKind>, dim3(blocks), dim3(256), smem, stream, use_pdl(), a);
 }
 
 }  // namespace
 
 cudaError_t rms_norm_launch(Mat x, const float* z, int64_t z_stride, const float* w, int64_t group, float eps, Mat y,
-                            cudaStream_t stream) {
-  if (z) return norm_launch<NormKind::Gated>(x, z, z_stride, w, group, eps, y, stream);
-  return norm_launch<NormKind::Plain>(x, nullptr, 0, w, group, eps, y, stream);
+                            cudaStream_t stream, const QuantizedX* qx, bool* quantized) {
+  if (z) return norm_launch<NormKind::Gated>(x, z, z_stride, w, group, eps, y, stream, qx, quantized);
+  return norm_launch<NormKind::Plain>(x, nullptr, 0, w, group, eps, y, stream, qx, quantized);
 }
 
 cudaError_t add_rms_norm_launch(Mat x, Mat delta, const float* w, int64_t group, float eps, Mat h,
-                                cudaStream_t stream) {
-  return norm_launch<NormKind::AddResidual>(x, delta.data, delta.stride, w, group, eps, h, stream);
+                                cudaStream_t stream, const QuantizedX* qx, bool* quantized) {
+  return norm_launch<NormKind::AddResidual>(x, delta.data, delta.stride, w, group, eps, h, stream, qx, quantized);
 }
 
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream) {

@@ -42,10 +42,23 @@ bool matmul_type_supported(GgmlType t);
 // Bytes of scratch matmul_launch needs for n rows of x.
 size_t matmul_scratch_bytes(const WeightView& w, int64_t n);
 
+// Rows a norm quantized for the int8 matvecs as it wrote them (rms_norm_launch with qx; q8k.cuh):
+// the codes in each XOrder, and the scales and 16-code sums they share, for up to kInt8MvMaxWidth
+// rows of K <= kQuantizedXMaxK elements, row-major with the row length K as stride. A matmul of those
+// rows reads them instead of quantizing its input again.
+constexpr int64_t kQuantizedXMaxK = 16384;
+struct QuantizedX {
+  int8_t* q[3] = {nullptr, nullptr, nullptr};  // by XOrder: natural, fragment-major Q4_K/Q5_K, Q6_K
+  float* d = nullptr;
+  uint16_t* bs = nullptr;  // f16
+};
+size_t quantized_x_bytes();
+QuantizedX quantized_x_at(void* base);  // the layout in quantized_x_bytes() at base (256-byte aligned)
+
 // y[t] = W x[t] for t < x.rows. Widths <= 32 read each weight byte once (tensor-core matvec); wider
-// inputs dequantise weight tiles to f16 and call cuBLAS.
+// inputs dequantise weight tiles to f16 and call cuBLAS. qx: x as a norm quantized it, or null.
 cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scratch, cublasHandle_t cublas,
-                          cudaStream_t stream);
+                          cudaStream_t stream, const QuantizedX* qx = nullptr);
 
 // y[t] = silu(Wg x[t]) * (Wu x[t]) in one pass over both weights (decode/verify widths). Supported when
 // gate and up have the same type and shape, rows are whole 32-element chunks and n <= kMmvSwiGluMaxWidth; scratch as
@@ -53,7 +66,7 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
 constexpr int64_t kMmvSwiGluMaxWidth = 24;
 bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64_t n);
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, const QuantizedX* qx = nullptr);
 
 // Q4_K, Q5_K and Q6_K at widths 1..kInt8MvMaxWidth (matvec_int8.cu): activations quantized to int8 per 256
 // elements, integer dot products (dp4a / int8 mma); matmul_launch and matmul_swiglu_launch route such
@@ -63,7 +76,7 @@ constexpr int64_t kInt8MvMaxWidth = 32;
 bool int8_matvec_supported(const WeightView& w, int64_t n);
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream);
+                               cudaStream_t stream, const QuantizedX* qx = nullptr);
 
 // Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div]; with `up` (same type
 // and shape as w = gate, not F32), y[b] = silu(Wg x) * (Wu x) in the same pass.
@@ -84,12 +97,16 @@ cudaError_t matmul_grouped_launch(const WeightView& w, const uint8_t* up, const 
 cudaError_t embed_launch(const WeightView& table, const int32_t* tokens, Mat out, cudaStream_t stream);
 
 // ---- elementwise and normalisation (elementwise.cu) ----
+// With qx, the norms also quantize their output into *qx where they can (*quantized says whether they
+// did): at most kInt8MvMaxWidth rows of K % 256 == 0 and K <= kQuantizedXMaxK, whole float4 groups
+// (one round trip), a block's groups whole 256-blocks of one row.
 cudaError_t rms_norm_launch(Mat x, const float* z_gate, int64_t z_stride, const float* w, int64_t group, float eps,
-                            Mat y, cudaStream_t stream);  // z_gate == nullptr: plain rms norm
+                            Mat y, cudaStream_t stream, const QuantizedX* qx = nullptr,
+                            bool* quantized = nullptr);  // z_gate == nullptr: plain rms norm
 // x += delta in place, then h = rms_norm(x) * w: the same bits as binary_launch(Add, x, delta, x) followed
 // by rms_norm_launch(x, nullptr, 0, w, group, eps, h), in one launch.
 cudaError_t add_rms_norm_launch(Mat x, Mat delta, const float* w, int64_t group, float eps, Mat h,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const QuantizedX* qx = nullptr, bool* quantized = nullptr);
 enum class Binary { Add, SwiGlu, SigmoidMul, AddSigmoidScaled };
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream);
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,

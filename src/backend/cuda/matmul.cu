@@ -657,7 +657,7 @@ size_t matmul_scratch_bytes(const WeightView& w, int64_t n) {
 }
 
 cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scratch, cublasHandle_t cublas,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const QuantizedX* qx) {
   cudaError_t err = cudaErrorInvalidValue;
   if (x.rows == 0) return cudaSuccess;
   if (!fast_path(w)) {
@@ -670,7 +670,7 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
     });
     return err;
   }
-  if (int8_matvec_supported(w, x.rows)) return int8_matvec_launch(w, nullptr, x, y, scratch.data, stream);
+  if (int8_matvec_supported(w, x.rows)) return int8_matvec_launch(w, nullptr, x, y, scratch.data, stream, qx);
   auto* xh = static_cast<__half*>(scratch.data);
   with_type(w.type, [&](auto tag) {
     using T = decltype(tag);
@@ -691,9 +691,9 @@ bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64
 }
 
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, const QuantizedX* qx) {
   if (!matmul_swiglu_supported(gate, up, x.rows)) return cudaErrorInvalidValue;
-  if (int8_matvec_supported(gate, x.rows)) return int8_matvec_launch(gate, up.data, x, y, scratch.data, stream);
+  if (int8_matvec_supported(gate, x.rows)) return int8_matvec_launch(gate, up.data, x, y, scratch.data, stream, qx);
   cudaError_t err = cudaErrorInvalidValue;
   with_type(gate.type, [&](auto tag) {
     using T = decltype(tag);

@@ -34,6 +34,7 @@
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
+#include "backend/cuda/q8k.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace hyspec::cuda {
@@ -61,26 +62,13 @@ using Q5KLayout = BlockLayout<176>;  // d, dmin (f16), scales[12], qh[32], qs[12
 using Q6KLayout = BlockLayout<210>;  // ql[128], qh[64], scales[16] (int8), d (f16)
 static_assert(Q6KLayout::kPieces == 14 && Q6KLayout::kSlotBytes == 240);
 
-// Quantized activations of n tokens: q [n, K] int8, d [n, K/256] f32 scales, bs [n, K/16] f16 sums of
-// 16 consecutive codes (|sum| <= 2032: exact in f16). quantize_q8k_kernel writes padded_tokens(n)
-// rows, the ones past n all zero, so that the tensor-core kernels need no branch per 8-token tile.
-// The codes of a 256-element block are stored in one of three orders (XOrder): natural for the dp4a
-// kernels, or permuted so that a tensor-core lane's B fragments of a half super-block are 32
-// contiguous bytes (two 16-byte loads instead of 4 x 8 or 8 x 4 bytes).
-struct Q8K {
-  int8_t* q;
-  float* d;
-  __half* bs;
-};
-enum class XOrder : int {
-  kNatural,  // element o at o
-  kFragQ4,   // o = 32i + 8t + e (sub-block i, lane t's 8 codes) at 64t + 8i + e
-  kFragQ6,   // o = 128h + 16j + 4t + e (half h, sub-block j, lane t's 4 codes) at 128h + 32t + 4j + e
-};
+// The activations of n tokens as Q8K (q8k.cuh). quantize_q8k_kernel writes padded_tokens(n) rows, the
+// ones past n all zero, so that the tensor-core kernels need no branch per 8-token tile; rows
+// quantized by a norm (QuantizedX) hold earlier rows' codes there instead, which is as good: a padding
+// token's codes only reach its own outputs, which are never written.
 
-// One 256-element block of x -> q (8 codes per lane, lane l: elements 8l..8l+7, stored in `order`),
-// its 16-element code sums and its scale: q = round(x / d), d = max|x| / 127. The quantize kernel and
-// the dp4a kernel's in-block copy both call it, so their codes are the same bits.
+// One 256-element block of x -> q (stored in `order`), its 16-element code sums and its scale. The
+// quantize kernel and the dp4a kernel's in-block copy both call it, so their codes are the same bits.
 __device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int lane, int8_t* q, __half* bs,
                                                float* d_out, XOrder order = XOrder::kNatural) {
   float v[8];
@@ -91,32 +79,9 @@ __device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = xb[8 * lane + e];
   }
-  float amax = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.0f;
-  uint32_t packed[2] = {0u, 0u};
-  int sum = 0;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const int qv = amax > 0.0f ? __float2int_rn(v[e] / d) : 0;
-    sum += qv;
-    packed[e / 4] |= (static_cast<uint32_t>(qv) & 0xffu) << (8 * (e % 4));
-  }
-  if (order == XOrder::kNatural) {
-    *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(packed[0], packed[1]);
-  } else if (order == XOrder::kFragQ4) {  // i = lane / 4, t = lane % 4
-    *reinterpret_cast<uint2*>(q + 64 * (lane & 3) + 8 * (lane >> 2)) = make_uint2(packed[0], packed[1]);
-  } else {  // h = lane / 16, j = (lane % 16) / 2, t = 2 (lane % 2) and t + 1
-    int8_t* p = q + 128 * (lane >> 4) + 64 * (lane & 1) + 4 * ((lane & 15) >> 1);
-    *reinterpret_cast<uint32_t*>(p) = packed[0];
-    *reinterpret_cast<uint32_t*>(p + 32) = packed[1];
-  }
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  if ((lane & 1) == 0) bs[lane / 2] = __int2half_rn(sum);
-  if (lane == 0) *d_out = d;
+  const Q8KLane r = quantize_lane(v);
+  store_codes(r, lane, q, order);
+  store_sums(r, lane, bs, d_out);
 }
 
 // Block b (token b / (K/256), block b % (K/256)) of x [n, K] into out.
@@ -165,8 +130,9 @@ struct Int8MvArgs {
 // rings measured the same or slower on an H100: one token, 4096 x 12288, 1.97 TB/s at 2 slots, 1.88
 // at 4, 1.72 at 6). A copy instruction of the warp moves whole blocks of kRowsPerCopy rows (lane l:
 // row l / kPieces of the group, piece l % kPieces): each row's bytes stay one contiguous request (16
-// rows x 32 bytes per instruction measured 20% slower at one token), and a lane's address is its
-// constant offset plus a per-step base.
+// rows x 32 bytes per instruction measured 20% slower at one token). Addresses are the tile's first
+// row (set once per tile) plus 32-bit offsets: the lane's row, the copy's group and the step (the
+// 64-bit arithmetic per copy and step was ~130 of ~655 instructions per step of the 17-token kernel).
 template <class L, bool SW>
 struct StepRing {
   static constexpr int kStages = 2;
@@ -181,6 +147,10 @@ struct StepRing {
   int64_t my_tiles, total, issued = 0, consumed = 0, i_tile;
   int i_m = 0;
   int q, p;  // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
+  uint32_t lane_row, group_stride;  // q * row_bytes, kRowsPerCopy * row_bytes
+  const uint8_t* gate;  // the issuing tile's first row (SW: of the gate weights)
+  const uint8_t* up;    // SW: the up weights' first row of the tile, 8 rows back (slot rows 8..15)
+  uint32_t copies;      // bit c: copy c holds a row of the issuing tile (rows past the matrix are not copied)
 
   __device__ StepRing(const Int8MvArgs& args, uint8_t* smem)
       : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(blockIdx.x) {
@@ -191,6 +161,21 @@ struct StepRing {
     cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
     total = my_tiles * cnt;
     q = lane / kPieces, p = lane - q * kPieces;
+    lane_row = static_cast<uint32_t>(q * a.row_bytes);
+    group_stride = static_cast<uint32_t>(kRowsPerCopy * a.row_bytes);
+    start_tile();
+  }
+  __device__ void start_tile() {
+    const int64_t first = i_tile * kOut, rb = static_cast<int64_t>(a.row_bytes);
+    gate = a.w + first * rb;
+    if constexpr (SW) up = a.w2 + first * rb - 8 * rb;
+    const int64_t rows = min(int64_t{kOut}, a.n_out - first);
+    copies = 0;
+#pragma unroll
+    for (int c = 0; c < kCopies; ++c) {
+      const int rr = c * kRowsPerCopy + q;  // the slot row
+      if (q < kRowsPerCopy && rr < kRows && (SW ? (rr & 7) < rows : rr < rows)) copies |= 1u << c;
+    }
   }
   // Row rr of a tile's slots: the weight row it holds (SW: 8 gate rows, then the same 8 up rows).
   __device__ const uint8_t* row_src(int64_t tile, int rr) const {
@@ -203,31 +188,25 @@ struct StepRing {
   }
   __device__ void issue() {
     if (issued < total) {
-      const int64_t rb = static_cast<int64_t>(a.row_bytes);
-      const int64_t step = (ks + int64_t{kWarps} * i_m) * L::kBlockBytes;
-      // Tile rows past the matrix (its last tile) are not copied: their outputs are never written.
-      const int64_t first = i_tile * kOut;
-      const int rows = static_cast<int>(min(int64_t{kOut}, a.n_out - first));
-      const uint8_t* gate = a.w + first * rb + step + q * rb;
-      const uint8_t* up = SW ? a.w2 + first * rb + step + q * rb - 8 * rb : nullptr;
+      const uint32_t step = static_cast<uint32_t>(ks + kWarps * i_m) * L::kBlockBytes;
       uint8_t* dst = ring + (issued & 1) * kRows * L::kSlotBytes + q * L::kSlotBytes + 16 * p;
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) {
-        const int rr = c * kRowsPerCopy + q;  // the slot row
-        const bool in = q < kRowsPerCopy && rr < kRows && (SW ? (rr & 7) < rows : rr < rows);
-        const uint8_t* src = (SW && c * kRowsPerCopy >= 8 ? up : gate) + (c * kRowsPerCopy) * rb;
+        if (!((copies >> c) & 1u)) continue;
+        const uint8_t* base = gate;
         if constexpr (SW) {  // a group may straddle the gate/up boundary
-          if (c * kRowsPerCopy < 8 && (c + 1) * kRowsPerCopy > 8 && rr >= 8) src = up + (c * kRowsPerCopy) * rb;
+          if (c * kRowsPerCopy + q >= 8) base = up;
         }
-        if constexpr (L::kAligned) {
-          if (in) cp_async16(dst + c * kRowsPerCopy * L::kSlotBytes, src + 16 * p);
+        if constexpr (L::kAligned) {  // the lane's piece of the row's block of this step
+          cp_async16(dst + c * kRowsPerCopy * L::kSlotBytes, base + (lane_row + 16 * p + c * group_stride + step));
         } else {  // the 16-byte aligned cover of the block
+          const uint8_t* src = base + (lane_row + c * group_stride + step);
           const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 15);
-          if (in && 16 * p < mis + L::kBlockBytes) cp_async16(dst + c * kRowsPerCopy * L::kSlotBytes, src - mis + 16 * p);
+          if (16 * p < mis + L::kBlockBytes) cp_async16(dst + c * kRowsPerCopy * L::kSlotBytes, src - mis + 16 * p);
         }
       }
       ++issued;
-      if (++i_m == cnt) i_m = 0, i_tile += gridDim.x;
+      if (++i_m == cnt) i_m = 0, i_tile += gridDim.x, start_tile();
     }
     cp_async_commit();  // one group per call, empty or not, so wait_group counts items
   }
@@ -854,8 +833,20 @@ size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n) {
   return q_bytes(n, w.n_in) + d_bytes(n, w.n_in) + bs_bytes(n, w.n_in);
 }
 
+size_t quantized_x_bytes() { return 3 * q_bytes(kInt8MvMaxWidth, kQuantizedXMaxK) + d_bytes(kInt8MvMaxWidth, kQuantizedXMaxK) +
+                                   bs_bytes(kInt8MvMaxWidth, kQuantizedXMaxK); }
+
+QuantizedX quantized_x_at(void* base) {
+  char* p = static_cast<char*>(base);
+  QuantizedX qx;
+  for (int8_t*& q : qx.q) q = reinterpret_cast<int8_t*>(p), p += q_bytes(kInt8MvMaxWidth, kQuantizedXMaxK);
+  qx.d = reinterpret_cast<float*>(p);
+  qx.bs = reinterpret_cast<uint16_t*>(p + d_bytes(kInt8MvMaxWidth, kQuantizedXMaxK));
+  return qx;
+}
+
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const QuantizedX* qx) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
@@ -865,16 +856,19 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
                     : w.type == GgmlType::Q5_K ? dp4a_fits<Q5KLayout>()
                                                : dp4a_fits<Q4KLayout>();
   const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX && fits;
-  if (!dp4a || K > kInBlockMaxK) {  // quantize x once, for every block
+  const XOrder order = dp4a                         ? XOrder::kNatural
+                       : w.type == GgmlType::Q6_K ? XOrder::kFragQ6
+                                                  : XOrder::kFragQ4;
+  if (qx && K <= kQuantizedXMaxK) {  // the norm that wrote x quantized it too
+    a.x = Q8K{qx->q[static_cast<int>(order)], qx->d, reinterpret_cast<__half*>(qx->bs)};
+    a.xf = nullptr;
+  } else if (!dp4a || K > kInBlockMaxK) {  // quantize x once, for every block
     char* base = static_cast<char*>(scratch);
     a.x = Q8K{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes(n, K)),
               reinterpret_cast<__half*>(base + q_bytes(n, K) + d_bytes(n, K))};
     a.xf = nullptr;
     const int64_t blocks = padded_tokens(n) * (K / 256);
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks + 7) / 8, 1024)));
-    const XOrder order = dp4a                         ? XOrder::kNatural
-                         : w.type == GgmlType::Q6_K ? XOrder::kFragQ6
-                                                    : XOrder::kFragQ4;
     const cudaError_t err = launch_pdl(quantize_q8k_kernel, grid, dim3(256), 0, stream, true,
                                        static_cast<const float*>(x.data), x.stride, n, K, a.x, order);
     if (err != cudaSuccess) return err;
