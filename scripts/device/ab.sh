@@ -1,40 +1,55 @@
 #!/usr/bin/env bash
-# A/B of two hyspec builds in one device call (carry [".device", ".anchor"]): .device/bin holds the new
-# build (hyspec, test_backend) and the old one as hyspec_old, test_backend_old, e.g. made here with
-#   git stash; cmake --build build-cuda --target hyspec test_backend; strip -o /tmp/oldbin/hyspec_old ...;
-#   git stash pop; HYSPEC_DEVICE_BINS=test_backend HYSPEC_DEVICE_FIXTURES= scripts/device/pack.sh
-#   (then add /tmp/oldbin/* to .device/bin.tar.xz)
-# There: the anchor makes the 9B GGUFs (no llama-bench) while the CUDA tests of the new build and the
-# interleaved matvec kernel benches run; then hyspec bench on 9B Q4_K_M, old / new / new with AB_ENV
-# (e.g. "HYSPEC_NORM_QUANTIZE=0"), interleaved, AB_ROUNDS times.
+# A/B of hyspec builds in one device call (carry [".device", ".anchor"]): .device/bin holds each
+# variant V as hyspec_V and test_backend_V (AB_VARIANTS="V1 V2 ...", the first the baseline), e.g.
+# made here with `git stash` / a build-time switch, `strip -o /tmp/var/hyspec_V build-cuda/hyspec`,
+# then HYSPEC_DEVICE_BINS=test_backend HYSPEC_DEVICE_FIXTURES=quants scripts/device/pack.sh and the
+# variants added to .device/bin.tar.xz.
+# There: the anchor makes the 9B GGUFs (no llama-bench) while each variant's int8/norm CUDA tests and
+# the interleaved matvec kernel benches run; then hyspec bench on 9B Q4_K_M, variants interleaved,
+# AB_ROUNDS times; AB_NCU="TYPE:WIDTH:SHAPE ..." adds ncu's per-instruction view of the last variant.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 D=.device
 [ -d "$D/bin" ] || tar xJf "$D/bin.tar.xz" -C "$D"
 export LD_LIBRARY_PATH="$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export OUT=${OUT:-/tmp/hyspec-out}; mkdir -p "$OUT"
+export HYSPEC_FIXTURES="${HYSPEC_FIXTURES:-$PWD/$D/fixtures}"
+V=${AB_VARIANTS:?variants}
 ANCHOR_MODELS_ONLY=1 bash bench/compare_llamacpp.sh start 9b
-echo "== test_backend (cuda)"
-HYSPEC_TEST_BACKEND=cuda timeout 300 "$D/bin/test_backend" --gtest_brief=1 2>&1 | grep -E "^\[  (PASSED|FAILED)  \]|Failure$|Expected|Which is|where" | head -30
-echo "== matvec kernel benches, old / new interleaved (GB/s)"
+for v in $V; do  # (a variant may come without test binaries)
+  [ -x "$D/bin/test_backend_$v" ] || continue
+  echo "== test_backend_$v (cuda): ${AB_TESTS:=Matvec/*:CudaBackendTest.*Norm*:CudaBackendTest.Captured*}"
+  HYSPEC_TEST_BACKEND=cuda timeout 200 "$D/bin/test_backend_$v" --gtest_brief=1 --gtest_filter="$AB_TESTS" 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)  \]" | sort -u | head -12
+  [ -x "$D/bin/test_model_$v" ] || continue
+  echo "== test_model_$v (cuda)"
+  HYSPEC_TEST_BACKEND=cuda timeout 200 "$D/bin/test_model_$v" --gtest_brief=1 2>&1 | grep -E "^\[  (PASSED|FAILED)  \]" | sort -u | head -12
+done
+echo "== matvec kernel benches, variants interleaved (GB/s)"
 for type in Q4_K Q6_K; do
-  for b in test_backend_old test_backend test_backend_old test_backend; do
-    echo "-- $b"
+  for v in $V; do
+    [ -x "$D/bin/test_backend_$v" ] || continue
+    echo "-- $v"
     HYSPEC_CUDA_BENCH=1 HYSPEC_BENCH_TYPE=$type HYSPEC_BENCH_WIDTHS=1,2,3,8,16,17,24,32 \
-      timeout 120 "$D/bin/$b" --gtest_filter='CudaBench.MatmulDecode:CudaBench.MatmulSwiGlu' 2>&1 | grep -E "^\| |BENCH swiglu"
+      timeout 120 "$D/bin/test_backend_$v" --gtest_filter='CudaBench.MatmulDecode:CudaBench.MatmulSwiGlu' 2>&1 |
+      grep -E "^\| |BENCH swiglu $type"
   done
 done | tee "$OUT/kernels_ab.md"
 for _ in $(seq 1 100); do [ -f /tmp/anchor/anchor.done ] && break; sleep 5; done
 M=/tmp/anchor/9b-q4km.gguf
 [ -f "$M" ] || { echo "no 9B model: $(tail -3 /tmp/anchor/anchor.err)"; exit 3; }
-echo "== hyspec bench 9B Q4_K_M: old / new / new with ${AB_ENV:-(nothing)}"
+echo "== hyspec bench 9B Q4_K_M (tg128, verify-k: t/s, ms/step, x tg step)"
 for round in $(seq 1 "${AB_ROUNDS:-2}"); do
-  for v in old new ab; do
-    bin="$D/bin/hyspec"; envs=""
-    [ "$v" = old ] && bin="$D/bin/hyspec_old"
-    [ "$v" = ab ] && { [ -n "${AB_ENV:-}" ] || continue; envs=$AB_ENV; }
+  for v in $V; do
     echo "-- round $round: $v"
-    env $envs "$bin" bench -m "$M" --backend cuda -p 0 -n 128 --verify 1,4,8,16 -c 4096 --kv-type f16 2>&1 |
+    "$D/bin/hyspec_$v" bench -m "$M" --backend cuda -p 0 -n 128 --verify 1,4,8,16 -c 4096 --kv-type f16 2>&1 |
       grep -E "tg128|verify" | awk -F'|' '{print $4, $5, $6, $7}'
   done
 done | tee "$OUT/e2e_ab.md"
+last=${V##* }
+for spec in ${AB_NCU:-}; do
+  IFS=: read -r ty w sh <<< "$spec"
+  echo "== ncu source view ($last) $ty n=$w shape $sh"
+  cp "$D/bin/test_backend_$last" "$D/bin/test_backend"
+  bash bench/ncu_source.sh "$ty" "$w" "$sh" 2>&1 | tail -3
+done

@@ -63,13 +63,13 @@ __device__ void quantize_span(const NormArgs& a, const float* span) {
   __syncthreads();  // span[] is complete
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t groups = blockDim.x / a.tpg, g0 = blockIdx.x * groups;
-  const int64_t K = a.x.cols, r = g0 / a.groups_per_row, c0 = g0 % a.groups_per_row * a.group;
+  const int64_t r = g0 / a.groups_per_row, c0 = g0 % a.groups_per_row * a.group;
   for (int64_t j = warp; j < groups * a.group / 256; j += blockDim.x / 32) {
     const float4 v0 = reinterpret_cast<const float4*>(span + 256 * j)[2 * lane];
     const float4 v1 = reinterpret_cast<const float4*>(span + 256 * j)[2 * lane + 1];
     const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     const Q8KLane q = quantize_lane(v);
-    const int64_t b = r * (K / 256) + (c0 / 256 + j);  // the 256-block of the Q8K rows
+    const int64_t b = (c0 / 256 + j) * padded_tokens(a.x.rows) + r;  // the 256-block of the Q8K rows
 #pragma unroll
     for (int o = 0; o < 3; ++o) store_codes(q, lane, a.qx.q[o] + b * 256, static_cast<XOrder>(o));
     store_sums(q, lane, reinterpret_cast<__half*>(a.qx.bs) + b * 16, a.qx.d + b);

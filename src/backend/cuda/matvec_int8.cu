@@ -62,10 +62,9 @@ using Q5KLayout = BlockLayout<176>;  // d, dmin (f16), scales[12], qh[32], qs[12
 using Q6KLayout = BlockLayout<210>;  // ql[128], qh[64], scales[16] (int8), d (f16)
 static_assert(Q6KLayout::kPieces == 14 && Q6KLayout::kSlotBytes == 240);
 
-// The activations of n tokens as Q8K (q8k.cuh). quantize_q8k_kernel writes padded_tokens(n) rows, the
-// ones past n all zero, so that the tensor-core kernels need no branch per 8-token tile; rows
-// quantized by a norm (QuantizedX) hold earlier rows' codes there instead, which is as good: a padding
-// token's codes only reach its own outputs, which are never written.
+// The activations of n tokens as Q8K (q8k.cuh) of pitch padded_tokens(n). quantize_q8k_kernel writes the
+// rows past n as zeros; rows quantized by a norm (QuantizedX) hold earlier rows' codes there instead,
+// which is as good: a padding token's codes only reach its own outputs, which are never written.
 
 // One 256-element block of x -> q (stored in `order`), its 16-element code sums and its scale. The
 // quantize kernel and the dp4a kernel's in-block copy both call it, so their codes are the same bits.
@@ -84,25 +83,27 @@ __device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int
   store_sums(r, lane, bs, d_out);
 }
 
-// Block b (token b / (K/256), block b % (K/256)) of x [n, K] into out.
-__device__ __forceinline__ void quantize_x_block(const float* x, int64_t x_stride, int64_t K, int64_t b, int lane,
+// Block b = s * P + t of Q8K rows of pitch P: elements 256s.. of row t of x into out. (32-bit
+// division: a 64-bit one is a ~100-instruction call, on the dp4a kernels' critical prologue.)
+__device__ __forceinline__ void quantize_x_block(const float* x, int64_t x_stride, int P, int b, int lane,
                                                  const Q8K& out, XOrder order = XOrder::kNatural) {
-  const int64_t nb = K / 256, t = b / nb, j = b % nb;
-  quantize_block(x + t * x_stride + j * 256, lane, out.q + t * K + j * 256, out.bs + t * (K / 16) + j * 16, out.d + b,
-                 order);
+  const int s = b / P, t = b - s * P;
+  quantize_block(x + t * x_stride + int64_t{s} * 256, lane, out.q + int64_t{b} * 256, out.bs + int64_t{b} * 16,
+                 out.d + b, order);
 }
 
-// x [n, K] f32 -> Q8K of padded_tokens(n) rows (zeros past n), a warp per 256-element block. Bytes:
+// x [n, K] f32 -> Q8K of pitch padded_tokens(n) (zeros past n), a warp per 256-element block. Bytes:
 // read 4, write ~1.13 per element.
 __global__ void quantize_q8k_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t K, Q8K out,
                                     XOrder order) {
   pdl_wait();  // x belongs to the previous kernel
   pdl_trigger();
   const int lane = threadIdx.x & 31;
-  const int64_t nb = K / 256, warps = int64_t(gridDim.x) * blockDim.x / 32;
-  for (int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; b < padded_tokens(n) * nb; b += warps) {
-    if (b < n * nb) {
-      quantize_x_block(x, x_stride, K, b, lane, out, order);
+  const int P = static_cast<int>(padded_tokens(n)), blocks = P * static_cast<int>(K / 256);
+  const int warps = gridDim.x * blockDim.x / 32;
+  for (int b = (blockIdx.x * blockDim.x + threadIdx.x) / 32; b < blocks; b += warps) {
+    if (b % P < n) {
+      quantize_x_block(x, x_stride, P, b, lane, out, order);
     } else {  // a padding row
       reinterpret_cast<uint2*>(out.q + b * 256)[lane] = make_uint2(0u, 0u);
       if (lane < 16) out.bs[b * 16 + lane] = __float2half(0.0f);
@@ -292,22 +293,23 @@ __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
 // kernel is done (pdl_wait).
 template <int NMAX>
 __device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
+  static_assert(NMAX <= 2, "one or two rows: the source pitch is padded_tokens(n) = 8");
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int64_t K = a.K, n = a.n, nb = K / 256;
-  Q8K x;
+  Q8K x;  // pitch n
   x.q = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
   x.bs = reinterpret_cast<__half*>(x.q + n * K);
   x.d = reinterpret_cast<float*>(x.bs + n * K / 16);
   if (a.xf) {  // every block quantizes x for itself
-    for (int64_t b = ks; b < n * nb; b += kWarps) quantize_x_block(a.xf, a.xf_stride, K, b, lane, x);
-  } else {  // or copies what quantize_q8k_kernel made
-    auto copy16 = [&](void* dst, const void* src, int64_t bytes) {
-      for (int64_t i = threadIdx.x; i < bytes / 16; i += kWarps * 32)
-        static_cast<uint4*>(dst)[i] = __ldg(static_cast<const uint4*>(src) + i);
-    };
-    copy16(x.q, a.x.q, n * K);
-    copy16(x.bs, a.x.bs, n * K / 8);
-    for (int64_t i = threadIdx.x; i < n * nb; i += kWarps * 32) x.d[i] = __ldg(a.x.d + i);
+    for (int b = ks; b < n * nb; b += kWarps) quantize_x_block(a.xf, a.xf_stride, static_cast<int>(n), b, lane, x);
+  } else {  // or copies the rows of what quantize_q8k_kernel or a norm made (pitch 8: n <= 2 here)
+    auto src_block = [&](int b) { return n == 1 ? 8 * b : 8 * (b >> 1) + (b & 1); };
+    const int blocks = static_cast<int>(n * nb);
+    for (int i = threadIdx.x; i < 16 * blocks; i += kWarps * 32)  // 16 x 16 bytes of codes per block
+      reinterpret_cast<uint4*>(x.q)[i] = __ldg(reinterpret_cast<const uint4*>(a.x.q + src_block(i >> 4) * 256) + (i & 15));
+    for (int i = threadIdx.x; i < 2 * blocks; i += kWarps * 32)  // 2 x 16 bytes of sums
+      reinterpret_cast<uint4*>(x.bs)[i] = __ldg(reinterpret_cast<const uint4*>(a.x.bs + src_block(i >> 1) * 16) + (i & 1));
+    for (int b = threadIdx.x; b < blocks; b += kWarps * 32) x.d[b] = __ldg(a.x.d + src_block(b));
   }
   __syncthreads();
   return x;
@@ -346,7 +348,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
   const int r = lane & 15, h = lane >> 4;
   StepRing<L, SW> ring(a, smem);
   float* const red = ring.red;
-  const int64_t my_tiles = ring.my_tiles, nb = a.K / 256, K = a.K, n = a.n;
+  const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
   pdl_wait();  // the activations belong to the previous kernel
   pdl_trigger();
@@ -389,12 +391,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
         if (c >= n) break;  // warp-uniform
-        const int4* xp = reinterpret_cast<const int4*>(x.q + c * K + s * 256 + 128 * h);
+        const int64_t xb = s * n + c;  // the activations' block
+        const int4* xp = reinterpret_cast<const int4*>(x.q + xb * 256 + 128 * h);
         int isum = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) isum += byte_of(sc, i) * dot8(wq[i], xp[2 * i], xp[2 * i + 1]);
         // The 16-element sums of sub-blocks 4h..4h+3: exact small integers, so msum is exact.
-        const uint4 bsv = *reinterpret_cast<const uint4*>(x.bs + c * (K / 16) + s * 16 + 8 * h);
+        const uint4 bsv = *reinterpret_cast<const uint4*>(x.bs + xb * 16 + 8 * h);
         const uint32_t bsw[4] = {bsv.x, bsv.y, bsv.z, bsv.w};
         float msum = 0.0f;
 #pragma unroll
@@ -404,7 +407,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
         }
         isum += __shfl_xor_sync(0xffffffffu, isum, 16);
         msum += __shfl_xor_sync(0xffffffffu, msum, 16);
-        acc[c] = add_super_block(acc[c], isum, msum, dmin, x.d[c * nb + s]);
+        acc[c] = add_super_block(acc[c], isum, msum, dmin, x.d[xb]);
       }
     }
     write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
@@ -425,22 +428,20 @@ __device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2
 // The end of a super-block in the tensor-core kernels, per n-tile: msum by one exact f16 MMA (A = ma,
 // the type's small integers per 16-code group; B = the tokens' 16-code sums) and the type's addition of
 // the super-block to lane (g, t)'s four outputs (`add(acc, isum, msum, row_half, dx)`).
-// The activations are padded to whole n-tiles (zeros), so no token needs a bounds check.
+// The activations are padded to whole n-tiles (pitch NT * 8), so no token needs a bounds check.
 template <int NT, class Add>
 __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t s, int g, int t, const uint32_t (&ma)[4],
                                                    const int (&isum)[NT][4], float (&acc)[NT][4], Add add) {
-  const int64_t nb = a.K / 256;
+  const __half* bs = a.x.bs + (s * (NT * 8) + g) * 16 + 2 * t;  // token g's sums 2t, 2t+1 (+ 8 tokens per n-tile)
+  const float* dx = a.x.d + s * (NT * 8) + 2 * t;               // tokens 2t, 2t + 1 (+ 8 per n-tile)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int tok = nt * 8 + g;
-    const __half* bs = a.x.bs + tok * (a.K / 16) + s * 16;
-    const uint32_t bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t));
-    const uint32_t bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + 2 * t + 8));
+    const uint32_t bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + nt * 128));
+    const uint32_t bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + nt * 128 + 8));
     float msum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mma_16816(msum, ma[0], ma[1], ma[2], ma[3], bb0, bb1);
-    const int c0 = nt * 8 + 2 * t;
-    const float dx0 = __ldg(a.x.d + c0 * nb + s);
-    const float dx1 = __ldg(a.x.d + (c0 + 1) * nb + s);
+    const float dx0 = __ldg(dx + nt * 8);
+    const float dx1 = __ldg(dx + nt * 8 + 1);
     acc[nt][0] = add(acc[nt][0], isum[nt][0], msum[0], 0, dx0);
     acc[nt][1] = add(acc[nt][1], isum[nt][1], msum[1], 0, dx1);
     acc[nt][2] = add(acc[nt][2], isum[nt][2], msum[2], 1, dx0);
@@ -509,17 +510,18 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
       // Half a step's B fragments first (sub-blocks 4hh..4hh+3, two 16-byte loads per n-tile in the
-      // kFragQ4 layout): their L1/L2 latency then hides behind the A decoding. Padding tokens load
-      // nothing (their codes are zeros).
+      // kFragQ4 layout, at constant offsets from the step's block of token g): their L1/L2 latency then
+      // hides behind the A decoding. Padding tokens of the last n-tile load nothing (their codes are
+      // zeros).
+      const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 64 * t);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         uint4 bx[NT][2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const int tok = nt * 8 + g;
-          const uint4* xp = reinterpret_cast<const uint4*>(a.x.q + tok * a.K + s * 256 + 64 * t) + 2 * hh;
-          bx[nt][0] = tok < a.n ? __ldg(xp) : make_uint4(0u, 0u, 0u, 0u);
-          bx[nt][1] = tok < a.n ? __ldg(xp + 1) : make_uint4(0u, 0u, 0u, 0u);
+          const bool real = nt < NT - 1 || nt * 8 + g < a.n;
+          bx[nt][0] = real ? __ldg(xs + nt * 128 + 2 * hh) : make_uint4(0u, 0u, 0u, 0u);
+          bx[nt][1] = real ? __ldg(xs + nt * 128 + 2 * hh + 1) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
@@ -599,7 +601,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
   const int r = lane & 15, h = lane >> 4;
   StepRing<Q6KLayout, SW> ring(a, smem);
   float* const red = ring.red;
-  const int64_t my_tiles = ring.my_tiles, nb = a.K / 256, K = a.K, n = a.n;
+  const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
   pdl_wait();
   pdl_trigger();
@@ -628,7 +630,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
         if (c >= n) break;  // warp-uniform
-        const int4* xp = reinterpret_cast<const int4*>(x.q + c * K + s * 256 + 128 * h);
+        const int64_t xb = s * n + c;  // the activations' block
+        const int4* xp = reinterpret_cast<const int4*>(x.q + xb * 256 + 128 * h);
         int isum = 0;
 #pragma unroll
         for (int grp = 0; grp < 4; ++grp)
@@ -642,7 +645,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
             const int jl = 2 * grp + half16;
             isum += sbyte_of(sc[jl >> 2], jl & 3) * dot;
           }
-        const uint4 bsv = *reinterpret_cast<const uint4*>(x.bs + c * (K / 16) + s * 16 + 8 * h);
+        const uint4 bsv = *reinterpret_cast<const uint4*>(x.bs + xb * 16 + 8 * h);
         const uint32_t bsw[4] = {bsv.x, bsv.y, bsv.z, bsv.w};
         float msum = 0.0f;
 #pragma unroll
@@ -653,7 +656,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
         }
         isum += __shfl_xor_sync(0xffffffffu, isum, 16);
         msum += __shfl_xor_sync(0xffffffffu, msum, 16);
-        acc[c] = add_q6k_super_block(acc[c], isum, msum, d, x.d[c * nb + s]);
+        acc[c] = add_q6k_super_block(acc[c], isum, msum, d, x.d[xb]);
       }
     }
     write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
@@ -705,12 +708,12 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
         // x of sub-blocks 8h + jl for token g of each n-tile: two 16-byte loads in the kFragQ6 layout
         // (padding tokens load nothing: their codes are zeros).
         uint32_t bx[NT][8];
+        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 128 * h + 32 * t);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const int tok = nt * 8 + g;
-          const uint4* xp = reinterpret_cast<const uint4*>(a.x.q + tok * a.K + s * 256 + 128 * h + 32 * t);
-          const uint4 v0 = tok < a.n ? __ldg(xp) : make_uint4(0u, 0u, 0u, 0u);
-          const uint4 v1 = tok < a.n ? __ldg(xp + 1) : make_uint4(0u, 0u, 0u, 0u);
+          const bool real = nt < NT - 1 || nt * 8 + g < a.n;
+          const uint4 v0 = real ? __ldg(xs + nt * 128) : make_uint4(0u, 0u, 0u, 0u);
+          const uint4 v1 = real ? __ldg(xs + nt * 128 + 1) : make_uint4(0u, 0u, 0u, 0u);
           bx[nt][0] = v0.x, bx[nt][1] = v0.y, bx[nt][2] = v0.z, bx[nt][3] = v0.w;
           bx[nt][4] = v1.x, bx[nt][5] = v1.y, bx[nt][6] = v1.z, bx[nt][7] = v1.w;
         }

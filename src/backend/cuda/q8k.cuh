@@ -9,8 +9,12 @@
 
 namespace hyspec::cuda {
 
-// Quantized rows: q [rows, K] int8, d [rows, K/256] f32 scales, bs [rows, K/16] f16 sums of 16
-// consecutive codes (|sum| <= 2032: exact in f16).
+// Quantized rows, stored by 256-block in step-major order: block (s, t) (elements 256s.. of row t) is
+// block s * P + t, P the pitch (the rows rounded up to whole 8-token tiles, padded_tokens, in global
+// buffers; the row count in the dp4a kernel's shared copy), so that a step's tokens are adjacent and
+// the tensor-core kernels address them by one pointer and constant offsets. q: 256 int8 codes per
+// block, d: one f32 scale per block, bs: 16 f16 sums of 16 consecutive codes per block (|sum| <= 2032:
+// exact in f16).
 struct Q8K {
   int8_t* q;
   float* d;
