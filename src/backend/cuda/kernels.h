@@ -42,10 +42,10 @@ bool matmul_type_supported(GgmlType t);
 // Bytes of scratch matmul_launch needs for n rows of x.
 size_t matmul_scratch_bytes(const WeightView& w, int64_t n);
 
-// Rows a norm quantized for the int8 matvecs as it wrote them (rms_norm_launch with qx; q8k.cuh):
-// the codes in each XOrder, and the scales and 16-code sums they share, for up to kInt8MvMaxWidth
-// rows of K <= kQuantizedXMaxK elements, row-major with the row length K as stride. A matmul of those
-// rows reads them instead of quantizing its input again.
+// Rows a norm quantized for the int8 matvecs as it wrote them (rms_norm_launch with qx): the codes in
+// each XOrder, and the scales and 16-code sums they share, for up to kInt8MvMaxWidth rows of K <=
+// kQuantizedXMaxK elements, in q8k.cuh's step-major order of pitch padded_tokens(rows). A matmul of
+// those rows reads them instead of quantizing its input again.
 constexpr int64_t kQuantizedXMaxK = 16384;
 struct QuantizedX {
   int8_t* q[3] = {nullptr, nullptr, nullptr};  // by XOrder: natural, fragment-major Q4_K/Q5_K, Q6_K
