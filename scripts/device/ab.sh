@@ -15,15 +15,19 @@ export LD_LIBRARY_PATH="$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export OUT=${OUT:-/tmp/hyspec-out}; mkdir -p "$OUT"
 export HYSPEC_FIXTURES="${HYSPEC_FIXTURES:-$PWD/$D/fixtures}"
 V=${AB_VARIANTS:?variants}
+# A gtest run's outcome: the PASSED count and how many failed first, then the failed tests' names.
+summary() {
+  local r; r=$(grep -E "^\[  (PASSED|FAILED)  \]" | sort -u)
+  echo "$r" | grep PASSED; echo "failed: $(echo "$r" | grep -c "FAILED  \] [A-Za-z]")"; echo "$r" | grep "FAILED  \] [A-Za-z]" | head -25
+}
 ANCHOR_MODELS_ONLY=1 bash bench/compare_llamacpp.sh start 9b
 for v in $V; do  # (a variant may come without test binaries)
   [ -x "$D/bin/test_backend_$v" ] || continue
   echo "== test_backend_$v (cuda): ${AB_TESTS:=Matvec/*:CudaBackendTest.*Norm*:CudaBackendTest.Captured*}"
-  HYSPEC_TEST_BACKEND=cuda timeout 200 "$D/bin/test_backend_$v" --gtest_brief=1 --gtest_filter="$AB_TESTS" 2>&1 |
-    grep -E "^\[  (PASSED|FAILED)  \]" | sort -u | head -12
+  HYSPEC_TEST_BACKEND=cuda timeout 200 "$D/bin/test_backend_$v" --gtest_brief=1 --gtest_filter="$AB_TESTS" 2>&1 | summary
   [ -x "$D/bin/test_model_$v" ] || continue
   echo "== test_model_$v (cuda)"
-  HYSPEC_TEST_BACKEND=cuda timeout 200 "$D/bin/test_model_$v" --gtest_brief=1 2>&1 | grep -E "^\[  (PASSED|FAILED)  \]" | sort -u | head -12
+  HYSPEC_TEST_BACKEND=cuda timeout 200 "$D/bin/test_model_$v" --gtest_brief=1 2>&1 | summary
 done
 echo "== matvec kernel benches, variants interleaved (GB/s)"
 for type in Q4_K Q6_K; do

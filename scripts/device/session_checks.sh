@@ -11,7 +11,8 @@ export LD_LIBRARY_PATH="$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export HYSPEC_FIXTURES="${HYSPEC_FIXTURES:-$PWD/$D/fixtures}" HYSPEC_BIN="$PWD/$D/bin/hyspec"
 for t in "$D"/bin/test_*; do
   echo "== $(basename "$t") (cuda)"
-  HYSPEC_TEST_BACKEND=cuda timeout 300 "$t" --gtest_brief=1 2>&1 | grep -E "^\[  (PASSED|FAILED)  \]|Failure$" | head -20
+  r=$(HYSPEC_TEST_BACKEND=cuda timeout 300 "$t" --gtest_brief=1 2>&1 | grep -E "^\[  (PASSED|FAILED)  \]" | sort -u)
+  echo "$r" | grep PASSED; echo "failed: $(echo "$r" | grep -c "FAILED  \] [A-Za-z]")"; echo "$r" | grep "FAILED  \] [A-Za-z]" | head -25
 done
 M="$HYSPEC_FIXTURES/qwen35-tiny/qwen35-tiny-f32.gguf"
 if [ -f "$M" ]; then
