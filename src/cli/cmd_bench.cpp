@@ -1,6 +1,8 @@
 // hyspec bench: llama-bench-style throughput table — pp (prompt), tg (decode, optionally at a KV
 // depth) and verify-k (one target pass over k+1 tokens with per-token state capture, the cost of
-// verifying k drafts) — as markdown or JSON.
+// verifying k drafts) — as markdown or JSON, with the weight bytes each forward reads per second
+// (step_weight_bytes: compare with the memory bandwidth for the decode floor; KV and state bytes not
+// counted).
 #include <cstdio>
 #include <sstream>
 
@@ -8,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "model/hparams.h"
 
 namespace hyspec::cli {
 namespace {
@@ -47,12 +50,17 @@ int bench(BenchFlags f) {
   if (!engine) return fail(engine.status());
   Engine& e = **engine;
   const std::string model = config->model_path.substr(config->model_path.find_last_of('/') + 1);
+  double weight_bytes = 0;  // per forward; 0 when the file does not say
+  if (auto g = GgufFile::open(config->model_path); g.is_ok())
+    if (auto hp = read_qwen35_hparams(**g); hp.is_ok()) weight_bytes = step_weight_bytes(**g, *hp);
 
   struct Row {
     std::string test;
     double seconds;  // per forward (pp: whole prompt; tg: per token)
     double tokens;   // tokens per forward
+    int64_t forwards = 1;  // forwards in `seconds` (pp: one per batch)
   };
+  auto weight_gbps = [&](const Row& r) { return weight_bytes * static_cast<double>(r.forwards) / r.seconds / 1e9; };
   std::vector<Row> rows;
   double tg_step = 0;
   if (f.pp > 0) {
@@ -66,7 +74,8 @@ int bench(BenchFlags f) {
       if (!ts) return fail(ts.status());
       total += *ts;
     }
-    rows.push_back({fmt::format("pp{}", f.pp), total, static_cast<double>(f.pp)});
+    const int64_t forwards = (f.pp + config->n_batch - 1) / config->n_batch;
+    rows.push_back({fmt::format("pp{}", f.pp), total, static_cast<double>(f.pp), forwards});
   }
   for (int64_t depth : depths) {
     if (f.tg <= 0) break;
@@ -87,14 +96,16 @@ int bench(BenchFlags f) {
     for (const Row& r : rows)
       j.push_back({{"model", model}, {"backend", e.backend().name()}, {"test", r.test}, {"ms_per_step", r.seconds * 1e3},
                    {"tokens_per_s", r.tokens / r.seconds},
-                   {"ratio_to_tg", tg_step > 0 ? r.seconds / tg_step : 0.0}});
+                   {"ratio_to_tg", tg_step > 0 ? r.seconds / tg_step : 0.0}, {"weight_gb_per_s", weight_gbps(r)}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("| model | backend | test | t/s | ms/step | x tg step |\n| --- | --- | --- | ---: | ---: | ---: |\n");
+  std::printf("| model | backend | test | t/s | ms/step | x tg step | weights GB/s |\n"
+              "| --- | --- | --- | ---: | ---: | ---: | ---: |\n");
   for (const Row& r : rows)
-    std::printf("| %s | %s | %s | %.2f | %.3f | %.2f |\n", model.c_str(), e.backend().name().c_str(), r.test.c_str(),
-                r.tokens / r.seconds, r.seconds * 1e3, tg_step > 0 ? r.seconds / tg_step : 0.0);
+    std::printf("| %s | %s | %s | %.2f | %.3f | %.2f | %.0f |\n", model.c_str(), e.backend().name().c_str(),
+                r.test.c_str(), r.tokens / r.seconds, r.seconds * 1e3, tg_step > 0 ? r.seconds / tg_step : 0.0,
+                weight_gbps(r));
   return 0;
 }
 

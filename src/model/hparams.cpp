@@ -1,5 +1,7 @@
 #include "model/hparams.h"
 
+#include <cstdio>
+
 namespace hyspec {
 
 int Qwen35Hparams::n_attention_layers() const {
@@ -118,6 +120,19 @@ Result<Qwen35Hparams> read_qwen35_hparams(const GgufFile& f) {
   if (emb->ne[0] != hp.n_embd)
     return Status::errorf("{}: token_embd.weight has rows of {} but embedding_length is {}", f.path(), emb->ne[0], hp.n_embd);
   return hp;
+}
+
+double step_weight_bytes(const GgufFile& f, const Qwen35Hparams& hp) {
+  const bool tied = f.find_tensor("output.weight") == nullptr;
+  double bytes = 0;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    if (t.name == "token_embd.weight" && !tied) continue;
+    int layer = -1;
+    if (std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1 && layer >= hp.n_layer) continue;  // MTP blocks
+    const bool experts = t.n_dims == 3 && hp.n_expert > 0;
+    bytes += experts ? static_cast<double>(t.nbytes) * hp.n_expert_used / hp.n_expert : static_cast<double>(t.nbytes);
+  }
+  return bytes;
 }
 
 }  // namespace hyspec

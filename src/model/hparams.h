@@ -51,4 +51,10 @@ struct Qwen35Hparams : AttentionHparams {
 // Reads and validates every field; errors name the file and the key.
 Result<Qwen35Hparams> read_qwen35_hparams(const GgufFile& f);
 
+// Bytes of weights a one-token forward step reads, as stored in f: every trunk tensor and the output
+// head, MoE expert tensors at the share a token routes to (n_expert_used / n_expert), not the MTP
+// blocks (a target step does not run them) and not the token embedding (one row per token), unless
+// the head reads it (tied embeddings). The floor of a decode step is this over the memory bandwidth.
+double step_weight_bytes(const GgufFile& f, const Qwen35Hparams& hp);
+
 }  // namespace hyspec

@@ -558,7 +558,8 @@ class CudaBackend final : public Backend {
     if (int8_matvec_ && cuda::env_int("HYSPEC_NORM_QUANTIZE", 1) != 0) {
       // Zeroed: the rows past a norm's are the padding of the matvecs' 8-token tiles.
       void* q = nullptr;
-      if (cudaMalloc(&q, cuda::quantized_x_bytes()) != cudaSuccess || cudaMemset(q, 0, cuda::quantized_x_bytes()) != cudaSuccess)
+      const size_t bytes = cuda::quantized_x_bytes();
+      if (cudaMalloc(&q, bytes) != cudaSuccess || cudaMemset(q, 0, bytes) != cudaSuccess)
         return Status::error("cudaMalloc of the quantized activations failed");
       owned_.push_back(q);
       quantized_x_ = cuda::quantized_x_at(q);
@@ -601,7 +602,8 @@ class CudaBackend final : public Backend {
   }
   const cuda::QuantizedX* quantized(Rows x) const {
     const Rows& q = quantized_rows_;
-    const bool same = q.data && x.data == q.data && x.n_rows == q.n_rows && x.n_cols == q.n_cols && x.stride == q.stride;
+    const bool same =
+        q.data && x.data == q.data && x.n_rows == q.n_rows && x.n_cols == q.n_cols && x.stride == q.stride;
     return same ? &quantized_x_ : nullptr;
   }
   // After a matmul wrote y: the quantized rows are stale if y overlaps them.

@@ -129,7 +129,8 @@ __global__ void rms_norm_kernel(NormArgs a) {
       }
       *reinterpret_cast<float4*>(yr + (int64_t{k} * tpg + lt) * 4) = make_float4(o[0], o[1], o[2], o[3]);
       if (a.qx.d)
-        reinterpret_cast<float4*>(span + threadIdx.x / tpg * a.group)[k * tpg + lt] = make_float4(o[0], o[1], o[2], o[3]);
+        reinterpret_cast<float4*>(span + threadIdx.x / tpg * a.group)[k * tpg + lt] =
+            make_float4(o[0], o[1], o[2], o[3]);
     }
     if (a.qx.d) quantize_span(a, span);  // every group of the block is valid (norm_launch)
     return;

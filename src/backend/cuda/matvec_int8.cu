@@ -4,7 +4,8 @@
 // The f16 tensor-core matvec (matmul.cu) turns every code into an f16 fragment and stalls at ~1.4
 // TB/s for one token on an H100. Here the codes stay integers, as in llama.cpp's CPU q4_K/q6_K x q8_K
 // dots: activations are quantized to int8 in blocks of 256, one scale dx per block plus the exact sum
-// of every 16 codes (q8k.cuh; by quantize_q8k_kernel, by the norm that wrote x, or in-block). A super-block of 256 weights then adds to an output
+// of every 16 codes (q8k.cuh: by quantize_q8k_kernel, by the norm that wrote x, or in-block). A
+// super-block of 256 weights then adds to an output
 //   Q4_K, Q5_K (8 sub-blocks of 32 codes 0..15 / 0..31, 6-bit scale sc and min m, f16 d and dmin):
 //     dx * (d * isum - dmin * msum),  isum = sum_i sc_i * dot_i,  msum = sum_i m_i * bsum_i
 //   Q6_K (16 sub-blocks of 16, codes 0..63, int8 scale sc, f16 d):
@@ -307,9 +308,11 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
     auto src_block = [&](int b) { return n == 1 ? 8 * b : 8 * (b >> 1) + (b & 1); };
     const int blocks = static_cast<int>(n * nb);
     for (int i = threadIdx.x; i < 16 * blocks; i += kWarps * 32)  // 16 x 16 bytes of codes per block
-      reinterpret_cast<uint4*>(x.q)[i] = __ldg(reinterpret_cast<const uint4*>(a.x.q + src_block(i >> 4) * 256) + (i & 15));
+      reinterpret_cast<uint4*>(x.q)[i] =
+          __ldg(reinterpret_cast<const uint4*>(a.x.q + src_block(i >> 4) * 256) + (i & 15));
     for (int i = threadIdx.x; i < 2 * blocks; i += kWarps * 32)  // 2 x 16 bytes of sums
-      reinterpret_cast<uint4*>(x.bs)[i] = __ldg(reinterpret_cast<const uint4*>(a.x.bs + src_block(i >> 1) * 16) + (i & 1));
+      reinterpret_cast<uint4*>(x.bs)[i] =
+          __ldg(reinterpret_cast<const uint4*>(a.x.bs + src_block(i >> 1) * 16) + (i & 1));
     for (int b = threadIdx.x; b < blocks; b += kWarps * 32) x.d[b] = __ldg(a.x.d + src_block(b));
   }
   __syncthreads();
@@ -837,8 +840,10 @@ size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n) {
   return q_bytes(n, w.n_in) + d_bytes(n, w.n_in) + bs_bytes(n, w.n_in);
 }
 
-size_t quantized_x_bytes() { return 3 * q_bytes(kInt8MvMaxWidth, kQuantizedXMaxK) + d_bytes(kInt8MvMaxWidth, kQuantizedXMaxK) +
-                                   bs_bytes(kInt8MvMaxWidth, kQuantizedXMaxK); }
+size_t quantized_x_bytes() {
+  const int64_t n = kInt8MvMaxWidth, K = kQuantizedXMaxK;
+  return 3 * q_bytes(n, K) + d_bytes(n, K) + bs_bytes(n, K);
+}
 
 QuantizedX quantized_x_at(void* base) {
   char* p = static_cast<char*>(base);
