@@ -790,11 +790,10 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
       cudaGetLastError();  // not sticky: clear it, the SIMT kernel takes over
       return false;
     }();
+    // One launch: the kernel merges its own splits.
     if (use_mma)
-      return launch_pdl(attention_decode_mma_kernel<D>, grid, dim3(kDecodeWarps * 32), msmem, stream, use_pdl(), a,
-                        counters);  // merges its own splits
-    return launch_pdl(attention_decode_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, use_pdl(), a,
-                      counters);
+      return launch_pdl(attention_decode_mma_kernel<D>, grid, dim3(kDecodeWarps * 32), msmem, stream, a, counters);
+    return launch_pdl(attention_decode_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
   } else {
     const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
     attention_kernel<D, KV><<<grid, kThreads, attention_smem<D>(), stream>>>(a);

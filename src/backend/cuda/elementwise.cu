@@ -353,7 +353,7 @@ cudaError_t norm_launch(Mat x, const float* z, int64_t z_stride, const float* w,
   if (quantize) a.qx = *qx;
   const unsigned blocks = a.tpg == 32 ? grid_for(groups, 8) : static_cast<unsigned>(groups);
   const size_t smem = quantize ? static_cast<size_t>(span) * sizeof(float) : 0;
-  return launch_pdl(rms_norm_kernel<kKind>, dim3(blocks), dim3(256), smem, stream, use_pdl(), a);
+  return launch_pdl(rms_norm_kernel<kKind>, dim3(blocks), dim3(256), smem, stream, a);
 }
 
 }  // namespace
@@ -371,16 +371,15 @@ cudaError_t add_rms_norm_launch(Mat x, Mat delta, const float* w, int64_t group,
 
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream) {
   if (y.rows == 0 || y.cols == 0) return cudaSuccess;
-  return launch_pdl(binary_kernel, dim3(grid_for(y.rows * y.cols, 256, 65535)), dim3(256), 0, stream, use_pdl(), op, a,
-                    b, y);
+  return launch_pdl(binary_kernel, dim3(grid_for(y.rows * y.cols, 256, 65535)), dim3(256), 0, stream, op, a, b, y);
 }
 
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
                              cudaStream_t stream) {
   const int64_t total = x.rows * (x.cols / head_dim) * (n_rot / 2);
   if (total == 0) return cudaSuccess;
-  return launch_pdl(rope_neox_kernel, dim3(grid_for(total, 256, 65535)), dim3(256), 0, stream, use_pdl(), x, head_dim,
-                    n_rot, positions, freq_base);
+  return launch_pdl(rope_neox_kernel, dim3(grid_for(total, 256, 65535)), dim3(256), 0, stream, x, head_dim, n_rot,
+                    positions, freq_base);
 }
 
 cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width, int64_t capacity,
@@ -388,9 +387,9 @@ cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16
   if (k.rows == 0) return cudaSuccess;
   const unsigned blocks = grid_for(k.rows * width, 256, 65535);
   if (f16)
-    return launch_pdl(kv_store_kernel<__half>, dim3(blocks), dim3(256), 0, stream, use_pdl(), k, v,
+    return launch_pdl(kv_store_kernel<__half>, dim3(blocks), dim3(256), 0, stream, k, v,
                       static_cast<__half*>(k_cache), static_cast<__half*>(v_cache), width, capacity, positions);
-  return launch_pdl(kv_store_kernel<float>, dim3(blocks), dim3(256), 0, stream, use_pdl(), k, v,
+  return launch_pdl(kv_store_kernel<float>, dim3(blocks), dim3(256), 0, stream, k, v,
                     static_cast<float*>(k_cache), static_cast<float*>(v_cache), width, capacity, positions);
 }
 

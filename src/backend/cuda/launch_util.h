@@ -36,11 +36,11 @@ inline bool use_pdl() {
   return on;
 }
 
-// Launch allowing programmatic dependent launch when `pdl` (the kernel waits with pdl_wait before it
-// reads what earlier kernels wrote, and may start its own prologue while they finish).
+// Launch allowing programmatic dependent launch unless HYSPEC_PDL=0 (the kernel waits with pdl_wait
+// before it reads what earlier kernels wrote, and may start its own prologue while they finish).
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       bool pdl, Args&&... args) {
+                       Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -50,7 +50,7 @@ cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, siz
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = use_pdl() ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 

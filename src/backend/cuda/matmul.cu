@@ -548,7 +548,7 @@ cudaError_t launch_mmv(MmvArgs a, unsigned grid_y, cudaStream_t stream, unsigned
   static const int forced_grid = env_int("HYSPEC_MMV_GRID", 0);
   const int64_t slots = forced_grid > 0 ? forced_grid : int64_t{c.blocks_per_sm} * sm_count();
   const dim3 grid(grid_x ? grid_x : static_cast<unsigned>(grid_y ? tiles : std::min(tiles, slots)), grid_y ? grid_y : 1);
-  return launch_pdl(mmv_kernel<T, NT, RW, SW, MB>, grid, dim3(kMmvWarps * 32), c.smem, stream, use_pdl(), a);
+  return launch_pdl(mmv_kernel<T, NT, RW, SW, MB>, grid, dim3(kMmvWarps * 32), c.smem, stream, a);
 }
 
 // x as 16-byte aligned rows: x itself, or a copy in `staging`.

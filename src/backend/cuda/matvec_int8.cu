@@ -800,7 +800,7 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
   if (attr_err != cudaSuccess) return attr_err;
   const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, MB * int64_t{sm_count()})));
-  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, true, a);
+  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
 }
 
 // dp4a: the one- or two-token kernel, else the tensor cores by width; every choice gives the same
@@ -878,7 +878,7 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
     a.xf = nullptr;
     const int64_t blocks = padded_tokens(n) * (K / 256);
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks + 7) / 8, 1024)));
-    const cudaError_t err = launch_pdl(quantize_q8k_kernel, grid, dim3(256), 0, stream, true,
+    const cudaError_t err = launch_pdl(quantize_q8k_kernel, grid, dim3(256), 0, stream,
                                        static_cast<const float*>(x.data), x.stride, n, K, a.x, order);
     if (err != cudaSuccess) return err;
   }

@@ -664,8 +664,8 @@ cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, floa
   const bool in_place = y.data < x.data + x.rows * x.stride && x.data < y.data + y.rows * y.stride;
   const int span = in_place || x.rows <= 64 ? static_cast<int>(x.rows) : 16;
   const dim3 grid(static_cast<unsigned>((x.cols + 127) / 128), static_cast<unsigned>((x.rows + span - 1) / span));
-  cudaError_t err = launch_pdl(conv_kernel, grid, dim3(128), 0, stream, use_pdl(), x, weight, kernel, conv_state, capture,
-                               y, span);
+  cudaError_t err =
+      launch_pdl(conv_kernel, grid, dim3(128), 0, stream, x, weight, kernel, conv_state, capture, y, span);
   if (err != cudaSuccess || grid.y == 1) return err;
   conv_state_kernel<<<static_cast<unsigned>((x.cols + 127) / 128), 128, 0, stream>>>(x, kernel, conv_state);
   return cudaGetLastError();
@@ -692,7 +692,7 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   while (chunk > 1 && chunk * per_token > 40960) chunk /= 2;
   const size_t smem = chunk * per_token;
   const dim3 grid(p.n_v_heads, D / 16);
-  return launch_pdl(gdn_kernel, grid, dim3(D), smem, stream, use_pdl(), a, chunk);
+  return launch_pdl(gdn_kernel, grid, dim3(D), smem, stream, a, chunk);
 }
 
 namespace {
