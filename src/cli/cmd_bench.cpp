@@ -50,9 +50,7 @@ int bench(BenchFlags f) {
   if (!engine) return fail(engine.status());
   Engine& e = **engine;
   const std::string model = config->model_path.substr(config->model_path.find_last_of('/') + 1);
-  double weight_bytes = 0;  // per forward; 0 when the file does not say
-  if (auto g = GgufFile::open(config->model_path); g.is_ok())
-    if (auto hp = read_qwen35_hparams(**g); hp.is_ok()) weight_bytes = step_weight_bytes(**g, *hp);
+  const double weight_bytes = step_weight_bytes(e.model_file(), e.model().hparams());  // per forward
 
   struct Row {
     std::string test;
