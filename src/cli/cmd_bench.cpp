@@ -1,7 +1,7 @@
 // hyspec bench: llama-bench-style throughput table — pp (prompt), tg (decode, optionally at a KV
 // depth) and verify-k (one target pass over k+1 tokens with per-token state capture, the cost of
 // verifying k drafts) — as markdown or JSON, with the weight bytes each forward reads per second
-// (step_weight_bytes: compare with the memory bandwidth for the decode floor; KV and state bytes not
+// (decode_weight_bytes: compare with the memory bandwidth for the decode floor; KV and state bytes not
 // counted).
 #include <cstdio>
 #include <sstream>
@@ -50,7 +50,9 @@ int bench(BenchFlags f) {
   if (!engine) return fail(engine.status());
   Engine& e = **engine;
   const std::string model = config->model_path.substr(config->model_path.find_last_of('/') + 1);
-  const double weight_bytes = step_weight_bytes(e.model_file(), e.model().hparams());  // per forward
+  const Qwen35Hparams& hp = e.model().hparams();
+  const double weight_bytes =  // per forward
+      static_cast<double>(decode_weight_bytes(e.model_file(), hp.n_layer, hp.n_expert, hp.n_expert_used).target);
 
   struct Row {
     std::string test;

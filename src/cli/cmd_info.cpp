@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "format/gguf.h"
+#include "model/hparams.h"
 
 namespace hyspec::cli {
 namespace {
@@ -52,16 +53,6 @@ std::string format_value(const GgufValue& v, size_t max_items = 12) {
     }
     default: return v.type == GgufValueType::UINT64 ? fmt::format("{}", v.scalar.u) : fmt::format("{}", v.as_int());
   }
-}
-
-// Layer index of "blk.N.*" tensors, -1 for the others.
-int block_index(std::string_view name) {
-  if (name.substr(0, 4) != "blk.") return -1;
-  int n = 0;
-  size_t i = 4;
-  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
-  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) n = n * 10 + (name[i] - '0');
-  return i < name.size() && name[i] == '.' ? n : -1;
 }
 
 void print_tokenizer(const GgufFile& f) {
@@ -148,25 +139,13 @@ Status print_info(const std::string& path) {
   fmt::print("\nparameters: {} ({})\n", human_count(params), params);
   fmt::print("tensor bytes: {} ({} B)\n", human_bytes(total_bytes), total_bytes);
 
-  // Bytes one decode step reads: every weight once, but only one row of token_embd, only
-  // expert_used_count of expert_count experts, and the nextn (MTP) block counted on its own.
-  const int64_t first_nextn = n_layers - n_nextn;
-  uint64_t target = 0, nextn = 0;
-  for (const GgufTensorInfo& t : tensors) {
-    uint64_t bytes = t.nbytes;
-    if (t.name == "token_embd.weight") bytes = t.nbytes / static_cast<uint64_t>(t.n_elements() / t.ne[0]);
-    else if (n_expert > 0 && n_used > 0 && t.name.find("_exps.") != std::string::npos)
-      bytes = t.nbytes / static_cast<uint64_t>(n_expert) * static_cast<uint64_t>(n_used);
-    const int blk = block_index(t.name);
-    if (n_nextn > 0 && blk >= first_nextn) nextn += bytes;
-    else target += bytes;
-  }
+  const auto [target, nextn] = decode_weight_bytes(f, n_layers - n_nextn, n_expert, n_used);
   fmt::print("\nbytes read per token at decode:\n");
   fmt::print("  model: {} ({} B)\n", human_bytes(target), target);
   if (n_nextn > 0)
     fmt::print("  nextn/MTP block: {} ({} B; per drafted token, plus the shared output head)\n", human_bytes(nextn),
                nextn);
-  fmt::print("  (token_embd: one row; all other weights once");
+  fmt::print("  (token_embd: one row, or all of it as the tied output head; all other weights once");
   if (n_expert > 0 && n_used > 0) fmt::print("; expert tensors at {}/{} experts", n_used, n_expert);
   fmt::print(")\n");
   return Status::ok();

@@ -1,5 +1,6 @@
 // Qwen3.5 / Qwen3.6 hyperparameters as stored in GGUF (QWEN35.md, "Architectures and metadata").
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,14 @@ struct Qwen35Hparams : AttentionHparams {
 // Reads and validates every field; errors name the file and the key.
 Result<Qwen35Hparams> read_qwen35_hparams(const GgufFile& f);
 
-// Bytes of weights a one-token forward step reads, as stored in f: every trunk tensor and the output
-// head, MoE expert tensors at the share a token routes to (n_expert_used / n_expert), not the MTP
-// blocks (a target step does not run them) and not the token embedding (one row per token), unless
-// the head reads it (tied embeddings). The floor of a decode step is this over the memory bandwidth.
-double step_weight_bytes(const GgufFile& f, const Qwen35Hparams& hp);
+// Bytes of weights one decode step reads, as stored in f (`hyspec info`, `hyspec bench`): every tensor
+// once, but one row of the token embedding (all of it when there is no output.weight: the head is
+// tied to it) and the expert tensors ("_exps.") at n_used of n_expert; the blocks from first_nextn on
+// (the MTP head, which a target step does not run) counted apart. The floor of a decode step is
+// `target` over the memory bandwidth.
+struct DecodeWeightBytes {
+  uint64_t target = 0, nextn = 0;
+};
+DecodeWeightBytes decode_weight_bytes(const GgufFile& f, int64_t first_nextn, int64_t n_expert, int64_t n_used);
 
 }  // namespace hyspec

@@ -359,30 +359,32 @@ TEST_P(Qwen35Fixture, VerifyRowsAreBitIdenticalToDecodeSteps) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Fixture, ::testing::Values("qwen35-tiny", "qwen35moe-tiny"));
 
-// The weight bytes a one-token step reads (hyspec bench's GB/s column): the trunk's tensors and the
-// output head, counted here from the positive list of what a step runs; the token embedding and the
-// MTP block are left out, and MoE expert tensors count at top-k / experts.
-TEST(StepWeightBytes, TrunkAndHeadOnlyWithExpertsAtTheRoutedShare) {
+// The weight bytes a one-token step reads (hyspec info, hyspec bench's GB/s column): the trunk's
+// tensors and the output head, counted here from the positive list of what a step runs, plus one
+// row of the token embedding; the MTP block apart; MoE expert tensors at top-k / experts.
+TEST(DecodeWeightBytes, TrunkHeadAndOneEmbeddingRowWithExpertsAtTheRoutedShare) {
   for (const char* rel : {"qwen35-tiny/qwen35-tiny-f32.gguf", "qwen35moe-tiny/qwen35moe-tiny-q8_0.gguf"}) {
     auto f = GgufFile::open(test::fixture_path(rel));
     ASSERT_TRUE(f.is_ok()) << f.message();
     auto hp = read_qwen35_hparams(**f);
     ASSERT_TRUE(hp.is_ok()) << hp.message();
     ASSERT_GT(hp->n_nextn, 0) << rel << ": the fixture should have an MTP block, for the exclusion to show";
-    double expected = 0, mtp = 0, experts = 0;
+    uint64_t target = 0, mtp = 0, experts = 0;
     for (const GgufTensorInfo& t : (*f)->tensors()) {
+      const bool expert = t.name.find("_exps.") != std::string::npos;
+      const uint64_t bytes = expert ? t.nbytes / hp->n_expert * hp->n_expert_used : t.nbytes;
+      if (expert) experts += t.nbytes;
       bool trunk = t.name == "output.weight" || t.name == "output_norm.weight";
       for (int i = 0; i < hp->n_layer && !trunk; ++i) trunk = t.name.rfind(fmt::format("blk.{}.", i), 0) == 0;
-      if (t.name.rfind(fmt::format("blk.{}.", hp->n_layer), 0) == 0) mtp += static_cast<double>(t.nbytes);
-      if (!trunk) continue;
-      const bool expert = t.name.find("_exps.") != std::string::npos;
-      if (expert) experts += static_cast<double>(t.nbytes);
-      const double bytes = static_cast<double>(t.nbytes);
-      expected += expert ? bytes * hp->n_expert_used / hp->n_expert : bytes;
+      if (trunk) target += bytes;
+      if (t.name == "token_embd.weight") target += t.nbytes / static_cast<uint64_t>(t.ne[1]);  // one row
+      if (t.name.rfind(fmt::format("blk.{}.", hp->n_layer), 0) == 0) mtp += bytes;
     }
-    EXPECT_GT(mtp, 0) << rel;
+    EXPECT_GT(mtp, 0u) << rel;
     EXPECT_EQ(experts > 0, hp->moe) << rel;
-    EXPECT_DOUBLE_EQ(step_weight_bytes(**f, *hp), expected) << rel;
+    const DecodeWeightBytes d = decode_weight_bytes(**f, hp->n_layer, hp->n_expert, hp->n_expert_used);
+    EXPECT_EQ(d.target, target) << rel;
+    EXPECT_EQ(d.nextn, mtp) << rel;
   }
 }
 
