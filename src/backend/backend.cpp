@@ -27,6 +27,16 @@ Result<Weight> weight_geometry(const GgufTensorInfo& t) {
   return w;
 }
 
+void Backend::qk_norm_rope_store(const QkPrepArgs& a) {
+  const int64_t n = a.k.n_rows, D = a.head_dim;
+  const Rows k_heads(a.k.data, n * a.n_kv_head, D);  // one head per row
+  if (a.q.data) rms_norm(Rows(a.q_in.data, n * a.n_head, D, a.q_pitch), a.q_norm, D, a.eps, Rows(a.q.data, n * a.n_head, D));
+  rms_norm(k_heads, a.k_norm, D, a.eps, k_heads);
+  if (a.q.data) rope_neox(a.q, a.head_dim, a.n_rot, a.positions, a.freq_base);
+  rope_neox(a.k, a.head_dim, a.n_rot, a.positions, a.freq_base);
+  kv_store(a.k, a.v, a.kv, a.positions);
+}
+
 Result<BackendKind> parse_backend_kind(const std::string& name) {
   if (name == "cpu") return BackendKind::Cpu;
   if (name == "cuda") return BackendKind::Cuda;

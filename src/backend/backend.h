@@ -113,6 +113,25 @@ struct GdnArgs {
   Rows out;                        // [n, n_v_heads*d]
 };
 
+// The query/key preparation of attention (QWEN35.md "Full-attention mixer", DFLASH.md), for n tokens:
+//   q[t] = rope(rms_norm(query values of q_in[t], per head) * q_norm)
+//   k[t] = rope(rms_norm(k[t], per head) * k_norm)   (in place)
+// then k[t] and v[t] stored in the cache at positions[t]. q_in, q and k rows are contiguous (stride ==
+// n_cols); no q (q.data null): keys and values only.
+struct QkPrepArgs {
+  Rows q_in;             // [n, n_head*q_pitch]: head h's head_dim query values at column h*q_pitch
+  int64_t q_pitch = 0;   // head_dim, or 2*head_dim where each head's gate follows its query (Qwen3.5 attn_q)
+  Rows q;                // [n, n_head*head_dim] out (may be q_in when q_pitch == head_dim)
+  Rows k;                // [n, n_kv_head*head_dim] in/out
+  Rows v;                // [n, n_kv_head*head_dim]
+  const float* q_norm = nullptr;  // [head_dim]
+  const float* k_norm = nullptr;  // [head_dim]
+  int n_head = 0, n_kv_head = 0, head_dim = 0, n_rot = 0;
+  float eps = 1e-6f, freq_base = 10000.0f;
+  const int32_t* positions = nullptr;  // [n]
+  KvLayer kv;
+};
+
 struct MoeArgs {
   Rows x;                  // [n, hidden] normed input
   const Weight* router;    // [hidden, n_expert]
@@ -183,6 +202,9 @@ class Backend {
   virtual void rope_neox(Rows x, int head_dim, int n_rot, const int32_t* positions, float freq_base) = 0;
   // Write k, v rows into the cache at positions[t].
   virtual void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) = 0;
+  // QkPrepArgs in one op where the backend has a fused kernel (CUDA); the same bits as the ops it
+  // stands for, which the default runs: rms_norm of the query and key heads, rope_neox of both, kv_store.
+  virtual void qk_norm_rope_store(const QkPrepArgs& a);
   virtual void attention(const AttentionArgs& a) = 0;
   // Depthwise causal conv (kernel K) over time, then SiLU. conv_state [K-1, C] holds the previous
   // K-1 inputs (oldest first) and is advanced in place; capture (optional) [n, K-1, C] receives the

@@ -7,6 +7,29 @@
 
 namespace hyspec {
 
+namespace {
+// k_norm and RoPE on k (and q_norm and RoPE on q, when given), then k and v into the layer's cache.
+QkPrepArgs qk_prep(const DflashHparams& hp, const DflashLayer& l, Rows q, Rows k, Rows v, const int32_t* positions,
+                   const KvLayer& kv) {
+  QkPrepArgs p;
+  p.q_in = p.q = q;
+  p.q_pitch = hp.head_dim;
+  p.k = k;
+  p.v = v;
+  p.q_norm = l.attn_q_norm.f32();
+  p.k_norm = l.attn_k_norm.f32();
+  p.n_head = hp.n_head;
+  p.n_kv_head = hp.n_head_kv;
+  p.head_dim = hp.head_dim;
+  p.n_rot = hp.n_rot;
+  p.eps = hp.eps;
+  p.freq_base = hp.rope_base;
+  p.positions = positions;
+  p.kv = kv;
+  return p;
+}
+}  // namespace
+
 Status DflashModel::inject(const DflashInjectArgs& args, DflashState& st) {
   Impl& I = *impl_;
   const int64_t n = args.n, E = hp_.n_embd, D = hp_.head_dim, Hkv = hp_.n_head_kv;
@@ -27,9 +50,7 @@ Status DflashModel::inject(const DflashInjectArgs& args, DflashState& st) {
     const DflashLayer& l = I.layers[il];
     be.matmul(l.attn_k, g, k);
     be.matmul(l.attn_v, g, v);
-    be.rms_norm(Rows(k.data, n * Hkv, D), l.attn_k_norm.f32(), D, hp_.eps, Rows(k.data, n * Hkv, D));
-    be.rope_neox(k, static_cast<int>(D), hp_.n_rot, args.positions, hp_.rope_base);
-    be.kv_store(k, v, st.kv[il], args.positions);
+    be.qk_norm_rope_store(qk_prep(hp_, l, Rows(), k, v, args.positions, st.kv[il]));
   }
   return Status::ok();
 }
@@ -58,11 +79,7 @@ Status DflashModel::draft(const DflashDraftArgs& args, DflashState& st) {
     be.matmul(l.attn_q, h, q);
     be.matmul(l.attn_k, h, k);
     be.matmul(l.attn_v, h, v);
-    be.rms_norm(Rows(q.data, n * H, D), l.attn_q_norm.f32(), D, hp_.eps, Rows(q.data, n * H, D));
-    be.rms_norm(Rows(k.data, n * Hkv, D), l.attn_k_norm.f32(), D, hp_.eps, Rows(k.data, n * Hkv, D));
-    be.rope_neox(q, static_cast<int>(D), hp_.n_rot, args.positions, hp_.rope_base);
-    be.rope_neox(k, static_cast<int>(D), hp_.n_rot, args.positions, hp_.rope_base);
-    be.kv_store(k, v, st.kv[il], args.positions);
+    be.qk_norm_rope_store(qk_prep(hp_, l, q, k, v, args.positions, st.kv[il]));
     AttentionArgs a;
     a.q = q;
     a.kv = st.kv[il];

@@ -59,13 +59,24 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   c.be.matmul(w.attn_q, x, qg);
   c.be.matmul(w.attn_k, x, k);
   c.be.matmul(w.attn_v, x, v);
-  // attn_q rows hold, per head, D query values then D gate values: view them as [n*H, D] rows.
-  Rows q_parts(qg.data, n * H, D, 2 * D), gate_parts(qg.data + D, n * H, D, 2 * D);
-  c.be.rms_norm(q_parts, w.attn_q_norm.f32(), D, hp.eps, Rows(q.data, n * H, D));
-  c.be.rms_norm(Rows(k.data, n * Hkv, D), w.attn_k_norm.f32(), D, hp.eps, Rows(k.data, n * Hkv, D));
-  c.be.rope_neox(q, static_cast<int>(D), hp.n_rot, positions, hp.rope_base);
-  c.be.rope_neox(k, static_cast<int>(D), hp.n_rot, positions, hp.rope_base);
-  c.be.kv_store(k, v, kv, positions);
+  // attn_q rows hold, per head, D query values then D gate values.
+  QkPrepArgs p;
+  p.q_in = qg;
+  p.q_pitch = 2 * D;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.q_norm = w.attn_q_norm.f32();
+  p.k_norm = w.attn_k_norm.f32();
+  p.n_head = static_cast<int>(H);
+  p.n_kv_head = static_cast<int>(Hkv);
+  p.head_dim = static_cast<int>(D);
+  p.n_rot = hp.n_rot;
+  p.eps = hp.eps;
+  p.freq_base = hp.rope_base;
+  p.positions = positions;
+  p.kv = kv;
+  c.be.qk_norm_rope_store(p);
   AttentionArgs a;
   a.q = q;
   a.kv = kv;
@@ -77,7 +88,7 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   a.causal = true;
   a.out = att;
   c.be.attention(a);
-  Rows att_heads(att.data, n * H, D);
+  Rows att_heads(att.data, n * H, D), gate_parts(qg.data + D, n * H, D, 2 * D);
   c.be.sigmoid_mul(att_heads, gate_parts, att_heads);
   c.be.matmul(w.attn_output, att, out);
 }

@@ -603,6 +603,84 @@ TEST_F(CudaBackendTest, RopeNeoxMatchesCpu) {
   }
 }
 
+// qk_norm_rope_store on CUDA is one kernel; its q, k and cache rows are the bits of the five ops it
+// stands for (Backend's default), for warp norms of both forms (head_dim 256: float4s; 64: scalars),
+// gated and plain query rows, keys only, F16 and F32 caches and positions outside the cache
+// (skipped); and within the norm tolerance of the CPU.
+TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
+  const int H = 4, Hkv = 2;
+  const int64_t cap = 40;
+  for (const int D : {64, 256}) {
+    for (const int64_t n : {1, 17}) {
+      for (const int q_mode : {0, 1, 2}) {  // gated query rows, plain (in place), keys only
+        for (const GgmlType kv_type : {GgmlType::F16, GgmlType::F32}) {
+          const int64_t q_pitch = q_mode == 0 ? 2 * D : D, W = int64_t{Hkv} * D;
+          const std::string what = "head_dim " + std::to_string(D) + ", n " + std::to_string(n) + ", q mode " +
+                                   std::to_string(q_mode) + ", " + std::string(ggml_type_name(kv_type));
+          std::vector<int32_t> pos(n);
+          for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>((t * 7 + 3) % cap);
+          pos[0] = n > 1 ? -1 : 5;        // outside the cache: no store
+          if (n > 2) pos[2] = int32_t(cap);  // likewise
+          const auto qv = randn(n * H * q_pitch, 2.0f), kv = randn(n * W, 2.0f), vv = randn(n * W);
+          const auto qw = randn(D), kw = randn(D);
+          const size_t cache_bytes = static_cast<size_t>(cap * W) * (kv_type == GgmlType::F16 ? 2 : 4);
+          struct Run {
+            Tensor q_in, q, k, v, qw, kw;
+            Buffer pos, kc, vc;
+          };
+          auto run = [&](Backend& b, int how) {  // how: 0 the backend's op, 1 Backend's default
+            Run r{put(b, qv), poison(b, n * H * D), put(b, kv), put(b, vv), put(b, qw), put(b, kw), put_i32(b, pos),
+                  b.alloc(cache_bytes).value(), b.alloc(cache_bytes).value()};
+            b.fill_zero(r.kc.data(), cache_bytes);
+            b.fill_zero(r.vc.data(), cache_bytes);
+            QkPrepArgs a;
+            if (q_mode != 2) {
+              a.q_in = r.q_in.rows(n, H * q_pitch);
+              a.q_pitch = q_pitch;
+              a.q = q_mode == 1 ? r.q_in.rows(n, H * D) : r.q.rows(n, H * D);
+            }
+            a.k = r.k.rows(n, W);
+            a.v = r.v.rows(n, W);
+            a.q_norm = r.qw.f();
+            a.k_norm = r.kw.f();
+            a.n_head = H;
+            a.n_kv_head = Hkv;
+            a.head_dim = D;
+            a.n_rot = D / 4;
+            a.eps = 1e-6f;
+            a.freq_base = 1e7f;
+            a.positions = r.pos.as<int32_t>();
+            a.kv = KvLayer{r.kc.data(), r.vc.data(), kv_type, cap, W};
+            if (how == 0) b.qk_norm_rope_store(a);
+            else b.Backend::qk_norm_rope_store(a);
+            return r;
+          };
+          auto bytes = [](Backend& b, const Buffer& buf) {
+            std::vector<uint8_t> h(buf.size);
+            b.download(h.data(), buf.data(), buf.size);
+            return h;
+          };
+          const Run fused = run(*gpu_, 0), ops = run(*gpu_, 1), cpu = run(*cpu_, 0);
+          const Tensor& qf = q_mode == 1 ? fused.q_in : fused.q;
+          const Tensor& qo = q_mode == 1 ? ops.q_in : ops.q;
+          const Tensor& qc = q_mode == 1 ? cpu.q_in : cpu.q;
+          if (q_mode != 2) {
+            EXPECT_TRUE(same_bits(get_gpu(qf), get_gpu(qo))) << what << ": q";
+            EXPECT_LE(rel_err(valid_region(get_gpu(qf), n, H * D, H * D), valid_region(get(*cpu_, qc), n, H * D, H * D)),
+                      1e-5)
+                << what << ": q against the CPU";
+          }
+          EXPECT_TRUE(same_bits(get_gpu(fused.k), get_gpu(ops.k))) << what << ": k";
+          EXPECT_LE(rel_err(get_gpu(fused.k), get(*cpu_, cpu.k)), 1e-5) << what << ": k against the CPU";
+          EXPECT_EQ(bytes(*gpu_, fused.kc), bytes(*gpu_, ops.kc)) << what << ": K cache";
+          EXPECT_EQ(bytes(*gpu_, fused.vc), bytes(*gpu_, ops.vc)) << what << ": V cache";
+          EXPECT_TRUE(gpu_->synchronize().is_ok()) << what;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, ArgmaxFirstIndexOnTies) {
   const int64_t n = 6, C = 5000;
   auto xv = randn(n * C);

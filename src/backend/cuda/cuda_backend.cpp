@@ -297,6 +297,43 @@ class CudaBackend final : public Backend {
           "kv_store");
   }
 
+  void qk_norm_rope_store(const QkPrepArgs& a) override {
+    const int64_t n = a.k.n_rows, D = a.head_dim;
+    const bool contiguous = (!a.q.data || (a.q_in.stride == a.q_in.n_cols && a.q.stride == a.q.n_cols)) &&
+                            a.k.stride == a.k.n_cols;
+    if (!fused_ops_ || !cuda::qk_prep_supported(a.head_dim) || !contiguous) return Backend::qk_norm_rope_store(a);
+    auto prof = begin_op("qk_norm_rope_store");
+    if (!expect(a.kv.type == GgmlType::F32 || a.kv.type == GgmlType::F16, "qk_norm_rope_store: KV type {} (F32 or F16)",
+                ggml_type_name(a.kv.type)) ||
+        !expect(a.n_rot % 2 == 0 && a.n_rot <= a.head_dim, "qk_norm_rope_store: n_rot {} of head_dim {}", a.n_rot,
+                a.head_dim) ||
+        !expect(a.k.n_cols == a.n_kv_head * D && a.v.n_cols == a.kv.width && a.kv.width == a.k.n_cols &&
+                    a.v.n_rows == n && (!a.q.data || (a.q.n_rows == n && a.q.n_cols == a.n_head * D &&
+                                                     a.q_in.n_rows == n && a.q_pitch >= D &&
+                                                     a.q_in.n_cols >= (a.n_head - 1) * a.q_pitch + D)),
+                "qk_norm_rope_store: q [{}, {}], k [{}, {}], v [{}, {}] for {} + {} heads of {}", a.q.n_rows, a.q.n_cols,
+                a.k.n_rows, a.k.n_cols, a.v.n_rows, a.v.n_cols, a.n_head, a.n_kv_head, D))
+      return;
+    cuda::QkPrepParams p{};
+    p.q_in = mat(a.q_in);
+    p.q_pitch = a.q_pitch;
+    p.q = mat(a.q);
+    p.k = mat(a.k);
+    p.v = mat(a.v);
+    p.q_norm = a.q_norm;
+    p.k_norm = a.k_norm;
+    p.n_head = a.q.data ? a.n_head : 0;
+    p.n_kv_head = a.n_kv_head;
+    p.head_dim = a.head_dim;
+    p.n_rot = a.n_rot;
+    p.eps = a.eps;
+    p.freq_base = a.freq_base;
+    p.positions = a.positions;
+    p.width = a.kv.width;
+    p.capacity = a.kv.capacity;
+    check(cuda::qk_prep_launch(p, a.kv.k, a.kv.v, a.kv.type == GgmlType::F16, stream_), "qk_norm_rope_store");
+  }
+
   void attention(const AttentionArgs& a) override {
     auto prof = begin_op("attention");
     const int64_t width = static_cast<int64_t>(a.n_head) * a.head_dim;
@@ -659,6 +696,9 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   bool int8_matvec_ = false;
+  // HYSPEC_FUSED_OPS=0: the fused ops (qk_norm_rope_store, ...) run as the ops they stand for, to
+  // measure what a fusion saves.
+  bool fused_ops_ = cuda::env_int("HYSPEC_FUSED_OPS", 1) != 0;
   int n_sm_ = 1;
   std::string name_;
   cudaStream_t stream_ = nullptr;

@@ -40,6 +40,12 @@ struct NormArgs {
 };
 constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip form
 
+// A thread's running sum of squares: the one expression (and so the one FMA contraction) of every norm.
+__device__ __forceinline__ float add_square(float ss, float v) { return ss + v * v; }
+__device__ __forceinline__ float add_squares(float ss, float4 v) {
+  return add_square(add_square(add_square(add_square(ss, v.x), v.y), v.z), v.w);
+}
+
 // y = x / sqrt(mean(x^2) + eps) * w  [* silu(z)] over each group of columns; 2 reads + 1 write.
 // AddResidual first stores x += z (the add of binary_kernel, element by element) and norms the sum:
 // 3 reads + 2 writes, with the arithmetic of an add followed by a plain norm. A group's arithmetic
@@ -109,10 +115,7 @@ __global__ void rms_norm_kernel(NormArgs a) {
         v[k].x += d[k].x, v[k].y += d[k].y, v[k].z += d[k].z, v[k].w += d[k].w;
         *reinterpret_cast<float4*>(xr + (int64_t{k} * tpg + lt) * 4) = v[k];
       }
-      ss += v[k].x * v[k].x;
-      ss += v[k].y * v[k].y;
-      ss += v[k].z * v[k].z;
-      ss += v[k].w * v[k].w;
+      ss = add_squares(ss, v[k]);
     }
     const float inv = group_inv_rms(ss, tpg, partial, a.group, a.eps);
     if (!valid) return;
@@ -155,7 +158,7 @@ __global__ void rms_norm_kernel(NormArgs a) {
           v[k] = v[k] + d[k];
           xr[c] = v[k];  // read back below by this same thread
         }
-        ss += v[k] * v[k];
+        ss = add_square(ss, v[k]);
       }
     }
   }
@@ -187,9 +190,18 @@ __global__ void binary_kernel(Binary op, Mat a, Mat b, Mat y) {
   }
 }
 
-// NeoX RoPE in place: pairs (i, i + n_rot/2) of each head rotated by pos * base^(-2i/n_rot).
-// As the CPU backend: inv_freq rounded to f32, the angle and its sin/cos in double (positions reach
-// 1e5+, where an f32 angle would be off by ~1e-2 rad).
+// NeoX RoPE: the pair (x0, x1) = (i, i + n_rot/2) of a head rotated by pos * base^(-2i/n_rot). As the
+// CPU backend: inv_freq rounded to f32, the angle and its sin/cos in double (positions reach 1e5+, where
+// an f32 angle would be off by ~1e-2 rad).
+__device__ __forceinline__ void rope_rotate(float& x0, float& x1, int32_t pos, int i, int n_rot, float freq_base) {
+  const double inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / n_rot));
+  double s, c;
+  sincos(static_cast<double>(pos) * inv_freq, &s, &c);
+  const float a = x0, b = x1;
+  x0 = static_cast<float>(a * c - b * s);
+  x1 = static_cast<float>(a * s + b * c);
+}
+
 __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* __restrict__ positions,
                                  float freq_base) {
   pdl_wait();
@@ -200,13 +212,17 @@ __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* 
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(idx % half);
     const int64_t h = idx / half % heads, r = idx / half / heads;
-    const double inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / n_rot));
-    double s, c;
-    sincos(static_cast<double>(positions[r]) * inv_freq, &s, &c);
     float* p = x.data + r * x.stride + h * head_dim;
-    const float x0 = p[i], x1 = p[i + half];
-    p[i] = static_cast<float>(x0 * c - x1 * s);
-    p[i + half] = static_cast<float>(x0 * s + x1 * c);
+    rope_rotate(p[i], p[i + half], positions[r], i, n_rot, freq_base);
+  }
+}
+
+template <typename C>
+__device__ __forceinline__ C to_cache(float v) {
+  if constexpr (sizeof(C) == 2) {
+    return __float2half_rn(v);
+  } else {
+    return v;
   }
 }
 
@@ -219,13 +235,76 @@ __global__ void kv_store_kernel(Mat k, Mat v, C* __restrict__ kc, C* __restrict_
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / width, c = i % width, pos = positions[t], dst = pos * width + c;
     if (pos < 0 || pos >= capacity) continue;
-    if constexpr (sizeof(C) == 2) {
-      kc[dst] = __float2half_rn(k.data[t * k.stride + c]);
-      vc[dst] = __float2half_rn(v.data[t * v.stride + c]);
-    } else {
-      kc[dst] = k.data[t * k.stride + c];
-      vc[dst] = v.data[t * v.stride + c];
+    kc[dst] = to_cache<C>(k.data[t * k.stride + c]);
+    vc[dst] = to_cache<C>(v.data[t * v.stride + c]);
+  }
+}
+
+// QkPrepArgs (backend.h) in one kernel, a warp per (token, head): the norm as rms_norm_kernel's warp
+// form computes it (tpg = 32: the same lane split and order, so the same bits), the head staged in
+// shared memory for RoPE (its pairs sit 16..32 lanes apart), then q or k written and, for a key head,
+// k and v into the cache. Replaces five launches (two norms, two RoPEs, the store); bytes: q, k, v read
+// once, q, k and the cache rows written once.
+template <typename C>
+__global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams a, C* __restrict__ kc,
+                                                                     C* __restrict__ vc) {
+  __shared__ __align__(16) float head_s[kQkPrepWarps][kQkPrepMaxHeadDim];
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = a.head_dim;
+  const int heads = a.n_head + a.n_kv_head;
+  const int64_t item = blockIdx.x * int64_t{kQkPrepWarps} + warp;
+  if (item >= a.k.rows * heads) return;
+  const int64_t t = item / heads;
+  const int j = static_cast<int>(item - t * heads);
+  const bool is_q = j < a.n_head;
+  const int kh = j - a.n_head;
+  const float* x = is_q ? a.q_in.data + t * a.q_in.stride + j * a.q_pitch : a.k.data + t * a.k.stride + kh * D;
+  float* y = is_q ? a.q.data + t * a.q.stride + j * D : a.k.data + t * a.k.stride + kh * D;
+  const float* w = is_q ? a.q_norm : a.k_norm;
+  const int vec4 = is_q ? a.vec4_q : a.vec4_k;
+  float* hs = head_s[warp];
+  float ss = 0.0f;
+  if (vec4 > 0) {  // lane owns float4s lane, lane + 32, ...
+    float4 v[kNormMaxVec4];
+#pragma unroll
+    for (int k = 0; k < kNormMaxVec4; ++k)
+      if (k < vec4) v[k] = reinterpret_cast<const float4*>(x)[k * 32 + lane];
+#pragma unroll
+    for (int k = 0; k < kNormMaxVec4; ++k)
+      if (k < vec4) ss = add_squares(ss, v[k]);
+    const float inv = group_inv_rms(ss, 32, nullptr, D, a.eps);
+#pragma unroll
+    for (int k = 0; k < kNormMaxVec4; ++k) {
+      if (k >= vec4) break;
+      const int c = (k * 32 + lane) * 4;
+      float o[4] = {v[k].x * inv, v[k].y * inv, v[k].z * inv, v[k].w * inv};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (w) o[e] *= w[c + e];
+      *reinterpret_cast<float4*>(hs + c) = make_float4(o[0], o[1], o[2], o[3]);
     }
+  } else {  // lane owns elements lane, lane + 32, ...
+    for (int c = lane; c < D; c += 32) ss = add_square(ss, x[c]);
+    const float inv = group_inv_rms(ss, 32, nullptr, D, a.eps);
+    for (int c = lane; c < D; c += 32) {
+      float o = x[c] * inv;
+      if (w) o *= w[c];
+      hs[c] = o;
+    }
+  }
+  __syncwarp();
+  const int32_t pos = a.positions[t];
+  const int half = a.n_rot / 2;
+  for (int i = lane; i < half; i += 32) rope_rotate(hs[i], hs[i + half], pos, i, a.n_rot, a.freq_base);
+  __syncwarp();
+  for (int c = lane; c < D; c += 32) y[c] = hs[c];
+  if (is_q || pos < 0 || pos >= a.capacity) return;
+  const int64_t dst = pos * a.width + int64_t{kh} * D;
+  const float* vr = a.v.data + t * a.v.stride + kh * D;
+  for (int c = lane; c < D; c += 32) {
+    kc[dst + c] = to_cache<C>(hs[c]);
+    vc[dst + c] = to_cache<C>(vr[c]);
   }
 }
 
@@ -333,16 +412,25 @@ __global__ void gather_rows_kernel(Mat x, const int32_t* __restrict__ order, int
   }
 }
 
+int norm_threads_per_group(int64_t group) { return group > 512 ? 256 : 32; }
+
+// The one-round-trip form's float4s per thread where every row, group and vector is whole, 16-byte
+// aligned float4s (else 0).
+int norm_vec4(Mat x, Mat y, const float* z, int64_t z_stride, const float* w, int64_t group) {
+  auto aligned = [](const void* p, int64_t stride) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && stride % 4 == 0; };
+  const int tpg = norm_threads_per_group(group);
+  if (group % (4 * tpg) == 0 && group / (4 * tpg) <= kNormMaxVec4 && aligned(x.data, x.stride) &&
+      aligned(y.data, y.stride) && (!z || aligned(z, z_stride)) && (!w || aligned(w, 4)))
+    return static_cast<int>(group / (4 * tpg));
+  return 0;
+}
+
 template <NormKind kKind>
 cudaError_t norm_launch(Mat x, const float* z, int64_t z_stride, const float* w, int64_t group, float eps, Mat y,
                         cudaStream_t stream, const QuantizedX* qx, bool* quantized) {
   if (x.rows == 0) return cudaSuccess;
-  NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, group > 512 ? 256 : 32, 0, QuantizedX{}};
-  // The one-round-trip form where every row, group and vector is whole, 16-byte aligned float4s.
-  auto aligned = [](const void* p, int64_t stride) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && stride % 4 == 0; };
-  if (group % (4 * a.tpg) == 0 && group / (4 * a.tpg) <= kNormMaxVec4 && aligned(x.data, x.stride) &&
-      aligned(y.data, y.stride) && (!z || aligned(z, z_stride)) && (!w || aligned(w, 4)))
-    a.vec4 = static_cast<int>(group / (4 * a.tpg));
+  NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, norm_threads_per_group(group), 0, QuantizedX{}};
+  a.vec4 = norm_vec4(x, y, z, z_stride, w, group);
   const int64_t groups = x.rows * a.groups_per_row, groups_per_block = 256 / a.tpg;
   // Quantizing for the int8 matvecs: a block's groups must be whole 256-blocks of one row (a warp
   // per group: 8 groups to a block, in one row), and the rows few enough for the matvecs.
@@ -391,6 +479,24 @@ cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16
                       static_cast<__half*>(k_cache), static_cast<__half*>(v_cache), width, capacity, positions);
   return launch_pdl(kv_store_kernel<float>, dim3(blocks), dim3(256), 0, stream, k, v,
                     static_cast<float*>(k_cache), static_cast<float*>(v_cache), width, capacity, positions);
+}
+
+cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, bool f16, cudaStream_t stream) {
+  const int64_t D = p.head_dim, n = p.k.rows;
+  if (n == 0) return cudaSuccess;
+  if (!qk_prep_supported(static_cast<int>(D))) return cudaErrorInvalidValue;
+  // The vec4 choice of rms_norm_launch for the same views ([n * heads, D] rows), so the same bits.
+  p.vec4_q = p.n_head ? norm_vec4(Mat{p.q_in.data, n * p.n_head, D, p.q_pitch}, Mat{p.q.data, n * p.n_head, D, D},
+                                  nullptr, 0, p.q_norm, D)
+                      : 0;
+  p.vec4_k = norm_vec4(Mat{p.k.data, n * p.n_kv_head, D, D}, Mat{p.k.data, n * p.n_kv_head, D, D}, nullptr, 0,
+                       p.k_norm, D);
+  const unsigned blocks = static_cast<unsigned>((n * (p.n_head + p.n_kv_head) + kQkPrepWarps - 1) / kQkPrepWarps);
+  if (f16)
+    return launch_pdl(qk_prep_kernel<__half>, dim3(blocks), dim3(kQkPrepWarps * 32), 0, stream, p,
+                      static_cast<__half*>(k_cache), static_cast<__half*>(v_cache));
+  return launch_pdl(qk_prep_kernel<float>, dim3(blocks), dim3(kQkPrepWarps * 32), 0, stream, p,
+                    static_cast<float*>(k_cache), static_cast<float*>(v_cache));
 }
 
 cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream) {

@@ -114,6 +114,23 @@ cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* posi
 // Rows whose position is outside [0, capacity) are skipped.
 cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width, int64_t capacity,
                             const int32_t* positions, cudaStream_t stream);
+// QkPrepArgs (backend.h) in one launch, bit-identical to the rms_norm, rope_neox and kv_store launches it
+// replaces; head_dim <= kQkPrepMaxHeadDim (qk_prep_supported), n_head 0 for keys only.
+constexpr int kQkPrepWarps = 4, kQkPrepMaxHeadDim = 512;
+inline bool qk_prep_supported(int head_dim) { return head_dim > 0 && head_dim <= kQkPrepMaxHeadDim; }
+struct QkPrepParams {
+  Mat q_in;
+  int64_t q_pitch;
+  Mat q, k, v;
+  const float* q_norm;
+  const float* k_norm;
+  int n_head, n_kv_head, head_dim, n_rot;
+  float eps, freq_base;
+  const int32_t* positions;
+  int64_t width, capacity;  // the cache's
+  int vec4_q, vec4_k;       // set by the launcher
+};
+cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, bool f16, cudaStream_t stream);
 cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
