@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # A/B of hyspec builds in one device call (carry [".device", ".anchor"]): .device/bin holds each
-# variant V as hyspec_V and test_backend_V (AB_VARIANTS="V1 V2 ...", the first the baseline), e.g.
-# made here with `git stash` / a build-time switch, `strip -o /tmp/var/hyspec_V build-cuda/hyspec`,
+# variant V as hyspec_V and optionally test_*_V (AB_VARIANTS="V1 V2 ...", the first the baseline),
+# e.g. made here with `git stash` / a build-time switch, `strip -o /tmp/var/hyspec_V build-cuda/hyspec`,
 # then HYSPEC_DEVICE_BINS=test_backend HYSPEC_DEVICE_FIXTURES=quants scripts/device/pack.sh and the
-# variants added to .device/bin.tar.xz.
-# There: the anchor makes the 9B GGUFs (no llama-bench) while each variant's int8/norm CUDA tests and
-# the interleaved matvec kernel benches run; then hyspec bench on 9B Q4_K_M, variants interleaved,
-# AB_ROUNDS times; AB_NCU="TYPE:WIDTH:SHAPE ..." adds ncu's per-instruction view of the last variant.
+# variants added to .device/bin.tar.xz. A variant may be a script that runs another with environment
+# variables set (HYSPEC_FUSED_OPS=0 exec "$(dirname "$0")/hyspec" "$@"), or a symbolic link.
+# There: the anchor makes the 9B GGUFs (no llama-bench) while each variant's CUDA tests (test_backend's
+# filtered by AB_TESTS) and the interleaved matvec kernel benches (AB_KERNELS=0: none) run; then hyspec
+# bench on 9B Q4_K_M, variants interleaved, AB_ROUNDS times (verify widths AB_VERIFY); AB_NCU="TYPE:WIDTH:SHAPE
+# ..." adds ncu's per-instruction view of the last variant.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 D=.device
@@ -21,16 +23,17 @@ summary() {
   echo "$r" | grep PASSED; echo "failed: $(echo "$r" | grep -c "FAILED  \] [A-Za-z]")"; echo "$r" | grep "FAILED  \] [A-Za-z]" | head -25
 }
 ANCHOR_MODELS_ONLY=1 bash bench/compare_llamacpp.sh start 9b
-for v in $V; do  # (a variant may come without test binaries)
-  [ -x "$D/bin/test_backend_$v" ] || continue
-  echo "== test_backend_$v (cuda): ${AB_TESTS:=Matvec/*:CudaBackendTest.*Norm*:CudaBackendTest.Captured*}"
-  HYSPEC_TEST_BACKEND=cuda timeout 200 "$D/bin/test_backend_$v" --gtest_brief=1 --gtest_filter="$AB_TESTS" 2>&1 | summary
-  [ -x "$D/bin/test_model_$v" ] || continue
-  echo "== test_model_$v (cuda)"
-  HYSPEC_TEST_BACKEND=cuda timeout 200 "$D/bin/test_model_$v" --gtest_brief=1 2>&1 | summary
+for v in $V; do  # (a variant may come without test binaries; AB_TESTS filters test_backend's)
+  for t in "$D"/bin/test_*_"$v"; do
+    [ -x "$t" ] || continue
+    filter='*'
+    [ "$(basename "$t")" = "test_backend_$v" ] && filter=${AB_TESTS:=Matvec/*:CudaBackendTest.*Norm*:CudaBackendTest.Captured*}
+    echo "== $(basename "$t") (cuda): $filter"
+    HYSPEC_TEST_BACKEND=cuda timeout 200 "$t" --gtest_brief=1 --gtest_filter="$filter" 2>&1 | summary
+  done
 done
 echo "== matvec kernel benches, variants interleaved (GB/s)"
-for type in Q4_K Q6_K; do
+[ "${AB_KERNELS:-1}" = 0 ] || for type in Q4_K Q6_K; do
   for v in $V; do
     [ -x "$D/bin/test_backend_$v" ] || continue
     echo "-- $v"
@@ -39,15 +42,16 @@ for type in Q4_K Q6_K; do
       grep -E "^\| |BENCH swiglu $type"
   done
 done | tee "$OUT/kernels_ab.md"
-for _ in $(seq 1 100); do [ -f /tmp/anchor/anchor.done ] && break; sleep 5; done
+while [ ! -f /tmp/anchor/anchor.done ] && [ "$SECONDS" -lt 560 ]; do sleep 5; done
 M=/tmp/anchor/9b-q4km.gguf
-[ -f "$M" ] || { echo "no 9B model: $(tail -3 /tmp/anchor/anchor.err)"; exit 3; }
+# (a model still being written would fail every bench below)
+[ -f /tmp/anchor/anchor.done ] && [ -f "$M" ] || { echo "no 9B model after ${SECONDS}s: $(tail -3 /tmp/anchor/anchor.err)"; exit 3; }
 echo "== hyspec bench 9B Q4_K_M (tg128, verify-k: t/s, ms/step, x tg step)"
 for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   for v in $V; do
     echo "-- round $round: $v"
-    "$D/bin/hyspec_$v" bench -m "$M" --backend cuda -p 0 -n 128 --verify 1,4,8,16 -c 4096 --kv-type f16 2>&1 |
-      grep -E "tg128|verify" | awk -F'|' '{print $4, $5, $6, $7}'
+    "$D/bin/hyspec_$v" bench -m "$M" --backend cuda -p 0 -n 128 --verify "${AB_VERIFY:-1,4,8,16}" -c 4096 --kv-type f16 2>&1 |
+      grep -E "tg128|verify|rror" | awk -F'|' '{print (NF > 1 ? $4 " " $5 " " $6 " " $7 : $0)}'
   done
 done | tee "$OUT/e2e_ab.md"
 last=${V##* }

@@ -790,6 +790,71 @@ TEST_F(CudaBackendTest, GatedDeltaNetMatchesCpuRecurrentAndChunked) {
   }
 }
 
+// conv_gated_delta_net on CUDA makes q, k and v inside the recurrent GDN kernel: its output, GDN state,
+// conv state and both captures are the bits of causal_conv_silu then gated_delta_net (Backend's
+// default), over two consecutive steps (the conv state one step leaves is the next one's input, and the
+// counter that elects its writer must be left zeroed), at the fixture's shape and the 9B's (16 k-heads,
+// 32 v-heads, d 128: 17 tokens cross the kernel's 16-token staging chunk); and within the GDN
+// tolerance of the CPU.
+TEST_F(CudaBackendTest, ConvGatedDeltaNetIsBitIdenticalToConvThenGdn) {
+  struct Case {
+    int n_k, n_v, d;
+  };
+  const int K = 4;
+  for (const Case cs : {Case{2, 4, 32}, Case{16, 32, 128}}) {
+    for (const int64_t n : {1, 5, 17}) {
+      for (const bool capture : {false, true}) {
+        const int64_t Kc = int64_t{cs.n_k} * cs.d, Vc = int64_t{cs.n_v} * cs.d, C = 2 * Kc + Vc,
+                      S = cs.n_v * cs.d * cs.d;
+        const std::string what = fmt::format("n_k={} n_v={} d={} n={} capture={}", cs.n_k, cs.n_v, cs.d, n, capture);
+        const auto w = randn(C * K, 0.5f), cs0 = randn((K - 1) * C), ss0 = randn(S, 0.1f), beta = randn(2 * n * cs.n_v),
+                   alpha = randn(2 * n * cs.n_v), dt = randn(cs.n_v), qkv = randn(2 * n * C);
+        std::vector<float> a_log = randn(cs.n_v), ssm_a(cs.n_v);
+        for (int h = 0; h < cs.n_v; ++h) ssm_a[h] = -std::exp(0.5f * a_log[h]);
+        struct Run {
+          Tensor qkv, w, beta, alpha, A, dt, conv_state, ssm_state, conv, out, conv_cap, ssm_cap;
+        };
+        auto run = [&](Backend& b, bool fused) {
+          Run r{put(b, qkv), put(b, w), put(b, beta), put(b, alpha), put(b, ssm_a), put(b, dt), put(b, cs0),
+                put(b, ss0), poison(b, n * C), poison(b, 2 * n * Vc), poison(b, 2 * n * (K - 1) * C),
+                poison(b, 2 * n * S)};
+          for (int step = 0; step < 2; ++step) {
+            const Rows X = r.qkv.rows(2 * n, C).rows(step * n, n), conv = r.conv.rows(n, C);
+            GdnArgs g;
+            g.q = conv.cols(0, Kc);
+            g.k = conv.cols(Kc, Kc);
+            g.v = conv.cols(2 * Kc, Vc);
+            g.beta_logit = r.beta.rows(2 * n, cs.n_v).rows(step * n, n);
+            g.alpha = r.alpha.rows(2 * n, cs.n_v).rows(step * n, n);
+            g.ssm_a = r.A.f();
+            g.dt_bias = r.dt.f();
+            g.n_k_heads = cs.n_k;
+            g.n_v_heads = cs.n_v;
+            g.head_dim = cs.d;
+            g.state = r.ssm_state.f();
+            g.capture = capture ? r.ssm_cap.f() + step * n * S : nullptr;
+            g.out = r.out.rows(2 * n, Vc).rows(step * n, n);
+            float* conv_cap = capture ? r.conv_cap.f() + step * n * (K - 1) * C : nullptr;
+            if (fused) b.conv_gated_delta_net(X, r.w.f(), K, r.conv_state.f(), conv_cap, conv, g);
+            else b.Backend::conv_gated_delta_net(X, r.w.f(), K, r.conv_state.f(), conv_cap, conv, g);
+          }
+          return r;
+        };
+        const Run f = run(*gpu_, true), o = run(*gpu_, false), c = run(*cpu_, true);
+        EXPECT_TRUE(same_bits(get_gpu(f.out), get_gpu(o.out))) << what << ": out";
+        EXPECT_TRUE(same_bits(get_gpu(f.ssm_state), get_gpu(o.ssm_state))) << what << ": GDN state";
+        EXPECT_TRUE(same_bits(get_gpu(f.conv_state), get_gpu(o.conv_state))) << what << ": conv state";
+        if (capture) {
+          EXPECT_TRUE(same_bits(get_gpu(f.conv_cap), get_gpu(o.conv_cap))) << what << ": conv capture";
+          EXPECT_TRUE(same_bits(get_gpu(f.ssm_cap), get_gpu(o.ssm_cap))) << what << ": GDN capture";
+        }
+        EXPECT_LE(rel_err(get_gpu(f.out), get(*cpu_, c.out)), 1e-3) << what << ": out against the CPU";
+        EXPECT_LE(rel_err(get_gpu(f.conv_state), get(*cpu_, c.conv_state)), 1e-6) << what << ": conv state, CPU";
+      }
+    }
+  }
+}
+
 // Prompts of >= 64 tokens with head_dim 32..128 (multiples of 32) run the chunked kernels (chunks
 // of 64: W/U by forward substitution, then a scan over the chunks); the CPU, at these head dims,
 // runs its recurrent row kernel, so this compares the two forms, state included, from a nonzero

@@ -301,7 +301,7 @@ class CudaBackend final : public Backend {
     const int64_t n = a.k.n_rows, D = a.head_dim;
     const bool contiguous = (!a.q.data || (a.q_in.stride == a.q_in.n_cols && a.q.stride == a.q.n_cols)) &&
                             a.k.stride == a.k.n_cols;
-    if (!fused_ops_ || !cuda::qk_prep_supported(a.head_dim) || !contiguous) return Backend::qk_norm_rope_store(a);
+    if (!(fused_ops_ & 1) || !cuda::qk_prep_supported(a.head_dim) || !contiguous) return Backend::qk_norm_rope_store(a);
     auto prof = begin_op("qk_norm_rope_store");
     if (!expect(a.kv.type == GgmlType::F32 || a.kv.type == GgmlType::F16, "qk_norm_rope_store: KV type {} (F32 or F16)",
                 ggml_type_name(a.kv.type)) ||
@@ -385,20 +385,20 @@ class CudaBackend final : public Backend {
           "causal_conv_silu");
   }
 
-  void gated_delta_net(const GdnArgs& a) override {
-    auto prof = begin_op("gated_delta_net");
-    const int64_t n = a.q.n_rows;
-    if (!expect(cuda::gdn_head_dim_supported(a.head_dim), "gated_delta_net: head_dim {} (16..512, a power of 2)",
-                a.head_dim) ||
-        !expect(a.n_k_heads > 0 && a.n_v_heads > 0 && a.k.n_rows == n && a.v.n_rows == n && a.out.n_rows == n &&
-                    a.beta_logit.n_rows == n && a.alpha.n_rows == n,
-                "gated_delta_net: inconsistent shapes") ||
-        !expect(!(a.capture && a.capture_f16), "gated_delta_net: one capture buffer, F32 or F16") ||
-        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.capture_f16) && aligned16(a.q.data) &&
-                    aligned16(a.k.data) &&
-                    a.q.stride % 4 == 0 && a.k.stride % 4 == 0,
-                "gated_delta_net: state, capture, q and k rows must be 16-byte aligned"))
-      return;
+  void gated_delta_net(const GdnArgs& a) override { gdn(a, cuda::GdnConv{}); }
+
+  void conv_gated_delta_net(Rows qkv, const float* conv_weight, int kernel, float* conv_state, float* conv_capture,
+                            Rows conv, const GdnArgs& g) override {
+    cuda::GdnConv c{mat(qkv), conv_weight, kernel, conv_state, conv_capture, attention_counters_};
+    const int64_t Kq = g.q.n_cols;
+    const bool views = g.q.data == conv.data && g.k.data == conv.data + Kq && g.v.data == conv.data + 2 * Kq &&
+                       same_shape(qkv, conv) && g.q.n_rows == qkv.n_rows && g.n_k_heads <= cuda::kAttentionMaxKvHeads;
+    if (!(fused_ops_ & 2) || !views || !cuda::gdn_conv_fusable(gdn_params(g, c)))
+      return Backend::conv_gated_delta_net(qkv, conv_weight, kernel, conv_state, conv_capture, conv, g);
+    gdn(g, c);
+  }
+
+  cuda::GdnParams gdn_params(const GdnArgs& a, const cuda::GdnConv& conv) const {
     cuda::GdnParams p;
     p.q = mat(a.q);
     p.k = mat(a.k);
@@ -416,6 +416,26 @@ class CudaBackend final : public Backend {
     p.capture = a.capture;
     p.capture_f16 = a.capture_f16;
     p.chunked = a.chunked;
+    p.conv = conv;
+    return p;
+  }
+
+  // gated_delta_net, with the conv fused in when conv.qkv is set.
+  void gdn(const GdnArgs& a, const cuda::GdnConv& conv) {
+    auto prof = begin_op(conv.qkv.data ? "conv_gated_delta_net" : "gated_delta_net");
+    const int64_t n = a.q.n_rows;
+    if (!expect(cuda::gdn_head_dim_supported(a.head_dim), "gated_delta_net: head_dim {} (16..512, a power of 2)",
+                a.head_dim) ||
+        !expect(a.n_k_heads > 0 && a.n_v_heads > 0 && a.k.n_rows == n && a.v.n_rows == n && a.out.n_rows == n &&
+                    a.beta_logit.n_rows == n && a.alpha.n_rows == n,
+                "gated_delta_net: inconsistent shapes") ||
+        !expect(!(a.capture && a.capture_f16), "gated_delta_net: one capture buffer, F32 or F16") ||
+        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.capture_f16) && aligned16(a.q.data) &&
+                    aligned16(a.k.data) &&
+                    a.q.stride % 4 == 0 && a.k.stride % 4 == 0,
+                "gated_delta_net: state, capture, q and k rows must be 16-byte aligned"))
+      return;
+    const cuda::GdnParams p = gdn_params(a, conv);
     const size_t scratch_bytes = cuda::gdn_scratch_bytes(p);
     void* scratch = nullptr;
     if (scratch_bytes && !(scratch = arena(op_arena_, scratch_bytes))) return;
@@ -578,6 +598,10 @@ class CudaBackend final : public Backend {
     name_ = fmt::format("cuda:{} {}{}", device_, prop.name, int8_matvec_ ? " (int8 matvec)" : "");
     if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
+    if (profile_skip_)
+      fmt::print(stderr, "HYSPEC_PROFILE_SKIP={}: {}; every result is meaningless\n", profile_skip_,
+                 profile_skip_ == 1 ? "only the weight matmuls' kernels are launched"
+                                    : "the weight matmuls' kernels are not launched");
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) return Status::error("cuBLAS initialisation failed");
     void* ws = nullptr;
     if (cudaMalloc(&ws, kCublasWorkspace) != cudaSuccess) return Status::error("cudaMalloc of the cuBLAS workspace failed");
@@ -629,6 +653,10 @@ class CudaBackend final : public Backend {
   // keep them: reads_only_x).
   cuda::OpProfiler::Scope begin_op(const char* op, const Weight* w = nullptr, bool reads_only_x = false) {
     if (!reads_only_x) forget_quantized();
+    if (profile_skip_) {
+      const bool mm = std::strncmp(op, "matmul", 6) == 0;
+      cuda::skip_launches() = (profile_skip_ == 1 && !mm) || (profile_skip_ == 2 && mm);
+    }
     return cuda::OpProfiler::Scope(profiler_ && !capturing_ ? profiler_.get() : nullptr, op, w ? &w->name : nullptr);
   }
 
@@ -696,9 +724,12 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   bool int8_matvec_ = false;
-  // HYSPEC_FUSED_OPS=0: the fused ops (qk_norm_rope_store, ...) run as the ops they stand for, to
-  // measure what a fusion saves.
-  bool fused_ops_ = cuda::env_int("HYSPEC_FUSED_OPS", 1) != 0;
+  // HYSPEC_FUSED_OPS, a bit mask (default all): the fused ops whose bit is clear run as the ops they
+  // stand for, to measure what a fusion saves. 1: qk_norm_rope_store, 2: conv_gated_delta_net.
+  int fused_ops_ = cuda::env_int("HYSPEC_FUSED_OPS", 3);
+  // HYSPEC_PROFILE_SKIP, to split a step's time between the weight matmuls and the rest (`hyspec bench`
+  // under it): 1 enqueues only the matmuls' kernels, 2 all but those. Results are meaningless then.
+  int profile_skip_ = cuda::env_int("HYSPEC_PROFILE_SKIP", 0);
   int n_sm_ = 1;
   std::string name_;
   cudaStream_t stream_ = nullptr;

@@ -36,6 +36,12 @@ inline bool use_pdl() {
   return on;
 }
 
+// Set while an op whose launches HYSPEC_PROFILE_SKIP drops is enqueued (cuda_backend.cpp): timing only.
+inline bool& skip_launches() {
+  static bool s = false;
+  return s;
+}
+
 // Launch allowing programmatic dependent launch unless HYSPEC_PDL=0 (the kernel waits with pdl_wait
 // before it reads what earlier kernels wrote, and may start its own prologue while they finish).
 template <typename... KernelArgs, typename... Args>
@@ -51,6 +57,7 @@ cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, siz
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = use_pdl() ? 1 : 0;
+  if (skip_launches()) return cudaSuccess;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
