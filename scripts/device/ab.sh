@@ -32,6 +32,19 @@ for v in $V; do  # (a variant may come without test binaries; AB_TESTS filters t
     HYSPEC_TEST_BACKEND=cuda timeout 200 "$t" --gtest_brief=1 --gtest_filter="$filter" 2>&1 | summary
   done
 done
+# AB_MEMCHECK=1: compute-sanitizer on the last variant's MTP decode and verify steps (the f32 fixture,
+# graphs off and on) and on its backend tests of the fused ops.
+last=${V##* }
+if [ "${AB_MEMCHECK:-0}" = 1 ]; then
+  for graphs in --no-graphs ""; do
+    echo "== memcheck ($last): prefill, MTP decode and verify steps $graphs"
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$D/bin/hyspec_$last" run -m "$HYSPEC_FIXTURES/qwen35-tiny/qwen35-tiny-f32.gguf" \
+      --backend cuda --spec mtp --tokens 501,500,505,194,87 -n 6 --temp 0 --ids --no-stats --no-adapt $graphs 2>&1 | grep -E "ERROR SUMMARY"
+  done
+  echo "== memcheck ($last): fused-op tests"
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$D/bin/test_backend_$last" \
+    --gtest_filter='CudaBackendTest.QkNorm*' 2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | head -4
+fi
 echo "== matvec kernel benches, variants interleaved (GB/s)"
 [ "${AB_KERNELS:-1}" = 0 ] || for type in Q4_K Q6_K; do
   for v in $V; do
@@ -54,7 +67,6 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
       grep -E "tg128|verify|rror" | awk -F'|' '{print (NF > 1 ? $4 " " $5 " " $6 " " $7 : $0)}'
   done
 done | tee "$OUT/e2e_ab.md"
-last=${V##* }
 for spec in ${AB_NCU:-}; do
   IFS=: read -r ty w sh <<< "$spec"
   echo "== ncu source view ($last) $ty n=$w shape $sh"

@@ -37,12 +37,6 @@ void Backend::qk_norm_rope_store(const QkPrepArgs& a) {
   kv_store(a.k, a.v, a.kv, a.positions);
 }
 
-void Backend::conv_gated_delta_net(Rows qkv, const float* conv_weight, int kernel, float* conv_state,
-                                   float* conv_capture, Rows conv, const GdnArgs& g) {
-  causal_conv_silu(qkv, conv_weight, kernel, conv_state, conv_capture, conv);
-  gated_delta_net(g);
-}
-
 Result<BackendKind> parse_backend_kind(const std::string& name) {
   if (name == "cpu") return BackendKind::Cpu;
   if (name == "cuda") return BackendKind::Cuda;

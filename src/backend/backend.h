@@ -212,12 +212,6 @@ class Backend {
   virtual void causal_conv_silu(Rows x, const float* weight, int kernel, float* conv_state, float* capture,
                                 Rows y) = 0;
   virtual void gated_delta_net(const GdnArgs& a) = 0;
-  // causal_conv_silu(qkv, conv_weight, kernel, conv_state, conv_capture, conv), then gated_delta_net(g)
-  // with g.q, g.k, g.v the consecutive column views of conv, in one op where the backend can (CUDA: the
-  // recurrent form, kernel 4), the same bits; conv is scratch (a fused op leaves it unwritten).
-  // Default: the two ops.
-  virtual void conv_gated_delta_net(Rows qkv, const float* conv_weight, int kernel, float* conv_state,
-                                    float* conv_capture, Rows conv, const GdnArgs& g);
   virtual void moe_ffn(const MoeArgs& a) = 0;
   // out[r] = argmax of row r (first index on ties).
   virtual void argmax(Rows x, int32_t* out) = 0;

@@ -27,6 +27,7 @@ void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, float* conv_state, flo
   w.in_proj.matmul(c.be, x, in);
   Rows qkv = w.in_proj.part(in, 0), z = w.in_proj.part(in, 1), beta = w.in_proj.part(in, 2),
        alpha = w.in_proj.part(in, 3);
+  c.be.causal_conv_silu(qkv, w.ssm_conv1d.f32(), hp.conv_kernel, conv_state, conv_capture, conv);
   GdnArgs g;
   g.q = conv.cols(0, K);
   g.k = conv.cols(K, K);
@@ -44,7 +45,7 @@ void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, float* conv_state, flo
   g.capture_f16 = ssm_capture_f16;
   g.chunked = chunked;
   g.out = o;
-  c.be.conv_gated_delta_net(qkv, w.ssm_conv1d.f32(), hp.conv_kernel, conv_state, conv_capture, conv, g);
+  c.be.gated_delta_net(g);
   c.be.gated_rms_norm(o, z, w.ssm_norm.f32(), d, hp.eps, o);
   c.be.matmul(w.ssm_out, o, out);
 }

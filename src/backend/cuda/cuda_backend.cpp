@@ -301,7 +301,7 @@ class CudaBackend final : public Backend {
     const int64_t n = a.k.n_rows, D = a.head_dim;
     const bool contiguous = (!a.q.data || (a.q_in.stride == a.q_in.n_cols && a.q.stride == a.q.n_cols)) &&
                             a.k.stride == a.k.n_cols;
-    if (!(fused_ops_ & 1) || !cuda::qk_prep_supported(a.head_dim) || !contiguous) return Backend::qk_norm_rope_store(a);
+    if (!fused_ops_ || !cuda::qk_prep_supported(a.head_dim) || !contiguous) return Backend::qk_norm_rope_store(a);
     auto prof = begin_op("qk_norm_rope_store");
     if (!expect(a.kv.type == GgmlType::F32 || a.kv.type == GgmlType::F16, "qk_norm_rope_store: KV type {} (F32 or F16)",
                 ggml_type_name(a.kv.type)) ||
@@ -385,20 +385,20 @@ class CudaBackend final : public Backend {
           "causal_conv_silu");
   }
 
-  void gated_delta_net(const GdnArgs& a) override { gdn(a, cuda::GdnConv{}); }
-
-  void conv_gated_delta_net(Rows qkv, const float* conv_weight, int kernel, float* conv_state, float* conv_capture,
-                            Rows conv, const GdnArgs& g) override {
-    cuda::GdnConv c{mat(qkv), conv_weight, kernel, conv_state, conv_capture, attention_counters_};
-    const int64_t Kq = g.q.n_cols;
-    const bool views = g.q.data == conv.data && g.k.data == conv.data + Kq && g.v.data == conv.data + 2 * Kq &&
-                       same_shape(qkv, conv) && g.q.n_rows == qkv.n_rows && g.n_k_heads <= cuda::kAttentionMaxKvHeads;
-    if (!(fused_ops_ & 2) || !views || !cuda::gdn_conv_fusable(gdn_params(g, c)))
-      return Backend::conv_gated_delta_net(qkv, conv_weight, kernel, conv_state, conv_capture, conv, g);
-    gdn(g, c);
-  }
-
-  cuda::GdnParams gdn_params(const GdnArgs& a, const cuda::GdnConv& conv) const {
+  void gated_delta_net(const GdnArgs& a) override {
+    auto prof = begin_op("gated_delta_net");
+    const int64_t n = a.q.n_rows;
+    if (!expect(cuda::gdn_head_dim_supported(a.head_dim), "gated_delta_net: head_dim {} (16..512, a power of 2)",
+                a.head_dim) ||
+        !expect(a.n_k_heads > 0 && a.n_v_heads > 0 && a.k.n_rows == n && a.v.n_rows == n && a.out.n_rows == n &&
+                    a.beta_logit.n_rows == n && a.alpha.n_rows == n,
+                "gated_delta_net: inconsistent shapes") ||
+        !expect(!(a.capture && a.capture_f16), "gated_delta_net: one capture buffer, F32 or F16") ||
+        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.capture_f16) && aligned16(a.q.data) &&
+                    aligned16(a.k.data) &&
+                    a.q.stride % 4 == 0 && a.k.stride % 4 == 0,
+                "gated_delta_net: state, capture, q and k rows must be 16-byte aligned"))
+      return;
     cuda::GdnParams p;
     p.q = mat(a.q);
     p.k = mat(a.k);
@@ -416,26 +416,6 @@ class CudaBackend final : public Backend {
     p.capture = a.capture;
     p.capture_f16 = a.capture_f16;
     p.chunked = a.chunked;
-    p.conv = conv;
-    return p;
-  }
-
-  // gated_delta_net, with the conv fused in when conv.qkv is set.
-  void gdn(const GdnArgs& a, const cuda::GdnConv& conv) {
-    auto prof = begin_op(conv.qkv.data ? "conv_gated_delta_net" : "gated_delta_net");
-    const int64_t n = a.q.n_rows;
-    if (!expect(cuda::gdn_head_dim_supported(a.head_dim), "gated_delta_net: head_dim {} (16..512, a power of 2)",
-                a.head_dim) ||
-        !expect(a.n_k_heads > 0 && a.n_v_heads > 0 && a.k.n_rows == n && a.v.n_rows == n && a.out.n_rows == n &&
-                    a.beta_logit.n_rows == n && a.alpha.n_rows == n,
-                "gated_delta_net: inconsistent shapes") ||
-        !expect(!(a.capture && a.capture_f16), "gated_delta_net: one capture buffer, F32 or F16") ||
-        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.capture_f16) && aligned16(a.q.data) &&
-                    aligned16(a.k.data) &&
-                    a.q.stride % 4 == 0 && a.k.stride % 4 == 0,
-                "gated_delta_net: state, capture, q and k rows must be 16-byte aligned"))
-      return;
-    const cuda::GdnParams p = gdn_params(a, conv);
     const size_t scratch_bytes = cuda::gdn_scratch_bytes(p);
     void* scratch = nullptr;
     if (scratch_bytes && !(scratch = arena(op_arena_, scratch_bytes))) return;
@@ -724,9 +704,9 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   bool int8_matvec_ = false;
-  // HYSPEC_FUSED_OPS, a bit mask (default all): the fused ops whose bit is clear run as the ops they
-  // stand for, to measure what a fusion saves. 1: qk_norm_rope_store, 2: conv_gated_delta_net.
-  int fused_ops_ = cuda::env_int("HYSPEC_FUSED_OPS", 3);
+  // HYSPEC_FUSED_OPS=0: the fused ops (qk_norm_rope_store) run as the ops they stand for, to measure
+  // what a fusion saves.
+  bool fused_ops_ = cuda::env_int("HYSPEC_FUSED_OPS", 1) != 0;
   // HYSPEC_PROFILE_SKIP, to split a step's time between the weight matmuls and the rest (`hyspec bench`
   // under it): 1 enqueues only the matmuls' kernels, 2 all but those. Results are meaningless then.
   int profile_skip_ = cuda::env_int("HYSPEC_PROFILE_SKIP", 0);

@@ -171,15 +171,6 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
 // ---- recurrent ops (recurrent.cu) ----
 cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, float* conv_state, float* capture, Mat y,
                                     cudaStream_t stream);
-// conv_gated_delta_net's conv, made inside the recurrent GDN kernel (qkv.data null: q, k, v are given).
-struct GdnConv {
-  Mat qkv;                     // the conv's input [n, C]: q (n_k d), k (n_k d), v (n_v d) channels
-  const float* w = nullptr;    // [C, kernel]
-  int kernel = 0;
-  float* state = nullptr;      // [kernel - 1, C]
-  float* capture = nullptr;    // optional [n, kernel - 1, C]
-  unsigned* counters = nullptr;  // >= n_k zeroed counters (left zeroed)
-};
 struct GdnParams {
   Mat q, k, v, beta_logit, alpha, out;
   const float* ssm_a = nullptr;
@@ -190,11 +181,7 @@ struct GdnParams {
   float* capture = nullptr;
   uint16_t* capture_f16 = nullptr;  // or the captured states as halves
   bool chunked = false;  // prompt form: the chunked kernels where they pay (gdn_launch decides)
-  GdnConv conv;          // q, k, v from a conv fused in (gdn_conv_fusable), or given
 };
-// Whether gdn_launch can fuse p.conv: the recurrent kernel (not the chunked one), kernel size 4, whole
-// v-heads per k-head.
-bool gdn_conv_fusable(const GdnParams& p);
 bool gdn_head_dim_supported(int head_dim);
 // Bytes of scratch gdn_launch needs for p (0 when it runs the recurrent kernel), 16-byte aligned.
 size_t gdn_scratch_bytes(const GdnParams& p);

@@ -94,23 +94,7 @@ struct GdnKArgs {
   float* state;
   float* capture;
   uint16_t* capture_f16;
-  GdnConv conv;  // gdn_kernel<true>: q, k, v made from conv.qkv here
 };
-
-constexpr int kGdnConvKernel = 4;                      // the fused conv's kernel size (Qwen3.5's)
-constexpr int kGdnConvSlots = 3;                       // conv channels per thread: 2 d + 16 over d threads
-__device__ __forceinline__ float conv_silu_step(float (&win)[kGdnConvKernel - 1], const float (&wc)[kGdnConvKernel],
-                                                float x) {
-  // conv_kernel's sum, term by term in the same order, then its SiLU; the window moves on by x.
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kGdnConvKernel - 1; ++j) acc += wc[j] * win[j];
-  acc += wc[kGdnConvKernel - 1] * x;
-#pragma unroll
-  for (int j = 0; j + 1 < kGdnConvKernel - 1; ++j) win[j] = win[j + 1];
-  win[kGdnConvKernel - 2] = x;
-  return silu(acc);
-}
 
 // The delta rule, token by token, in one kernel. Columns j (v index) of a head's state evolve
 // independently, so a block owns 16 columns of one v-head and P = d/16 lanes share a column, 16 state
@@ -130,18 +114,8 @@ __device__ __forceinline__ float conv_silu_step(float (&win)[kGdnConvKernel - 1]
 __host__ __device__ constexpr int gdn_pitch(int D) { return D + (D >= 32 ? D / 8 : 4); }  // rows stay 16-byte aligned
 __device__ __forceinline__ int gdn_pad(int d) { return d + (d >> 5) * 4; }
 
-//
-// kConv (conv_gated_delta_net): q, k and v are the causal conv + SiLU of conv.qkv, made here as they
-// are staged (conv_silu_step: conv_kernel's arithmetic, so the same bits). A block convolves the
-// 2 d + 16 channels it reads (its k-head's q and k, its 16 v columns), a thread's windows in registers
-// for the whole sequence. The 16 blocks (at 9B shapes) that read one k-head's q and k channels all
-// convolve them; the one of v-head hk, columns 0..15, writes their capture, and the last of them to
-// have read the old conv state (a counter per k-head) writes the new one. Each block writes its own v
-// channels' capture and state. Saves the conv launch and the round trip of its output.
-template <bool kConv>
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   extern __shared__ float sm[];
-  __shared__ bool last_reader;
   pdl_wait();
   pdl_trigger();
   const int D = a.D, P = D / 16, LD = gdn_pitch(D);
@@ -152,22 +126,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   float* n_s = g_s + chunk * 2;     // [chunk][3]: 1/|k|, q_scale/|q|, k.q
   const int tid = threadIdx.x, p = tid % P, cl = tid / P;
   const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + cl;
-  // kConv: thread tid's channels ci = tid + s * D of [q of k-head hk (d) | its k (d) | v columns (16)].
-  float win[kGdnConvSlots][kGdnConvKernel - 1], wc[kGdnConvSlots][kGdnConvKernel];
-  int64_t chan[kGdnConvSlots];
-  if constexpr (kConv) {
-    const int64_t Kq = int64_t{a.n_k} * D;
-#pragma unroll
-    for (int s = 0; s < kGdnConvSlots; ++s) {
-      const int ci = tid + s * D;
-      chan[s] = ci < D ? hk * D + ci : ci < 2 * D ? Kq + hk * D + ci - D : 2 * Kq + int64_t{h} * D + blockIdx.y * 16 + ci - 2 * D;
-      if (ci >= 2 * D + 16) continue;
-#pragma unroll
-      for (int j = 0; j < kGdnConvKernel; ++j) wc[s][j] = a.conv.w[chan[s] * kGdnConvKernel + j];
-#pragma unroll
-      for (int j = 0; j < kGdnConvKernel - 1; ++j) win[s][j] = a.conv.state[j * a.conv.qkv.cols + chan[s]];
-    }
-  }
   const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h], q_scale = 1.0f / sqrtf(static_cast<float>(D));
   float S[16];
   // Lane p of a column holds its float4s p, p + P, p + 2P, p + 3P (16 values): the P lanes of a column
@@ -182,64 +140,31 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
     __syncthreads();  // previous chunk consumed
-    if constexpr (kConv) {
-      // Eight tokens' inputs of every channel in flight before the first step.
-      const bool qk_capture = a.conv.capture && h < a.n_k && blockIdx.y == 0;
-      for (int tb = 0; tb < tc; tb += 8) {
-        float xs[kGdnConvSlots][8];
+    // Four float4 of k and of q per thread in flight before the first store.
+    for (int i0 = 0; i0 < tc * D / 4; i0 += 4 * blockDim.x) {
+      float4 kv[4], qv[4];
 #pragma unroll
-        for (int s = 0; s < kGdnConvSlots; ++s)
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            xs[s][i] = tid + s * D < 2 * D + 16 && tb + i < tc ? a.conv.qkv.data[(t0 + tb + i) * a.conv.qkv.stride + chan[s]]
-                                                               : 0.0f;
-#pragma unroll
-        for (int s = 0; s < kGdnConvSlots; ++s) {
-          const int ci = tid + s * D;
-          if (ci >= 2 * D + 16) continue;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int tt = tb + i;
-            if (tt >= tc) break;
-            const float y = conv_silu_step(win[s], wc[s], xs[s][i]);
-            if (ci < D) q_s[tt * LD + gdn_pad(ci)] = y;
-            else if (ci < 2 * D) k_s[tt * LD + gdn_pad(ci - D)] = y;
-            else v_s[tt * 16 + ci - 2 * D] = y;
-            if (a.conv.capture && (ci >= 2 * D || qk_capture)) {
-              float* cap = a.conv.capture + (t0 + tt) * (kGdnConvKernel - 1) * a.conv.qkv.cols + chan[s];
-#pragma unroll
-              for (int j = 0; j < kGdnConvKernel - 1; ++j) cap[j * a.conv.qkv.cols] = win[s][j];
-            }
-          }
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u * blockDim.x + tid;
+        if (i < tc * D / 4) {
+          const int64_t t = t0 + i / (D / 4);
+          const int d4 = i % (D / 4) * 4;
+          kv[u] = __ldg(reinterpret_cast<const float4*>(a.k.data + t * a.k.stride + hk * D + d4));
+          qv[u] = __ldg(reinterpret_cast<const float4*>(a.q.data + t * a.q.stride + hk * D + d4));
         }
       }
-    } else {
-      // Four float4 of k and of q per thread in flight before the first store.
-      for (int i0 = 0; i0 < tc * D / 4; i0 += 4 * blockDim.x) {
-        float4 kv[4], qv[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int i = i0 + u * blockDim.x + tid;
-          if (i < tc * D / 4) {
-            const int64_t t = t0 + i / (D / 4);
-            const int d4 = i % (D / 4) * 4;
-            kv[u] = __ldg(reinterpret_cast<const float4*>(a.k.data + t * a.k.stride + hk * D + d4));
-            qv[u] = __ldg(reinterpret_cast<const float4*>(a.q.data + t * a.q.stride + hk * D + d4));
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int i = i0 + u * blockDim.x + tid;
-          if (i < tc * D / 4) {
-            const int at = i / (D / 4) * LD + gdn_pad(i % (D / 4) * 4);
-            *reinterpret_cast<float4*>(k_s + at) = kv[u], *reinterpret_cast<float4*>(q_s + at) = qv[u];
-          }
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u * blockDim.x + tid;
+        if (i < tc * D / 4) {
+          const int at = i / (D / 4) * LD + gdn_pad(i % (D / 4) * 4);
+          *reinterpret_cast<float4*>(k_s + at) = kv[u], *reinterpret_cast<float4*>(q_s + at) = qv[u];
         }
       }
-      for (int i = tid; i < tc * 16; i += blockDim.x) {
-        const int64_t t = t0 + i / 16;
-        v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
-      }
+    }
+    for (int i = tid; i < tc * 16; i += blockDim.x) {
+      const int64_t t = t0 + i / 16;
+      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
     }
     for (int i = tid; i < tc; i += blockDim.x) {
       const int64_t t = t0 + i;
@@ -248,15 +173,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
     }
     __syncthreads();
-    if constexpr (kConv) {
-      // Every thread has read its part of the old conv state (staged above): count the block in.
-      if (t0 == 0 && tid == 0) {
-        const unsigned readers = a.n_v / a.n_k * gridDim.y;
-        __threadfence();
-        last_reader = atomicAdd(a.conv.counters + hk, 1u) + 1 == readers;
-        if (last_reader) a.conv.counters[hk] = 0;  // (left zeroed for the next launch)
-      }
-    }
     // Norms and k.q per token: a warp per token (lanes over d) from d = 32 up, a thread per token below.
     if (D >= 32) {
       const int lane = tid & 31;
@@ -331,16 +247,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
 #pragma unroll
   for (int i = 0; i < 4; ++i)
     reinterpret_cast<float4*>(st)[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
-  if constexpr (kConv) {  // the new conv state: v channels always, q and k by the last reader
-    __threadfence();
-#pragma unroll
-    for (int s = 0; s < kGdnConvSlots; ++s) {
-      const int ci = tid + s * D;
-      if (ci >= 2 * D + 16 || (ci < 2 * D && !last_reader)) continue;
-#pragma unroll
-      for (int j = 0; j < kGdnConvKernel - 1; ++j) a.conv.state[j * a.conv.qkv.cols + chan[s]] = win[s][j];
-    }
-  }
 }
 
 // ---- The chunked (prompt) form: two kernels over chunks of 64 tokens ----
@@ -765,11 +671,6 @@ cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, floa
   return cudaGetLastError();
 }
 
-bool gdn_conv_fusable(const GdnParams& p) {
-  return !gdn_uses_chunked(p) && p.conv.kernel == kGdnConvKernel && p.n_v_heads % p.n_k_heads == 0 &&
-         p.head_dim >= 16 && p.conv.counters;
-}
-
 bool gdn_head_dim_supported(int d) { return d == 16 || d == 32 || d == 64 || d == 128 || d == 256 || d == 512; }
 
 size_t gdn_scratch_bytes(const GdnParams& p) {
@@ -783,8 +684,7 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int D = p.head_dim;
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
-             p.state, p.capture, p.capture_f16, p.conv};
-  if (p.conv.qkv.data && !gdn_conv_fusable(p)) return cudaErrorInvalidValue;
+             p.state, p.capture, p.capture_f16};
   if (gdn_uses_chunked(p)) return gdn_chunked_launch(a, static_cast<float*>(scratch), stream);
   // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
   const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
@@ -792,8 +692,7 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   while (chunk > 1 && chunk * per_token > 40960) chunk /= 2;
   const size_t smem = chunk * per_token;
   const dim3 grid(p.n_v_heads, D / 16);
-  if (p.conv.qkv.data) return launch_pdl(gdn_kernel<true>, grid, dim3(D), smem, stream, a, chunk);
-  return launch_pdl(gdn_kernel<false>, grid, dim3(D), smem, stream, a, chunk);
+  return launch_pdl(gdn_kernel, grid, dim3(D), smem, stream, a, chunk);
 }
 
 namespace {
