@@ -708,7 +708,8 @@ class CudaBackend final : public Backend {
   // what a fusion saves.
   bool fused_ops_ = cuda::env_int("HYSPEC_FUSED_OPS", 1) != 0;
   // HYSPEC_PROFILE_SKIP, to split a step's time between the weight matmuls and the rest (`hyspec bench`
-  // under it): 1 enqueues only the matmuls' kernels, 2 all but those. Results are meaningless then.
+  // under it): 1 enqueues only the kernels of the matmul and matmul_swiglu ops (their quantize kernels
+  // included; moe_ffn counts as the rest), 2 all but those. Results are meaningless then.
   int profile_skip_ = cuda::env_int("HYSPEC_PROFILE_SKIP", 0);
   int n_sm_ = 1;
   std::string name_;
