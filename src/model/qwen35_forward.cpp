@@ -68,9 +68,9 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   p.v = v;
   p.q_norm = w.attn_q_norm.f32();
   p.k_norm = w.attn_k_norm.f32();
-  p.n_head = static_cast<int>(H);
-  p.n_kv_head = static_cast<int>(Hkv);
-  p.head_dim = static_cast<int>(D);
+  p.n_head = hp.n_head;
+  p.n_kv_head = hp.n_head_kv;
+  p.head_dim = hp.head_dim;
   p.n_rot = hp.n_rot;
   p.eps = hp.eps;
   p.freq_base = hp.rope_base;
