@@ -11,19 +11,12 @@ namespace {
 // k_norm and RoPE on k (and q_norm and RoPE on q, when given), then k and v into the layer's cache.
 QkPrepArgs qk_prep(const DflashHparams& hp, const DflashLayer& l, Rows q, Rows k, Rows v, const int32_t* positions,
                    const KvLayer& kv) {
-  QkPrepArgs p;
+  QkPrepArgs p = qk_prep_args(hp);
   p.q_in = p.q = q;
-  p.q_pitch = hp.head_dim;
   p.k = k;
   p.v = v;
   p.q_norm = l.attn_q_norm.f32();
   p.k_norm = l.attn_k_norm.f32();
-  p.n_head = hp.n_head;
-  p.n_kv_head = hp.n_head_kv;
-  p.head_dim = hp.head_dim;
-  p.n_rot = hp.n_rot;
-  p.eps = hp.eps;
-  p.freq_base = hp.rope_base;
   p.positions = positions;
   p.kv = kv;
   return p;

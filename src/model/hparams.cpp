@@ -50,6 +50,18 @@ Status validate_attention_hparams(const AttentionHparams& hp, const std::string&
   return Status::ok();
 }
 
+QkPrepArgs qk_prep_args(const AttentionHparams& hp) {
+  QkPrepArgs p;
+  p.q_pitch = hp.head_dim;
+  p.n_head = hp.n_head;
+  p.n_kv_head = hp.n_head_kv;
+  p.head_dim = hp.head_dim;
+  p.n_rot = hp.n_rot;
+  p.eps = hp.eps;
+  p.freq_base = hp.rope_base;
+  return p;
+}
+
 Result<Qwen35Hparams> read_qwen35_hparams(const GgufFile& f) {
   Qwen35Hparams hp;
   HS_ASSIGN_OR_RETURN(std::string_view arch, f.get_string("general.architecture"));

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "format/gguf.h"
 #include "util/status.h"
 
@@ -30,6 +31,9 @@ Status read_attention_hparams(const GgufFile& f, const std::string& prefix, cons
                               AttentionHparams& hp);
 // Heads divisible into kv groups, an even rope dimension within the head; errors name `source`.
 Status validate_attention_hparams(const AttentionHparams& hp, const std::string& source);
+// qk_norm_rope_store's arguments with this geometry filled in (heads, head and rope dims, eps, rope
+// base; q_pitch = head_dim): the caller sets the rows, norm weights, positions and cache.
+QkPrepArgs qk_prep_args(const AttentionHparams& hp);
 
 struct Qwen35Hparams : AttentionHparams {
   std::string arch;  // "qwen35" or "qwen35moe"

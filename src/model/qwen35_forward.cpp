@@ -60,7 +60,7 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   c.be.matmul(w.attn_k, x, k);
   c.be.matmul(w.attn_v, x, v);
   // attn_q rows hold, per head, D query values then D gate values.
-  QkPrepArgs p;
+  QkPrepArgs p = qk_prep_args(hp);
   p.q_in = qg;
   p.q_pitch = 2 * D;
   p.q = q;
@@ -68,12 +68,6 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   p.v = v;
   p.q_norm = w.attn_q_norm.f32();
   p.k_norm = w.attn_k_norm.f32();
-  p.n_head = hp.n_head;
-  p.n_kv_head = hp.n_head_kv;
-  p.head_dim = hp.head_dim;
-  p.n_rot = hp.n_rot;
-  p.eps = hp.eps;
-  p.freq_base = hp.rope_base;
   p.positions = positions;
   p.kv = kv;
   c.be.qk_norm_rope_store(p);
