@@ -12,7 +12,8 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
   cmd.add_option("-t,--threads", threads, "CPU threads (0: all cores)");
   cmd.add_option("-c,--ctx-size", ctx, "Context length (0: the model's, at most 8192)");
   cmd.add_option("-b,--batch-size", batch, "Prompt tokens per forward pass");
-  cmd.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
+  cmd.add_option("--kv-type", kv_type, "KV cache type: f32, f16 or bf16")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd.add_option("--capture-type", capture_type,
                  "Per-token GDN states of a verify step: f32 (lossless) or f16 (half the bytes, rollback rounds)")
       ->check(CLI::IsMember({"f32", "f16"}));
@@ -37,7 +38,7 @@ Result<EngineConfig> EngineFlags::to_config() const {
   c.n_threads = threads;
   c.n_ctx = ctx;
   c.n_batch = batch;
-  c.kv_type = kv_type == "f16" ? GgmlType::F16 : GgmlType::F32;
+  c.kv_type = kv_type == "f16" ? GgmlType::F16 : kv_type == "bf16" ? GgmlType::BF16 : GgmlType::F32;
   c.capture_type = capture_type == "f16" ? GgmlType::F16 : GgmlType::F32;
   const std::string suffix = "+ngram";
   c.add_ngram = spec.size() > suffix.size() && spec.ends_with(suffix);

@@ -288,13 +288,14 @@ void DflashModel::logits_to_target(const float* draft, int64_t rows, float* targ
 }
 
 Result<DflashState> DflashModel::create_state(int64_t n_ctx, GgmlType kv_type) const {
-  if (kv_type != GgmlType::F32 && kv_type != GgmlType::F16)
-    return Status::errorf("KV cache type {} is not supported (F32 or F16)", ggml_type_name(kv_type));
+  const size_t kv_elem = kv_element_bytes(kv_type);
+  if (kv_elem == 0)
+    return Status::errorf("KV cache type {} is not supported (F32, F16 or BF16)", ggml_type_name(kv_type));
   if (n_ctx <= 0) return Status::errorf("context length {} is invalid", n_ctx);
   DflashState s;
   s.n_ctx = n_ctx;
   const int64_t width = int64_t{hp_.n_head_kv} * hp_.head_dim;
-  const size_t bytes = static_cast<size_t>(n_ctx * width) * (kv_type == GgmlType::F16 ? 2 : 4);
+  const size_t bytes = static_cast<size_t>(n_ctx * width) * kv_elem;
   s.kv.resize(hp_.n_layer);
   for (KvLayer& kv : s.kv) {
     kv.type = kv_type;

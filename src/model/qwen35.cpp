@@ -99,8 +99,9 @@ Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(Backend& backend, const G
 
 Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, GgmlType kv_type,
                                                 GgmlType capture_type) const {
-  if (kv_type != GgmlType::F32 && kv_type != GgmlType::F16)
-    return Status::errorf("KV cache type {} is not supported (F32 or F16)", ggml_type_name(kv_type));
+  const size_t kv_elem = kv_element_bytes(kv_type);
+  if (kv_elem == 0)
+    return Status::errorf("KV cache type {} is not supported (F32, F16 or BF16)", ggml_type_name(kv_type));
   if (capture_type != GgmlType::F32 && capture_type != GgmlType::F16)
     return Status::errorf("state capture type {} is not supported (F32 or F16)", ggml_type_name(capture_type));
   if (n_ctx <= 0) return Status::errorf("context length {} is invalid", n_ctx);
@@ -108,7 +109,6 @@ Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, 
   s.n_ctx = n_ctx;
   s.max_capture = std::max(0, max_capture);
   const int64_t kv_width = int64_t{hp_.n_head_kv} * hp_.head_dim;
-  const size_t kv_elem = kv_type == GgmlType::F16 ? 2 : 4;
   const int64_t C = hp_.gdn_channels(), hist = hp_.conv_kernel - 1;
   const int64_t ssm_size = int64_t{hp_.ssm_v_heads} * hp_.ssm_d * hp_.ssm_d;
   auto alloc = [&](size_t bytes) -> Result<void*> {

@@ -148,6 +148,45 @@ TEST(CpuOps, CausalConvInPlaceEqualsOutOfPlaceIncludingStateAndCapture) {
   }
 }
 
+// kv_store rounds each type as the host conversions do and skips positions outside the cache.
+TEST(CpuOps, KvStoreRoundsToTheCacheTypeAndSkipsPositionsOutside) {
+  std::mt19937 rng(5);
+  const int64_t W = 24, cap = 6, n = 4;
+  std::vector<float> k = randn(n * W, rng), v = randn(n * W, rng);
+  k[3] = 1e30f;  // F16 overflows to inf, BF16 keeps the exponent
+  const std::vector<int32_t> pos = {4, -1, 1, 6};  // rows 1 and 3 fall outside
+  for (const GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+    const size_t esz = kv_element_bytes(type);
+    std::vector<uint8_t> kc(cap * W * esz, 0xab), vc(kc.size(), 0xab);
+    const KvLayer kv{kc.data(), vc.data(), type, cap, W};
+    kv_store(Rows(k.data(), n, W), Rows(v.data(), n, W), kv, pos.data());
+    auto stored = [&](const std::vector<uint8_t>& c, int64_t p, int64_t i) -> float {
+      const uint8_t* e = c.data() + (p * W + i) * esz;
+      uint16_t h;
+      std::memcpy(&h, e, std::min<size_t>(esz, 2));
+      if (type == GgmlType::F16) return fp16_to_fp32(h);
+      if (type == GgmlType::BF16) return bf16_to_fp32(h);
+      float f;
+      std::memcpy(&f, e, 4);
+      return f;
+    };
+    auto rounded = [&](float x) {
+      return type == GgmlType::F16    ? fp16_to_fp32(fp32_to_fp16(x))
+             : type == GgmlType::BF16 ? bf16_to_fp32(fp32_to_bf16(x))
+                                      : x;
+    };
+    for (int64_t t : {0, 2})
+      for (int64_t i = 0; i < W; ++i) {
+        EXPECT_EQ(stored(kc, pos[t], i), rounded(k[t * W + i])) << ggml_type_name(type) << " k " << t << "," << i;
+        EXPECT_EQ(stored(vc, pos[t], i), rounded(v[t * W + i])) << ggml_type_name(type) << " v " << t << "," << i;
+      }
+    if (type == GgmlType::BF16) EXPECT_NEAR(stored(kc, 4, 3), 1e30f, 1e28f);
+    if (type == GgmlType::F16) EXPECT_TRUE(std::isinf(stored(kc, 4, 3)));
+    for (int64_t p : {0, 2, 3, 5})  // untouched
+      for (size_t b = 0; b < W * esz; ++b) ASSERT_EQ(kc[p * W * esz + b], 0xab) << ggml_type_name(type) << " pos " << p;
+  }
+}
+
 struct AttnCase {
   int n, depth, n_head, n_kv, d;
   bool causal;
@@ -161,7 +200,8 @@ TEST(CpuOps, AttentionMatchesDoubleSoftmaxForTilesOfEveryShape) {
       {37, 0, 4, 2, 64, true, GgmlType::F32},    {9, 40, 8, 2, 32, true, GgmlType::F32},
       {5, 3, 3, 3, 16, true, GgmlType::F32},     {6, 10, 4, 1, 40, true, GgmlType::F16},
       {7, 20, 4, 2, 64, false, GgmlType::F32},   {4, 4, 2, 1, 12, true, GgmlType::F32},  // head_dim % 8 != 0
-      {3, 2, 16, 2, 8, true, GgmlType::F16},
+      {3, 2, 16, 2, 8, true, GgmlType::F16},     {6, 10, 4, 1, 40, true, GgmlType::BF16},
+      {5, 9, 4, 2, 64, false, GgmlType::BF16},   {4, 4, 2, 1, 12, true, GgmlType::BF16},
   };
   std::mt19937 rng(11);
   ThreadPool pool(2);
@@ -170,12 +210,14 @@ TEST(CpuOps, AttentionMatchesDoubleSoftmaxForTilesOfEveryShape) {
     const std::vector<float> q = randn(static_cast<size_t>(c.n) * c.n_head * c.d, rng);
     std::vector<float> kf = randn(static_cast<size_t>(total) * width, rng), vf = randn(kf.size(), rng);
     std::vector<uint16_t> kh(kf.size()), vh(vf.size());
-    if (c.kv_type == GgmlType::F16) {
+    const bool half = c.kv_type != GgmlType::F32;  // the reference uses the stored values
+    const bool bf16 = c.kv_type == GgmlType::BF16;
+    if (half) {
       for (size_t i = 0; i < kf.size(); ++i) {
-        kh[i] = fp32_to_fp16(kf[i]);
-        vh[i] = fp32_to_fp16(vf[i]);
-        kf[i] = fp16_to_fp32(kh[i]);
-        vf[i] = fp16_to_fp32(vh[i]);
+        kh[i] = bf16 ? fp32_to_bf16(kf[i]) : fp32_to_fp16(kf[i]);
+        vh[i] = bf16 ? fp32_to_bf16(vf[i]) : fp32_to_fp16(vf[i]);
+        kf[i] = bf16 ? bf16_to_fp32(kh[i]) : fp16_to_fp32(kh[i]);
+        vf[i] = bf16 ? bf16_to_fp32(vh[i]) : fp16_to_fp32(vh[i]);
       }
     }
     std::vector<int32_t> pos(c.n);
@@ -187,8 +229,8 @@ TEST(CpuOps, AttentionMatchesDoubleSoftmaxForTilesOfEveryShape) {
       AttentionArgs a;
       a.q = Rows(const_cast<float*>(q.data()), c.n, c.n_head * c.d);
       a.kv.type = c.kv_type;
-      a.kv.k = c.kv_type == GgmlType::F16 ? static_cast<void*>(kh.data()) : kf.data();
-      a.kv.v = c.kv_type == GgmlType::F16 ? static_cast<void*>(vh.data()) : vf.data();
+      a.kv.k = half ? static_cast<void*>(kh.data()) : kf.data();
+      a.kv.v = half ? static_cast<void*>(vh.data()) : vf.data();
       a.kv.capacity = total;
       a.kv.width = width;
       a.positions = pos.data();

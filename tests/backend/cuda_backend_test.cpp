@@ -608,7 +608,7 @@ TEST_F(CudaBackendTest, RopeNeoxMatchesCpu) {
 
 // qk_norm_rope_store on CUDA is one kernel; its q, k and cache rows are the bits of the five ops it
 // stands for (Backend's default), for warp norms of both forms (head_dim 256: float4s; 64: scalars),
-// gated and plain query rows, keys only, F16 and F32 caches and positions outside the cache
+// gated and plain query rows, keys only, F16, BF16 and F32 caches and positions outside the cache
 // (skipped); and within the norm tolerance of the CPU.
 TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
   const int H = 4, Hkv = 2;
@@ -616,7 +616,7 @@ TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
   for (const int D : {64, 256}) {
     for (const int64_t n : {1, 17}) {
       for (const int q_mode : {0, 1, 2}) {  // gated query rows, plain (in place), keys only
-        for (const GgmlType kv_type : {GgmlType::F16, GgmlType::F32}) {
+        for (const GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
           const int64_t q_pitch = q_mode == 0 ? 2 * D : D, W = int64_t{Hkv} * D;
           const std::string what = "head_dim " + std::to_string(D) + ", n " + std::to_string(n) + ", q mode " +
                                    std::to_string(q_mode) + ", " + std::string(ggml_type_name(kv_type));
@@ -626,7 +626,7 @@ TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
           if (n > 2) pos[2] = int32_t(cap);  // likewise
           const auto qv = randn(n * H * q_pitch, 2.0f), kv = randn(n * W, 2.0f), vv = randn(n * W);
           const auto qw = randn(D), kw = randn(D);
-          const size_t cache_bytes = static_cast<size_t>(cap * W) * (kv_type == GgmlType::F16 ? 2 : 4);
+          const size_t cache_bytes = static_cast<size_t>(cap * W) * kv_element_bytes(kv_type);
           struct Run {
             Tensor q_in, q, k, v, qw, kw;
             Buffer pos, kc, vc;
@@ -710,11 +710,11 @@ struct AttnCase {
 TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
   const AttnCase cases[] = {{4, 2, 64, 37}, {8, 2, 256, 700}, {6, 2, 128, 1500}, {2, 2, 32, 0}};
   for (const AttnCase& ac : cases) {
-    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16}) {
+    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
       for (int64_t n : kWidths) {
         for (bool causal : {true, false}) {
           const int64_t D = ac.head_dim, W = ac.n_kv * D, cap = ac.ctx + n + 3, total = ac.ctx + n;
-          const size_t esz = kv_type == GgmlType::F16 ? 2 : 4;
+          const size_t esz = kv_element_bytes(kv_type);
           std::vector<int32_t> pos(total);
           for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
           Pair k = both(randn(total * W)), v = both(randn(total * W)), q = both(randn(n * ac.n_head * D));
@@ -743,6 +743,47 @@ TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
                                    ggml_type_name(kv_type), n, causal));
         }
       }
+    }
+  }
+}
+
+// Speculative verify is lossless only if a verify row's attention is the decode step's, bit for bit:
+// every width of the decode kernels (SIMT for F32, tensor cores for F16/BF16) against one-row calls.
+TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
+  const AttnCase cases[] = {{16, 4, 256, 300}, {4, 2, 64, 1100}};
+  for (const AttnCase& ac : cases) {
+    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+      const int64_t D = ac.head_dim, W = ac.n_kv * D, n_max = 32, total = ac.ctx + n_max, QW = ac.n_head * D;
+      const size_t esz = kv_element_bytes(kv_type);
+      std::vector<int32_t> pos(total);
+      for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
+      Tensor k = put(*gpu_, randn(total * W)), v = put(*gpu_, randn(total * W)), q = put(*gpu_, randn(n_max * QW));
+      Tensor one = poison(*gpu_, n_max * QW), many = poison(*gpu_, n_max * QW);
+      Buffer kc = gpu_->alloc(total * W * esz).value(), vc = gpu_->alloc(total * W * esz).value();
+      Buffer p = put_i32(*gpu_, pos);
+      const KvLayer kv{kc.data(), vc.data(), kv_type, total, W};
+      gpu_->kv_store(k.rows(total, W), v.rows(total, W), kv, p.as<int32_t>());
+      auto run = [&](int64_t t0, int64_t n, Tensor& out) {
+        AttentionArgs a;
+        a.q = q.rows(n_max, QW).rows(t0, n);
+        a.kv = kv;
+        a.positions = p.as<int32_t>() + ac.ctx + t0;
+        a.n_head = ac.n_head;
+        a.n_kv_head = ac.n_kv;
+        a.head_dim = ac.head_dim;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+        a.out = out.rows(n_max, QW).rows(t0, n);
+        gpu_->attention(a);
+      };
+      for (int64_t t = 0; t < n_max; ++t) run(t, 1, one);
+      const auto want = get_gpu(one);
+      for (int64_t n : {2, 5, 17, 32}) {
+        run(0, n, many);
+        const auto got = get_gpu(many);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), static_cast<size_t>(n * QW) * sizeof(float)), 0)
+            << fmt::format("D={} ctx={} kv={} n={}", D, ac.ctx, ggml_type_name(kv_type), n);
+      }
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
     }
   }
 }
@@ -1138,10 +1179,11 @@ TEST_F(CudaBench, MoeFfn) {
 
 TEST_F(CudaBench, AttentionAndGdnDecode) {
   Backend& b = *gpu_;
-  // 9B shapes: 16 q / 4 kv heads of 256, F16 KV; GDN 16 k / 32 v heads of 128.
+  // 9B shapes: 16 q / 4 kv heads of 256, F16 and BF16 KV; GDN 16 k / 32 v heads of 128.
   const int H = 16, Hkv = 4, D = 256;
   const int64_t W = Hkv * D;
   const char* only_ctx = std::getenv("HYSPEC_BENCH_CTX");  // e.g. 16384 (profilers)
+  for (const GgmlType kv_type : {GgmlType::F16, GgmlType::BF16})
   for (int64_t ctx : {1024, 8192, 16384, 32768}) {
     if (only_ctx && std::atoll(only_ctx) != ctx) continue;
     const int64_t cap = ctx + 512;
@@ -1149,6 +1191,7 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
     b.fill_zero(kc.data(), cap * W * 2);
     b.fill_zero(vc.data(), cap * W * 2);
     for (int64_t n : {1, 8, 16, 512}) {
+      if (kv_type == GgmlType::BF16 && n == 512) continue;
       if (n == 512 && ctx != 1024) continue;  // prefill: a 512-token chunk after 1024 cached
       std::vector<int32_t> pos(n);
       for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(ctx + i);
@@ -1156,7 +1199,7 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
       Tensor q = put(b, randn(n * H * D)), out = poison(b, n * H * D);
       AttentionArgs a;
       a.q = q.rows(n, H * D);
-      a.kv = KvLayer{kc.data(), vc.data(), GgmlType::F16, cap, W};
+      a.kv = KvLayer{kc.data(), vc.data(), kv_type, cap, W};
       a.positions = p.as<int32_t>();
       a.n_head = H;
       a.n_kv_head = Hkv;
@@ -1165,8 +1208,9 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
       a.out = out.rows(n, H * D);
       const double s = time_graph([&] { for (int i = 0; i < 10; ++i) b.attention(a); }, 10);
       const double bytes = 2.0 * (ctx + n) * W * 2, flops = 4.0 * n * H * D * (ctx + n / 2.0);
-      std::printf("BENCH attention ctx=%-6ld n=%-3ld %8.2f us %6.0f GB/s %6.1f TFLOP/s\n", static_cast<long>(ctx),
-                  static_cast<long>(n), s * 1e6, bytes / s / 1e9, flops / s / 1e12);
+      std::printf("BENCH attention %s ctx=%-6ld n=%-3ld %8.2f us %6.0f GB/s %6.1f TFLOP/s\n",
+                  ggml_type_name(kv_type).data(), static_cast<long>(ctx), static_cast<long>(n), s * 1e6,
+                  bytes / s / 1e9, flops / s / 1e12);
     }
   }
   const int nk = 16, nv = 32, d = 128;

@@ -104,6 +104,26 @@ TEST_P(Qwen35Fixture, LogitsMatchTransformersForEveryCase) {
   }
 }
 
+// A 16-bit KV cache rounds every key and value (F16 to 2^-11, BF16 to 2^-8 relative): the logits stay
+// within a tolerance of that order and the argmax is transformers'. Not BF16 on the MoE fixture: its
+// random router has near-tied experts, and BF16's rounding flips a top-k choice in the longer cases
+// (logits then move by ~0.5; F16's 8x smaller rounding flips none).
+TEST_P(Qwen35Fixture, LogitsWithSixteenBitKvCachesStayCloseToTransformers) {
+  const std::string dir = GetParam();
+  const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
+  Loaded l = load(dir + "/" + dir + "-f32.gguf");
+  const int64_t V = l.model->hparams().n_vocab;
+  for (const auto& c : manifest["cases"]) {
+    const auto want = test::read_f32_file(test::fixture_path(dir + "/" + c["logits"].get<std::string>()));
+    for (const GgmlType kv : {GgmlType::F16, GgmlType::BF16}) {
+      if (kv == GgmlType::BF16 && l.model->hparams().n_expert > 0) continue;
+      const auto got = run_logits(l, ids(c["tokens"]), 0, true, kv);
+      expect_logits_match(got, want, V, kv == GgmlType::F16 ? 2e-3f : 1e-2f,
+                          dir + "/" + c["name"].get<std::string>() + " kv " + std::string(ggml_type_name(kv)));
+    }
+  }
+}
+
 TEST_P(Qwen35Fixture, PerLayerHiddenStatesOfTheShortCaseMatchTransformers) {
   const std::string dir = GetParam();
   const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
@@ -328,8 +348,9 @@ TEST_P(Qwen35Fixture, QuantizedActivationFastPathStaysCloseToTheExactPath) {
 // Speculative decoding is lossless only if a verify step computes each row exactly as a decode step
 // would: any batch-width-dependent rounding flips near-tied argmaxes. So every row of a recurrent
 // (verify-form) step of width w, with capture on, must be bit-identical to one-token steps.
-std::vector<float> run_verify_form(Loaded& l, const std::vector<int32_t>& tokens, int64_t width) {
-  return run_logits(l, tokens, width, /*chunked=*/false, GgmlType::F16, /*capture=*/true);
+std::vector<float> run_verify_form(Loaded& l, const std::vector<int32_t>& tokens, int64_t width,
+                                   GgmlType kv = GgmlType::F16) {
+  return run_logits(l, tokens, width, /*chunked=*/false, kv, /*capture=*/true);
 }
 
 TEST_P(Qwen35Fixture, VerifyRowsAreBitIdenticalToDecodeSteps) {
@@ -339,19 +360,22 @@ TEST_P(Qwen35Fixture, VerifyRowsAreBitIdenticalToDecodeSteps) {
   std::vector<int64_t> widths = {2, 3, 5, 8, 16, 17, 32};
   if (test::test_backend_kind() == BackendKind::Cpu) widths.push_back(33);
   const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
-  for (const char* type : {"f32", "q8_0"}) {
+  // F16 KV on both weight files, BF16 KV (another attention kernel on CUDA) on the f32 one.
+  for (const auto& [type, kv] : {std::pair{"f32", GgmlType::F16}, std::pair{"q8_0", GgmlType::F16},
+                                 std::pair{"f32", GgmlType::BF16}}) {
     Loaded l = load(dir + "/" + dir + "-" + type + ".gguf");
     for (const auto& c : manifest["cases"]) {
       const auto tokens = ids(c["tokens"]);
-      const auto decode = run_verify_form(l, tokens, 1);
+      const auto decode = run_verify_form(l, tokens, 1, kv);
       for (int64_t width : widths) {
-        const auto verify = run_verify_form(l, tokens, width);
+        const auto verify = run_verify_form(l, tokens, width, kv);
         ASSERT_EQ(decode.size(), verify.size());
         size_t first = decode.size();
         for (size_t i = 0; i < decode.size() && first == decode.size(); ++i)
           if (std::memcmp(&decode[i], &verify[i], sizeof(float)) != 0) first = i;
-        EXPECT_EQ(first, decode.size()) << type << " " << c["name"] << " width " << width << ": first differing logit "
-                                        << first << " (row " << first / l.model->hparams().n_vocab << ")";
+        EXPECT_EQ(first, decode.size()) << type << " kv " << ggml_type_name(kv) << " " << c["name"] << " width "
+                                        << width << ": first differing logit " << first << " (row "
+                                        << first / l.model->hparams().n_vocab << ")";
       }
     }
   }

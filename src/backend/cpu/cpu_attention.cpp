@@ -17,6 +17,20 @@ namespace hyspec::cpu {
 
 namespace {
 
+// Element idx of a cache row set of `type` (F32, F16 or BF16) as f32.
+float cache_value(const void* base, GgmlType type, int64_t idx) {
+  switch (type) {
+    case GgmlType::F16: return fp16_to_fp32(static_cast<const uint16_t*>(base)[idx]);
+    case GgmlType::BF16: return bf16_to_fp32(static_cast<const uint16_t*>(base)[idx]);
+    default: return static_cast<const float*>(base)[idx];
+  }
+}
+
+// bf16 -> f32 is a shift: the loop vectorizes as it is.
+void bf16_row_to_f32(const uint16_t* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_fp32(x[i]);
+}
+
 // ns per (query row, key, head dim) on one AVX2 core: 2 MACs at ~12 MAC/ns.
 constexpr double kNsPerRowKeyDim = 0.17;
 constexpr int kTileRows = 8;
@@ -30,9 +44,7 @@ void attention_rows(const AttentionArgs& a, int64_t t, int h) {
   const float* q = a.q.row(t) + static_cast<int64_t>(h) * d;
   std::vector<float> scores(kv_len), acc(d, 0.0f);
   auto at = [&](const void* base, int64_t j, int i) {
-    const int64_t idx = j * a.kv.width + static_cast<int64_t>(kvh) * d + i;
-    return a.kv.type == GgmlType::F16 ? fp16_to_fp32(static_cast<const uint16_t*>(base)[idx])
-                                      : static_cast<const float*>(base)[idx];
+    return cache_value(base, a.kv.type, j * a.kv.width + static_cast<int64_t>(kvh) * d + i);
   };
   float mx = -INFINITY;
   for (int64_t j = 0; j < kv_len; ++j) {
@@ -57,12 +69,13 @@ void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) {
   for (int64_t t = 0; t < k.n_rows; ++t) {
     const int64_t pos = positions[t];
     if (pos < 0 || pos >= kv.capacity) continue;  // the engine bounds positions; never write outside
-    if (kv.type == GgmlType::F16) {
+    if (kv.type == GgmlType::F16 || kv.type == GgmlType::BF16) {
       uint16_t* kd = static_cast<uint16_t*>(kv.k) + pos * kv.width;
       uint16_t* vd = static_cast<uint16_t*>(kv.v) + pos * kv.width;
+      uint16_t (*round)(float) = kv.type == GgmlType::F16 ? fp32_to_fp16 : fp32_to_bf16;
       for (int64_t i = 0; i < kv.width; ++i) {
-        kd[i] = fp32_to_fp16(k.row(t)[i]);
-        vd[i] = fp32_to_fp16(v.row(t)[i]);
+        kd[i] = round(k.row(t)[i]);
+        vd[i] = round(v.row(t)[i]);
       }
     } else {
       std::memcpy(static_cast<float*>(kv.k) + pos * kv.width, k.row(t), static_cast<size_t>(kv.width) * sizeof(float));
@@ -118,13 +131,14 @@ void attention(ThreadPool& pool, const AttentionArgs& a, const F32Kernels& k) {
       tt.out = rows_out.data();
       tt.kv_len = rows_len.data();
       tt.scale = a.scale;
-      if (a.kv.type == GgmlType::F16) {
+      if (a.kv.type == GgmlType::F16 || a.kv.type == GgmlType::BF16) {
         // Widen this head's keys and values once for the whole tile.
         float* buf = scratch_floats(static_cast<size_t>(2 * max_len * d), 2);
+        auto widen = a.kv.type == GgmlType::F16 ? k.f16_to_f32 : bf16_row_to_f32;
         for (int64_t j = 0; j < max_len; ++j) {
           const int64_t off = j * a.kv.width + static_cast<int64_t>(kvh) * d;
-          k.f16_to_f32(static_cast<const uint16_t*>(a.kv.k) + off, d, buf + j * d);
-          k.f16_to_f32(static_cast<const uint16_t*>(a.kv.v) + off, d, buf + (max_len + j) * d);
+          widen(static_cast<const uint16_t*>(a.kv.k) + off, d, buf + j * d);
+          widen(static_cast<const uint16_t*>(a.kv.v) + off, d, buf + (max_len + j) * d);
         }
         tt.k = buf;
         tt.v = buf + max_len * d;

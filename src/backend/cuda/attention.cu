@@ -1,10 +1,10 @@
-// Softmax attention over the KV cache, GQA, causal or block (non-causal) mode, KV in f32 or f16.
+// Softmax attention over the KV cache, GQA, causal or block (non-causal) mode, KV in f32, f16 or bf16.
 //
 // out[t, h] = sum_j softmax_j(scale * q[t,h] . K[j, h/G]) V[j, h/G] over the visible keys j:
 // causal: j <= positions[t]; block mode: j <= positions[n-1]. G = n_head / n_kv_head.
 //
 // Steps of up to kDecodeMaxRows rows (decode and speculative verify) run a decode kernel,
-// attention_decode_mma_kernel (tensor cores) for F16 KV where the device grants its shared memory,
+// attention_decode_mma_kernel (tensor cores) for F16/BF16 KV where the device grants its shared memory,
 // else attention_decode_kernel (SIMT), whose result for a query is bit-identical whatever other
 // rows share the step: speculative decoding is lossless only if a verify row gets exactly the
 // decode step's logits. Their blocks take 8 query vectors each (grid.z = query groups) and one split of the key
@@ -28,6 +28,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/tensor_core.cuh"
 
@@ -42,7 +43,6 @@ struct AttnArgs {
   Mat q, out;
   const void* k;
   const void* v;
-  bool kv_f16;
   int64_t kv_width, kv_capacity;
   const int32_t* positions;
   int n, group, n_kv;
@@ -60,11 +60,12 @@ constexpr size_t attention_smem() {
   return (static_cast<size_t>(kQueries + 2 * kKeys) * (D + 4) + kQueries * kKeys) * sizeof(float);
 }
 
-// 16 bytes of K/V (8 halves or 4 floats) to f32 in shared memory.
-__device__ __forceinline__ void store_as_f32(float* dst, const uint4& raw, bool f16) {
-  if (f16) {
-    const half2* h = reinterpret_cast<const half2*>(&raw);
-    const float2 a = __half22float2(h[0]), b = __half22float2(h[1]), c = __half22float2(h[2]), d = __half22float2(h[3]);
+// 16 bytes of K/V (8 16-bit elements or 4 floats) to f32 in shared memory.
+template <typename KV>
+__device__ __forceinline__ void store_as_f32(float* dst, const uint4& raw) {
+  if constexpr (sizeof(KV) == 2) {
+    const float2 a = widen_pair<KV>(raw.x), b = widen_pair<KV>(raw.y), c = widen_pair<KV>(raw.z),
+                 d = widen_pair<KV>(raw.w);
     reinterpret_cast<float4*>(dst)[0] = make_float4(a.x, a.y, b.x, b.y);
     reinterpret_cast<float4*>(dst)[1] = make_float4(c.x, c.y, d.x, d.y);
   } else {
@@ -72,7 +73,7 @@ __device__ __forceinline__ void store_as_f32(float* dst, const uint4& raw, bool 
   }
 }
 
-// KV is __half or float. The next K/V tile is fetched into registers while this one is computed.
+// KV is float, __half or __nv_bfloat16. The next K/V tile is fetched into registers while this one is computed.
 template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
   constexpr int LD = D + 4;  // row pitch: float4-aligned, consecutive rows 4 banks apart
@@ -142,8 +143,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int idx = tid + i * kThreads, key = idx / (D / kVec), d = idx % (D / kVec) * kVec;
-      store_as_f32(Ks + key * LD + d, kr[i], sizeof(KV) == 2);
-      store_as_f32(Vs + key * LD + d, vr[i], sizeof(KV) == 2);
+      store_as_f32<KV>(Ks + key * LD + d, kr[i]);
+      store_as_f32<KV>(Vs + key * LD + d, vr[i]);
     }
     __syncthreads();
     if (kt + kKeys < k1) fetch(kt + kKeys);
@@ -269,6 +270,12 @@ int decode_min_tiles() {
   return v;
 }
 
+// The tensor-core decode kernel for 16-bit KV, unless HYSPEC_ATTN_MMA=0 (benchmarks of the SIMT one).
+bool decode_mma_enabled() {
+  static const bool v = env_int("HYSPEC_ATTN_MMA", 1) != 0;
+  return v;
+}
+
 // Steps of up to kDecodeMaxRows rows take the decode kernel, while its merge counters (one per kv
 // head and query group) fit.
 bool uses_decode_kernel(int64_t rows, int group, int n_kv) {
@@ -296,7 +303,7 @@ struct DecodeSmem {
 template <typename KV>
 __device__ __forceinline__ float2 kv_pair(const uint8_t* p) {  // two consecutive elements as f32
   if constexpr (sizeof(KV) == 2) {
-    return __half22float2(*reinterpret_cast<const half2*>(p));
+    return widen_pair<KV>(*reinterpret_cast<const uint32_t*>(p));
   } else {
     return *reinterpret_cast<const float2*>(p);
   }
@@ -475,10 +482,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
         float kf[VEC];
         const uint4 raw = *reinterpret_cast<const uint4*>(krow + d0 * sizeof(KV));
         if constexpr (sizeof(KV) == 2) {
-          const half2* h = reinterpret_cast<const half2*>(&raw);
+          const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(h[j]);
+            const float2 f = widen_pair<KV>(w[j]);
             kf[2 * j] = f.x, kf[2 * j + 1] = f.y;
           }
         } else {
@@ -567,14 +574,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   finish_decode_block<D>(a, blk, counters, o_s, misc + Q, sm);
 }
 
-// Decode/verify attention on tensor cores, F16 KV. Same blocks, splits and merge as
+// Decode/verify attention on tensor cores, F16 or BF16 KV (T). Same blocks, splits and merge as
 // attention_decode_kernel (a block: one kv head, one split, kDecodeQueries query vectors), but each
 // warp walks the split on its own: steps of 16 keys (warp w takes steps w, w+4, ...), K and V of
 // its next two steps copied into its own shared-memory stages with cp.async while this one runs,
 // and its own online softmax; the four warps merge once at the end, in a fixed order.
 // Per step: S = Q.K^T and O += P.V as m16n8k16 MMAs (f32 accumulation). The 16 A rows are the 8
-// queries split in f16 halves, rows 0-7 = hi and 8-15 = lo (x = hi + lo to ~2^-22), for Q and for P,
-// so the products keep f32 precision against the exact F16 keys and values; a lane ends with the
+// queries split in two T parts, rows 0-7 = hi and 8-15 = lo (x = hi + lo to ~2^-22 in f16, ~2^-16 in
+// bf16), for Q and for P, so the products keep (near) f32 precision against the exact keys and values
+// (BF16: a relative error of ~1e-5 per product, below the f32 sums' own); a lane ends with the
 // scores of its query g for keys 2t, 2t+1, 2t+8, 2t+9 (hi + lo rows summed in the lane), which is
 // the A-fragment layout of P for the P.V product: no shuffles besides the row max.
 // A query's result depends only on its own rows, its tiles and the fixed split/step order, so a
@@ -582,6 +590,30 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
 // Budget (one kv head, D=256): bytes = 1 KB per key read once; MMA FLOPs = 2 * 2 * 16 * D per key
 // (Q hi/lo x 8 queries padded to 16 rows), ~0.1 of the tensor cores at HBM speed.
 constexpr int kMmaStepKeys = 16;
+
+// v as T, and the T of what is left (hi + lo ~ v), packed as two 16-bit halves of a word each: for
+// two values a and b, pack(a, b) holds a in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float a, float b) {
+  const T ta = to_cache<T>(a), tb = to_cache<T>(b);
+  uint16_t ua, ub;
+  __builtin_memcpy(&ua, &ta, 2);
+  __builtin_memcpy(&ub, &tb, 2);
+  return static_cast<uint32_t>(ua) | static_cast<uint32_t>(ub) << 16;
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_kv(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    mma_16816(d, a0, a1, a2, a3, b0, b1);
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
 
 template <int D>
 struct MmaDecodeSmem {
@@ -599,7 +631,7 @@ struct MmaDecodeSmem {
   static_assert(kDecodeMergeBytes <= kBytes, "the split merge fits");
 };
 
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
   pdl_wait();  // as attention_decode_kernel
   pdl_trigger();
@@ -640,16 +672,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     }
   }
 
-  // Q, pre-scaled, as f16 hi (rows 0-7) and lo (rows 8-15); absent queries are zero rows.
+  // Q, pre-scaled, as T hi (rows 0-7) and lo (rows 8-15); absent queries are zero rows.
   uint8_t* const q_sm = sm + L::kQ;
   for (int i = tid; i < Q * D; i += kDecodeWarps * 32) {
     const int m = i / D, d = i % D;
     const float v =
         m < M ? a.q.data[static_cast<int64_t>(blk.row(m)) * a.q.stride + static_cast<int64_t>(blk.head(m)) * D + d] * a.scale
               : 0.0f;
-    const __half hi = __float2half_rn(v);
-    *reinterpret_cast<__half*>(q_sm + m * P + 2 * d) = hi;
-    *reinterpret_cast<__half*>(q_sm + (m + 8) * P + 2 * d) = __float2half_rn(v - __half2float(hi));
+    const T hi = to_cache<T>(v);
+    *reinterpret_cast<T*>(q_sm + m * P + 2 * d) = hi;
+    *reinterpret_cast<T*>(q_sm + (m + 8) * P + 2 * d) = to_cache<T>(v - static_cast<float>(hi));
   }
   __syncthreads();
 
@@ -682,8 +714,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
       uint32_t qa[4], kb[4];
       ldmatrix_x4(qa, q_row + 32 * kk);
       ldmatrix_x4(kb, kd + k_off + 32 * kk);
-      mma_16816(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-      mma_16816(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+      mma_kv<T>(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+      mma_kv<T>(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
     }
     float s[4];
 #pragma unroll
@@ -710,10 +742,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
     m_run = m_new;
     // P as the A fragment: row g = hi, row g+8 = lo; keys 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3).
-    const half2 h01 = __floats2half2_rn(p[0], p[1]), h23 = __floats2half2_rn(p[2], p[3]);
-    const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
-    const half2 l01 = __floats2half2_rn(p[0] - f01.x, p[1] - f01.y), l23 = __floats2half2_rn(p[2] - f23.x, p[3] - f23.y);
-    const uint32_t pa0 = as_u32(h01), pa1 = as_u32(l01), pa2 = as_u32(h23), pa3 = as_u32(l23);
+    const uint32_t pa0 = pack_pair<T>(p[0], p[1]), pa2 = pack_pair<T>(p[2], p[3]);
+    const float2 f01 = widen_pair<T>(pa0), f23 = widen_pair<T>(pa2);
+    const uint32_t pa1 = pack_pair<T>(p[0] - f01.x, p[1] - f01.y), pa3 = pack_pair<T>(p[2] - f23.x, p[3] - f23.y);
     if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // once the maxima settle, most steps skip this
 #pragma unroll
       for (int j = 0; j < NT; ++j) o[j][0] *= alpha, o[j][1] *= alpha, o[j][2] *= alpha, o[j][3] *= alpha;
@@ -722,8 +753,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t vb[4];
       ldmatrix_x4_trans(vb, vd + v_off + 32 * kk);
-      mma_16816(o[2 * kk], pa0, pa1, pa2, pa3, vb[0], vb[1]);
-      mma_16816(o[2 * kk + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
+      mma_kv<T>(o[2 * kk], pa0, pa1, pa2, pa3, vb[0], vb[1]);
+      mma_kv<T>(o[2 * kk + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
     }
     __syncwarp();  // every lane is done with this stage before the next step refills it
   }
@@ -779,20 +810,23 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
         attention_decode_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (dattr != cudaSuccess) return dattr;
     const dim3 grid(a.n_kv, a.n_splits, (M + kDecodeQueries - 1) / kDecodeQueries);
-    // The tensor-core kernel for F16 KV, where the device grants its shared memory (sm_86/89 have
+    // The tensor-core kernel for F16/BF16 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
-    constexpr size_t msmem = MmaDecodeSmem<D>::kBytes;
-    static const bool use_mma = [] {
-      if (sizeof(KV) != 2 || env_int("HYSPEC_ATTN_MMA", 1) == 0) return false;
-      if (cudaFuncSetAttribute(attention_decode_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(msmem)) == cudaSuccess)
-        return true;
-      cudaGetLastError();  // not sticky: clear it, the SIMT kernel takes over
-      return false;
-    }();
-    // One launch: the kernel merges its own splits.
-    if (use_mma)
-      return launch_pdl(attention_decode_mma_kernel<D>, grid, dim3(kDecodeWarps * 32), msmem, stream, a, counters);
+    if constexpr (sizeof(KV) == 2) {
+      constexpr size_t msmem = MmaDecodeSmem<D>::kBytes;
+      static const bool use_mma = [] {
+        if (!decode_mma_enabled()) return false;
+        if (cudaFuncSetAttribute(attention_decode_mma_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(msmem)) == cudaSuccess)
+          return true;
+        cudaGetLastError();  // not sticky: clear it, the SIMT kernel takes over
+        return false;
+      }();
+      // One launch: the kernel merges its own splits.
+      if (use_mma)
+        return launch_pdl(attention_decode_mma_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), msmem, stream, a,
+                          counters);
+    }
     return launch_pdl(attention_decode_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
   } else {
     const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
@@ -805,8 +839,8 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
 }
 
 template <int D>
-cudaError_t launch(const AttnArgs& a, unsigned* counters, cudaStream_t stream) {
-  return a.kv_f16 ? launch_kv<D, __half>(a, counters, stream) : launch_kv<D, float>(a, counters, stream);
+cudaError_t launch(const AttnArgs& a, GgmlType kv_type, unsigned* counters, cudaStream_t stream) {
+  return with_cache_type(kv_type, [&](auto kv) { return launch_kv<D, decltype(kv)>(a, counters, stream); });
 }
 
 }  // namespace
@@ -824,7 +858,8 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   // Blocks per SM to aim for: 2, or 1 for the tensor-core decode kernel, which holds one block per
   // SM (its shared memory) and measured faster in one wave (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
   static const int per_sm_env = env_int("HYSPEC_ATTN_BLOCKS_PER_SM", 0);
-  const int per_sm = per_sm_env >= 1 ? per_sm_env : decode && p.kv_f16 ? 1 : 2;
+  const bool mma = decode && p.kv_type != GgmlType::F32 && decode_mma_enabled();
+  const int per_sm = per_sm_env >= 1 ? per_sm_env : mma ? 1 : 2;
   const int64_t want = (int64_t{per_sm} * n_sm + base - 1) / base;
   // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
   const int64_t max_useful = std::max<int64_t>(
@@ -845,14 +880,14 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   // The decode kernel's splits: n_splits equal slices of the capacity, whole tiles.
   const int64_t cap_tiles = (p.kv_capacity + kDecodeKeys - 1) / kDecodeKeys;
   const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
-  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_f16, p.kv_width, p.kv_capacity, p.positions, static_cast<int>(p.q.rows),
+  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_width, p.kv_capacity, p.positions, static_cast<int>(p.q.rows),
              p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
              scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
   switch (p.head_dim) {
-    case 32: return launch<32>(a, p.counters, stream);
-    case 64: return launch<64>(a, p.counters, stream);
-    case 128: return launch<128>(a, p.counters, stream);
-    case 256: return launch<256>(a, p.counters, stream);
+    case 32: return launch<32>(a, p.kv_type, p.counters, stream);
+    case 64: return launch<64>(a, p.kv_type, p.counters, stream);
+    case 128: return launch<128>(a, p.kv_type, p.counters, stream);
+    case 256: return launch<256>(a, p.kv_type, p.counters, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -287,13 +287,12 @@ class CudaBackend final : public Backend {
   }
   void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) override {
     auto prof = begin_op("kv_store");
-    if (!expect(kv.type == GgmlType::F32 || kv.type == GgmlType::F16, "kv_store: KV type {} (F32 or F16)",
+    if (!expect(cuda::kv_cache_type_supported(kv.type), "kv_store: KV type {} (F32, F16 or BF16)",
                 ggml_type_name(kv.type)) ||
         !expect(k.n_cols == kv.width && v.n_cols == kv.width && k.n_rows == v.n_rows, "kv_store: rows of {}/{} for width {}",
                 k.n_cols, v.n_cols, kv.width))
       return;
-    check(cuda::kv_store_launch(mat(k), mat(v), kv.k, kv.v, kv.type == GgmlType::F16, kv.width, kv.capacity,
-                                positions, stream_),
+    check(cuda::kv_store_launch(mat(k), mat(v), kv.k, kv.v, kv.type, kv.width, kv.capacity, positions, stream_),
           "kv_store");
   }
 
@@ -303,7 +302,7 @@ class CudaBackend final : public Backend {
                             a.k.stride == a.k.n_cols;
     if (!fused_ops_ || !cuda::qk_prep_supported(a.head_dim) || !contiguous) return Backend::qk_norm_rope_store(a);
     auto prof = begin_op("qk_norm_rope_store");
-    if (!expect(a.kv.type == GgmlType::F32 || a.kv.type == GgmlType::F16, "qk_norm_rope_store: KV type {} (F32 or F16)",
+    if (!expect(cuda::kv_cache_type_supported(a.kv.type), "qk_norm_rope_store: KV type {} (F32, F16 or BF16)",
                 ggml_type_name(a.kv.type)) ||
         !expect(a.n_rot % 2 == 0 && a.n_rot <= a.head_dim, "qk_norm_rope_store: n_rot {} of head_dim {}", a.n_rot,
                 a.head_dim) ||
@@ -331,7 +330,7 @@ class CudaBackend final : public Backend {
     p.positions = a.positions;
     p.width = a.kv.width;
     p.capacity = a.kv.capacity;
-    check(cuda::qk_prep_launch(p, a.kv.k, a.kv.v, a.kv.type == GgmlType::F16, stream_), "qk_norm_rope_store");
+    check(cuda::qk_prep_launch(p, a.kv.k, a.kv.v, a.kv.type, stream_), "qk_norm_rope_store");
   }
 
   void attention(const AttentionArgs& a) override {
@@ -341,7 +340,7 @@ class CudaBackend final : public Backend {
                 a.head_dim) ||
         !expect(a.n_kv_head > 0 && a.n_head % a.n_kv_head == 0, "attention: {} heads over {} kv heads", a.n_head,
                 a.n_kv_head) ||
-        !expect(a.kv.type == GgmlType::F32 || a.kv.type == GgmlType::F16, "attention: KV type {}",
+        !expect(cuda::kv_cache_type_supported(a.kv.type), "attention: KV type {} (F32, F16 or BF16)",
                 ggml_type_name(a.kv.type)) ||
         !expect(a.n_kv_head <= cuda::kAttentionMaxKvHeads, "attention: {} kv heads (at most {})", a.n_kv_head,
                 cuda::kAttentionMaxKvHeads) ||
@@ -359,7 +358,7 @@ class CudaBackend final : public Backend {
     p.out = mat(a.out);
     p.k = a.kv.k;
     p.v = a.kv.v;
-    p.kv_f16 = a.kv.type == GgmlType::F16;
+    p.kv_type = a.kv.type;
     p.kv_width = a.kv.width;
     p.kv_capacity = a.kv.capacity;
     p.positions = a.positions;

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/q8k.cuh"
 
@@ -214,15 +215,6 @@ __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* 
     const int64_t h = idx / half % heads, r = idx / half / heads;
     float* p = x.data + r * x.stride + h * head_dim;
     rope_rotate(p[i], p[i + half], positions[r], i, n_rot, freq_base);
-  }
-}
-
-template <typename C>
-__device__ __forceinline__ C to_cache(float v) {
-  if constexpr (sizeof(C) == 2) {
-    return __float2half_rn(v);
-  } else {
-    return v;
   }
 }
 
@@ -470,18 +462,18 @@ cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* posi
                     positions, freq_base);
 }
 
-cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width, int64_t capacity,
-                            const int32_t* positions, cudaStream_t stream) {
+cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, GgmlType cache_type, int64_t width,
+                            int64_t capacity, const int32_t* positions, cudaStream_t stream) {
   if (k.rows == 0) return cudaSuccess;
   const unsigned blocks = grid_for(k.rows * width, 256, 65535);
-  if (f16)
-    return launch_pdl(kv_store_kernel<__half>, dim3(blocks), dim3(256), 0, stream, k, v,
-                      static_cast<__half*>(k_cache), static_cast<__half*>(v_cache), width, capacity, positions);
-  return launch_pdl(kv_store_kernel<float>, dim3(blocks), dim3(256), 0, stream, k, v,
-                    static_cast<float*>(k_cache), static_cast<float*>(v_cache), width, capacity, positions);
+  return with_cache_type(cache_type, [&](auto c) {
+    using C = decltype(c);
+    return launch_pdl(kv_store_kernel<C>, dim3(blocks), dim3(256), 0, stream, k, v, static_cast<C*>(k_cache),
+                      static_cast<C*>(v_cache), width, capacity, positions);
+  });
 }
 
-cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, bool f16, cudaStream_t stream) {
+cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, GgmlType cache_type, cudaStream_t stream) {
   const int64_t D = p.head_dim, n = p.k.rows;
   if (n == 0) return cudaSuccess;
   if (!qk_prep_supported(static_cast<int>(D))) return cudaErrorInvalidValue;
@@ -492,11 +484,11 @@ cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, bool f1
   p.vec4_k = norm_vec4(Mat{p.k.data, n * p.n_kv_head, D, D}, Mat{p.k.data, n * p.n_kv_head, D, D}, nullptr, 0,
                        p.k_norm, D);
   const unsigned blocks = static_cast<unsigned>((n * (p.n_head + p.n_kv_head) + kQkPrepWarps - 1) / kQkPrepWarps);
-  if (f16)
-    return launch_pdl(qk_prep_kernel<__half>, dim3(blocks), dim3(kQkPrepWarps * 32), 0, stream, p,
-                      static_cast<__half*>(k_cache), static_cast<__half*>(v_cache));
-  return launch_pdl(qk_prep_kernel<float>, dim3(blocks), dim3(kQkPrepWarps * 32), 0, stream, p,
-                    static_cast<float*>(k_cache), static_cast<float*>(v_cache));
+  return with_cache_type(cache_type, [&](auto c) {
+    using C = decltype(c);
+    return launch_pdl(qk_prep_kernel<C>, dim3(blocks), dim3(kQkPrepWarps * 32), 0, stream, p, static_cast<C*>(k_cache),
+                      static_cast<C*>(v_cache));
+  });
 }
 
 cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream) {

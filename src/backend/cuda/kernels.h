@@ -111,8 +111,12 @@ enum class Binary { Add, SwiGlu, SigmoidMul, AddSigmoidScaled };
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream);
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
                              cudaStream_t stream);
+// The KV cache element types: F32, F16 and BF16 (stored rounded to nearest even from the f32 rows).
+inline bool kv_cache_type_supported(GgmlType t) {
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+}
 // Rows whose position is outside [0, capacity) are skipped.
-cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, bool f16, int64_t width, int64_t capacity,
+cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, GgmlType cache_type, int64_t width, int64_t capacity,
                             const int32_t* positions, cudaStream_t stream);
 // QkPrepArgs (backend.h) in one launch, bit-identical to the rms_norm, rope_neox and kv_store launches it
 // replaces; head_dim <= kQkPrepMaxHeadDim (qk_prep_supported), n_head 0 for keys only.
@@ -130,7 +134,7 @@ struct QkPrepParams {
   int64_t width, capacity;  // the cache's
   int vec4_q, vec4_k;       // set by the launcher
 };
-cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, bool f16, cudaStream_t stream);
+cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, GgmlType cache_type, cudaStream_t stream);
 cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
@@ -152,7 +156,7 @@ struct AttentionParams {
   Mat q, out;
   const void* k = nullptr;
   const void* v = nullptr;
-  bool kv_f16 = false;
+  GgmlType kv_type = GgmlType::F32;  // kv_cache_type_supported
   int64_t kv_width = 0, kv_capacity = 0;
   const int32_t* positions = nullptr;
   int n_head = 0, n_kv_head = 0, head_dim = 0;
