@@ -31,6 +31,9 @@ if [ -n "${PERF_AB:-}" ]; then  # e.g. PERF_AB="HYSPEC_NORM_QUANTIZE=0": decode 
     done
   done | tee "$OUT/ab.md"
 fi
+echo "== BF16 KV cache at depth 0 and 16384 (the side-by-side above: F16)"
+.device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 0 -n 128 -d 0,16384 --verify 16 -c 17000 \
+  --kv-type bf16 2>&1 | tee "$OUT/kv_bf16.md"
 echo "== GPU time per kernel of a verify-16 step (ncu)"
 KT_BENCH="-p 0 -n 0 --verify 16" KT_STEPS=9 bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf 0 20000 | tee "$OUT/kt_verify16.md"
 echo "== GPU time per kernel of decode steps (ncu)"

@@ -36,5 +36,5 @@ if [ -x "$D/bin/test_backend" ]; then
   done
   HYSPEC_CUDA_BENCH=1 HYSPEC_BENCH_TYPE=Q6_K HYSPEC_BENCH_WIDTHS=1,2,4,8,16,17,32 \
     timeout 120 "$D/bin/test_backend" --gtest_filter='CudaBench.MatmulDecode' 2>&1 | grep -E "^\| "
-  HYSPEC_CUDA_BENCH=1 timeout 120 "$D/bin/test_backend" --gtest_filter='CudaBench.AttentionAndGdnDecode' 2>&1 | grep -E "BENCH|^\|" | head -30
+  HYSPEC_CUDA_BENCH=1 timeout 120 "$D/bin/test_backend" --gtest_filter='CudaBench.AttentionAndGdnDecode' 2>&1 | grep -E "BENCH|^\|" | head -50
 fi
