@@ -6,7 +6,9 @@
 #            scripts/device/pack.sh          (tree + .device + .anchor stay under the 64 MiB a call carries)
 #   there: scripts/device/perf_session.sh start    # llama.cpp's anchor detached, then session_checks.sh (~4 min)
 #          scripts/device/perf_session.sh finish   # both 9B files side by side, kernel times of verify-16 and decode
-#          (PERF_AB="VAR=value ...": also decode and verify-4/16 with and without those variables, interleaved)
+#          (PERF_AB="VAR=value ...": also decode and verify-4/16 with and without those variables, interleaved;
+#           PERF_SAME_OUTPUT="VAR=value": greedy ids of the 9B with and without them, compared;
+#           PERF_KV_BF16=0, PERF_KT_VERIFY=0 skip the BF16 KV bench and the verify-16 kernel times)
 # The anchor's files live in /tmp/anchor, so `finish` must follow while the machine is still warm (30 s).
 # session_checks.sh's benches must end before the anchor's llama-bench starts (~5 min in), or both
 # read low: add nothing GPU-heavy to `start`.
@@ -18,7 +20,7 @@ export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export OUT=${OUT:-/tmp/hyspec-out}
 if [ "$MODE" = start ]; then
   bash bench/compare_llamacpp.sh start 9b
-  bash scripts/device/session_checks.sh 2>&1 | tee "$OUT/checks.log"
+  SC_BENCH=0 bash scripts/device/session_checks.sh 2>&1 | tee "$OUT/checks.log"
   exit 0
 fi
 bash bench/compare_llamacpp.sh finish 9b
@@ -31,10 +33,27 @@ if [ -n "${PERF_AB:-}" ]; then  # e.g. PERF_AB="HYSPEC_NORM_QUANTIZE=0": decode 
     done
   done | tee "$OUT/ab.md"
 fi
-echo "== BF16 KV cache at depth 0 and 16384 (the side-by-side above: F16)"
-.device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 0 -n 128 -d 0,16384 --verify 16 -c 17000 \
-  --kv-type bf16 2>&1 | tee "$OUT/kv_bf16.md"
-echo "== GPU time per kernel of a verify-16 step (ncu)"
-KT_BENCH="-p 0 -n 0 --verify 16" KT_STEPS=9 bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf 0 20000 | tee "$OUT/kt_verify16.md"
+if [ -n "${PERF_SAME_OUTPUT:-}" ]; then  # e.g. "HYSPEC_DEFER_NORM=0": greedy ids with and without those variables
+  for ab in "$PERF_SAME_OUTPUT" ""; do
+    env $ab .device/bin/hyspec run -m /tmp/anchor/9b-q4km.gguf --backend cuda --tokens 11,22,33,44,55,66,77 -n 48 \
+      --temp 0 --ids --no-stats > "$OUT/ids_${ab:+variant}${ab:-default}.txt" 2>&1
+  done
+  echo "== greedy ids, ${PERF_SAME_OUTPUT} vs default: $(cmp -s "$OUT/ids_variant$PERF_SAME_OUTPUT.txt" "$OUT/ids_default.txt" && echo identical || echo DIFFERENT)"
+  head -c 400 "$OUT/ids_default.txt"; echo
+fi
+echo "== memcheck: 9B prefill and decode steps (a decode step's norms run inside its matvecs)"
+timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 .device/bin/hyspec run -m /tmp/anchor/9b-q4km.gguf \
+  --backend cuda --tokens 11,22,33 -n 3 --temp 0 --ids --no-stats --no-graphs 2>&1 | grep -E "ERROR SUMMARY|rror"
+echo "== kernel benches"
+bash scripts/device/kernel_benches.sh 2>&1 | tee "$OUT/benches.log"
+if [ "${PERF_KV_BF16:-1}" = 1 ]; then
+  echo "== BF16 KV cache at depth 0 and 16384 (the side-by-side above: F16)"
+  .device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 0 -n 128 -d 0,16384 --verify 16 -c 17000 \
+    --kv-type bf16 2>&1 | tee "$OUT/kv_bf16.md"
+fi
+if [ "${PERF_KT_VERIFY:-1}" = 1 ]; then
+  echo "== GPU time per kernel of a verify-16 step (ncu)"
+  KT_BENCH="-p 0 -n 0 --verify 16" KT_STEPS=9 bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf 0 20000 | tee "$OUT/kt_verify16.md"
+fi
 echo "== GPU time per kernel of decode steps (ncu)"
 bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf | tee "$OUT/kt_decode.md"
