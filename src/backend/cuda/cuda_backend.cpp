@@ -700,9 +700,10 @@ class CudaBackend final : public Backend {
   };
   // Defers the norm when the next op may take it: one or two rows of one group, K a multiple of 1024
   // that fits the dp4a kernels (cuda::NormIn), 16-byte aligned float4 rows, h apart from x and delta.
-  // Not under the op profiler (a flushed norm would be timed as the op after it).
+  // Not under the op profiler (a flushed norm would be timed as the op after it) or HYSPEC_PROFILE_SKIP
+  // (its norms stay in "the rest").
   bool defer_norm(Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h) {
-    if (!fused_ops_ || !defer_norms_ || !quantized_x_.d || !norm_counter_ || profiler_ || !w || group != x.n_cols || x.n_rows < 1 ||
+    if (!fused_ops_ || !defer_norms_ || !quantized_x_.d || !norm_counter_ || profiler_ || profile_skip_ || !w || group != x.n_cols || x.n_rows < 1 ||
         x.n_rows > 2 || x.n_cols % 1024 != 0 || x.n_cols > 8192)
       return false;
     auto aligned = [](const void* p, int64_t stride) {
