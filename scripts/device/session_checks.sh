@@ -24,16 +24,18 @@ if [ -f "$M" ]; then
 fi
 if [ -x "$D/bin/test_backend" ]; then
   echo "== memcheck/racecheck: GDN, conv, norms, attention, matmul"
-  # racecheck is ~50x slower: the attention tests of every KV type alone took minutes; it takes the
-  # verify-row attention test (every decode kernel) instead.
+  # racecheck is ~50x slower than a plain run: the attention tests go in a run of their own, the
+  # verify-row test only (every decode kernel and KV type), so that a timeout there hides nothing else.
   MC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:CudaBackendTest.Attention*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
-  RC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:CudaBackendTest.AttentionVerifyRows*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
-  for tool in memcheck racecheck; do
-    [ $tool = memcheck ] && f=$MC || f=$RC
-    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "$D/bin/test_backend" --gtest_filter="$f" 2>&1 |
+  RC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
+  set -f  # the filters' * are gtest's
+  for run in "memcheck $MC" "racecheck $RC" "racecheck CudaBackendTest.AttentionVerifyRows*"; do
+    set -- $run
+    timeout 200 compute-sanitizer --tool "$1" --error-exitcode 9 "$D/bin/test_backend" --gtest_filter="$2" 2>&1 |
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | head -4
-    echo "$tool rc=${PIPESTATUS[0]}"
+    echo "$1 ${2:0:40}... rc=${PIPESTATUS[0]}"
   done
+  set +f
 fi
 # SC_BENCH=0: no kernel benches (perf_session.sh start, whose llama-bench must have the GPU alone).
 [ "${SC_BENCH:-1}" = 1 ] && bash scripts/device/kernel_benches.sh

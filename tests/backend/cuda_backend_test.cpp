@@ -567,55 +567,6 @@ TEST_P(CudaMatmulTest, MatmulOfNormOutputReadsTheNormsQuantizedCopy) {
   }
 }
 
-// A norm of one or two rows waits for the op after it, and a matmul of its output on the int8 dp4a
-// path runs it in its own kernel (cuda::NormIn). All that path leaves has the bits of the norm kernel
-// followed by the matmul (the norm launched by a synchronize in between): the product, h, h's
-// quantized rows (as a second matmul reads them) and x += delta; for the plain and the residual norm,
-// matmul and fused SwiGLU, one and two rows, each int8 type; twice in a row (the kernel's counter resets
-// itself). Any other op, and a matmul off that path (Q8_0), launches the norm first.
-TEST_F(CudaBackendTest, NormDeferredIntoTheMatvecGivesTheNormKernelsBits) {
-  const int64_t K = 4096, N = 300;
-  const auto qb = random_weight_bytes(GgmlType::Q8_0, K, N, rng_);
-  auto q8 = gpu_->load_weight(tensor_info("q8", GgmlType::Q8_0, qb, K, N));
-  ASSERT_TRUE(q8.is_ok());
-  const Tensor wn = put(*gpu_, randn(K));
-  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-    const auto gb = random_weight_bytes(type, K, N, rng_), ub = random_weight_bytes(type, K, N, rng_);
-    auto gate = gpu_->load_weight(tensor_info("gate", type, gb, K, N));
-    auto up = gpu_->load_weight(tensor_info("up", type, ub, K, N));
-    ASSERT_TRUE(gate.is_ok() && up.is_ok());
-    for (int64_t n : {1, 2}) {
-      for (bool residual : {false, true}) {
-        for (int consumer = 0; consumer < 4; ++consumer) {  // matmul, SwiGLU, copy_rows first, Q8_0 matmul
-          const std::string what = fmt::format("{} n={} {} consumer {}", ggml_type_name(type), n,
-                                               residual ? "add_rms_norm" : "rms_norm", consumer);
-          const auto xv = randn(n * K, 3.0f), dv = randn(n * K);
-          auto run = [&](bool launch_norm) {
-            // Every buffer first: an upload launches a pending norm.
-            Tensor x = put(*gpu_, xv), d = put(*gpu_, dv), h = poison(*gpu_, n * K), h2 = poison(*gpu_, n * K),
-                   y = poison(*gpu_, n * N), y2 = poison(*gpu_, n * N);
-            for (int rep = 0; rep < 2; ++rep) {
-              if (residual) gpu_->add_rms_norm(x.rows(n, K), d.rows(n, K), wn.f(), K, 1e-6f, h.rows(n, K));
-              else gpu_->rms_norm(x.rows(n, K), wn.f(), K, 1e-6f, h.rows(n, K));
-              if (launch_norm) EXPECT_TRUE(gpu_->synchronize().is_ok());
-              if (consumer == 0) gpu_->matmul(*gate, h.rows(n, K), y.rows(n, N));
-              if (consumer == 1) EXPECT_TRUE(gpu_->matmul_swiglu(*gate, *up, h.rows(n, K), y.rows(n, N)));
-              if (consumer == 2) gpu_->copy_rows(h.rows(n, K), h2.rows(n, K));
-              if (consumer == 3) gpu_->matmul(*q8, h.rows(n, K), y.rows(n, N));
-              gpu_->matmul(*up, h.rows(n, K), y2.rows(n, N));  // h's quantized copy
-            }
-            return std::vector<std::vector<float>>{get_gpu(x), get_gpu(h), get_gpu(y), get_gpu(y2), get_gpu(h2)};
-          };
-          const auto deferred = run(false), launched = run(true);
-          const char* names[] = {"x", "h", "y", "y of h's quantized copy", "h copied"};
-          for (int i = 0; i < 5; ++i) EXPECT_TRUE(same_bits(deferred[i], launched[i])) << what << ": " << names[i];
-          EXPECT_TRUE(gpu_->synchronize().is_ok()) << what;
-        }
-      }
-    }
-  }
-}
-
 TEST_F(CudaBackendTest, ElementwiseOpsMatchCpu) {
   const int64_t n = 7, C = 300, S = 310;
   const auto av = randn(n * S), bv = randn(n * S), yv = randn(n * C);

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -97,29 +96,24 @@ class CudaBackend final : public Backend {
     return b;
   }
   void upload(void* dst, const void* src, size_t bytes) override {
-    flush_norm();
     forget_quantized();
     if (!not_capturing("upload")) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
   }
   void download(void* dst, const void* src, size_t bytes) override {
-    flush_norm();
     if (!not_capturing("download")) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
     check(cudaStreamSynchronize(stream_), "download");
   }
   void copy(void* dst, const void* src, size_t bytes) override {
-    flush_norm();
     forget_quantized();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
   void fill_zero(void* dst, size_t bytes) override {
-    flush_norm();
     forget_quantized();
     check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");
   }
   Status synchronize() override {
-    flush_norm();
     if (!capturing_) check(cudaStreamSynchronize(stream_), "synchronize");
     if (profiler_ && !capturing_) profiler_->resolve();
     Status s = error_;
@@ -201,15 +195,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Weight& w, Rows x, Rows y) override {
-    const bool fuse = takes_pending_norm(w, x);
-    auto prof = begin_op("matmul", &w, /*reads_only_x=*/true, fuse);
-    if (fuse) {
-      if (expect(y.n_cols == w.n_out && x.n_rows == y.n_rows, "matmul '{}': y [{}, {}] for x [{}, {}]", w.name,
-                 y.n_rows, y.n_cols, x.n_rows, x.n_cols))
-        matmul_of_pending_norm(w, nullptr, x, y, "matmul");
-      flush_norm();  // (a misshapen call leaves it pending)
-      return;
-    }
+    auto prof = begin_op("matmul", &w, /*reads_only_x=*/true);
     if (!expect(w.present(), "matmul: weight '{}' is not loaded", w.name) ||
         !expect(cuda::matmul_type_supported(w.type), "matmul '{}': type {} not supported on CUDA", w.name,
                 ggml_type_name(w.type)) ||
@@ -227,18 +213,11 @@ class CudaBackend final : public Backend {
   bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) override {
     const cuda::WeightView g = view(gate), u = view(up);
     if (!gate.present() || !up.present() || !cuda::matmul_swiglu_supported(g, u, x.n_rows)) return false;
-    const bool fuse = cuda::int8_matvec_supported(g, x.n_rows) && takes_pending_norm(gate, x);
-    auto prof = begin_op("matmul_swiglu", &gate, /*reads_only_x=*/true, fuse);
+    auto prof = begin_op("matmul_swiglu", &gate, /*reads_only_x=*/true);
     if (!expect(x.n_cols == gate.n_in && y.n_cols == gate.n_out && x.n_rows == y.n_rows,
                 "matmul_swiglu '{}' [{} -> {}]: x [{}, {}], y [{}, {}]", gate.name, gate.n_in, gate.n_out, x.n_rows,
-                x.n_cols, y.n_rows, y.n_cols)) {
-      flush_norm();
+                x.n_cols, y.n_rows, y.n_cols))
       return true;
-    }
-    if (fuse) {
-      matmul_of_pending_norm(gate, up.data, x, y, "matmul_swiglu");
-      return true;
-    }
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(g, x.n_rows));
     if (!s) return true;
     check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_, quantized(x)),
@@ -252,7 +231,6 @@ class CudaBackend final : public Backend {
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, y), "rms_norm: group {} over [{}, {}] -> [{}, {}]",
                 group, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
       return;
-    if (defer_norm(x, Rows(), w, group, eps, y)) return;
     bool q = false;
     check(cuda::rms_norm_launch(mat(x), nullptr, 0, w, group, eps, mat(y), stream_, quantize_into(), &q), "rms_norm");
     norm_wrote(y, q);
@@ -274,7 +252,6 @@ class CudaBackend final : public Backend {
                 "add_rms_norm: group {} over [{}, {}], delta [{}, {}] -> [{}, {}]", group, x.n_rows, x.n_cols,
                 delta.n_rows, delta.n_cols, h.n_rows, h.n_cols))
       return;
-    if (defer_norm(x, delta, w, group, eps, h)) return;
     bool q = false;
     check(cuda::add_rms_norm_launch(mat(x), mat(delta), w, group, eps, mat(h), stream_, quantize_into(), &q),
           "add_rms_norm");
@@ -539,13 +516,11 @@ class CudaBackend final : public Backend {
   Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) override {
     if (!error_.is_ok()) return synchronize().with_context("before capture");
     if (capturing_) return Status::error("capture: already capturing");
-    flush_norm();
     forget_quantized();  // the graph's first matmul must not rely on an eager norm
     cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
     if (e != cudaSuccess) return Status::errorf("capture: cudaStreamBeginCapture: {}", cudaGetErrorString(e));
     capturing_ = true;
     step();
-    flush_norm();  // a norm the step left pending belongs in its graph
     capturing_ = false;
     forget_quantized();
     cudaGraph_t graph = nullptr;
@@ -570,7 +545,6 @@ class CudaBackend final : public Backend {
 
   Status launch_graph(cudaGraphExec_t exec) {
     if (capturing_) return Status::error("replay: cannot replay a graph while capturing");
-    flush_norm();
     forget_quantized();  // the graph's norms rewrote the quantized rows
     const cudaError_t e = cudaGraphLaunch(exec, stream_);
     if (e != cudaSuccess) {
@@ -629,11 +603,6 @@ class CudaBackend final : public Backend {
         return Status::error("cudaMalloc of the quantized activations failed");
       owned_.push_back(q);
       quantized_x_ = cuda::quantized_x_at(q);
-      void* counter = nullptr;
-      if (cudaMalloc(&counter, sizeof(unsigned)) != cudaSuccess || cudaMemset(counter, 0, sizeof(unsigned)) != cudaSuccess)
-        return Status::error("cudaMalloc of the norm counter failed");
-      owned_.push_back(counter);
-      norm_counter_ = static_cast<unsigned*>(counter);
     }
     // Enough for every decode-width op of the real models; prefill grows them once.
     if (!arena(matmul_arena_, size_t(8) << 20) || !arena(op_arena_, size_t(32) << 20)) return synchronize();
@@ -658,12 +627,10 @@ class CudaBackend final : public Backend {
     return cuda::WeightView{static_cast<const uint8_t*>(w.data), w.type, w.n_in, w.n_out, w.row_bytes, int8_matvec_};
   }
 
-  // Every op starts here: launches a deferred norm unless the op takes it (takes_norm), brackets the op
-  // for the profiler (when on and not capturing) and forgets the rows the last norm quantized, which
-  // the op may rewrite (matmuls, which only read their input, keep them: reads_only_x).
-  cuda::OpProfiler::Scope begin_op(const char* op, const Weight* w = nullptr, bool reads_only_x = false,
-                                   bool takes_norm = false) {
-    if (!takes_norm) flush_norm();
+  // Every op starts here: brackets it for the profiler (when on and not capturing) and forgets the
+  // rows the last norm quantized, which the op may rewrite (matmuls, which only read their input,
+  // keep them: reads_only_x).
+  cuda::OpProfiler::Scope begin_op(const char* op, const Weight* w = nullptr, bool reads_only_x = false) {
     if (!reads_only_x) forget_quantized();
     if (profile_skip_) {
       const bool mm = std::strncmp(op, "matmul", 6) == 0;
@@ -691,81 +658,6 @@ class CudaBackend final : public Backend {
     if (y.data < end(q) && q.data < end(y)) forget_quantized();
   }
   void forget_quantized() { quantized_rows_ = Rows(); }
-
-  // ---- a one-group norm of one or two rows, deferred into the matvec that reads it (pending_norm_) ----
-  struct PendingNorm {
-    Rows x, delta, h;  // add_rms_norm(x, delta, w, eps) -> h, or rms_norm(x) -> h when delta.data is null
-    const float* w = nullptr;
-    float eps = 0.0f;
-  };
-  // Defers the norm when the next op may take it: one or two rows of one group, K a multiple of 1024
-  // that fits the dp4a kernels (cuda::NormIn), 16-byte aligned float4 rows, h apart from x and delta.
-  // Not under the op profiler (a flushed norm would be timed as the op after it) or HYSPEC_PROFILE_SKIP
-  // (its norms stay in "the rest").
-  bool defer_norm(Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h) {
-    if (!fused_ops_ || !defer_norms_ || !quantized_x_.d || !norm_counter_ || profiler_ || profile_skip_ || !w || group != x.n_cols || x.n_rows < 1 ||
-        x.n_rows > 2 || x.n_cols % 1024 != 0 || x.n_cols > 8192)
-      return false;
-    auto aligned = [](const void* p, int64_t stride) {
-      return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && stride % 4 == 0;
-    };
-    auto apart = [](const Rows& a, const Rows& b) {
-      if (!a.data || !b.data) return true;
-      const float* a_end = a.data + (a.n_rows - 1) * a.stride + a.n_cols;
-      const float* b_end = b.data + (b.n_rows - 1) * b.stride + b.n_cols;
-      return a_end <= b.data || b_end <= a.data;
-    };
-    if (!aligned(x.data, x.stride) || !aligned(h.data, h.stride) || !aligned(w, 0) ||
-        (delta.data && !aligned(delta.data, delta.stride)) || !apart(h, x) || !apart(h, delta))
-      return false;
-    pending_norm_ = PendingNorm{x, delta, h, w, eps};
-    return true;
-  }
-  // Whether a matmul of x by w takes the pending norm: x is its output rows and the int8 dp4a path
-  // runs for w at this width.
-  bool takes_pending_norm(const Weight& w, Rows x) const {
-    if (!pending_norm_ || !w.present()) return false;
-    const Rows& h = pending_norm_->h;
-    return x.data == h.data && x.n_rows == h.n_rows && x.n_cols == h.n_cols && x.stride == h.stride &&
-           w.n_in == x.n_cols && cuda::int8_matvec_takes_norm(view(w), x.n_rows);
-  }
-  // The matmul (up: the SwiGLU's up weights) whose kernel also runs the pending norm and writes all it
-  // would have: h, its quantized rows, x += delta.
-  void matmul_of_pending_norm(const Weight& w, const void* up, Rows x, Rows y, const char* what) {
-    const PendingNorm p = *pending_norm_;
-    pending_norm_.reset();
-    cuda::NormIn in;
-    in.xr = p.x.data;
-    in.xr_stride = p.x.stride;
-    in.delta = p.delta.data;
-    in.delta_stride = p.delta.stride;
-    in.w = p.w;
-    in.eps = p.eps;
-    in.h = p.h.data;
-    in.h_stride = p.h.stride;
-    in.qx = quantized_x_;
-    in.counter = norm_counter_;
-    check(cuda::int8_matvec_launch(view(w), static_cast<const uint8_t*>(up), mat(x), mat(y), nullptr, stream_, nullptr,
-                                   &in),
-          what);
-    norm_wrote(p.h, true);
-    matmul_wrote(y);
-  }
-  // Launches the pending norm as the norm kernel (any op but its matmul, memory ops, sync, capture ends).
-  void flush_norm() {
-    if (!pending_norm_) return;
-    const PendingNorm p = *pending_norm_;
-    pending_norm_.reset();
-    bool q = false;
-    if (p.delta.data)
-      check(cuda::add_rms_norm_launch(mat(p.x), mat(p.delta), p.w, p.x.n_cols, p.eps, mat(p.h), stream_,
-                                      quantize_into(), &q),
-            "add_rms_norm");
-    else
-      check(cuda::rms_norm_launch(mat(p.x), nullptr, 0, p.w, p.x.n_cols, p.eps, mat(p.h), stream_, quantize_into(), &q),
-            "rms_norm");
-    norm_wrote(p.h, q);
-  }
 
   static bool same_shape(const Rows& a, const Rows& b) { return a.n_rows == b.n_rows && a.n_cols == b.n_cols; }
 
@@ -814,8 +706,6 @@ class CudaBackend final : public Backend {
   // HYSPEC_FUSED_OPS=0: the fused ops (qk_norm_rope_store) run as the ops they stand for, to measure
   // what a fusion saves.
   bool fused_ops_ = cuda::env_int("HYSPEC_FUSED_OPS", 1) != 0;
-  // HYSPEC_DEFER_NORM=0: every norm launched as its own kernel (none deferred into its matvec, pending_norm_).
-  bool defer_norms_ = cuda::env_int("HYSPEC_DEFER_NORM", 1) != 0;
   // HYSPEC_PROFILE_SKIP, to split a step's time between the weight matmuls and the rest (`hyspec bench`
   // under it): 1 enqueues only the kernels of the matmul and matmul_swiglu ops (their quantize kernels
   // included; moe_ffn counts as the rest), 2 all but those. Results are meaningless then.
@@ -834,12 +724,6 @@ class CudaBackend final : public Backend {
   // its input. Every other op, memory op, capture and replay forgets them.
   cuda::QuantizedX quantized_x_;
   Rows quantized_rows_;
-  // A norm of one or two rows not launched yet: the next op launches it first (flush_norm), unless it
-  // is a matmul of its output that runs it in its own kernel (matmul_of_pending_norm), which saves a
-  // launch and a round trip per norm of a decode step. HYSPEC_FUSED_OPS=0 or HYSPEC_DEFER_NORM=0
-  // launches every norm.
-  std::optional<PendingNorm> pending_norm_;
-  unsigned* norm_counter_ = nullptr;  // NormIn::counter
   std::vector<void*> owned_;
 };
 

@@ -8,7 +8,6 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
-#include "backend/cuda/norm_math.cuh"
 #include "backend/cuda/q8k.cuh"
 
 namespace hyspec::cuda {
@@ -21,6 +20,11 @@ unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 enum class NormKind { Plain, Gated, AddResidual };
 
@@ -37,10 +41,28 @@ struct NormArgs {
 };
 constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip form
 
+// A thread's running sum of squares: the one expression (and so the one FMA contraction) of every norm.
+__device__ __forceinline__ float add_square(float ss, float v) { return ss + v * v; }
+__device__ __forceinline__ float add_squares(float ss, float4 v) {
+  return add_square(add_square(add_square(add_square(ss, v.x), v.y), v.z), v.w);
+}
+
 // y = x / sqrt(mean(x^2) + eps) * w  [* silu(z)] over each group of columns; 2 reads + 1 write.
 // AddResidual first stores x += z (the add of binary_kernel, element by element) and norms the sum:
 // 3 reads + 2 writes, with the arithmetic of an add followed by a plain norm. A group's arithmetic
 // (lane split, reduction order) depends on the group size only, never on the number of rows.
+// 1 / sqrt(mean of squares + eps) of a group from each thread's partial sum of squares: over the warp,
+// or (tpg > 32) over the block through `partial`, in a fixed order. Every thread of the block calls it.
+__device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial, int64_t group, float eps) {
+  ss = warp_sum(ss);
+  if (tpg > 32) {
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    ss = 0.0f;
+    for (int i = 0; i < tpg / 32; ++i) ss += partial[i];
+  }
+  return 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
+}
 
 // The block's groups (whole 256-blocks of one row, staged in span[] by the norm) -> Q8K rows of qx in
 // every XOrder, a warp per 256-block: the codes quantize_q8k_kernel would make of the stored y.

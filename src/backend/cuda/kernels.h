@@ -75,28 +75,8 @@ cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, M
 constexpr int64_t kInt8MvMaxWidth = 32;
 bool int8_matvec_supported(const WeightView& w, int64_t n);
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
-// A one- or two-token matvec's input as the norm that would have written it, computed by every block
-// of the matvec instead of a norm launch before it: x is norm(xr [+ delta]) with add_rms_norm_launch's /
-// rms_norm_launch's arithmetic (one group of K columns, the same bits), and the matvec also leaves
-// what that norm leaves: h = the normed rows, their Q8K rows in qx, and with delta xr += delta (by the
-// last block to have read xr: `counter`, zeroed, resets itself). h must not overlap xr or delta.
-struct NormIn {
-  float* xr = nullptr;
-  int64_t xr_stride = 0;
-  const float* delta = nullptr;  // null: a plain rms norm
-  int64_t delta_stride = 0;
-  const float* w = nullptr;
-  float eps = 0.0f;
-  float* h = nullptr;
-  int64_t h_stride = 0;
-  QuantizedX qx;
-  unsigned* counter = nullptr;
-};
-// Whether int8_matvec_launch of these n rows takes a NormIn (the dp4a kernels, K a multiple of 1024
-// that fits their shared memory as floats).
-bool int8_matvec_takes_norm(const WeightView& w, int64_t n);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream, const QuantizedX* qx = nullptr, const NormIn* norm = nullptr);
+                               cudaStream_t stream, const QuantizedX* qx = nullptr);
 
 // Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div]; with `up` (same type
 // and shape as w = gate, not F32), y[b] = silu(Wg x) * (Wu x) in the same pass.

@@ -36,7 +36,6 @@
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
-#include "backend/cuda/norm_math.cuh"
 #include "backend/cuda/q8k.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
@@ -126,7 +125,6 @@ struct Int8MvArgs {
   int n;
   float* y;
   int64_t y_stride;
-  NormIn norm;        // norm.w set: x is this norm of other rows, computed in-block (dp4a kernels)
 };
 
 // A warp's double-buffered ring of cp.async slots over the (tile, step) items of a persistent block:
@@ -290,95 +288,6 @@ constexpr int64_t kInBlockMaxK = 8192;
 __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
   return static_cast<size_t>(n * K + n * K / 8 + n * K / 64);
 }
-// A NormIn's input: rms_norm_kernel's one-round-trip form for a 256-thread block per row (tpg 256,
-// K / 1024 float4s per thread), one token's normed floats staged after the quantized copy.
-constexpr int kNormInThreads = kWarps * 32;
-__host__ __device__ constexpr bool norm_in_fits(int64_t n, int64_t K) {
-  return K % (4 * kNormInThreads) == 0 && K <= kInBlockMaxK &&
-         staged_x_bytes(n, K) + static_cast<size_t>(K) * sizeof(float) <= kMaxStagedX;
-}
-
-// The block's copy x (pitch n) of NormIn's normed rows (kernels.h), with rms_norm_kernel's arithmetic
-// for a one-group row (AddResidual or Plain, tpg 256, vec4): the same loads, the same add, the same
-// sums (norm_math.cuh) and the same products, so the same floats, quantized by quantize_lane as the
-// norm's quantize_span does. The block that owns a 256-block (s % gridDim.x == blockIdx.x) also writes
-// what the norm would have: h and the Q8K rows in qx (every order). With a delta, the last block to
-// have read xr writes xr + delta (no block reads xr after its count). `partial`: 8 * n floats + 1.
-__device__ void norm_x(const Int8MvArgs& a, float* partial, const Q8K& x) {
-  constexpr int kMaxVec4 = kInBlockMaxK / (4 * kNormInThreads);
-  const NormIn& nm = a.norm;
-  const int tid = threadIdx.x, lane = tid & 31, ks = tid >> 5;
-  const int n = a.n, nb = static_cast<int>(a.K / 256), vec4 = static_cast<int>(a.K / (4 * kNormInThreads));
-  float* ys = x.d + n * nb;  // 16-byte aligned: q and bs are multiples of 32 bytes, d of 16
-  for (int c = 0; c < n; ++c) {
-    const float4* xr = reinterpret_cast<const float4*>(nm.xr + c * nm.xr_stride);
-    const float4* dr = nm.delta ? reinterpret_cast<const float4*>(nm.delta + c * nm.delta_stride) : nullptr;
-    const float4* wr = reinterpret_cast<const float4*>(nm.w);
-    // x and delta in one round trip; the norm weights (the same for every block: L2) after the sum,
-    // which keeps the registers of the matvec's ring state free of spills.
-    float4 v[kMaxVec4], d[kMaxVec4];
-#pragma unroll
-    for (int k = 0; k < kMaxVec4; ++k) {
-      if (k >= vec4) break;
-      v[k] = xr[k * kNormInThreads + tid];
-      if (dr) d[k] = dr[k * kNormInThreads + tid];
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kMaxVec4; ++k) {
-      if (k >= vec4) break;
-      if (dr) v[k].x += d[k].x, v[k].y += d[k].y, v[k].z += d[k].z, v[k].w += d[k].w;
-      ss = add_squares(ss, v[k]);
-    }
-    const float inv = group_inv_rms(ss, kNormInThreads, partial + 8 * c, a.K, nm.eps);
-#pragma unroll
-    for (int k = 0; k < kMaxVec4; ++k) {
-      if (k >= vec4) break;
-      float o[4] = {v[k].x * inv, v[k].y * inv, v[k].z * inv, v[k].w * inv};
-      const float4 wv = wr[k * kNormInThreads + tid];
-      const float wk[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] *= wk[e];
-      reinterpret_cast<float4*>(ys)[k * kNormInThreads + tid] = make_float4(o[0], o[1], o[2], o[3]);
-    }
-    __syncthreads();  // ys is whole
-    for (int sb = ks; sb < nb; sb += kWarps) {
-      const float4 y0 = reinterpret_cast<const float4*>(ys + 256 * sb)[2 * lane];
-      const float4 y1 = reinterpret_cast<const float4*>(ys + 256 * sb)[2 * lane + 1];
-      const float yv[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
-      const Q8KLane q = quantize_lane(yv);
-      const int b = sb * n + c;
-      store_codes(q, lane, x.q + b * 256, XOrder::kNatural);
-      store_sums(q, lane, x.bs + b * 16, x.d + b);
-      if (sb % static_cast<int>(gridDim.x) != static_cast<int>(blockIdx.x)) continue;
-      float4* hp = reinterpret_cast<float4*>(nm.h + c * nm.h_stride + 256 * sb);
-      hp[2 * lane] = y0, hp[2 * lane + 1] = y1;
-      if (nm.qx.d) {
-        const int64_t gb = int64_t{sb} * padded_tokens(n) + c;  // the norm's quantize_span layout
-#pragma unroll
-        for (int o = 0; o < 3; ++o) store_codes(q, lane, nm.qx.q[o] + gb * 256, static_cast<XOrder>(o));
-        store_sums(q, lane, reinterpret_cast<__half*>(nm.qx.bs) + gb * 16, nm.qx.d + gb);
-      }
-    }
-    __syncthreads();  // ys is rewritten by the next token
-  }
-  if (!nm.delta) return;
-  unsigned* last = reinterpret_cast<unsigned*>(partial + 8 * n);
-  if (tid == 0) *last = atomicAdd(nm.counter, 1u) == gridDim.x - 1;  // after every load of xr above
-  __syncthreads();
-  if (!*last) return;
-  for (int c = 0; c < n; ++c) {
-    float4* xr = reinterpret_cast<float4*>(nm.xr + c * nm.xr_stride);
-    const float4* dr = reinterpret_cast<const float4*>(nm.delta + c * nm.delta_stride);
-    for (int i = tid; i < a.K / 4; i += kNormInThreads) {
-      float4 v = xr[i];
-      const float4 d = dr[i];
-      v.x += d.x, v.y += d.y, v.z += d.z, v.w += d.w;
-      xr[i] = v;
-    }
-  }
-  if (tid == 0) *nm.counter = 0u;  // for the next launch (kernel boundaries order it)
-}
 
 // The dp4a kernels' shared-memory copy of the quantized activations (the Q8K layout, packed), after
 // the [warps][NMAX][16] partial sums at red: quantized here from a.xf, or copied from what
@@ -393,9 +302,7 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
   x.q = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
   x.bs = reinterpret_cast<__half*>(x.q + n * K);
   x.d = reinterpret_cast<float*>(x.bs + n * K / 16);
-  if (a.norm.w) {  // every block norms x for itself
-    norm_x(a, red, x);
-  } else if (a.xf) {  // every block quantizes x for itself
+  if (a.xf) {  // every block quantizes x for itself
     for (int b = ks; b < n * nb; b += kWarps) quantize_x_block(a.xf, a.xf_stride, static_cast<int>(n), b, lane, x);
   } else {  // or copies the rows of what quantize_q8k_kernel or a norm made (pitch 8: n <= 2 here)
     auto src_block = [&](int b) { return n == 1 ? 8 * b : 8 * (b >> 1) + (b & 1); };
@@ -947,38 +854,17 @@ QuantizedX quantized_x_at(void* base) {
   return qx;
 }
 
-namespace {
-// Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
-bool takes_dp4a(const WeightView& w, int64_t n) {
+cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
+                               cudaStream_t stream, const QuantizedX* qx) {
+  if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
+  const int64_t n = x.rows, K = w.n_in;
+  Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
+  // Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
   static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 2);
   const bool fits = w.type == GgmlType::Q6_K ? dp4a_fits<Q6KLayout>()
                     : w.type == GgmlType::Q5_K ? dp4a_fits<Q5KLayout>()
                                                : dp4a_fits<Q4KLayout>();
-  return n <= dp4a_max && n <= 2 && staged_x_bytes(n, w.n_in) <= kMaxStagedX && fits;
-}
-}  // namespace
-
-bool int8_matvec_takes_norm(const WeightView& w, int64_t n) {
-  return int8_matvec_supported(w, n) && takes_dp4a(w, n) && norm_in_fits(n, w.n_in);
-}
-
-cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream, const QuantizedX* qx, const NormIn* norm) {
-  if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
-  const int64_t n = x.rows, K = w.n_in;
-  Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
-  const bool dp4a = takes_dp4a(w, n);
-  if (norm) {  // the dp4a kernel norms x itself
-    if (!int8_matvec_takes_norm(w, n) || !norm->w || !norm->xr || !norm->h || (norm->delta && !norm->counter))
-      return cudaErrorInvalidValue;
-    a.norm = *norm;
-    a.xf = nullptr;
-    return w.type == GgmlType::Q6_K   ? (up ? launch_q6k<true>(a, true, stream) : launch_q6k<false>(a, true, stream))
-           : w.type == GgmlType::Q5_K ? (up ? launch_q4k<true, true>(a, true, stream)
-                                            : launch_q4k<false, true>(a, true, stream))
-                                      : (up ? launch_q4k<true, false>(a, true, stream)
-                                            : launch_q4k<false, false>(a, true, stream));
-  }
+  const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX && fits;
   const XOrder order = dp4a                         ? XOrder::kNatural
                        : w.type == GgmlType::Q6_K ? XOrder::kFragQ6
                                                   : XOrder::kFragQ4;
