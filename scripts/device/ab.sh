@@ -33,7 +33,7 @@ for v in $V; do  # (a variant may come without test binaries; AB_TESTS filters t
   done
 done
 # AB_MEMCHECK=1: compute-sanitizer on the last variant's MTP decode and verify steps (the f32 fixture,
-# graphs off and on) and on its backend tests of the fused ops.
+# graphs off and on) and on its backend tests AB_SANITIZE_TESTS.
 last=${V##* }
 if [ "${AB_MEMCHECK:-0}" = 1 ]; then
   for graphs in --no-graphs ""; do
@@ -41,9 +41,12 @@ if [ "${AB_MEMCHECK:-0}" = 1 ]; then
     compute-sanitizer --tool memcheck --error-exitcode 9 "$D/bin/hyspec_$last" run -m "$HYSPEC_FIXTURES/qwen35-tiny/qwen35-tiny-f32.gguf" \
       --backend cuda --spec mtp --tokens 501,500,505,194,87 -n 6 --temp 0 --ids --no-stats --no-adapt $graphs 2>&1 | grep -E "ERROR SUMMARY"
   done
-  echo "== memcheck ($last): fused-op tests"
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$D/bin/test_backend_$last" \
-    --gtest_filter='CudaBackendTest.QkNorm*' 2>&1 | grep -E "ERROR SUMMARY|PASSED|FAILED" | head -4
+  # AB_SANITIZE_TESTS: the backend tests of the change (default: the fused ops'), under memcheck and racecheck
+  for tool in memcheck racecheck; do
+    echo "== $tool ($last): ${AB_SANITIZE_TESTS:=CudaBackendTest.QkNorm*}"
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$D/bin/test_backend_$last" \
+      --gtest_filter="$AB_SANITIZE_TESTS" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | head -4
+  done
 fi
 echo "== matvec kernel benches, variants interleaved (GB/s)"
 [ "${AB_KERNELS:-1}" = 0 ] || for type in Q4_K Q6_K; do
