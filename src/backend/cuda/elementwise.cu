@@ -38,7 +38,6 @@ struct NormArgs {
   int tpg;  // threads per group: 32 (a warp per group) or blockDim.x (a block per group), from group only
   int vec4;  // > 0: every thread's elements as `vec4` float4s, all loaded at once (see the kernel)
   QuantizedX qx;  // qx.d set: also quantize y for the int8 matvecs (vec4 form; see norm_launch)
-  bool early;     // early_trigger() (launch_util.h): the successor may launch before this kernel's pdl_wait
 };
 constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip form
 
@@ -88,9 +87,8 @@ template <NormKind kKind>
 __global__ void rms_norm_kernel(NormArgs a) {
   __shared__ float partial[32];
   extern __shared__ __align__(16) float span[];  // quantizing: the block's y values
-  if (a.early) pdl_trigger();
   pdl_wait();  // (launched with PDL: the next matvec streams its weights meanwhile)
-  if (!a.early) pdl_trigger();
+  pdl_trigger();
   const int tpg = a.tpg, lt = threadIdx.x % tpg;
   const int64_t gidx = blockIdx.x * int64_t(blockDim.x / tpg) + threadIdx.x / tpg;
   const bool valid = gidx < a.x.rows * a.groups_per_row;
@@ -423,8 +421,7 @@ template <NormKind kKind>
 cudaError_t norm_launch(Mat x, const float* z, int64_t z_stride, const float* w, int64_t group, float eps, Mat y,
                         cudaStream_t stream, const QuantizedX* qx, bool* quantized) {
   if (x.rows == 0) return cudaSuccess;
-  NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, norm_threads_per_group(group), 0, QuantizedX{},
-             early_trigger()};
+  NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, norm_threads_per_group(group), 0, QuantizedX{}};
   a.vec4 = norm_vec4(x, y, z, z_stride, w, group);
   const int64_t groups = x.rows * a.groups_per_row, groups_per_block = 256 / a.tpg;
   // Quantizing for the int8 matvecs: a block's groups must be whole 256-blocks of one row (a warp

@@ -36,15 +36,6 @@ inline bool use_pdl() {
   return on;
 }
 
-// HYSPEC_MV_EARLY=1 (experiment): the one- and two-token matvecs run one block per SM with a 3-step
-// ring, and they, the norms and the quantize kernel let their successor launch before their own
-// pdl_wait, so a matvec's blocks sit beside the previous matvec's and stream their first steps during
-// its tail.
-inline bool early_trigger() {
-  static const bool on = env_int("HYSPEC_MV_EARLY", 0) != 0;
-  return on;
-}
-
 // Set while an op whose launches HYSPEC_PROFILE_SKIP drops is enqueued (cuda_backend.cpp): timing only.
 inline bool& skip_launches() {
   static bool s = false;

@@ -97,10 +97,9 @@ __device__ __forceinline__ void quantize_x_block(const float* x, int64_t x_strid
 // x [n, K] f32 -> Q8K of pitch padded_tokens(n) (zeros past n), a warp per 256-element block. Bytes:
 // read 4, write ~1.13 per element.
 __global__ void quantize_q8k_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t K, Q8K out,
-                                    XOrder order, bool early) {
-  if (early) pdl_trigger();
+                                    XOrder order) {
   pdl_wait();  // x belongs to the previous kernel
-  if (!early) pdl_trigger();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int P = static_cast<int>(padded_tokens(n)), blocks = P * static_cast<int>(K / 256);
   const int warps = gridDim.x * blockDim.x / 32;
@@ -126,7 +125,6 @@ struct Int8MvArgs {
   int n;
   float* y;
   int64_t y_stride;
-  bool early;  // early_trigger(): the dp4a kernels let their successor launch before their pdl_wait
 };
 
 // A warp's double-buffered ring of cp.async slots over the (tile, step) items of a persistent block:
@@ -138,9 +136,9 @@ struct Int8MvArgs {
 // rows x 32 bytes per instruction measured 20% slower at one token). Addresses are the tile's first
 // row (set once per tile) plus 32-bit offsets: the lane's row, the copy's group and the step (the
 // 64-bit arithmetic per copy and step was ~130 of ~655 instructions per step of the 17-token kernel).
-template <class L, bool SW, int S = 2>
+template <class L, bool SW>
 struct StepRing {
-  static constexpr int kStages = S;
+  static constexpr int kStages = 2;
   static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
   static constexpr int kPieces = L::kPieces;
   static constexpr int kRowsPerCopy = 32 / kPieces;
@@ -149,8 +147,8 @@ struct StepRing {
   uint8_t* ring;
   float* red;  // after the rings: [warps][NMAX][16] partial sums
   int lane, ks, cnt;
-  int64_t my_tiles, total, issued = 0, i_tile;
-  int i_m = 0, in_slot = 0, out_slot = 0;  // the slots of the next step issued and consumed (step % S)
+  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile;
+  int i_m = 0;
   int q, p;  // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
   uint32_t lane_row, group_stride;  // q * row_bytes, kRowsPerCopy * row_bytes
   const uint8_t* gate;  // the issuing tile's first row (SW: of the gate weights)
@@ -161,9 +159,9 @@ struct StepRing {
       : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(blockIdx.x) {
     ring = smem + ks * kStages * kRows * L::kSlotBytes;
     red = reinterpret_cast<float*>(smem + kWarps * kStages * kRows * L::kSlotBytes);
-    const int64_t steps = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
+    const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
     my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-    cnt = ks < steps ? static_cast<int>((steps - 1 - ks) / kWarps + 1) : 0;
+    cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
     total = my_tiles * cnt;
     q = lane / kPieces, p = lane - q * kPieces;
     lane_row = static_cast<uint32_t>(q * a.row_bytes);
@@ -194,7 +192,7 @@ struct StepRing {
   __device__ void issue() {
     if (issued < total) {
       const uint32_t step = static_cast<uint32_t>(ks + kWarps * i_m) * L::kBlockBytes;
-      uint8_t* dst = ring + in_slot * kRows * L::kSlotBytes + q * L::kSlotBytes + 16 * p;
+      uint8_t* dst = ring + (issued & 1) * kRows * L::kSlotBytes + q * L::kSlotBytes + 16 * p;
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) {
         if (!((copies >> c) & 1u)) continue;
@@ -211,23 +209,17 @@ struct StepRing {
         }
       }
       ++issued;
-      if (++in_slot == S) in_slot = 0;
       if (++i_m == cnt) i_m = 0, i_tile += gridDim.x, start_tile();
     }
     cp_async_commit();  // one group per call, empty or not, so wait_group counts items
   }
-  __device__ void prime() {
-#pragma unroll
-    for (int i = 0; i + 1 < S; ++i) issue();
-  }
-  // The next step's slot (its copies have landed), after queueing the copies of the step S - 1 later.
+  __device__ void prime() { issue(); }
+  // The next step's slot (its copies have landed), after queueing the copies of the one after.
   __device__ const uint8_t* next() {
-    cp_async_wait<S - 2>();  // this thread's copies of the step have landed
-    __syncwarp();            // ... and every lane's; the slot refilled next was read before
+    cp_async_wait<0>();  // this thread's copies of the step have landed
+    __syncwarp();        // ... and every lane's; the slot refilled next was read before
     issue();
-    const uint8_t* slot = ring + out_slot * kRows * L::kSlotBytes;
-    if (++out_slot == S) out_slot = 0;
-    return slot;
+    return ring + (consumed++ & 1) * kRows * L::kSlotBytes;
   }
   // The low 4 address bits of row rr's blocks in `tile` (Q6_K: where a block sits in its cover).
   __device__ int row_misalignment(int64_t tile, int rr) const {
@@ -351,20 +343,19 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // f32 from L2 cost more than the launch (12288 x 4096: 1.19 vs 1.89 TB/s), so quantize_q8k_kernel
 // runs first and the blocks copy its output.
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
-template <int NMAX, bool SW, bool Q5 = false, int S = 2>
+template <int NMAX, bool SW, bool Q5 = false>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  if (a.early) pdl_trigger();
-  StepRing<L, SW, S> ring(a, smem);
+  StepRing<L, SW> ring(a, smem);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
   pdl_wait();  // the activations belong to the previous kernel
-  if (!a.early) pdl_trigger();
+  pdl_trigger();
   const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
@@ -607,18 +598,17 @@ __device__ __forceinline__ uint32_t q6k_codes(uint32_t A, uint32_t B, uint32_t H
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
-template <int NMAX, bool SW, int S = 2>
+template <int NMAX, bool SW>
 __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  if (a.early) pdl_trigger();
-  StepRing<Q6KLayout, SW, S> ring(a, smem);
+  StepRing<Q6KLayout, SW> ring(a, smem);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
   pdl_wait();
-  if (!a.early) pdl_trigger();
+  pdl_trigger();
   const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
@@ -783,10 +773,10 @@ size_t bs_bytes(int64_t n, int64_t K) {
 }
 
 // Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX).
-template <class L, int S = 2>
-size_t smem_bytes(int nmax, size_t staged) {
-  return static_cast<size_t>(kWarps) * S * kRows * L::kSlotBytes + static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) +
-         staged;
+template <class L>
+size_t smem_bytes(int nmax, bool staged) {
+  return static_cast<size_t>(kWarps) * StepRing<L, false>::kStages * kRows * L::kSlotBytes +
+         static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) + (staged ? kMaxStagedX : 0);
 }
 
 // Whether the dp4a kernels' shared memory fits the device (not on sm_86/89's 99 KB for Q6_K; the
@@ -797,23 +787,20 @@ bool dp4a_fits() {
     int dev = 0, optin = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return smem_bytes<L, 3>(2, kMaxStagedX) <= static_cast<size_t>(optin);
+    return smem_bytes<L>(2, true) <= static_cast<size_t>(optin);
   }();
   return fits;
 }
 
-// staged: the dp4a kernels' room for x, kMaxStagedX at most; early: their HYSPEC_MV_EARLY form (one
-// block per SM with a 3-step ring, x's room as it needs, so the next matvec's block fits beside it).
-template <class L, int NMAX, auto kernel, int MB = 2, int S = 2>
+template <class L, int NMAX, auto kernel, int MB = 2>
 cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false) {
-  const size_t room = staged ? (a.early ? align_up(staged_x_bytes(a.n, a.K), 16) : kMaxStagedX) : 0;
-  static const cudaError_t attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                           static_cast<int>(smem_bytes<L, S>(NMAX, staged ? kMaxStagedX : 0)));
+  const size_t smem = smem_bytes<L>(NMAX, staged);
+  static const cudaError_t attr_err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
   const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out;
-  const int per_sm = a.early ? 1 : MB;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, per_sm * int64_t{sm_count()})));
-  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem_bytes<L, S>(NMAX, room), stream, a);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, MB * int64_t{sm_count()})));
+  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
 }
 
 // dp4a: the one- or two-token kernel, else the tensor cores by width; every choice gives the same
@@ -822,9 +809,6 @@ template <bool SW, bool Q5>
 cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   const int n = a.n;
-  if (dp4a && a.early)
-    return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5, 3>, 2, 3>(a, SW, stream, true)
-                  : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5, 3>, 2, 3>(a, SW, stream, true);
   if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
                           : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
   if (n <= 8) return launch<L, 8, q4k_mma_kernel<1, SW, Q5>>(a, SW, stream);
@@ -836,9 +820,6 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
 template <bool SW>
 cudaError_t launch_q6k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   const int n = a.n;
-  if (dp4a && a.early)
-    return n == 1 ? launch<Q6KLayout, 1, q6k_dp4a_kernel<1, SW, 3>, 2, 3>(a, SW, stream, true)
-                  : launch<Q6KLayout, 2, q6k_dp4a_kernel<2, SW, 3>, 2, 3>(a, SW, stream, true);
   if (dp4a) return n == 1 ? launch<Q6KLayout, 1, q6k_dp4a_kernel<1, SW>>(a, SW, stream, true)
                           : launch<Q6KLayout, 2, q6k_dp4a_kernel<2, SW>>(a, SW, stream, true);
   if (n <= 8) return launch<Q6KLayout, 8, q6k_mma_kernel<1, SW>>(a, SW, stream);
@@ -884,7 +865,6 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
                     : w.type == GgmlType::Q5_K ? dp4a_fits<Q5KLayout>()
                                                : dp4a_fits<Q4KLayout>();
   const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX && fits;
-  a.early = dp4a && early_trigger();
   const XOrder order = dp4a                         ? XOrder::kNatural
                        : w.type == GgmlType::Q6_K ? XOrder::kFragQ6
                                                   : XOrder::kFragQ4;
@@ -899,7 +879,7 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
     const int64_t blocks = padded_tokens(n) * (K / 256);
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks + 7) / 8, 1024)));
     const cudaError_t err = launch_pdl(quantize_q8k_kernel, grid, dim3(256), 0, stream,
-                                       static_cast<const float*>(x.data), x.stride, n, K, a.x, order, dp4a && a.early);
+                                       static_cast<const float*>(x.data), x.stride, n, K, a.x, order);
     if (err != cudaSuccess) return err;
   }
   if (w.type == GgmlType::Q6_K) return up ? launch_q6k<true>(a, dp4a, stream) : launch_q6k<false>(a, dp4a, stream);
