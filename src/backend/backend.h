@@ -74,11 +74,12 @@ struct Rows {
   float* row(int64_t r) const { return data + r * stride; }
 };
 
-// KV cache of one attention layer: capacity positions of n_kv_heads*head_dim values, F32, F16 or BF16 (rounded to nearest even when stored).
 // Bytes per cached value of a KV cache type: 4 (F32), 2 (F16, BF16), 0 for a type caches do not take.
 inline size_t kv_element_bytes(GgmlType t) {
   return t == GgmlType::F32 ? 4 : t == GgmlType::F16 || t == GgmlType::BF16 ? 2 : 0;
 }
+// KV cache of one attention layer: capacity positions of n_kv_heads*head_dim values of a type above
+// (rounded to nearest even when stored).
 struct KvLayer {
   void* k = nullptr;
   void* v = nullptr;

@@ -287,7 +287,7 @@ class CudaBackend final : public Backend {
   }
   void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) override {
     auto prof = begin_op("kv_store");
-    if (!expect(cuda::kv_cache_type_supported(kv.type), "kv_store: KV type {} (F32, F16 or BF16)",
+    if (!expect(kv_element_bytes(kv.type) != 0, "kv_store: KV type {} (F32, F16 or BF16)",
                 ggml_type_name(kv.type)) ||
         !expect(k.n_cols == kv.width && v.n_cols == kv.width && k.n_rows == v.n_rows, "kv_store: rows of {}/{} for width {}",
                 k.n_cols, v.n_cols, kv.width))
@@ -302,7 +302,7 @@ class CudaBackend final : public Backend {
                             a.k.stride == a.k.n_cols;
     if (!fused_ops_ || !cuda::qk_prep_supported(a.head_dim) || !contiguous) return Backend::qk_norm_rope_store(a);
     auto prof = begin_op("qk_norm_rope_store");
-    if (!expect(cuda::kv_cache_type_supported(a.kv.type), "qk_norm_rope_store: KV type {} (F32, F16 or BF16)",
+    if (!expect(kv_element_bytes(a.kv.type) != 0, "qk_norm_rope_store: KV type {} (F32, F16 or BF16)",
                 ggml_type_name(a.kv.type)) ||
         !expect(a.n_rot % 2 == 0 && a.n_rot <= a.head_dim, "qk_norm_rope_store: n_rot {} of head_dim {}", a.n_rot,
                 a.head_dim) ||
@@ -340,7 +340,7 @@ class CudaBackend final : public Backend {
                 a.head_dim) ||
         !expect(a.n_kv_head > 0 && a.n_head % a.n_kv_head == 0, "attention: {} heads over {} kv heads", a.n_head,
                 a.n_kv_head) ||
-        !expect(cuda::kv_cache_type_supported(a.kv.type), "attention: KV type {} (F32, F16 or BF16)",
+        !expect(kv_element_bytes(a.kv.type) != 0, "attention: KV type {} (F32, F16 or BF16)",
                 ggml_type_name(a.kv.type)) ||
         !expect(a.n_kv_head <= cuda::kAttentionMaxKvHeads, "attention: {} kv heads (at most {})", a.n_kv_head,
                 cuda::kAttentionMaxKvHeads) ||

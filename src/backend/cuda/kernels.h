@@ -111,10 +111,6 @@ enum class Binary { Add, SwiGlu, SigmoidMul, AddSigmoidScaled };
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream);
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
                              cudaStream_t stream);
-// The KV cache element types: F32, F16 and BF16 (stored rounded to nearest even from the f32 rows).
-inline bool kv_cache_type_supported(GgmlType t) {
-  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
-}
 // Rows whose position is outside [0, capacity) are skipped.
 cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, GgmlType cache_type, int64_t width, int64_t capacity,
                             const int32_t* positions, cudaStream_t stream);
@@ -156,7 +152,7 @@ struct AttentionParams {
   Mat q, out;
   const void* k = nullptr;
   const void* v = nullptr;
-  GgmlType kv_type = GgmlType::F32;  // kv_cache_type_supported
+  GgmlType kv_type = GgmlType::F32;  // F32, F16 or BF16 (kv_element_bytes)
   int64_t kv_width = 0, kv_capacity = 0;
   const int32_t* positions = nullptr;
   int n_head = 0, n_kv_head = 0, head_dim = 0;

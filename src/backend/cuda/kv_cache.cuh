@@ -1,4 +1,4 @@
-// The KV cache's element types on the device (kv_cache_type_supported): float, __half, __nv_bfloat16.
+// The KV cache's element types on the device (kv_element_bytes, backend.h): float, __half, __nv_bfloat16.
 // Rows are stored rounded to nearest even (the CPU backend's fp32_to_fp16 / fp32_to_bf16) and widened
 // exactly.
 #pragma once
