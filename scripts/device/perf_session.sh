@@ -8,7 +8,8 @@
 #          scripts/device/perf_session.sh finish   # both 9B files side by side, kernel times of verify-16 and decode
 #          (PERF_AB="VAR=value ...": also decode and verify-4/16 with and without those variables, interleaved;
 #           PERF_SAME_OUTPUT="VAR=value": greedy ids of the 9B with and without them, compared;
-#           PERF_KV_BF16=0, PERF_KT_VERIFY=0 skip the BF16 KV bench and the verify-16 kernel times)
+#           PERF_KV_BF16=0, PERF_KV_Q8=0, PERF_KT_VERIFY=0 skip the BF16 and Q8_0 KV benches and the verify-16
+#           kernel times)
 # The anchor's files live in /tmp/anchor, so `finish` must follow while the machine is still warm (30 s).
 # session_checks.sh's benches must end before the anchor's llama-bench starts (~5 min in), or both
 # read low: add nothing GPU-heavy to `start`.
@@ -50,6 +51,14 @@ if [ "${PERF_KV_BF16:-1}" = 1 ]; then
   echo "== BF16 KV cache at depth 0 and 16384 (the side-by-side above: F16)"
   .device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 0 -n 128 -d 0,16384 --verify 16 -c 17000 \
     --kv-type bf16 2>&1 | tee "$OUT/kv_bf16.md"
+fi
+if [ "${PERF_KV_Q8:-1}" = 1 ]; then  # opt-in on CUDA until validated (CUDA_NOTES, "Q8_0 KV cache")
+  echo "== Q8_0 KV cache: memcheck of 9B steps, then depth 0 and 16384 (the side-by-side above: F16)"
+  HYSPEC_CUDA_KV_Q8_0=1 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 .device/bin/hyspec run \
+    -m /tmp/anchor/9b-q4km.gguf --backend cuda --kv-type q8_0 --tokens 11,22,33 -n 3 --temp 0 --ids --no-stats \
+    --no-graphs 2>&1 | grep -E "ERROR SUMMARY|rror"
+  HYSPEC_CUDA_KV_Q8_0=1 .device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 512 -n 128 -d 0,16384 \
+    --verify 16 -c 17000 --kv-type q8_0 2>&1 | tee "$OUT/kv_q8_0.md"
 fi
 if [ "${PERF_KT_VERIFY:-1}" = 1 ]; then
   echo "== GPU time per kernel of a verify-16 step (ncu)"

@@ -26,7 +26,7 @@ if [ -x "$D/bin/test_backend" ]; then
   echo "== memcheck/racecheck: GDN, conv, norms, attention, matmul"
   # racecheck is ~50x slower than a plain run: the attention tests go in a run of their own, the
   # verify-row test only (every decode kernel and KV type), so that a timeout there hides nothing else.
-  MC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:CudaBackendTest.Attention*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
+  MC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:CudaBackendTest.Attention*:CudaBackendTest.KvStore*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
   RC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
   set -f  # the filters' * are gtest's
   for run in "memcheck $MC" "racecheck $RC" "racecheck CudaBackendTest.AttentionVerifyRows*"; do

@@ -74,18 +74,36 @@ struct Rows {
   float* row(int64_t r) const { return data + r * stride; }
 };
 
-// Bytes per cached value of a KV cache type: 4 (F32), 2 (F16, BF16), 0 for a type caches do not take.
-inline size_t kv_element_bytes(GgmlType t) {
-  return t == GgmlType::F32 ? 4 : t == GgmlType::F16 || t == GgmlType::BF16 ? 2 : 0;
+// A KV cache holds, per position and kv head, head_dim keys (values alike) as one slot of
+//   F32 / F16 / BF16: head_dim values (16-bit types rounded to nearest even);
+//   Q8_0: head_dim int8 codes, then one f16 scale per 32 codes, the slot padded to a multiple of 16
+//         bytes (head_dim 256: 272 bytes, 53% of F16). ggml's q8_0 rounding: d = max|x| / 127,
+//         code = round(x / d) half away from zero, value = f16(d) * code (llama.cpp's -ctk/-ctv q8_0).
+// Bytes of one slot; 0 for a type caches do not take, or a head_dim Q8_0 cannot split into blocks of 32.
+inline size_t kv_head_bytes(GgmlType t, int64_t head_dim) {
+  if (head_dim <= 0) return 0;
+  switch (t) {
+    case GgmlType::F32: return static_cast<size_t>(head_dim) * 4;
+    case GgmlType::F16:
+    case GgmlType::BF16: return static_cast<size_t>(head_dim) * 2;
+    case GgmlType::Q8_0:
+      return head_dim % 32 != 0 ? 0 : (static_cast<size_t>(head_dim) + static_cast<size_t>(head_dim) / 16 + 15) / 16 * 16;
+    default: return 0;
+  }
 }
-// KV cache of one attention layer: capacity positions of n_kv_heads*head_dim values of a type above
-// (rounded to nearest even when stored).
+inline bool kv_cache_type_supported(GgmlType t) { return kv_head_bytes(t, 32) != 0; }
+
+// KV cache of one attention layer: capacity positions; position p's keys at k + p * row_bytes(), kv head
+// h's slot (kv_head_bytes) at + h * head_bytes(); values alike.
 struct KvLayer {
   void* k = nullptr;
   void* v = nullptr;
   GgmlType type = GgmlType::F32;
   int64_t capacity = 0;
-  int64_t width = 0;  // n_kv_heads * head_dim
+  int64_t width = 0;     // n_kv_heads * head_dim
+  int64_t head_dim = 0;  // width / n_kv_heads
+  size_t head_bytes() const { return kv_head_bytes(type, head_dim); }
+  size_t row_bytes() const { return head_dim > 0 ? head_bytes() * static_cast<size_t>(width / head_dim) : 0; }
 };
 
 struct AttentionArgs {

@@ -12,8 +12,9 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
   cmd.add_option("-t,--threads", threads, "CPU threads (0: all cores)");
   cmd.add_option("-c,--ctx-size", ctx, "Context length (0: the model's, at most 8192)");
   cmd.add_option("-b,--batch-size", batch, "Prompt tokens per forward pass");
-  cmd.add_option("--kv-type", kv_type, "KV cache type: f32, f16 or bf16")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd.add_option("--kv-type", kv_type,
+                 "KV cache type: f32, f16, bf16 or q8_0 (8.5 bits per value, as llama.cpp's -ctk/-ctv q8_0)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   cmd.add_option("--capture-type", capture_type,
                  "Per-token GDN states of a verify step: f32 (lossless) or f16 (half the bytes, rollback rounds)")
       ->check(CLI::IsMember({"f32", "f16"}));
@@ -38,7 +39,10 @@ Result<EngineConfig> EngineFlags::to_config() const {
   c.n_threads = threads;
   c.n_ctx = ctx;
   c.n_batch = batch;
-  c.kv_type = kv_type == "f16" ? GgmlType::F16 : kv_type == "bf16" ? GgmlType::BF16 : GgmlType::F32;
+  c.kv_type = kv_type == "f16"    ? GgmlType::F16
+              : kv_type == "bf16" ? GgmlType::BF16
+              : kv_type == "q8_0" ? GgmlType::Q8_0
+                                  : GgmlType::F32;
   c.capture_type = capture_type == "f16" ? GgmlType::F16 : GgmlType::F32;
   const std::string suffix = "+ngram";
   c.add_ngram = spec.size() > suffix.size() && spec.ends_with(suffix);

@@ -288,19 +288,22 @@ void DflashModel::logits_to_target(const float* draft, int64_t rows, float* targ
 }
 
 Result<DflashState> DflashModel::create_state(int64_t n_ctx, GgmlType kv_type) const {
-  const size_t kv_elem = kv_element_bytes(kv_type);
-  if (kv_elem == 0)
-    return Status::errorf("KV cache type {} is not supported (F32, F16 or BF16)", ggml_type_name(kv_type));
+  if (!kv_cache_type_supported(kv_type))
+    return Status::errorf("KV cache type {} is not supported (F32, F16, BF16 or Q8_0)", ggml_type_name(kv_type));
+  if (kv_head_bytes(kv_type, hp_.head_dim) == 0)
+    return Status::errorf("KV cache type {} needs a head size that is a multiple of 32 (the drafter's: {})",
+                          ggml_type_name(kv_type), hp_.head_dim);
   if (n_ctx <= 0) return Status::errorf("context length {} is invalid", n_ctx);
   DflashState s;
   s.n_ctx = n_ctx;
   const int64_t width = int64_t{hp_.n_head_kv} * hp_.head_dim;
-  const size_t bytes = static_cast<size_t>(n_ctx * width) * kv_elem;
   s.kv.resize(hp_.n_layer);
   for (KvLayer& kv : s.kv) {
     kv.type = kv_type;
     kv.capacity = n_ctx;
     kv.width = width;
+    kv.head_dim = hp_.head_dim;
+    const size_t bytes = static_cast<size_t>(n_ctx) * kv.row_bytes();
     for (void** p : {&kv.k, &kv.v}) {
       HS_ASSIGN_OR_RETURN(Buffer b, backend_.alloc(bytes));
       backend_.fill_zero(b.data(), bytes);

@@ -15,6 +15,7 @@
 #include "backend/cpu/f32_kernels.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/cpu_test_util.h"
+#include "common/kv_cache_bytes.h"
 #include "format/quants.h"
 #include "util/half.h"
 
@@ -81,27 +82,17 @@ TEST(BatchInvariance, AttentionRowsDoNotDependOnTheVerifyWidth) {
   };
   for (const Case c : {Case{0, 8, 2, 64, GgmlType::F16}, Case{37, 8, 2, 64, GgmlType::F32},
                        Case{300, 16, 2, 128, GgmlType::F16}, Case{5, 4, 4, 32, GgmlType::F16},
-                       Case{40, 8, 2, 64, GgmlType::BF16}}) {
+                       Case{40, 8, 2, 64, GgmlType::BF16}, Case{40, 8, 2, 64, GgmlType::Q8_0}}) {
     const int n_max = 33, total = c.depth + n_max, width = c.n_kv * c.d, qw = c.n_head * c.d;
     const std::vector<float> kf = randn(static_cast<size_t>(total) * width, rng), vf = randn(kf.size(), rng);
-    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
-    uint16_t (*round)(float) = c.kv == GgmlType::BF16 ? fp32_to_bf16 : fp32_to_fp16;
-    for (size_t i = 0; i < kf.size(); ++i) {
-      kh[i] = round(kf[i]);
-      vh[i] = round(vf[i]);
-    }
+    hyspec::test::KvCacheBytes cache = hyspec::test::encode_kv_cache(c.kv, kf, vf, width, c.d);
     const std::vector<float> q = randn(static_cast<size_t>(n_max) * qw, rng);
     std::vector<int32_t> pos(n_max);
     for (int t = 0; t < n_max; ++t) pos[t] = c.depth + t;
     auto run = [&](int t0, int n, std::vector<float>& out, const F32Kernels& k, ThreadPool& pool) {
       AttentionArgs a;
       a.q = Rows(const_cast<float*>(&q[static_cast<size_t>(t0) * qw]), n, qw);
-      a.kv.type = c.kv;
-      const bool half = c.kv != GgmlType::F32;
-      a.kv.k = half ? static_cast<void*>(kh.data()) : const_cast<float*>(kf.data());
-      a.kv.v = half ? static_cast<void*>(vh.data()) : const_cast<float*>(vf.data());
-      a.kv.capacity = total;
-      a.kv.width = width;
+      a.kv = cache.layer(c.kv, total, width, c.d);
       a.positions = &pos[t0];
       a.n_head = c.n_head;
       a.n_kv_head = c.n_kv;

@@ -17,6 +17,7 @@
 #include "backend/cpu/f32_kernels.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/cpu_test_util.h"
+#include "common/kv_cache_bytes.h"
 #include "format/quants.h"
 #include "util/half.h"
 
@@ -148,43 +149,59 @@ TEST(CpuOps, CausalConvInPlaceEqualsOutOfPlaceIncludingStateAndCapture) {
   }
 }
 
-// kv_store rounds each type as the host conversions do and skips positions outside the cache.
+// kv_store writes each type's slots as backend.h lays them out (rounded as the host conversions and
+// ggml's q8_0 do: tests/common/kv_cache_bytes.h) and skips positions outside the cache.
 TEST(CpuOps, KvStoreRoundsToTheCacheTypeAndSkipsPositionsOutside) {
   std::mt19937 rng(5);
-  const int64_t W = 24, cap = 6, n = 4;
+  const int64_t W = 64, D = 32, cap = 6, n = 4;
   std::vector<float> k = randn(n * W, rng), v = randn(n * W, rng);
   k[3] = 1e30f;  // F16 overflows to inf, BF16 keeps the exponent
   const std::vector<int32_t> pos = {4, -1, 1, 6};  // rows 1 and 3 fall outside
-  for (const GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
-    const size_t esz = kv_element_bytes(type);
-    std::vector<uint8_t> kc(cap * W * esz, 0xab), vc(kc.size(), 0xab);
-    const KvLayer kv{kc.data(), vc.data(), type, cap, W};
+  for (const GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+    const hyspec::test::KvCacheBytes want = hyspec::test::encode_kv_cache(type, k, v, W, D);
+    const size_t row = kv_head_bytes(type, D) * (W / D);
+    std::vector<uint8_t> kc(cap * row, 0xab), vc(kc.size(), 0xab);
+    const KvLayer kv{kc.data(), vc.data(), type, cap, W, D};
+    ASSERT_EQ(kv.row_bytes(), row);
     kv_store(Rows(k.data(), n, W), Rows(v.data(), n, W), kv, pos.data());
-    auto stored = [&](const std::vector<uint8_t>& c, int64_t p, int64_t i) -> float {
-      const uint8_t* e = c.data() + (p * W + i) * esz;
-      uint16_t h;
-      std::memcpy(&h, e, std::min<size_t>(esz, 2));
-      if (type == GgmlType::F16) return fp16_to_fp32(h);
-      if (type == GgmlType::BF16) return bf16_to_fp32(h);
-      float f;
-      std::memcpy(&f, e, 4);
-      return f;
-    };
-    auto rounded = [&](float x) {
-      return type == GgmlType::F16    ? fp16_to_fp32(fp32_to_fp16(x))
-             : type == GgmlType::BF16 ? bf16_to_fp32(fp32_to_bf16(x))
-                                      : x;
-    };
     for (int64_t t : {0, 2})
-      for (int64_t i = 0; i < W; ++i) {
-        EXPECT_EQ(stored(kc, pos[t], i), rounded(k[t * W + i])) << ggml_type_name(type) << " k " << t << "," << i;
-        EXPECT_EQ(stored(vc, pos[t], i), rounded(v[t * W + i])) << ggml_type_name(type) << " v " << t << "," << i;
+      for (size_t b = 0; b < row; ++b) {
+        ASSERT_EQ(kc[pos[t] * row + b], want.k[t * row + b]) << ggml_type_name(type) << " k row " << t << " byte " << b;
+        ASSERT_EQ(vc[pos[t] * row + b], want.v[t * row + b]) << ggml_type_name(type) << " v row " << t << " byte " << b;
       }
-    if (type == GgmlType::BF16) EXPECT_NEAR(stored(kc, 4, 3), 1e30f, 1e28f);
-    if (type == GgmlType::F16) EXPECT_TRUE(std::isinf(stored(kc, 4, 3)));
+    if (type == GgmlType::BF16) EXPECT_NEAR(want.kf[3], 1e30f, 1e28f);
+    if (type == GgmlType::F16) EXPECT_TRUE(std::isinf(want.kf[3]));
     for (int64_t p : {0, 2, 3, 5})  // untouched
-      for (size_t b = 0; b < W * esz; ++b) ASSERT_EQ(kc[p * W * esz + b], 0xab) << ggml_type_name(type) << " pos " << p;
+      for (size_t b = 0; b < row; ++b) ASSERT_EQ(kc[p * row + b], 0xab) << ggml_type_name(type) << " pos " << p;
   }
+}
+
+// The Q8_0 slot of backend.h, byte by byte: codes, then f16 scales, then zero padding to 16 bytes.
+TEST(CpuOps, KvStoreQ8_0SlotLayout) {
+  EXPECT_EQ(kv_head_bytes(GgmlType::Q8_0, 256), 272u);
+  EXPECT_EQ(kv_head_bytes(GgmlType::Q8_0, 128), 144u);
+  EXPECT_EQ(kv_head_bytes(GgmlType::Q8_0, 32), 48u);
+  EXPECT_EQ(kv_head_bytes(GgmlType::Q8_0, 40), 0u);  // not whole blocks
+  EXPECT_EQ(kv_head_bytes(GgmlType::Q4_0, 256), 0u);
+  std::vector<float> x(64);
+  for (int i = 0; i < 64; ++i) x[i] = i < 32 ? (i - 16) * 0.5f : (i == 40 ? -3.0f : 0.0f);
+  std::vector<uint8_t> kc(kv_head_bytes(GgmlType::Q8_0, 64), 0xab), vc(kc.size(), 0xab);
+  const int32_t p0 = 0;
+  kv_store(Rows(x.data(), 1, 64), Rows(x.data(), 1, 64), KvLayer{kc.data(), vc.data(), GgmlType::Q8_0, 1, 64, 64}, &p0);
+  ASSERT_EQ(kc.size(), 80u);
+  // block 0: max |x| = 8 (x[0] = -8): d = 8/127, codes round(x * 127/8); block 1: only x[40] = -3 -> -127
+  EXPECT_EQ(static_cast<int8_t>(kc[0]), -127);
+  EXPECT_EQ(static_cast<int8_t>(kc[16]), 0);
+  EXPECT_EQ(static_cast<int8_t>(kc[17]), 8);  // 0.5 * 127/8 = 7.94
+  EXPECT_EQ(static_cast<int8_t>(kc[40]), -127);
+  EXPECT_EQ(kc[41], 0);
+  uint16_t d0, d1;
+  std::memcpy(&d0, &kc[64], 2);
+  std::memcpy(&d1, &kc[66], 2);
+  EXPECT_EQ(d0, fp32_to_fp16(8.0f / 127.0f));
+  EXPECT_EQ(d1, fp32_to_fp16(3.0f / 127.0f));
+  for (size_t b = 68; b < 80; ++b) EXPECT_EQ(kc[b], 0) << b;
+  EXPECT_EQ(kc, vc);
 }
 
 struct AttnCase {
@@ -202,24 +219,18 @@ TEST(CpuOps, AttentionMatchesDoubleSoftmaxForTilesOfEveryShape) {
       {7, 20, 4, 2, 64, false, GgmlType::F32},   {4, 4, 2, 1, 12, true, GgmlType::F32},  // head_dim % 8 != 0
       {3, 2, 16, 2, 8, true, GgmlType::F16},     {6, 10, 4, 1, 40, true, GgmlType::BF16},
       {5, 9, 4, 2, 64, false, GgmlType::BF16},   {4, 4, 2, 1, 12, true, GgmlType::BF16},
+      {6, 10, 4, 1, 64, true, GgmlType::Q8_0},   {5, 9, 4, 2, 32, false, GgmlType::Q8_0},
+      {37, 0, 4, 2, 64, true, GgmlType::Q8_0},
   };
   std::mt19937 rng(11);
   ThreadPool pool(2);
   for (const AttnCase& c : cases) {
     const int total = c.depth + c.n, width = c.n_kv * c.d;
     const std::vector<float> q = randn(static_cast<size_t>(c.n) * c.n_head * c.d, rng);
-    std::vector<float> kf = randn(static_cast<size_t>(total) * width, rng), vf = randn(kf.size(), rng);
-    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
-    const bool half = c.kv_type != GgmlType::F32;  // the reference uses the stored values
-    const bool bf16 = c.kv_type == GgmlType::BF16;
-    if (half) {
-      for (size_t i = 0; i < kf.size(); ++i) {
-        kh[i] = bf16 ? fp32_to_bf16(kf[i]) : fp32_to_fp16(kf[i]);
-        vh[i] = bf16 ? fp32_to_bf16(vf[i]) : fp32_to_fp16(vf[i]);
-        kf[i] = bf16 ? bf16_to_fp32(kh[i]) : fp16_to_fp32(kh[i]);
-        vf[i] = bf16 ? bf16_to_fp32(vh[i]) : fp16_to_fp32(vh[i]);
-      }
-    }
+    const std::vector<float> k0 = randn(static_cast<size_t>(total) * width, rng), v0 = randn(k0.size(), rng);
+    // the reference uses the values the cache holds
+    hyspec::test::KvCacheBytes cache = hyspec::test::encode_kv_cache(c.kv_type, k0, v0, width, c.d);
+    const std::vector<float>&kf = cache.kf, &vf = cache.vf;
     std::vector<int32_t> pos(c.n);
     for (int t = 0; t < c.n; ++t) pos[t] = c.depth + t;
     const float scale = 1.0f / std::sqrt(float(c.d));
@@ -228,11 +239,7 @@ TEST(CpuOps, AttentionMatchesDoubleSoftmaxForTilesOfEveryShape) {
       std::vector<float> out(q.size(), 0.0f);
       AttentionArgs a;
       a.q = Rows(const_cast<float*>(q.data()), c.n, c.n_head * c.d);
-      a.kv.type = c.kv_type;
-      a.kv.k = half ? static_cast<void*>(kh.data()) : kf.data();
-      a.kv.v = half ? static_cast<void*>(vh.data()) : vf.data();
-      a.kv.capacity = total;
-      a.kv.width = width;
+      a.kv = cache.layer(c.kv_type, total, width, c.d);
       a.positions = pos.data();
       a.n_head = c.n_head;
       a.n_kv_head = c.n_kv;

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "common/fixtures.h"
+#include "common/kv_cache_bytes.h"
 #include "format/quants.h"
 #include "util/half.h"
 
@@ -43,6 +44,7 @@ struct Tensor {
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    setenv("HYSPEC_CUDA_KV_Q8_0", "1", 1);  // Q8_0 KV caches are opt-in on CUDA until these tests pass on a GPU
     auto g = create_backend(BackendKind::Cuda, options_);
     if (!g.is_ok()) GTEST_SKIP() << "no CUDA device: " << g.message();
     gpu_ = std::move(g).value();
@@ -606,9 +608,40 @@ TEST_F(CudaBackendTest, RopeNeoxMatchesCpu) {
   }
 }
 
+// kv_store writes the bytes of backend.h's layout (tests/common/kv_cache_bytes.h, the CPU's too) for every
+// cache type, Q8_0's blocks and padding included, and skips positions outside the cache.
+TEST_F(CudaBackendTest, KvStoreWritesTheCacheLayoutOfEveryType) {
+  const int64_t D = 64, W = 3 * D, cap = 9, n = 5;
+  const std::vector<int32_t> pos = {7, -1, 0, 9, 3};  // rows 1 and 3 fall outside
+  const auto kv = randn(n * W, 3.0f), vv = randn(n * W);
+  for (const GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+    const test::KvCacheBytes want = test::encode_kv_cache(type, kv, vv, W, D);
+    const size_t row = KvLayer{nullptr, nullptr, type, cap, W, D}.row_bytes();
+    std::vector<uint8_t> init(cap * row, 0xab);
+    Buffer kc = gpu_->alloc(init.size()).value(), vc = gpu_->alloc(init.size()).value();
+    gpu_->upload(kc.data(), init.data(), init.size());
+    gpu_->upload(vc.data(), init.data(), init.size());
+    Tensor k = put(*gpu_, kv), v = put(*gpu_, vv);
+    Buffer p = put_i32(*gpu_, pos);
+    gpu_->kv_store(k.rows(n, W), v.rows(n, W), KvLayer{kc.data(), vc.data(), type, cap, W, D}, p.as<int32_t>());
+    std::vector<uint8_t> gk(init.size()), gv(init.size());
+    gpu_->download(gk.data(), kc.data(), gk.size());
+    gpu_->download(gv.data(), vc.data(), gv.size());
+    ASSERT_TRUE(gpu_->synchronize().is_ok()) << ggml_type_name(type);
+    std::vector<uint8_t> wk = init, wv = init;
+    for (int64_t t = 0; t < n; ++t) {
+      if (pos[t] < 0 || pos[t] >= cap) continue;
+      std::memcpy(&wk[pos[t] * row], &want.k[t * row], row);
+      std::memcpy(&wv[pos[t] * row], &want.v[t * row], row);
+    }
+    EXPECT_EQ(gk, wk) << ggml_type_name(type);
+    EXPECT_EQ(gv, wv) << ggml_type_name(type);
+  }
+}
+
 // qk_norm_rope_store on CUDA is one kernel; its q, k and cache rows are the bits of the five ops it
 // stands for (Backend's default), for warp norms of both forms (head_dim 256: float4s; 64: scalars),
-// gated and plain query rows, keys only, F16, BF16 and F32 caches and positions outside the cache
+// gated and plain query rows, keys only, F16, BF16, F32 and Q8_0 caches and positions outside the cache
 // (skipped); and within the norm tolerance of the CPU.
 TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
   const int H = 4, Hkv = 2;
@@ -616,7 +649,7 @@ TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
   for (const int D : {64, 256}) {
     for (const int64_t n : {1, 17}) {
       for (const int q_mode : {0, 1, 2}) {  // gated query rows, plain (in place), keys only
-        for (const GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
+        for (const GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::F32, GgmlType::Q8_0}) {
           const int64_t q_pitch = q_mode == 0 ? 2 * D : D, W = int64_t{Hkv} * D;
           const std::string what = "head_dim " + std::to_string(D) + ", n " + std::to_string(n) + ", q mode " +
                                    std::to_string(q_mode) + ", " + std::string(ggml_type_name(kv_type));
@@ -626,7 +659,7 @@ TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
           if (n > 2) pos[2] = int32_t(cap);  // likewise
           const auto qv = randn(n * H * q_pitch, 2.0f), kv = randn(n * W, 2.0f), vv = randn(n * W);
           const auto qw = randn(D), kw = randn(D);
-          const size_t cache_bytes = static_cast<size_t>(cap * W) * kv_element_bytes(kv_type);
+          const size_t cache_bytes = static_cast<size_t>(cap) * KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
           struct Run {
             Tensor q_in, q, k, v, qw, kw;
             Buffer pos, kc, vc;
@@ -653,7 +686,7 @@ TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
             a.eps = 1e-6f;
             a.freq_base = 1e7f;
             a.positions = r.pos.as<int32_t>();
-            a.kv = KvLayer{r.kc.data(), r.vc.data(), kv_type, cap, W};
+            a.kv = KvLayer{r.kc.data(), r.vc.data(), kv_type, cap, W, D};
             if (how == 0) b.qk_norm_rope_store(a);
             else b.Backend::qk_norm_rope_store(a);
             return r;
@@ -710,20 +743,20 @@ struct AttnCase {
 TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
   const AttnCase cases[] = {{4, 2, 64, 37}, {8, 2, 256, 700}, {6, 2, 128, 1500}, {2, 2, 32, 0}};
   for (const AttnCase& ac : cases) {
-    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
       for (int64_t n : kWidths) {
         for (bool causal : {true, false}) {
           const int64_t D = ac.head_dim, W = ac.n_kv * D, cap = ac.ctx + n + 3, total = ac.ctx + n;
-          const size_t esz = kv_element_bytes(kv_type);
+          const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
           std::vector<int32_t> pos(total);
           for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
           Pair k = both(randn(total * W)), v = both(randn(total * W)), q = both(randn(n * ac.n_head * D));
           Pair out = both_poison(n * ac.n_head * D);
           for (Backend* be : {cpu_.get(), gpu_.get()}) {
             const bool g = be == gpu_.get();
-            Buffer kc = be->alloc(cap * W * esz).value(), vc = be->alloc(cap * W * esz).value();
+            Buffer kc = be->alloc(cap * row).value(), vc = be->alloc(cap * row).value();
             Buffer p = put_i32(*be, pos);
-            KvLayer kv{kc.data(), vc.data(), kv_type, cap, W};
+            KvLayer kv{kc.data(), vc.data(), kv_type, cap, W, D};
             be->kv_store((g ? k.g : k.c).rows(total, W), (g ? v.g : v.c).rows(total, W), kv, p.as<int32_t>());
             AttentionArgs a;
             a.q = (g ? q.g : q.c).rows(n, ac.n_head * D);
@@ -748,20 +781,20 @@ TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
 }
 
 // Speculative verify is lossless only if a verify row's attention is the decode step's, bit for bit:
-// every width of the decode kernels (SIMT for F32, tensor cores for F16/BF16) against one-row calls.
+// every width of the decode kernels (SIMT for F32, tensor cores for F16/BF16/Q8_0) against one-row calls.
 TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
   const AttnCase cases[] = {{16, 4, 256, 300}, {4, 2, 64, 1100}};
   for (const AttnCase& ac : cases) {
-    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
       const int64_t D = ac.head_dim, W = ac.n_kv * D, n_max = 32, total = ac.ctx + n_max, QW = ac.n_head * D;
-      const size_t esz = kv_element_bytes(kv_type);
+      const size_t row = KvLayer{nullptr, nullptr, kv_type, total, W, D}.row_bytes();
       std::vector<int32_t> pos(total);
       for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
       Tensor k = put(*gpu_, randn(total * W)), v = put(*gpu_, randn(total * W)), q = put(*gpu_, randn(n_max * QW));
       Tensor one = poison(*gpu_, n_max * QW), many = poison(*gpu_, n_max * QW);
-      Buffer kc = gpu_->alloc(total * W * esz).value(), vc = gpu_->alloc(total * W * esz).value();
+      Buffer kc = gpu_->alloc(total * row).value(), vc = gpu_->alloc(total * row).value();
       Buffer p = put_i32(*gpu_, pos);
-      const KvLayer kv{kc.data(), vc.data(), kv_type, total, W};
+      const KvLayer kv{kc.data(), vc.data(), kv_type, total, W, D};
       gpu_->kv_store(k.rows(total, W), v.rows(total, W), kv, p.as<int32_t>());
       auto run = [&](int64_t t0, int64_t n, Tensor& out) {
         AttentionArgs a;
@@ -964,7 +997,7 @@ TEST_F(CudaBackendTest, CapturedStepReplaysWithNewPositions) {
   const auto kv_init = randn(cap * W);
   std::vector<uint16_t> kv_h(kv_init.size());
   for (size_t i = 0; i < kv_h.size(); ++i) kv_h[i] = fp32_to_fp16(kv_init[i]);
-  KvLayer kv{kc.data(), vc.data(), GgmlType::F16, cap, W};
+  KvLayer kv{kc.data(), vc.data(), GgmlType::F16, cap, W, D};
   auto step = [&] {
     b.embed(emb, tokens.as<int32_t>(), n, x.rows(n, E));
     b.rms_norm(x.rows(n, E), norm_w.f(), E, 1e-6f, x.rows(n, E));
@@ -1183,15 +1216,16 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
   const int H = 16, Hkv = 4, D = 256;
   const int64_t W = Hkv * D;
   const char* only_ctx = std::getenv("HYSPEC_BENCH_CTX");  // e.g. 16384 (profilers)
-  for (const GgmlType kv_type : {GgmlType::F16, GgmlType::BF16})
+  for (const GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0})
   for (int64_t ctx : {1024, 8192, 16384, 32768}) {
     if (only_ctx && std::atoll(only_ctx) != ctx) continue;
     const int64_t cap = ctx + 512;
-    Buffer kc = b.alloc(cap * W * 2).value(), vc = b.alloc(cap * W * 2).value();
-    b.fill_zero(kc.data(), cap * W * 2);
-    b.fill_zero(vc.data(), cap * W * 2);
+    const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
+    Buffer kc = b.alloc(cap * row).value(), vc = b.alloc(cap * row).value();
+    b.fill_zero(kc.data(), cap * row);
+    b.fill_zero(vc.data(), cap * row);
     for (int64_t n : {1, 8, 16, 512}) {
-      if (kv_type == GgmlType::BF16 && n == 512) continue;
+      if (kv_type != GgmlType::F16 && n == 512) continue;
       if (n == 512 && ctx != 1024) continue;  // prefill: a 512-token chunk after 1024 cached
       std::vector<int32_t> pos(n);
       for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(ctx + i);
@@ -1199,7 +1233,7 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
       Tensor q = put(b, randn(n * H * D)), out = poison(b, n * H * D);
       AttentionArgs a;
       a.q = q.rows(n, H * D);
-      a.kv = KvLayer{kc.data(), vc.data(), kv_type, cap, W};
+      a.kv = KvLayer{kc.data(), vc.data(), kv_type, cap, W, D};
       a.positions = p.as<int32_t>();
       a.n_head = H;
       a.n_kv_head = Hkv;
@@ -1207,7 +1241,7 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
       a.scale = 0.0625f;
       a.out = out.rows(n, H * D);
       const double s = time_graph([&] { for (int i = 0; i < 10; ++i) b.attention(a); }, 10);
-      const double bytes = 2.0 * (ctx + n) * W * 2, flops = 4.0 * n * H * D * (ctx + n / 2.0);
+      const double bytes = 2.0 * (ctx + n) * static_cast<double>(row), flops = 4.0 * n * H * D * (ctx + n / 2.0);
       std::printf("BENCH attention %s ctx=%-6ld n=%-3ld %8.2f us %6.0f GB/s %6.1f TFLOP/s\n",
                   ggml_type_name(kv_type).data(), static_cast<long>(ctx), static_cast<long>(n), s * 1e6,
                   bytes / s / 1e9, flops / s / 1e12);

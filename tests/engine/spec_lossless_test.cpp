@@ -12,15 +12,16 @@ struct Case {
   SpecMethod spec;
   std::string draft_model;  // relative to the fixtures
   bool add_ngram = false;
+  GgmlType kv_type = GgmlType::F32;  // both engines' target caches (the DFlash drafter keeps F32)
 };
 
 class SpecLossless : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SpecLossless, GreedySpeculativeOutputEqualsPlainGreedyOver200Tokens) {
   const Case c = GetParam();
-  auto plain = test::make_engine(c.fixture, SpecMethod::None);
+  auto plain = test::make_engine(c.fixture, SpecMethod::None, 8, 512, "", false, c.kv_type);
   auto spec = test::make_engine(c.fixture, c.spec, 8, 512,
-                               c.draft_model.empty() ? "" : test::fixture_path(c.draft_model), c.add_ngram);
+                               c.draft_model.empty() ? "" : test::fixture_path(c.draft_model), c.add_ngram, c.kv_type);
   ASSERT_TRUE(plain && spec);
   GenerateOptions o;
   o.max_tokens = 200;
@@ -45,12 +46,16 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/hf"},
                                            Case{"qwen35moe-tiny", SpecMethod::Ngram, ""},
                                            Case{"qwen35moe-tiny", SpecMethod::Mtp, ""},
-                                           Case{"qwen35moe-tiny", SpecMethod::Mtp, "", true}),
+                                           Case{"qwen35moe-tiny", SpecMethod::Mtp, "", true},
+                                           Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::Q8_0},
+                                           Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
+                                                false, GgmlType::Q8_0}),
                          [](const auto& info) {
                            std::string f = info.param.fixture == "qwen35-tiny" ? "dense" : "moe";
                            std::string hf = info.param.draft_model.ends_with("hf") ? "_hf" : "";
                            return f + "_" + spec_method_name(info.param.spec) + hf +
-                                  (info.param.add_ngram ? "_ngram" : "");
+                                  (info.param.add_ngram ? "_ngram" : "") +
+                                  (info.param.kv_type == GgmlType::Q8_0 ? "_kv_q8_0" : "");
                          });
 
 TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {

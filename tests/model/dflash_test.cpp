@@ -342,7 +342,7 @@ TEST(Dflash, DraftRejectsMisshapenArguments) {
   da.positions = ids.data();
   da.logits = Rows(logits.data(), 16, 100);  // not the vocabulary
   EXPECT_FALSE(m.draft(da, *st).is_ok());
-  EXPECT_FALSE(m.create_state(64, GgmlType::Q8_0).is_ok());
+  EXPECT_FALSE(m.create_state(64, GgmlType::Q4_0).is_ok());  // not a cache type
 }
 
 // ---- Rejection: truncated files and the upstream variants -------------------------------------

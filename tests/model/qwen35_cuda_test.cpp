@@ -96,6 +96,7 @@ void expect_logits_match(const std::vector<float>& got, const std::vector<float>
 class CudaQwen35 : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    setenv("HYSPEC_CUDA_KV_Q8_0", "1", 1);  // Q8_0 KV caches are opt-in on CUDA until these tests pass on a GPU
     auto g = create_backend(BackendKind::Cuda);
     if (!g.is_ok()) GTEST_SKIP() << "no CUDA device: " << g.message();
     gpu_ = std::move(g).value();
@@ -110,11 +111,11 @@ TEST_P(CudaQwen35, LogitsMatchTransformersForEveryCase) {
   const int64_t V = l.model->hparams().n_vocab;
   for (const auto& c : manifest["cases"]) {
     const auto want = test::read_f32_file(test::fixture_path(dir + "/" + c["logits"].get<std::string>()));
-    for (GgmlType kv : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
-      // BF16 rounds K/V to 2^-8 (qwen35_test.cpp: LogitsWithSixteenBitKvCaches...): dense fixture only.
-      if (kv == GgmlType::BF16 && l.model->hparams().n_expert > 0) continue;
+    for (GgmlType kv : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+      // BF16 and Q8_0 round K/V coarsely (qwen35_test.cpp, LogitsMatchTransformersForEveryCase): dense fixture only.
+      if (kv != GgmlType::F32 && kv != GgmlType::F16 && l.model->hparams().n_expert > 0) continue;
       const auto got = run_logits(*gpu_, l, ids(c["tokens"]), 0, true, kv);
-      expect_logits_match(got, want, V, kv == GgmlType::BF16 ? 1e-2f : 2e-3f,
+      expect_logits_match(got, want, V, kv == GgmlType::Q8_0 ? 3e-2f : kv == GgmlType::BF16 ? 1e-2f : 2e-3f,
                           fmt::format("{}/{} kv {}", dir, c["name"].get<std::string>(), ggml_type_name(kv)));
     }
   }

@@ -11,24 +11,66 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "format/quants.h"
 #include "util/half.h"
 
 namespace hyspec::cpu {
 
 namespace {
 
-// Element idx of a cache row set of `type` (F32, F16 or BF16) as f32.
-float cache_value(const void* base, GgmlType type, int64_t idx) {
-  switch (type) {
-    case GgmlType::F16: return fp16_to_fp32(static_cast<const uint16_t*>(base)[idx]);
-    case GgmlType::BF16: return bf16_to_fp32(static_cast<const uint16_t*>(base)[idx]);
-    default: return static_cast<const float*>(base)[idx];
+// The slot of (position pos, kv head kvh) in one half (keys or values) of a cache.
+uint8_t* slot(const KvLayer& kv, void* base, int64_t pos, int kvh) {
+  return static_cast<uint8_t*>(base) + static_cast<size_t>(pos) * kv.row_bytes() +
+         static_cast<size_t>(kvh) * kv.head_bytes();
+}
+
+// A slot as head_dim f32 values (backend.h: KvLayer), exactly: a 16-bit value widens, a Q8_0 code times
+// its block's f16 scale is exact in f32 (7 + 11 significant bits).
+void widen_slot(const KvLayer& kv, const uint8_t* s, float* y, const F32Kernels& k) {
+  const int64_t d = kv.head_dim;
+  switch (kv.type) {
+    case GgmlType::F16: k.f16_to_f32(reinterpret_cast<const uint16_t*>(s), d, y); break;
+    case GgmlType::BF16:  // a shift: the loop vectorizes as it is
+      for (int64_t i = 0; i < d; ++i) y[i] = bf16_to_fp32(reinterpret_cast<const uint16_t*>(s)[i]);
+      break;
+    case GgmlType::Q8_0:
+      for (int64_t b = 0; b < d / 32; ++b) {
+        uint16_t h;
+        std::memcpy(&h, s + d + 2 * b, 2);
+        const float scale = fp16_to_fp32(h);
+        for (int64_t i = 32 * b; i < 32 * b + 32; ++i) y[i] = scale * static_cast<float>(static_cast<int8_t>(s[i]));
+      }
+      break;
+    default: std::memcpy(y, s, static_cast<size_t>(d) * sizeof(float)); break;
   }
 }
 
-// bf16 -> f32 is a shift: the loop vectorizes as it is.
-void bf16_row_to_f32(const uint16_t* x, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_fp32(x[i]);
+// head_dim values into a slot, rounded as the cache type stores them (backend.h: KvLayer).
+void store_slot(const KvLayer& kv, const float* x, uint8_t* s) {
+  const int64_t d = kv.head_dim;
+  switch (kv.type) {
+    case GgmlType::F16:
+    case GgmlType::BF16: {
+      uint16_t (*round)(float) = kv.type == GgmlType::F16 ? fp32_to_fp16 : fp32_to_bf16;
+      for (int64_t i = 0; i < d; ++i) {
+        const uint16_t h = round(x[i]);
+        std::memcpy(s + 2 * i, &h, 2);
+      }
+      break;
+    }
+    case GgmlType::Q8_0: {
+      // ggml's own q8_0 blocks (format/quants.cpp: d:f16, 32 codes), then codes first, scales after.
+      uint8_t blocks[34];
+      for (int64_t b = 0; b < d / 32; ++b) {
+        (void)quantize_row(GgmlType::Q8_0, x + 32 * b, blocks, 32);  // cannot fail: Q8_0, 32 values
+        std::memcpy(s + d + 2 * b, blocks, 2);
+        std::memcpy(s + 32 * b, blocks + 2, 32);
+      }
+      std::memset(s + d + d / 16, 0, kv.head_bytes() - static_cast<size_t>(d + d / 16));  // the padding
+      break;
+    }
+    default: std::memcpy(s, x, static_cast<size_t>(d) * sizeof(float)); break;
+  }
 }
 
 // ns per (query row, key, head dim) on one AVX2 core: 2 MACs at ~12 MAC/ns.
@@ -42,22 +84,22 @@ void attention_rows(const AttentionArgs& a, int64_t t, int h) {
   const int64_t last_pos = a.positions[a.q.n_rows - 1];
   const int64_t kv_len = std::min<int64_t>(a.kv.capacity, (a.causal ? a.positions[t] : last_pos) + 1);
   const float* q = a.q.row(t) + static_cast<int64_t>(h) * d;
-  std::vector<float> scores(kv_len), acc(d, 0.0f);
-  auto at = [&](const void* base, int64_t j, int i) {
-    return cache_value(base, a.kv.type, j * a.kv.width + static_cast<int64_t>(kvh) * d + i);
-  };
+  std::vector<float> scores(kv_len), acc(d, 0.0f), kf(d), vf(d);
+  const F32Kernels& kern = f32_kernels();
   float mx = -INFINITY;
   for (int64_t j = 0; j < kv_len; ++j) {
+    widen_slot(a.kv, slot(a.kv, a.kv.k, j, kvh), kf.data(), kern);
     float s = 0;
-    for (int i = 0; i < d; ++i) s += q[i] * at(a.kv.k, j, i);
+    for (int i = 0; i < d; ++i) s += q[i] * kf[i];
     scores[j] = s * a.scale;
     mx = std::max(mx, scores[j]);
   }
   double sum = 0;
   for (int64_t j = 0; j < kv_len; ++j) {
+    widen_slot(a.kv, slot(a.kv, a.kv.v, j, kvh), vf.data(), kern);
     scores[j] = std::exp(scores[j] - mx);
     sum += scores[j];
-    for (int i = 0; i < d; ++i) acc[i] += scores[j] * at(a.kv.v, j, i);
+    for (int i = 0; i < d; ++i) acc[i] += scores[j] * vf[i];
   }
   float* out = a.out.row(t) + static_cast<int64_t>(h) * d;
   for (int i = 0; i < d; ++i) out[i] = static_cast<float>(acc[i] / sum);
@@ -66,20 +108,13 @@ void attention_rows(const AttentionArgs& a, int64_t t, int h) {
 }  // namespace
 
 void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) {
+  const int n_kv_head = static_cast<int>(kv.width / kv.head_dim);
   for (int64_t t = 0; t < k.n_rows; ++t) {
     const int64_t pos = positions[t];
     if (pos < 0 || pos >= kv.capacity) continue;  // the engine bounds positions; never write outside
-    if (kv.type == GgmlType::F16 || kv.type == GgmlType::BF16) {
-      uint16_t* kd = static_cast<uint16_t*>(kv.k) + pos * kv.width;
-      uint16_t* vd = static_cast<uint16_t*>(kv.v) + pos * kv.width;
-      uint16_t (*round)(float) = kv.type == GgmlType::F16 ? fp32_to_fp16 : fp32_to_bf16;
-      for (int64_t i = 0; i < kv.width; ++i) {
-        kd[i] = round(k.row(t)[i]);
-        vd[i] = round(v.row(t)[i]);
-      }
-    } else {
-      std::memcpy(static_cast<float*>(kv.k) + pos * kv.width, k.row(t), static_cast<size_t>(kv.width) * sizeof(float));
-      std::memcpy(static_cast<float*>(kv.v) + pos * kv.width, v.row(t), static_cast<size_t>(kv.width) * sizeof(float));
+    for (int h = 0; h < n_kv_head; ++h) {
+      store_slot(kv, k.row(t) + h * kv.head_dim, slot(kv, kv.k, pos, h));
+      store_slot(kv, v.row(t) + h * kv.head_dim, slot(kv, kv.v, pos, h));
     }
   }
 }
@@ -131,14 +166,12 @@ void attention(ThreadPool& pool, const AttentionArgs& a, const F32Kernels& k) {
       tt.out = rows_out.data();
       tt.kv_len = rows_len.data();
       tt.scale = a.scale;
-      if (a.kv.type == GgmlType::F16 || a.kv.type == GgmlType::BF16) {
+      if (a.kv.type != GgmlType::F32) {
         // Widen this head's keys and values once for the whole tile.
         float* buf = scratch_floats(static_cast<size_t>(2 * max_len * d), 2);
-        auto widen = a.kv.type == GgmlType::F16 ? k.f16_to_f32 : bf16_row_to_f32;
         for (int64_t j = 0; j < max_len; ++j) {
-          const int64_t off = j * a.kv.width + static_cast<int64_t>(kvh) * d;
-          widen(static_cast<const uint16_t*>(a.kv.k) + off, d, buf + j * d);
-          widen(static_cast<const uint16_t*>(a.kv.v) + off, d, buf + (max_len + j) * d);
+          widen_slot(a.kv, slot(a.kv, a.kv.k, j, kvh), buf + j * d, k);
+          widen_slot(a.kv, slot(a.kv, a.kv.v, j, kvh), buf + (max_len + j) * d, k);
         }
         tt.k = buf;
         tt.v = buf + max_len * d;

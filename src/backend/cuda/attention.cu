@@ -43,7 +43,7 @@ struct AttnArgs {
   Mat q, out;
   const void* k;
   const void* v;
-  int64_t kv_width, kv_capacity;
+  int64_t kv_capacity, row_bytes, head_bytes;  // slot of (position p, kv head h): k + p * row_bytes + h * head_bytes
   const int32_t* positions;
   int n, group, n_kv;
   float scale;
@@ -60,10 +60,17 @@ constexpr size_t attention_smem() {
   return (static_cast<size_t>(kQueries + 2 * kKeys) * (D + 4) + kQueries * kKeys) * sizeof(float);
 }
 
-// 16 bytes of K/V (8 16-bit elements or 4 floats) to f32 in shared memory.
+// 16 bytes of K/V (16 Q8_0 codes of one block, 8 16-bit elements or 4 floats) to f32 in shared memory;
+// scale: the Q8_0 block's.
 template <typename KV>
-__device__ __forceinline__ void store_as_f32(float* dst, const uint4& raw) {
-  if constexpr (sizeof(KV) == 2) {
+__device__ __forceinline__ void store_as_f32(float* dst, const uint4& raw, float scale) {
+  if constexpr (kIsQ8<KV>) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      reinterpret_cast<float4*>(dst)[j] = make_float4(scale * code_at(w[j], 0), scale * code_at(w[j], 1),
+                                                      scale * code_at(w[j], 2), scale * code_at(w[j], 3));
+  } else if constexpr (sizeof(KV) == 2) {
     const float2 a = widen_pair<KV>(raw.x), b = widen_pair<KV>(raw.y), c = widen_pair<KV>(raw.z),
                  d = widen_pair<KV>(raw.w);
     reinterpret_cast<float4*>(dst)[0] = make_float4(a.x, a.y, b.x, b.y);
@@ -73,14 +80,16 @@ __device__ __forceinline__ void store_as_f32(float* dst, const uint4& raw) {
   }
 }
 
-// KV is float, __half or __nv_bfloat16. The next K/V tile is fetched into registers while this one is computed.
+// KV is float, __half, __nv_bfloat16 or Q8Slot. The next K/V tile is fetched into registers while this one is computed.
 template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
   constexpr int LD = D + 4;  // row pitch: float4-aligned, consecutive rows 4 banks apart
   constexpr int J = D / 32;  // float4 output slices per thread
-  constexpr int kVec = 16 / sizeof(KV);                    // elements per 16-byte load
-  constexpr int kLoads = kKeys * D / kVec / kThreads;      // 16-byte loads per thread per tile and tensor
-  static_assert(kLoads >= 1 && kKeys * D % (kVec * kThreads) == 0);
+  constexpr int kElem = kIsQ8<KV> ? 1 : static_cast<int>(sizeof(KV));  // bytes per element (Q8_0: the code)
+  constexpr int kVec = 16 / kElem;                                       // elements per 16-byte load
+  constexpr int kPieces = kKeys * D / kVec;                              // 16-byte loads per tile and tensor
+  constexpr int kLoads = (kPieces + kThreads - 1) / kThreads;           // per thread
+  static_assert(kPieces % kThreads == 0 || kLoads == 1);
   extern __shared__ float smem[];
   float* Qs = smem;
   float* Ks = Qs + kQueries * LD;
@@ -121,18 +130,21 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
 #pragma unroll
   for (int j = 0; j < J; ++j) o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
 
-  const KV* kbase = static_cast<const KV*>(a.k) + static_cast<int64_t>(kvh) * D;
-  const KV* vbase = static_cast<const KV*>(a.v) + static_cast<int64_t>(kvh) * D;
+  const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + kvh * a.head_bytes;
+  const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + kvh * a.head_bytes;
   uint4 kr[kLoads], vr[kLoads];
+  float ksc[kLoads], vsc[kLoads];  // Q8_0: the pieces' block scales
   auto fetch = [&](int kt) {
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int idx = tid + i * kThreads, key = idx / (D / kVec), d = idx % (D / kVec) * kVec;
       kr[i] = vr[i] = make_uint4(0u, 0u, 0u, 0u);  // keys past the range must be zeros, not garbage
-      if (kt + key < k1) {
-        const int64_t off = static_cast<int64_t>(kt + key) * a.kv_width + d;
-        kr[i] = __ldg(reinterpret_cast<const uint4*>(kbase + off));
-        vr[i] = __ldg(reinterpret_cast<const uint4*>(vbase + off));
+      ksc[i] = vsc[i] = 0.0f;
+      if ((kPieces % kThreads == 0 || idx < kPieces) && kt + key < k1) {
+        const int64_t row = static_cast<int64_t>(kt + key) * a.row_bytes;
+        kr[i] = __ldg(reinterpret_cast<const uint4*>(kbase + row + d * kElem));
+        vr[i] = __ldg(reinterpret_cast<const uint4*>(vbase + row + d * kElem));
+        if constexpr (kIsQ8<KV>) ksc[i] = q8_scale(kbase + row, D, d / 32), vsc[i] = q8_scale(vbase + row, D, d / 32);
       }
     }
   };
@@ -143,8 +155,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int idx = tid + i * kThreads, key = idx / (D / kVec), d = idx % (D / kVec) * kVec;
-      store_as_f32<KV>(Ks + key * LD + d, kr[i]);
-      store_as_f32<KV>(Vs + key * LD + d, vr[i]);
+      if (kPieces % kThreads != 0 && idx >= kPieces) continue;
+      store_as_f32<KV>(Ks + key * LD + d, kr[i], ksc[i]);
+      store_as_f32<KV>(Vs + key * LD + d, vr[i], vsc[i]);
     }
     __syncthreads();
     if (kt + kKeys < k1) fetch(kt + kKeys);
@@ -289,8 +302,9 @@ constexpr size_t kDecodeMergeBytes = (2 * kDecodeQueries * kMaxSplits + kDecodeQ
 
 template <int D, typename KV>
 struct DecodeSmem {
-  static constexpr int kRowBytes = D * static_cast<int>(sizeof(KV)) + 16;  // padded: lane = key is conflict-free
-  static constexpr int kPieces = D * static_cast<int>(sizeof(KV)) / 16;    // 16-byte pieces per row
+  static constexpr int kSlot = slot_bytes<KV, D>();
+  static constexpr int kRowBytes = kSlot + 16;  // padded: lane = key is conflict-free for 16-bit and f32 rows
+  static constexpr int kPieces = kSlot / 16;    // 16-byte pieces per row
   static constexpr size_t kTile = size_t{kDecodeKeys} * kRowBytes;          // K or V of one tile
   // 2 stages x (K, V); after the loop, the split merge's work area
   static constexpr size_t kQ = std::max(4 * kTile, kDecodeMergeBytes);
@@ -300,12 +314,17 @@ struct DecodeSmem {
   static constexpr size_t kBytes = kMisc + sizeof(float) * 3 * kDecodeQueries;
 };
 
-template <typename KV>
-__device__ __forceinline__ float2 kv_pair(const uint8_t* p) {  // two consecutive elements as f32
-  if constexpr (sizeof(KV) == 2) {
-    return widen_pair<KV>(*reinterpret_cast<const uint32_t*>(p));
+// Elements i and i + 1 (i even) of a slot (shared memory) as f32.
+template <typename KV, int D>
+__device__ __forceinline__ float2 kv_pair(const uint8_t* slot, int i) {
+  if constexpr (kIsQ8<KV>) {
+    const uint32_t u = *reinterpret_cast<const uint16_t*>(slot + i);
+    const float sc = q8_scale(slot, D, i / 32);
+    return make_float2(sc * code_at(u, 0), sc * code_at(u, 1));
+  } else if constexpr (sizeof(KV) == 2) {
+    return widen_pair<KV>(*reinterpret_cast<const uint32_t*>(slot + 2 * i));
   } else {
-    return *reinterpret_cast<const float2*>(p);
+    return *reinterpret_cast<const float2*>(slot + 4 * i);
   }
 }
 
@@ -412,7 +431,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   using L = DecodeSmem<D, KV>;
   constexpr int Q = kDecodeQueries, TK = kDecodeKeys, RB = L::kRowBytes;
   constexpr int DW = D / kDecodeWarps;             // score dims per warp
-  constexpr int VEC = 16 / sizeof(KV);             // elements per 16-byte piece
+  constexpr int VEC = kIsQ8<KV> ? 8 : 16 / sizeof(KV);  // elements per load (Q8_0: 8 codes, 8 bytes)
+  constexpr int kElem = kIsQ8<KV> ? 1 : static_cast<int>(sizeof(KV));
   constexpr int NG = 2 * kDecodeWarps * 32 / D;    // P.V: query groups (threads per dim pair)
   constexpr int QPT = (Q + NG - 1) / NG;           // queries per thread in P.V
   static_assert(DW % VEC == 0 && NG >= 1 && Q % NG == 0);
@@ -426,9 +446,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
   const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
-  const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * D * sizeof(KV);
-  const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * D * sizeof(KV);
-  const int64_t pitch = a.kv_width * static_cast<int64_t>(sizeof(KV));
+  const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + kvh * a.head_bytes;
+  const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + kvh * a.head_bytes;
+  const int64_t pitch = a.row_bytes;
   // Keys past k1 copy row k1-1: finite data that the mask gives weight 0.
   auto issue_tile = [&](int kt, int stage) {
     uint8_t* ks = sm + stage * 2 * L::kTile;
@@ -476,12 +496,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
       float s[Q];
 #pragma unroll
       for (int m = 0; m < Q; ++m) s[m] = 0.0f;
-      const uint8_t* krow = ks + lane * RB + warp * DW * sizeof(KV);
+      const uint8_t* kslot = ks + lane * RB;
+      const uint8_t* krow = kslot + warp * DW * kElem;
 #pragma unroll 4
       for (int d0 = 0; d0 < DW; d0 += VEC) {
         float kf[VEC];
-        const uint4 raw = *reinterpret_cast<const uint4*>(krow + d0 * sizeof(KV));
-        if constexpr (sizeof(KV) == 2) {
+        if constexpr (kIsQ8<KV>) {
+          const uint2 raw = *reinterpret_cast<const uint2*>(krow + d0);
+          const float sc = q8_scale(kslot, D, (warp * DW + d0) / 32);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) kf[j] = sc * code_at(raw.x, j), kf[4 + j] = sc * code_at(raw.y, j);
+        } else if constexpr (sizeof(KV) == 2) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(krow + d0 * sizeof(KV));
           const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -489,6 +515,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
             kf[2 * j] = f.x, kf[2 * j + 1] = f.y;
           }
         } else {
+          const uint4 raw = *reinterpret_cast<const uint4*>(krow + d0 * sizeof(KV));
           kf[0] = __uint_as_float(raw.x), kf[1] = __uint_as_float(raw.y), kf[2] = __uint_as_float(raw.z),
           kf[3] = __uint_as_float(raw.w);
         }
@@ -542,10 +569,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
         o[i][0] *= al, o[i][1] *= al;
       }
     }
-    const uint8_t* vcol = vs + 2 * pair * sizeof(KV);
 #pragma unroll 8
     for (int key = 0; key < TK; ++key) {
-      const float2 v = kv_pair<KV>(vcol + key * RB);
+      const float2 v = kv_pair<KV, D>(vs + key * RB, 2 * pair);
 #pragma unroll
       for (int i = 0; i < QPT; ++i) {
         const int m = grp + NG * i;
@@ -615,12 +641,16 @@ __device__ __forceinline__ void mma_kv(float (&d)[4], uint32_t a0, uint32_t a1, 
   }
 }
 
-template <int D>
+template <int D, bool kQ8>
 struct MmaDecodeSmem {
   static constexpr int kPitch = D * 2 + 16;  // bytes per f16 row: ldmatrix rows land 4 banks apart
-  static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kPitch;  // K and V of one step
+  static constexpr int kRaw = kQ8 ? q8_slot_bytes(D) : kPitch;        // bytes per staged cache row
+  static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kRaw;   // K and V of one step
   static constexpr int kStages = 3;                                   // per warp: two steps in flight
-  static constexpr size_t kQ = size_t{kDecodeWarps} * kStages * kStage;  // Q hi/lo rows [16][kPitch]
+  // Q8_0: the step's K and V codes widened to f16 rows (kPitch) for ldmatrix, one set per warp
+  static constexpr size_t kWiden = kQ8 ? size_t{2} * kMmaStepKeys * kPitch : 0;
+  static constexpr size_t kWarp = kStages * kStage + kWiden;
+  static constexpr size_t kQ = size_t{kDecodeWarps} * kWarp;         // Q hi/lo rows [16][kPitch]
   static constexpr size_t kBytes = kQ + 16 * kPitch;
   // After the loop the stages hold the warps' results: o [warps][Q][D], (m, l) [warps][Q][2], then
   // the block's o [Q][D] and (m, l) [2][Q].
@@ -631,13 +661,18 @@ struct MmaDecodeSmem {
   static_assert(kDecodeMergeBytes <= kBytes, "the split merge fits");
 };
 
-template <int D, typename T>
+// C: the cache's type (__half, __nv_bfloat16, or Q8Slot: Q8_0 codes widened to f16 in shared memory,
+// exact, with the block scales applied per 32 dims: to each block's scores, and to P for each block of
+// output dims, before its hi/lo split; a Q8_0 step is ~2x the instructions of an f16 one).
+template <int D, typename C>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
   pdl_wait();  // as attention_decode_kernel
   pdl_trigger();
-  using L = MmaDecodeSmem<D>;
-  constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, NT = D / 8;
-  constexpr int kPieces = D * 2 / 16;  // 16-byte pieces per K or V row
+  constexpr bool kQ8 = kIsQ8<C>;
+  using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
+  using L = MmaDecodeSmem<D, kQ8>;
+  constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, R = L::kRaw, NT = D / 8;
+  constexpr int kPieces = (kQ8 ? R : D * 2) / 16;  // 16-byte pieces per K or V row
   static_assert(Q == 8, "the 16 MMA rows are 8 queries x (hi, lo)");
   extern __shared__ __align__(16) uint8_t sm[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -645,20 +680,22 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
   const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
-  const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * D * 2;
-  const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * D * 2;
-  const int64_t pitch = a.kv_width * 2;
-  uint8_t* const stages = sm + warp * L::kStages * L::kStage;
+  const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + kvh * a.head_bytes;
+  const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + kvh * a.head_bytes;
+  const int64_t pitch = a.row_bytes;
+  uint8_t* const stages = sm + warp * L::kWarp;
+  uint8_t* const widened = stages + L::kStages * L::kStage;  // Q8_0: K rows, then V rows
   // Keys past k1 copy row k1-1: finite data that the mask gives weight 0.
   auto issue = [&](int ks, int stage) {  // one commit group per call
     uint8_t* kd = stages + stage * L::kStage;
-    uint8_t* vd = kd + SK * P;
+    uint8_t* vd = kd + SK * R;
 #pragma unroll
-    for (int it = 0; it < SK * kPieces / 32; ++it) {
+    for (int it = 0; it < (SK * kPieces + 31) / 32; ++it) {
       const int i = it * 32 + lane, r = i / kPieces, pc = i % kPieces;
+      if (SK * kPieces % 32 != 0 && i >= SK * kPieces) break;
       const int64_t off = min(ks + r, k1 - 1) * pitch + pc * 16;
-      cp_async16(kd + r * P + pc * 16, kbase + off);
-      cp_async16(vd + r * P + pc * 16, vbase + off);
+      cp_async16(kd + r * R + pc * 16, kbase + off);
+      cp_async16(vd + r * R + pc * 16, vbase + off);
     }
     cp_async_commit();
   };
@@ -705,23 +742,70 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     }
     cp_async_wait<L::kStages - 1>();
     __syncwarp();
-    const uint8_t* kd = stages + stage * L::kStage;
-    const uint8_t* vd = kd + SK * P;
-    // Even and odd dim blocks accumulate apart (two independent MMA chains per key half).
-    float c[2][2][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[4], kb[4];
-      ldmatrix_x4(qa, q_row + 32 * kk);
-      ldmatrix_x4(kb, kd + k_off + 32 * kk);
-      mma_kv<T>(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-      mma_kv<T>(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+    const uint8_t* kd = stages + stage * L::kStage;  // the cache rows as stored
+    const uint8_t* vd = kd + SK * R;
+    const uint8_t* kh = kd;  // K and V as T rows of pitch P
+    const uint8_t* vh = vd;
+    if constexpr (kQ8) {  // widen the codes: 16 per lane and round, K rows then V rows
+#pragma unroll 2
+      for (int it = 0; it < 2 * SK * (D / 16) / 32; ++it) {
+        const int i = it * 32 + lane, mat = i / (SK * (D / 16)), j = i % (SK * (D / 16)), r = j / (D / 16),
+                  c = j % (D / 16);
+        const uint4 w = *reinterpret_cast<const uint4*>((mat ? vd : kd) + r * R + 16 * c);
+        uint4 lo, hi;
+        codes_to_half2(w.x, lo.x, lo.y);
+        codes_to_half2(w.y, lo.z, lo.w);
+        codes_to_half2(w.z, hi.x, hi.y);
+        codes_to_half2(w.w, hi.z, hi.w);
+        uint8_t* dst = widened + (mat * SK + r) * P + 32 * c;
+        reinterpret_cast<uint4*>(dst)[0] = lo;
+        reinterpret_cast<uint4*>(dst)[1] = hi;
+      }
+      __syncwarp();
+      kh = widened;
+      vh = widened + SK * P;
     }
+    // The scale of Q8_0 block b of the step's key row r (K: kd, V: vd).
+    auto scale_of = [&](const uint8_t* rows, int r, int b) { return q8_scale(rows + r * R, D, b); };
     float s[4];
+    if constexpr (kQ8) {
+      // Per block of 32 dims: the hi/lo rows' sums of its two 16-dim MMAs times the key's block scale.
+      float acc[2][2] = {};  // [key half][key of the pair]
+#pragma unroll 2
+      for (int b = 0; b < D / 32; ++b) {
+        float c[2][2][4] = {};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = e >> 1, j = e & 1;  // key half, key of the pair
-      s[e] = (c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]);
+        for (int u = 0; u < 2; ++u) {
+          uint32_t qa[4], kb[4];
+          ldmatrix_x4(qa, q_row + 32 * (2 * b + u));
+          ldmatrix_x4(kb, kh + k_off + 32 * (2 * b + u));
+          mma_kv<T>(c[u][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+          mma_kv<T>(c[u][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            acc[h][j] += scale_of(kd, 8 * h + 2 * t + j, b) * ((c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]));
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
+    } else {
+      // Even and odd dim blocks accumulate apart (two independent MMA chains per key half).
+      float c[2][2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[4], kb[4];
+        ldmatrix_x4(qa, q_row + 32 * kk);
+        ldmatrix_x4(kb, kh + k_off + 32 * kk);
+        mma_kv<T>(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+        mma_kv<T>(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1, j = e & 1;  // key half, key of the pair
+        s[e] = (c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]);
+      }
     }
     float mx = -INFINITY;
 #pragma unroll
@@ -742,19 +826,42 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
     m_run = m_new;
     // P as the A fragment: row g = hi, row g+8 = lo; keys 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3).
-    const uint32_t pa0 = pack_pair<T>(p[0], p[1]), pa2 = pack_pair<T>(p[2], p[3]);
-    const float2 f01 = widen_pair<T>(pa0), f23 = widen_pair<T>(pa2);
-    const uint32_t pa1 = pack_pair<T>(p[0] - f01.x, p[1] - f01.y), pa3 = pack_pair<T>(p[2] - f23.x, p[3] - f23.y);
+    auto split = [](const float (&x)[4], uint32_t (&pa)[4]) {
+      pa[0] = pack_pair<T>(x[0], x[1]), pa[2] = pack_pair<T>(x[2], x[3]);
+      const float2 f01 = widen_pair<T>(pa[0]), f23 = widen_pair<T>(pa[2]);
+      pa[1] = pack_pair<T>(x[0] - f01.x, x[1] - f01.y), pa[3] = pack_pair<T>(x[2] - f23.x, x[3] - f23.y);
+    };
     if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // once the maxima settle, most steps skip this
 #pragma unroll
       for (int j = 0; j < NT; ++j) o[j][0] *= alpha, o[j][1] *= alpha, o[j][2] *= alpha, o[j][3] *= alpha;
     }
+    if constexpr (kQ8) {  // P times the value rows' scales of each block of 32 output dims
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t vb[4];
-      ldmatrix_x4_trans(vb, vd + v_off + 32 * kk);
-      mma_kv<T>(o[2 * kk], pa0, pa1, pa2, pa3, vb[0], vb[1]);
-      mma_kv<T>(o[2 * kk + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
+      for (int b = 0; b < D / 32; ++b) {
+        float pb[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pb[e] = p[e] * scale_of(vd, 8 * (e >> 1) + 2 * t + (e & 1), b);
+        uint32_t pa[4];
+        split(pb, pa);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int kk = 2 * b + u;
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, vh + v_off + 32 * kk);
+          mma_kv<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
+          mma_kv<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
+        }
+      }
+    } else {
+      uint32_t pa[4];
+      split(p, pa);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, vh + v_off + 32 * kk);
+        mma_kv<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
+        mma_kv<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
+      }
     }
     __syncwarp();  // every lane is done with this stage before the next step refills it
   }
@@ -812,8 +919,8 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     const dim3 grid(a.n_kv, a.n_splits, (M + kDecodeQueries - 1) / kDecodeQueries);
     // The tensor-core kernel for F16/BF16 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
-    if constexpr (sizeof(KV) == 2) {
-      constexpr size_t msmem = MmaDecodeSmem<D>::kBytes;
+    if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) {
+      constexpr size_t msmem = MmaDecodeSmem<D, kIsQ8<KV>>::kBytes;
       static const bool use_mma = [] {
         if (!decode_mma_enabled()) return false;
         if (cudaFuncSetAttribute(attention_decode_mma_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -880,7 +987,7 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   // The decode kernel's splits: n_splits equal slices of the capacity, whole tiles.
   const int64_t cap_tiles = (p.kv_capacity + kDecodeKeys - 1) / kDecodeKeys;
   const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
-  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_width, p.kv_capacity, p.positions, static_cast<int>(p.q.rows),
+  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_capacity, p.kv_row_bytes, p.kv_head_bytes, p.positions, static_cast<int>(p.q.rows),
              p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
              scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
   switch (p.head_dim) {

@@ -287,13 +287,11 @@ class CudaBackend final : public Backend {
   }
   void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions) override {
     auto prof = begin_op("kv_store");
-    if (!expect(kv_element_bytes(kv.type) != 0, "kv_store: KV type {} (F32, F16 or BF16)",
-                ggml_type_name(kv.type)) ||
+    if (!kv_cache_usable(kv, "kv_store") ||
         !expect(k.n_cols == kv.width && v.n_cols == kv.width && k.n_rows == v.n_rows, "kv_store: rows of {}/{} for width {}",
                 k.n_cols, v.n_cols, kv.width))
       return;
-    check(cuda::kv_store_launch(mat(k), mat(v), kv.k, kv.v, kv.type, kv.width, kv.capacity, positions, stream_),
-          "kv_store");
+    check(cuda::kv_store_launch(mat(k), mat(v), kv.k, kv.v, geometry(kv), positions, stream_), "kv_store");
   }
 
   void qk_norm_rope_store(const QkPrepArgs& a) override {
@@ -302,8 +300,8 @@ class CudaBackend final : public Backend {
                             a.k.stride == a.k.n_cols;
     if (!fused_ops_ || !cuda::qk_prep_supported(a.head_dim) || !contiguous) return Backend::qk_norm_rope_store(a);
     auto prof = begin_op("qk_norm_rope_store");
-    if (!expect(kv_element_bytes(a.kv.type) != 0, "qk_norm_rope_store: KV type {} (F32, F16 or BF16)",
-                ggml_type_name(a.kv.type)) ||
+    if (!kv_cache_usable(a.kv, "qk_norm_rope_store") ||
+        !expect(a.kv.head_dim == D, "qk_norm_rope_store: head_dim {}, the cache's {}", D, a.kv.head_dim) ||
         !expect(a.n_rot % 2 == 0 && a.n_rot <= a.head_dim, "qk_norm_rope_store: n_rot {} of head_dim {}", a.n_rot,
                 a.head_dim) ||
         !expect(a.k.n_cols == a.n_kv_head * D && a.v.n_cols == a.kv.width && a.kv.width == a.k.n_cols &&
@@ -328,9 +326,8 @@ class CudaBackend final : public Backend {
     p.eps = a.eps;
     p.freq_base = a.freq_base;
     p.positions = a.positions;
-    p.width = a.kv.width;
-    p.capacity = a.kv.capacity;
-    check(cuda::qk_prep_launch(p, a.kv.k, a.kv.v, a.kv.type, stream_), "qk_norm_rope_store");
+    p.kv = geometry(a.kv);
+    check(cuda::qk_prep_launch(p, a.kv.k, a.kv.v, stream_), "qk_norm_rope_store");
   }
 
   void attention(const AttentionArgs& a) override {
@@ -340,12 +337,11 @@ class CudaBackend final : public Backend {
                 a.head_dim) ||
         !expect(a.n_kv_head > 0 && a.n_head % a.n_kv_head == 0, "attention: {} heads over {} kv heads", a.n_head,
                 a.n_kv_head) ||
-        !expect(kv_element_bytes(a.kv.type) != 0, "attention: KV type {} (F32, F16 or BF16)",
-                ggml_type_name(a.kv.type)) ||
+        !kv_cache_usable(a.kv, "attention") ||
         !expect(a.n_kv_head <= cuda::kAttentionMaxKvHeads, "attention: {} kv heads (at most {})", a.n_kv_head,
                 cuda::kAttentionMaxKvHeads) ||
-        !expect(a.kv.width == static_cast<int64_t>(a.n_kv_head) * a.head_dim, "attention: KV width {} for {}x{}",
-                a.kv.width, a.n_kv_head, a.head_dim) ||
+        !expect(a.kv.width == static_cast<int64_t>(a.n_kv_head) * a.head_dim && a.kv.head_dim == a.head_dim,
+                "attention: KV width {} (heads of {}) for {}x{}", a.kv.width, a.kv.head_dim, a.n_kv_head, a.head_dim) ||
         !expect(a.q.n_cols >= width && a.out.n_cols >= width && a.out.n_rows == a.q.n_rows,
                 "attention: q [{}, {}], out [{}, {}] for {} heads of {}", a.q.n_rows, a.q.n_cols, a.out.n_rows,
                 a.out.n_cols, a.n_head, a.head_dim) ||
@@ -359,8 +355,9 @@ class CudaBackend final : public Backend {
     p.k = a.kv.k;
     p.v = a.kv.v;
     p.kv_type = a.kv.type;
-    p.kv_width = a.kv.width;
     p.kv_capacity = a.kv.capacity;
+    p.kv_row_bytes = static_cast<int64_t>(a.kv.row_bytes());
+    p.kv_head_bytes = static_cast<int64_t>(a.kv.head_bytes());
     p.positions = a.positions;
     p.n_head = a.n_head;
     p.n_kv_head = a.n_kv_head;
@@ -691,6 +688,19 @@ class CudaBackend final : public Backend {
     if (e == cudaSuccess) return;
     cudaGetLastError();  // clear non-sticky errors so later ops report their own
     record(Status::errorf("{}: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e)));
+  }
+  static cuda::KvGeometry geometry(const KvLayer& kv) {
+    return cuda::KvGeometry{kv.type, kv.capacity, static_cast<int64_t>(kv.row_bytes()),
+                            static_cast<int64_t>(kv.head_bytes()), static_cast<int>(kv.head_dim)};
+  }
+  // A cache type and geometry the kernels take. Q8_0 caches only with HYSPEC_CUDA_KV_Q8_0=1 until their
+  // kernels have run on a GPU (written in a session without one; CUDA_NOTES).
+  bool kv_cache_usable(const KvLayer& kv, const char* op) {
+    static const bool q8_on = cuda::env_int("HYSPEC_CUDA_KV_Q8_0", 0) != 0;
+    return expect(kv.head_bytes() != 0 && kv.width % kv.head_dim == 0, "{}: KV type {} with heads of {} (F32, F16, "
+                  "BF16, or Q8_0 with heads a multiple of 32)", op, ggml_type_name(kv.type), kv.head_dim) &&
+           expect(kv.type != GgmlType::Q8_0 || q8_on, "{}: a Q8_0 KV cache on CUDA has not been validated on a GPU "
+                  "yet; HYSPEC_CUDA_KV_Q8_0=1 enables it (for its tests), or use --kv-type f16", op);
   }
   template <typename... Args>
   bool expect(bool cond, fmt::format_string<Args...> f, Args&&... args) {

@@ -218,17 +218,37 @@ __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* 
   }
 }
 
+// 16-bit and f32 caches: a thread per value.
 template <typename C>
-__global__ void kv_store_kernel(Mat k, Mat v, C* __restrict__ kc, C* __restrict__ vc, int64_t width, int64_t capacity,
+__global__ void kv_store_kernel(Mat k, Mat v, uint8_t* __restrict__ kc, uint8_t* __restrict__ vc, KvGeometry g,
                                 const int32_t* __restrict__ positions) {
   pdl_wait();
   pdl_trigger();
-  const int64_t total = k.rows * width;
+  const int64_t width = k.cols, total = k.rows * width;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / width, c = i % width, pos = positions[t], dst = pos * width + c;
-    if (pos < 0 || pos >= capacity) continue;
-    kc[dst] = to_cache<C>(k.data[t * k.stride + c]);
-    vc[dst] = to_cache<C>(v.data[t * v.stride + c]);
+    const int64_t t = i / width, c = i % width, pos = positions[t];
+    if (pos < 0 || pos >= g.capacity) continue;
+    const int64_t dst = pos * g.row_bytes + c / g.head_dim * g.head_bytes + c % g.head_dim * int64_t{sizeof(C)};
+    *reinterpret_cast<C*>(kc + dst) = to_cache<C>(k.data[t * k.stride + c]);
+    *reinterpret_cast<C*>(vc + dst) = to_cache<C>(v.data[t * v.stride + c]);
+  }
+}
+
+// Q8_0 caches: a warp per (token, block of 32 values), lane = value (store_q8_block).
+__global__ void kv_store_q8_kernel(Mat k, Mat v, uint8_t* __restrict__ kc, uint8_t* __restrict__ vc, KvGeometry g,
+                                   const int32_t* __restrict__ positions) {
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x & 31, D = g.head_dim;
+  const int64_t blocks = k.cols / 32, total = k.rows * blocks;
+  for (int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; w < total;
+       w += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int64_t t = w / blocks, b = w % blocks, pos = positions[t];  // warp-uniform
+    if (pos < 0 || pos >= g.capacity) continue;
+    const int64_t c = 32 * b + lane, slot = pos * g.row_bytes + c / D * g.head_bytes;
+    const int block = static_cast<int>(c % D / 32);
+    store_q8_block(kc + slot, D, block, k.data[t * k.stride + c], lane);
+    store_q8_block(vc + slot, D, block, v.data[t * v.stride + c], lane);
   }
 }
 
@@ -238,8 +258,8 @@ __global__ void kv_store_kernel(Mat k, Mat v, C* __restrict__ kc, C* __restrict_
 // k and v into the cache. Replaces five launches (two norms, two RoPEs, the store); bytes: q, k, v read
 // once, q, k and the cache rows written once.
 template <typename C>
-__global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams a, C* __restrict__ kc,
-                                                                     C* __restrict__ vc) {
+__global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams a, uint8_t* __restrict__ kc,
+                                                                     uint8_t* __restrict__ vc) {
   __shared__ __align__(16) float head_s[kQkPrepWarps][kQkPrepMaxHeadDim];
   pdl_wait();
   pdl_trigger();
@@ -291,12 +311,21 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   for (int i = lane; i < half; i += 32) rope_rotate(hs[i], hs[i + half], pos, i, a.n_rot, a.freq_base);
   __syncwarp();
   for (int c = lane; c < D; c += 32) y[c] = hs[c];
-  if (is_q || pos < 0 || pos >= a.capacity) return;
-  const int64_t dst = pos * a.width + int64_t{kh} * D;
+  if (is_q || pos < 0 || pos >= a.kv.capacity) return;
+  const int64_t slot = pos * a.kv.row_bytes + kh * a.kv.head_bytes;
   const float* vr = a.v.data + t * a.v.stride + kh * D;
-  for (int c = lane; c < D; c += 32) {
-    kc[dst + c] = to_cache<C>(hs[c]);
-    vc[dst + c] = to_cache<C>(vr[c]);
+  if constexpr (kIsQ8<C>) {  // D % 32 == 0: iteration c / 32 of the loop is block c / 32
+    for (int c = lane; c < D; c += 32) {
+      store_q8_block(kc + slot, D, c / 32, hs[c], lane);
+      store_q8_block(vc + slot, D, c / 32, vr[c], lane);
+    }
+  } else {
+    C* kd = reinterpret_cast<C*>(kc + slot);
+    C* vd = reinterpret_cast<C*>(vc + slot);
+    for (int c = lane; c < D; c += 32) {
+      kd[c] = to_cache<C>(hs[c]);
+      vd[c] = to_cache<C>(vr[c]);
+    }
   }
 }
 
@@ -462,21 +491,32 @@ cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* posi
                     positions, freq_base);
 }
 
-cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, GgmlType cache_type, int64_t width,
-                            int64_t capacity, const int32_t* positions, cudaStream_t stream) {
+cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, const KvGeometry& kv, const int32_t* positions,
+                            cudaStream_t stream) {
   if (k.rows == 0) return cudaSuccess;
-  const unsigned blocks = grid_for(k.rows * width, 256, 65535);
-  return with_cache_type(cache_type, [&](auto c) {
+  auto* kc = static_cast<uint8_t*>(k_cache);
+  auto* vc = static_cast<uint8_t*>(v_cache);
+  if (kv.type == GgmlType::Q8_0) {
+    if (kv.head_dim % 32 != 0) return cudaErrorInvalidValue;
+    return launch_pdl(kv_store_q8_kernel, dim3(grid_for(k.rows * k.cols, 256, 65535)), dim3(256), 0, stream, k, v, kc,
+                      vc, kv, positions);
+  }
+  const unsigned blocks = grid_for(k.rows * k.cols, 256, 65535);
+  return with_cache_type(kv.type, [&](auto c) {
     using C = decltype(c);
-    return launch_pdl(kv_store_kernel<C>, dim3(blocks), dim3(256), 0, stream, k, v, static_cast<C*>(k_cache),
-                      static_cast<C*>(v_cache), width, capacity, positions);
+    if constexpr (kIsQ8<C>) {
+      return cudaErrorInvalidValue;  // above
+    } else {
+      return launch_pdl(kv_store_kernel<C>, dim3(blocks), dim3(256), 0, stream, k, v, kc, vc, kv, positions);
+    }
   });
 }
 
-cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, GgmlType cache_type, cudaStream_t stream) {
+cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, cudaStream_t stream) {
   const int64_t D = p.head_dim, n = p.k.rows;
   if (n == 0) return cudaSuccess;
-  if (!qk_prep_supported(static_cast<int>(D))) return cudaErrorInvalidValue;
+  if (!qk_prep_supported(static_cast<int>(D)) || (p.kv.type == GgmlType::Q8_0 && D % 32 != 0))
+    return cudaErrorInvalidValue;
   // The vec4 choice of rms_norm_launch for the same views ([n * heads, D] rows), so the same bits.
   p.vec4_q = p.n_head ? norm_vec4(Mat{p.q_in.data, n * p.n_head, D, p.q_pitch}, Mat{p.q.data, n * p.n_head, D, D},
                                   nullptr, 0, p.q_norm, D)
@@ -484,10 +524,9 @@ cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, GgmlTyp
   p.vec4_k = norm_vec4(Mat{p.k.data, n * p.n_kv_head, D, D}, Mat{p.k.data, n * p.n_kv_head, D, D}, nullptr, 0,
                        p.k_norm, D);
   const unsigned blocks = static_cast<unsigned>((n * (p.n_head + p.n_kv_head) + kQkPrepWarps - 1) / kQkPrepWarps);
-  return with_cache_type(cache_type, [&](auto c) {
-    using C = decltype(c);
-    return launch_pdl(qk_prep_kernel<C>, dim3(blocks), dim3(kQkPrepWarps * 32), 0, stream, p, static_cast<C*>(k_cache),
-                      static_cast<C*>(v_cache));
+  return with_cache_type(p.kv.type, [&](auto c) {
+    return launch_pdl(qk_prep_kernel<decltype(c)>, dim3(blocks), dim3(kQkPrepWarps * 32), 0, stream, p,
+                      static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache));
   });
 }
 

@@ -111,9 +111,16 @@ enum class Binary { Add, SwiGlu, SigmoidMul, AddSigmoidScaled };
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream);
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
                              cudaStream_t stream);
-// Rows whose position is outside [0, capacity) are skipped.
-cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, GgmlType cache_type, int64_t width, int64_t capacity,
-                            const int32_t* positions, cudaStream_t stream);
+// A KV cache as the kernels address it (backend.h KvLayer): the slot of position p and kv head h at
+// base + p * row_bytes + h * head_bytes.
+struct KvGeometry {
+  GgmlType type = GgmlType::F32;  // F32, F16, BF16 or Q8_0 (kv_cache.cuh)
+  int64_t capacity = 0, row_bytes = 0, head_bytes = 0;
+  int head_dim = 0;
+};
+// k, v: [n, n_kv_heads * head_dim]. Rows whose position is outside [0, capacity) are skipped.
+cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, const KvGeometry& kv, const int32_t* positions,
+                            cudaStream_t stream);
 // QkPrepArgs (backend.h) in one launch, bit-identical to the rms_norm, rope_neox and kv_store launches it
 // replaces; head_dim <= kQkPrepMaxHeadDim (qk_prep_supported), n_head 0 for keys only.
 constexpr int kQkPrepWarps = 4, kQkPrepMaxHeadDim = 512;
@@ -127,10 +134,10 @@ struct QkPrepParams {
   int n_head, n_kv_head, head_dim, n_rot;
   float eps, freq_base;
   const int32_t* positions;
-  int64_t width, capacity;  // the cache's
-  int vec4_q, vec4_k;       // set by the launcher
+  KvGeometry kv;
+  int vec4_q, vec4_k;  // set by the launcher
 };
-cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, GgmlType cache_type, cudaStream_t stream);
+cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, cudaStream_t stream);
 cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
@@ -152,8 +159,8 @@ struct AttentionParams {
   Mat q, out;
   const void* k = nullptr;
   const void* v = nullptr;
-  GgmlType kv_type = GgmlType::F32;  // F32, F16 or BF16 (kv_element_bytes)
-  int64_t kv_width = 0, kv_capacity = 0;
+  GgmlType kv_type = GgmlType::F32;  // F32, F16, BF16 or Q8_0 (kv_cache.cuh)
+  int64_t kv_capacity = 0, kv_row_bytes = 0, kv_head_bytes = 0;  // KvGeometry
   const int32_t* positions = nullptr;
   int n_head = 0, n_kv_head = 0, head_dim = 0;
   float scale = 1.0f;
