@@ -44,7 +44,9 @@ struct Tensor {
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("HYSPEC_CUDA_KV_Q8_0", "1", 1);  // Q8_0 KV caches are opt-in on CUDA until these tests pass on a GPU
+    // Q8_0 KV caches and the element-decoded weight types are opt-in on CUDA until these tests pass on a GPU
+    setenv("HYSPEC_CUDA_KV_Q8_0", "1", 1);
+    setenv("HYSPEC_CUDA_NATIVE_QUANTS", "1", 1);
     auto g = create_backend(BackendKind::Cuda, options_);
     if (!g.is_ok()) GTEST_SKIP() << "no CUDA device: " << g.message();
     gpu_ = std::move(g).value();
@@ -145,25 +147,32 @@ class CudaBackendTest : public ::testing::Test {
 
 // Random GGML blocks of n_out rows x n_in: real quantization where hyspec can quantize, else random
 // bytes with small, finite scales.
+// Random blocks: quantized normal rows where format/quants can quantize the type, else random bytes
+// with each block's f16 scales (offset, magnitude) set to keep values ~1e-2..1e-1.
 std::vector<uint8_t> random_weight_bytes(GgmlType type, int64_t n_in, int64_t n_out, std::mt19937& rng) {
   const size_t row_bytes = ggml_row_bytes(type, n_in).value();
   std::vector<uint8_t> bytes(row_bytes * n_out);
-  if (type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K) {
+  std::vector<std::pair<int, float>> scales;  // (byte offset in the block, magnitude)
+  switch (type) {
+    case GgmlType::Q4_K: case GgmlType::Q5_K: scales = {{0, 4e-3f}, {2, 2e-3f}}; break;
+    case GgmlType::Q6_K: scales = {{208, 2e-3f}}; break;
+    case GgmlType::Q4_1: case GgmlType::Q5_1: scales = {{0, 4e-3f}, {2, -3e-2f}}; break;
+    case GgmlType::Q5_0: scales = {{0, 4e-3f}}; break;
+    case GgmlType::IQ4_NL: scales = {{0, 5e-4f}}; break;
+    case GgmlType::IQ4_XS: scales = {{0, 2e-5f}}; break;
+    case GgmlType::Q2_K: scales = {{80, 8e-3f}, {82, 4e-3f}}; break;
+    case GgmlType::Q3_K: scales = {{108, 2e-3f}}; break;
+    default: break;
+  }
+  if (!scales.empty()) {
     for (auto& b : bytes) b = static_cast<uint8_t>(rng());
     std::uniform_real_distribution<float> u(0.5f, 1.5f);
     const size_t bs = ggml_type_traits(type).type_size;
-    for (size_t off = 0; off < bytes.size(); off += bs) {
-      auto put16 = [&](size_t at, float v) {
-        const uint16_t h = fp32_to_fp16(v);
+    for (size_t off = 0; off < bytes.size(); off += bs)
+      for (const auto& [at, mag] : scales) {
+        const uint16_t h = fp32_to_fp16(mag * u(rng));
         std::memcpy(&bytes[off + at], &h, 2);
-      };
-      if (type == GgmlType::Q6_K) {
-        put16(208, 2e-3f * u(rng));
-      } else {
-        put16(0, 4e-3f * u(rng));
-        put16(2, 2e-3f * u(rng));
       }
-    }
     return bytes;
   }
   std::normal_distribution<float> d(0.0f, 0.05f);
@@ -212,8 +221,9 @@ double matmul_tol(GgmlType type, int64_t n, double f16_tol, bool int8) {
   return f16_tol;
 }
 
-const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
-                           GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,   GgmlType::Q8_0,  GgmlType::Q4_0,
+                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::Q4_1,  GgmlType::Q5_0,
+                           GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS};
 const int64_t kWidths[] = {1, 2, 3, 8, 16, 17, 24, 32, 100};
 
 // The oracle is the CPU on the f32 dequantisation (exact f32 dots); the CUDA kernels for stored
@@ -262,7 +272,7 @@ TEST_P(CudaMatmulTest, MatmulStreamsLargeAndMisalignedShapes) {
   const int64_t N = 8456;  // 529 tiles of 16 rows, 265 of 32
   for (const Case cs : {Case{GgmlType::Q4_K, 2304}, Case{GgmlType::Q5_K, 2304}, Case{GgmlType::Q6_K, 2304},
                         Case{GgmlType::Q8_0, 1056}, Case{GgmlType::Q4_0, 1056}, Case{GgmlType::F16, 1056},
-                        Case{GgmlType::BF16, 1056}}) {
+                        Case{GgmlType::BF16, 1056}, Case{GgmlType::Q3_K, 2304}, Case{GgmlType::Q5_0, 1056}}) {
     const int64_t K = cs.K;
     const auto bytes = random_weight_bytes(cs.type, K, N, rng_);
     const GgufTensorInfo info = tensor_info("w", cs.type, bytes, K, N);
@@ -369,10 +379,15 @@ TEST_F(CudaBackendTest, MatmulRowsNotMultipleOf32UseExactFallback) {
 // The fixture's random scales differ wildly between neighbouring sub-blocks (16 or 32 elements), so a
 // 32-element Q8_0 block can hold values of very different size: up to ~2% relative here (measured
 // 1.75% worst, H100), against ~0.3% for weights whose neighbouring sub-blocks have similar scales.
-TEST_F(CudaBackendTest, TypesWithoutKernelsRunAsQ8_0) {
+// Every type of the quants fixture (blocks made by gguf-py): the element-decoded ones natively (as the
+// tests run: HYSPEC_CUDA_NATIVE_QUANTS=1), the others re-quantized to Q8_0 at load.
+TEST_F(CudaBackendTest, FixtureTypesRunNativelyOrAsQ8_0) {
   for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
                         GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ1_S, GgmlType::IQ1_M,
                         GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S}) {
+    const bool native = type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_1 ||
+                        type == GgmlType::Q5_0 || type == GgmlType::Q5_1 || type == GgmlType::IQ4_NL ||
+                        type == GgmlType::IQ4_XS;
     const std::string name(ggml_type_name(type));
     const std::string blocks = test::read_text_file(test::fixture_path("quants/" + name + ".blocks"));
     const std::vector<uint8_t> bytes(blocks.begin(), blocks.end());
@@ -383,19 +398,19 @@ TEST_F(CudaBackendTest, TypesWithoutKernelsRunAsQ8_0) {
     auto wc = cpu_->load_weight(info, /*dequantize_to_f32=*/true);
     auto wg = gpu_->load_weight(info);
     ASSERT_TRUE(wc.is_ok() && wg.is_ok()) << name << ": " << wg.message();
-    EXPECT_EQ(wg->type, GgmlType::Q8_0) << name;
+    EXPECT_EQ(wg->type, native ? type : GgmlType::Q8_0) << name;
     for (int64_t n : {1, 17, 40}) {
       Pair x = both(randn(n * K)), y = both_poison(n * N);
       cpu_->matmul(*wc, x.c.rows(n, K), y.c.rows(n, N));
       gpu_->matmul(*wg, x.g.rows(n, K), y.g.rows(n, N));
-      expect_close(y, 3e-2, fmt::format("{} n={}", name, n));
+      expect_close(y, native ? 2e-3 : 3e-2, fmt::format("{} n={}", name, n));
     }
     std::vector<int32_t> ids = {0, 5, 7, 3};
     Buffer tc = put_i32(*cpu_, ids), tg = put_i32(*gpu_, ids);
     Pair out = both_poison(4 * K);
     cpu_->embed(*wc, tc.as<int32_t>(), 4, out.c.rows(4, K));
     gpu_->embed(*wg, tg.as<int32_t>(), 4, out.g.rows(4, K));
-    expect_close(out, 3e-2, name + " embed");
+    expect_close(out, native ? 1e-6 : 3e-2, name + " embed");
   }
 }
 

@@ -424,6 +424,186 @@ struct TypeQ6_K {
   }
 };
 
+// ---- Types decoded element by element ----------------------------------------------------------
+// Q4_1, Q5_0, Q5_1, IQ4_NL (32-element blocks) and Q2_K, Q3_K, IQ4_XS (256): each struct below gives
+// its block's element e (element(b, e)) and, for 256-element blocks, the 32 elements of chunk cb
+// (chunk32, sharing the scale work), in f32, evaluated exactly as src/format/quants.cpp (same products in the same order, never fused). Scalar
+// code: slower to decode than the bit tricks above, but the weights stay as stored (2.6-6 bits instead
+// of the 8.5 of a Q8_0 copy, and their own values). __host__ __device__, so a host test checks them
+// against format/quants (quant_blocks_host_test.cu, runs without a GPU).
+
+__host__ __device__ inline float f16_at(const uint8_t* p) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | (p[1] << 8))));
+}
+__host__ __device__ inline uint32_t u32_at(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+// Unfused f32 arithmetic (nvcc would contract a * b + c into an FMA; quants.cpp rounds twice).
+__host__ __device__ inline float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+__host__ __device__ inline float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+// The IQ4_NL / IQ4_XS codebook (format/iq_tables.h kIq4nlValues), packed so that host and device
+// code index it without a memory table.
+__host__ __device__ inline float iq4nl_value(int i) {
+  constexpr uint64_t lo = 0xF6EADDCFBFAD9881ull, hi = 0x7159453526190D01ull;  // -127..-10, 1..113
+  return static_cast<float>(static_cast<int8_t>((i < 8 ? lo : hi) >> (8 * (i & 7))));
+}
+
+// A type from S (kBlock, kBlockBytes, element(block, e), chunk32(block, cb, v) where kBlock > 32): chunks
+// in natural order.
+template <class S>
+struct ScalarDecoded : S {
+  static constexpr int kStepChunks = 8;  // one K-quant block, or 8 small blocks (144-220 bytes of a row)
+  static constexpr bool kA2 = false;     // byte loads: no aligned-word over-read
+  static constexpr bool kSwizzle = false;
+  __host__ __device__ static float value(const uint8_t* row, int64_t i) {
+    return S::element(row + (i / S::kBlock) * S::kBlockBytes, static_cast<int>(i % S::kBlock));
+  }
+  __host__ __device__ static void chunk(const uint8_t* row, int64_t c, half2 (&a)[16]) {
+    constexpr int kChunks = S::kBlock / 32;
+    float v[32];
+    const uint8_t* block = row + (c / kChunks) * S::kBlockBytes;
+    if constexpr (kChunks == 1) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) v[e] = S::element(block, e);
+    } else {
+      S::chunk32(block, static_cast<int>(c % kChunks), v);
+    }
+#pragma unroll
+    for (int m = 0; m < 16; ++m) a[m] = __floats2half2_rn(v[2 * m], v[2 * m + 1]);
+  }
+  __host__ __device__ static constexpr int perm(int j) { return j; }
+};
+
+// Q4_1 (20 B): d, m f16, qs[16] (element j < 16 the low nibble of qs[j], else the high one of qs[j-16]);
+// y = d*q + m.
+struct Q4_1Block {
+  static constexpr int kBlock = 32, kBlockBytes = 20;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int q = e < 16 ? (b[4 + e] & 15) : (b[4 + e - 16] >> 4);
+    return add_rn(mul_rn(f16_at(b), static_cast<float>(q)), f16_at(b + 2));
+  }
+};
+// Q5_0 (22 B): d, qh u32 (bit e = fifth bit of element e), qs[16]; y = d*(q-16).
+struct Q5_0Block {
+  static constexpr int kBlock = 32, kBlockBytes = 22;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int q = (e < 16 ? (b[6 + e] & 15) : (b[6 + e - 16] >> 4)) | static_cast<int>(((u32_at(b + 2) >> e) & 1) << 4);
+    return mul_rn(f16_at(b), static_cast<float>(q - 16));
+  }
+};
+// Q5_1 (24 B): d, m, qh u32, qs[16]; y = d*q + m, q in [0, 31].
+struct Q5_1Block {
+  static constexpr int kBlock = 32, kBlockBytes = 24;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int q = (e < 16 ? (b[8 + e] & 15) : (b[8 + e - 16] >> 4)) | static_cast<int>(((u32_at(b + 4) >> e) & 1) << 4);
+    return add_rn(mul_rn(f16_at(b), static_cast<float>(q)), f16_at(b + 2));
+  }
+};
+// IQ4_NL (18 B): d, qs[16] of 4-bit codebook indices (layout as Q4_0); y = d*value.
+struct Iq4NlBlock {
+  static constexpr int kBlock = 32, kBlockBytes = 18;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    return mul_rn(f16_at(b), iq4nl_value(e < 16 ? (b[2 + e] & 15) : (b[2 + e - 16] >> 4)));
+  }
+};
+// Q2_K (84 B): scales[16] (low nibble scale, high min, per 16 elements), qs[64] 2-bit, d, dmin; element
+// e = 128j + 32s + l is bits 2s, 2s+1 of qs[32j + l]; y = (d*sc)*q - dmin*mn.
+struct Q2_KBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 84;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int g = e / 16, j = e / 128, s = e % 128 / 32, l = e % 32;
+    const float dl = mul_rn(f16_at(b + 80), static_cast<float>(b[g] & 15));
+    const float ml = mul_rn(f16_at(b + 82), static_cast<float>(b[g] >> 4));
+    return mul_rn(dl, static_cast<float>((b[16 + 32 * j + l] >> (2 * s)) & 3)) - ml;
+  }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+    const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+    const int j = cb / 4, s = cb % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int g = 2 * cb + h;
+      const float dl = mul_rn(d, static_cast<float>(b[g] & 15)), ml = mul_rn(dmin, static_cast<float>(b[g] >> 4));
+#pragma unroll
+      for (int l = 16 * h; l < 16 * h + 16; ++l)
+        v[l] = mul_rn(dl, static_cast<float>((b[16 + 32 * j + l] >> (2 * s)) & 3)) - ml;
+    }
+  }
+};
+// Q3_K (110 B): hmask[32], qs[64] 2-bit, scales[12] (16 six-bit scales, offset 32), d; the third bit
+// is stored inverted (a clear hmask bit subtracts 4); y = (d*(sc-32)) * q.
+struct Q3_KBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 110;
+  __host__ __device__ static float scale(const uint8_t* b, int k) {  // d * (sc_k - 32)
+    const uint8_t* sc = b + 96;
+    const int lo = k < 8 ? (sc[k] & 15) : (sc[k - 8] >> 4);
+    const int hi = (sc[8 + k % 4] >> (2 * (k / 4))) & 3;
+    return mul_rn(f16_at(b + 108), static_cast<float>(static_cast<int8_t>(lo | (hi << 4)) - 32));
+  }
+  __host__ __device__ static int code(const uint8_t* b, int e) {
+    const int j = e / 128, s = e % 128 / 32, l = e % 32;
+    const int ql = (b[32 + 32 * j + l] >> (2 * s)) & 3, h = (b[l] >> (4 * j + s)) & 1;
+    return ql - ((h ^ 1) << 2);
+  }
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    return mul_rn(scale(b, e / 16), static_cast<float>(code(b, e)));
+  }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float dl = scale(b, 2 * cb + h);
+#pragma unroll
+      for (int l = 16 * h; l < 16 * h + 16; ++l) v[l] = mul_rn(dl, static_cast<float>(code(b, 32 * cb + l)));
+    }
+  }
+};
+// IQ4_XS (136 B): d, scales_h u16 (2 high bits per 32), scales_l[4] (a nibble per 32), qs[128]; the 32
+// elements of sub-block ib as IQ4_NL's, scale d*(sc-32).
+struct Iq4XsBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 136;
+  __host__ __device__ static float scale(const uint8_t* b, int ib) {
+    const int ls = (b[4 + ib / 2] >> (4 * (ib % 2))) & 15, hs = ((b[2] | (b[3] << 8)) >> (2 * ib)) & 3;
+    return mul_rn(f16_at(b), static_cast<float>(static_cast<int8_t>(ls | (hs << 4)) - 32));
+  }
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int ib = e / 32, l = e % 32;
+    const int q = l < 16 ? (b[8 + 16 * ib + l] & 15) : (b[8 + 16 * ib + l - 16] >> 4);
+    return mul_rn(scale(b, ib), iq4nl_value(q));
+  }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+    const float dl = scale(b, cb);
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      v[l] = mul_rn(dl, iq4nl_value(b[8 + 16 * cb + l] & 15));
+      v[l + 16] = mul_rn(dl, iq4nl_value(b[8 + 16 * cb + l] >> 4));
+    }
+  }
+};
+template <class T>
+constexpr bool kScalarDecoded = false;
+template <class S>
+constexpr bool kScalarDecoded<ScalarDecoded<S>> = true;
+
+using TypeQ4_1 = ScalarDecoded<Q4_1Block>;
+using TypeQ5_0 = ScalarDecoded<Q5_0Block>;
+using TypeQ5_1 = ScalarDecoded<Q5_1Block>;
+using TypeIQ4_NL = ScalarDecoded<Iq4NlBlock>;
+using TypeQ2_K = ScalarDecoded<Q2_KBlock>;
+using TypeQ3_K = ScalarDecoded<Q3_KBlock>;
+using TypeIQ4_XS = ScalarDecoded<Iq4XsBlock>;
+
 #undef HS_CHUNK_FROM_LOAD_DECODE
 
 }  // namespace hyspec::cuda
