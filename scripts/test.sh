@@ -16,8 +16,10 @@ NVCC="$(command -v nvcc || true)"
 [ -n "$NVCC" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || NVCC=/usr/local/cuda/bin/nvcc
 if [ -n "$NVCC" ]; then
   echo "== compiling the CUDA backend with $NVCC (no GPU here: CUDA tests run on a GPU machine)"
-  cmake --preset cuda -DCMAKE_CUDA_COMPILER="$NVCC" -DHYSPEC_TESTS=OFF -DHYSPEC_BENCH=OFF > /dev/null
-  cmake --build --preset cuda -j "$JOBS" --target hyspec
+  cmake --preset cuda -DCMAKE_CUDA_COMPILER="$NVCC" -DHYSPEC_TESTS=ON -DHYSPEC_BENCH=OFF > /dev/null
+  cmake --build --preset cuda -j "$JOBS" --target hyspec test_cuda_host
+  echo "== host-side tests of the CUDA device decoders (no GPU needed)"
+  build-cuda/tests/test_cuda_host --gtest_brief=1
 else
   echo "== nvcc not found: CUDA backend not compiled"
 fi

@@ -162,6 +162,10 @@ std::vector<uint8_t> random_weight_bytes(GgmlType type, int64_t n_in, int64_t n_
     case GgmlType::IQ4_XS: scales = {{0, 2e-5f}}; break;
     case GgmlType::Q2_K: scales = {{80, 8e-3f}, {82, 4e-3f}}; break;
     case GgmlType::Q3_K: scales = {{108, 2e-3f}}; break;
+    case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S: scales = {{0, 2e-4f}}; break;
+    case GgmlType::IQ3_XXS: case GgmlType::IQ3_S: scales = {{0, 1e-4f}}; break;
+    case GgmlType::IQ1_S: scales = {{0, 3e-3f}}; break;
+    case GgmlType::IQ1_M: scales = {{-1, 3e-3f}}; break;  // its f16 scale is the top nibbles of 4 u16 at 48
     default: break;
   }
   if (!scales.empty()) {
@@ -171,7 +175,12 @@ std::vector<uint8_t> random_weight_bytes(GgmlType type, int64_t n_in, int64_t n_
     for (size_t off = 0; off < bytes.size(); off += bs)
       for (const auto& [at, mag] : scales) {
         const uint16_t h = fp32_to_fp16(mag * u(rng));
-        std::memcpy(&bytes[off + at], &h, 2);
+        if (at >= 0) {
+          std::memcpy(&bytes[off + at], &h, 2);
+          continue;
+        }
+        for (int i = 0; i < 4; ++i)  // IQ1_M: nibble i of the scale in the top nibble of u16 i
+          bytes[off + 49 + 2 * i] = static_cast<uint8_t>((bytes[off + 49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 15) << 4));
       }
     return bytes;
   }
@@ -223,7 +232,9 @@ double matmul_tol(GgmlType type, int64_t n, double f16_tol, bool int8) {
 
 const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,   GgmlType::Q8_0,  GgmlType::Q4_0,
                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::Q4_1,  GgmlType::Q5_0,
-                           GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+                           GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                           GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS,
+                           GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M};
 const int64_t kWidths[] = {1, 2, 3, 8, 16, 17, 24, 32, 100};
 
 // The oracle is the CPU on the f32 dequantisation (exact f32 dots); the CUDA kernels for stored
@@ -379,15 +390,13 @@ TEST_F(CudaBackendTest, MatmulRowsNotMultipleOf32UseExactFallback) {
 // The fixture's random scales differ wildly between neighbouring sub-blocks (16 or 32 elements), so a
 // 32-element Q8_0 block can hold values of very different size: up to ~2% relative here (measured
 // 1.75% worst, H100), against ~0.3% for weights whose neighbouring sub-blocks have similar scales.
-// Every type of the quants fixture (blocks made by gguf-py): the element-decoded ones natively (as the
-// tests run: HYSPEC_CUDA_NATIVE_QUANTS=1), the others re-quantized to Q8_0 at load.
+// Every type of the quants fixture without a bit-trick decoder (blocks made by gguf-py): the element-decoded
+// ones natively (as the tests run: HYSPEC_CUDA_NATIVE_QUANTS=1), MXFP4 re-quantized to Q8_0 at load.
 TEST_F(CudaBackendTest, FixtureTypesRunNativelyOrAsQ8_0) {
   for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
                         GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::IQ1_S, GgmlType::IQ1_M,
                         GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S}) {
-    const bool native = type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_1 ||
-                        type == GgmlType::Q5_0 || type == GgmlType::Q5_1 || type == GgmlType::IQ4_NL ||
-                        type == GgmlType::IQ4_XS;
+    const bool native = type != GgmlType::MXFP4;
     const std::string name(ggml_type_name(type));
     const std::string blocks = test::read_text_file(test::fixture_path("quants/" + name + ".blocks"));
     const std::vector<uint8_t> bytes(blocks.begin(), blocks.end());

@@ -1,5 +1,5 @@
 // The element-by-element CUDA weight decoders (src/backend/cuda/quant_blocks.cuh: Q4_1, Q5_0, Q5_1,
-// IQ4_NL, Q2_K, Q3_K, IQ4_XS) run on the host: value() must be format/quants' dequantization bit for
+// IQ4_NL, Q2_K, Q3_K, IQ4_XS and the IQ1/IQ2/IQ3 lattice types) run on the host: value() must be format/quants' dequantization bit for
 // bit (it is gguf-py's), and chunk() its f16 rounding, on the quants fixture's blocks (made by gguf-py)
 // and on random bytes. Compiled by nvcc, needs no GPU: CI runs it.
 #include <gtest/gtest.h>
@@ -76,6 +76,13 @@ TEST(QuantBlocksOnHost, ElementDecodedTypesEqualTheReferenceDequantization) {
   check_type<TypeQ2_K>(GgmlType::Q2_K);
   check_type<TypeQ3_K>(GgmlType::Q3_K);
   check_type<TypeIQ4_XS>(GgmlType::IQ4_XS);
+  check_type<TypeIQ2_XXS>(GgmlType::IQ2_XXS);
+  check_type<TypeIQ2_XS>(GgmlType::IQ2_XS);
+  check_type<TypeIQ2_S>(GgmlType::IQ2_S);
+  check_type<TypeIQ3_XXS>(GgmlType::IQ3_XXS);
+  check_type<TypeIQ3_S>(GgmlType::IQ3_S);
+  check_type<TypeIQ1_S>(GgmlType::IQ1_S);
+  check_type<TypeIQ1_M>(GgmlType::IQ1_M);
 }
 
 }  // namespace

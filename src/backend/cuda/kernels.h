@@ -39,6 +39,9 @@ struct WeightView {
 
 // True when matmul/embed support the type.
 bool matmul_type_supported(GgmlType t);
+// What a supported type needs on the current device before its first kernel (the i-quants' codebooks);
+// host-synchronous, not for graph capture: called when a weight is loaded.
+cudaError_t prepare_weight_type(GgmlType t);
 // Bytes of scratch matmul_launch needs for n rows of x.
 size_t matmul_scratch_bytes(const WeightView& w, int64_t n);
 

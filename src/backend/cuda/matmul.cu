@@ -26,6 +26,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
@@ -59,6 +61,13 @@ bool with_type(GgmlType t, F&& f) {
     case GgmlType::Q2_K: f(TypeQ2_K{}); return true;
     case GgmlType::Q3_K: f(TypeQ3_K{}); return true;
     case GgmlType::IQ4_XS: f(TypeIQ4_XS{}); return true;
+    case GgmlType::IQ2_XXS: f(TypeIQ2_XXS{}); return true;
+    case GgmlType::IQ2_XS: f(TypeIQ2_XS{}); return true;
+    case GgmlType::IQ2_S: f(TypeIQ2_S{}); return true;
+    case GgmlType::IQ3_XXS: f(TypeIQ3_XXS{}); return true;
+    case GgmlType::IQ3_S: f(TypeIQ3_S{}); return true;
+    case GgmlType::IQ1_S: f(TypeIQ1_S{}); return true;
+    case GgmlType::IQ1_M: f(TypeIQ1_M{}); return true;
     default: return false;
   }
 }
@@ -658,6 +667,29 @@ bool matmul_type_supported(GgmlType t) {
   bool scalar = false;
   const bool known = with_type(t, [&](auto tag) { scalar = kScalarDecoded<decltype(tag)>; });
   return known && (native || !scalar);
+}
+
+cudaError_t prepare_weight_type(GgmlType t) {
+  const bool grids = t == GgmlType::IQ2_XXS || t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S ||
+                     t == GgmlType::IQ3_XXS || t == GgmlType::IQ3_S || t == GgmlType::IQ1_S || t == GgmlType::IQ1_M;
+  if (!grids) return cudaSuccess;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  static std::mutex mutex;
+  static std::set<int> done;  // devices whose copies are filled
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.count(device)) return cudaSuccess;
+  auto put = [](const auto& symbol, const auto& table) {
+    static_assert(sizeof(symbol) == sizeof(table), "a device codebook has its host table's layout");
+    return cudaMemcpyToSymbol(symbol, table.data(), sizeof(table));
+  };
+  for (const cudaError_t e : {put(d_iq2xxs_grid, iq::kIq2xxsGrid), put(d_iq2xs_grid, iq::kIq2xsGrid),
+                              put(d_iq2s_grid, iq::kIq2sGrid), put(d_iq3xxs_grid, iq::kIq3xxsGrid),
+                              put(d_iq3s_grid, iq::kIq3sGrid), put(d_iq1s_grid, iq::kIq1sGrid),
+                              put(d_even_parity_signs, iq::kEvenParitySigns)})
+    if (e != cudaSuccess) return e;
+  done.insert(device);
+  return cudaSuccess;
 }
 
 // Steps of kInt8MvMaxWidth < n <= kInt8MvChunkedMaxWidth rows (verify-32 is 33) run the int8 matvec in

@@ -34,6 +34,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tensor_core.cuh"
+#include "format/iq_tables.h"
 
 namespace hyspec::cuda {
 
@@ -591,6 +592,153 @@ struct Iq4XsBlock {
     }
   }
 };
+
+// ---- i-quants: lattice codebooks (format/iq_tables.h), read from device copies on the GPU ----------
+// The device copies are filled by upload_iq_grids() (matmul.cu, at the first load of such a weight on a
+// device); host code (the host test) reads format/iq_tables' arrays.
+__device__ uint8_t d_iq2xxs_grid[256][8];
+__device__ uint8_t d_iq2xs_grid[512][8];
+__device__ uint8_t d_iq2s_grid[1024][8];
+__device__ uint8_t d_iq3xxs_grid[256][4];
+__device__ uint8_t d_iq3s_grid[512][4];
+__device__ int8_t d_iq1s_grid[2048][8];
+__device__ uint8_t d_even_parity_signs[128];
+#ifdef __CUDA_ARCH__
+#define HS_IQ(dev, host) (dev)
+#else
+#define HS_IQ(dev, host) (host)
+#endif
+__host__ __device__ inline float iq2xxs_at(int r, int j) { return HS_IQ(d_iq2xxs_grid[r][j], iq::kIq2xxsGrid[r][j]); }
+__host__ __device__ inline float iq2xs_at(int r, int j) { return HS_IQ(d_iq2xs_grid[r][j], iq::kIq2xsGrid[r][j]); }
+__host__ __device__ inline float iq2s_at(int r, int j) { return HS_IQ(d_iq2s_grid[r][j], iq::kIq2sGrid[r][j]); }
+__host__ __device__ inline float iq3xxs_at(int r, int j) { return HS_IQ(d_iq3xxs_grid[r][j], iq::kIq3xxsGrid[r][j]); }
+__host__ __device__ inline float iq3s_at(int r, int j) { return HS_IQ(d_iq3s_grid[r][j], iq::kIq3sGrid[r][j]); }
+__host__ __device__ inline float iq1s_at(int r, int j) { return HS_IQ(d_iq1s_grid[r][j], iq::kIq1sGrid[r][j]); }
+__host__ __device__ inline int even_signs(int i) { return HS_IQ(d_even_parity_signs[i], iq::kEvenParitySigns[i]); }
+#undef HS_IQ
+__host__ __device__ inline float sign_of_bit(int signs, int bit) { return (signs >> bit) & 1 ? -1.0f : 1.0f; }
+__host__ __device__ inline uint16_t u16_at(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+// d * (0.5 + s) * k, the sub-block scale of the IQ2/IQ3 types, as quants.cpp rounds it.
+__host__ __device__ inline float half_step_scale(float d, int s, float k) {
+  return mul_rn(mul_rn(d, add_rn(0.5f, static_cast<float>(s))), k);
+}
+
+// IQ2_XXS (66 B): d, then per 32 elements two u32: 4 grid indices (bytes), and 4x7 sign bits + a 4-bit scale.
+struct Iq2XxsBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 66;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int ib = e / 32, k = e % 32 / 8, j = e % 8;
+    const uint32_t idx = u32_at(b + 2 + 8 * ib), aux = u32_at(b + 6 + 8 * ib);
+    const float db = half_step_scale(f16_at(b), static_cast<int>(aux >> 28), 0.25f);
+    const float g = iq2xxs_at((idx >> (8 * k)) & 255, j);
+    return mul_rn(mul_rn(db, g), sign_of_bit(even_signs((aux >> (7 * k)) & 127), j));
+  }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+    const uint32_t idx = u32_at(b + 2 + 8 * cb), aux = u32_at(b + 6 + 8 * cb);
+    const float db = half_step_scale(f16_at(b), static_cast<int>(aux >> 28), 0.25f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int row = (idx >> (8 * k)) & 255, signs = even_signs((aux >> (7 * k)) & 127);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[8 * k + j] = mul_rn(mul_rn(db, iq2xxs_at(row, j)), sign_of_bit(signs, j));
+    }
+  }
+};
+// IQ2_XS (74 B): d, qs[32] u16 (9-bit grid index, 7 sign bits), scales[8] (a nibble per 16 elements).
+struct Iq2XsBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 74;
+  __host__ __device__ static float group(const uint8_t* b, int i, int j) {  // element j of 8-group i
+    const uint16_t q = u16_at(b + 2 + 2 * i);
+    const float db = half_step_scale(f16_at(b), (b[66 + i / 4] >> (4 * ((i / 2) % 2))) & 15, 0.25f);
+    return mul_rn(mul_rn(db, iq2xs_at(q & 511, j)), sign_of_bit(even_signs(q >> 9), j));
+  }
+  __host__ __device__ static float element(const uint8_t* b, int e) { return group(b, e / 8, e % 8); }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) v[e] = group(b, 4 * cb + e / 8, e % 8);
+  }
+};
+// IQ2_S (82 B): d, qs[32] (low 8 index bits), signs[32], qh[8] (2 high index bits each), scales[8].
+struct Iq2SBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 82;
+  __host__ __device__ static float group(const uint8_t* b, int i, int j) {
+    const int idx = b[2 + i] | (((b[66 + i / 4] >> (2 * (i % 4))) & 3) << 8);
+    const float db = half_step_scale(f16_at(b), (b[74 + i / 4] >> (4 * ((i / 2) % 2))) & 15, 0.25f);
+    return mul_rn(mul_rn(db, iq2s_at(idx, j)), sign_of_bit(b[34 + i], j));
+  }
+  __host__ __device__ static float element(const uint8_t* b, int e) { return group(b, e / 8, e % 8); }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) v[e] = group(b, 4 * cb + e / 8, e % 8);
+  }
+};
+// IQ3_XXS (98 B): d, qs[64] grid indices (4 elements each), then per 32 elements a u32 of 4x7 sign bits
+// and a 4-bit scale.
+struct Iq3XxsBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 98;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int ib = e / 32, k = e % 32 / 8, j = e % 8;
+    const uint32_t aux = u32_at(b + 66 + 4 * ib);
+    const float db = half_step_scale(f16_at(b), static_cast<int>(aux >> 28), 0.5f);
+    const float g = iq3xxs_at(b[2 + 8 * ib + 2 * k + j / 4], j % 4);
+    return mul_rn(mul_rn(db, g), sign_of_bit(even_signs((aux >> (7 * k)) & 127), j));
+  }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) v[e] = element(b, 32 * cb + e);
+  }
+};
+// IQ3_S (110 B): d, qs[64] (low index bits), qh[8] (ninth bits), signs[32], scales[4] (a nibble per 32).
+struct Iq3SBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 110;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int ib = e / 32, i = e / 4;
+    const float db = mul_rn(f16_at(b), static_cast<float>(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 15)));
+    const int idx = b[2 + i] | (((b[66 + i / 8] >> (i % 8)) & 1) << 8);
+    return mul_rn(mul_rn(db, iq3s_at(idx, e % 4)), sign_of_bit(b[74 + e / 8], e % 8));
+  }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) v[e] = element(b, 32 * cb + e);
+  }
+};
+// IQ1_S (50 B): d, qs[32] (low index bits), qh[8] u16 (4x3 high index bits, a 3-bit scale, the delta's sign).
+struct Iq1SBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 50;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int ib = e / 32, l = e % 32 / 8, j = e % 8;
+    const uint16_t qh = u16_at(b + 34 + 2 * ib);
+    const float dl = mul_rn(f16_at(b), static_cast<float>(2 * ((qh >> 12) & 7) + 1));
+    const float delta = qh & 0x8000 ? -0.125f : 0.125f;
+    return mul_rn(dl, add_rn(iq1s_at(b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8), j), delta));
+  }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) v[e] = element(b, 32 * cb + e);
+  }
+};
+// IQ1_M (56 B): qs[32], qh[16] (per index a nibble: 3 high bits and the delta's sign), scales[8] = 4 u16 of
+// 3-bit scales (one per 16 elements) whose top nibbles form the f16 super-scale.
+struct Iq1MBlock {
+  static constexpr int kBlock = 256, kBlockBytes = 56;
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const uint16_t s0 = u16_at(b + 48), s1 = u16_at(b + 50), s2 = u16_at(b + 52), s3 = u16_at(b + 54);
+    const uint16_t dbits =
+        static_cast<uint16_t>((s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000));
+    const int p = e / 8, t = p / 2, j = e % 8;
+    const uint16_t st = u16_at(b + 48 + 2 * (t / 4));
+    const float d = __half2float(__ushort_as_half(dbits));
+    const float dl = mul_rn(d, static_cast<float>(2 * ((st >> (3 * (t % 4))) & 7) + 1));
+    const int nib = (b[32 + p / 2] >> (4 * (p % 2))) & 15;
+    const float delta = nib & 8 ? -0.125f : 0.125f;
+    return mul_rn(dl, add_rn(iq1s_at(b[p] | ((nib & 7) << 8), j), delta));
+  }
+  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) v[e] = element(b, 32 * cb + e);
+  }
+};
+
 template <class T>
 constexpr bool kScalarDecoded = false;
 template <class S>
@@ -603,6 +751,13 @@ using TypeIQ4_NL = ScalarDecoded<Iq4NlBlock>;
 using TypeQ2_K = ScalarDecoded<Q2_KBlock>;
 using TypeQ3_K = ScalarDecoded<Q3_KBlock>;
 using TypeIQ4_XS = ScalarDecoded<Iq4XsBlock>;
+using TypeIQ2_XXS = ScalarDecoded<Iq2XxsBlock>;
+using TypeIQ2_XS = ScalarDecoded<Iq2XsBlock>;
+using TypeIQ2_S = ScalarDecoded<Iq2SBlock>;
+using TypeIQ3_XXS = ScalarDecoded<Iq3XxsBlock>;
+using TypeIQ3_S = ScalarDecoded<Iq3SBlock>;
+using TypeIQ1_S = ScalarDecoded<Iq1SBlock>;
+using TypeIQ1_M = ScalarDecoded<Iq1MBlock>;
 
 #undef HS_CHUNK_FROM_LOAD_DECODE
 
