@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "backend/backend.h"
 #include "format/gguf.h"
 #include "model/hparams.h"
 
@@ -148,6 +149,17 @@ Status print_info(const std::string& path) {
   fmt::print("  (token_embd: one row, or all of it as the tied output head; all other weights once");
   if (n_expert > 0 && n_used > 0) fmt::print("; expert tensors at {}/{} experts", n_used, n_expert);
   fmt::print(")\n");
+  // KV cache per 1024 tokens of context for each cache type (--kv-type); the GDN state does not grow.
+  if (auto hp = read_qwen35_hparams(f); hp.is_ok() && hp->n_attention_layers() > 0) {
+    fmt::print("\nKV cache per 1024 tokens ({} attention layers x {} kv heads x {}):", hp->n_attention_layers(),
+               hp->n_head_kv, hp->head_dim);
+    for (const GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+      const size_t slot = kv_head_bytes(t, hp->head_dim);
+      if (slot == 0) continue;
+      fmt::print("  {} {}", ggml_type_name(t), human_bytes(2 * 1024 * slot * hp->n_head_kv * hp->n_attention_layers()));
+    }
+    fmt::print("\n");
+  }
   return Status::ok();
 }
 

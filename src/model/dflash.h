@@ -96,7 +96,7 @@ class DflashModel {
   // (-inf for target tokens the drafter cannot propose), as llama.cpp does; a copy without d2t.
   void logits_to_target(const float* draft, int64_t rows, float* target) const;
 
-  // State for one sequence of up to n_ctx positions (context plus one block). KV type F32, F16 or BF16.
+  // State for one sequence of up to n_ctx positions (context plus one block). KV type F32, F16, BF16 or Q8_0.
   Result<DflashState> create_state(int64_t n_ctx, GgmlType kv_type) const;
   // Activation workspace for inject/draft calls of up to max_tokens rows (allocated once).
   Status reserve(int64_t max_tokens);

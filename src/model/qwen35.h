@@ -66,7 +66,7 @@ class Qwen35Model {
   const Weight& output() const;
 
   // Allocate state for one sequence of up to n_ctx tokens, with capture room for verify steps of
-  // up to max_capture tokens. KV type F32, F16 or BF16. capture_type F32, or F16: verify writes the per-token
+  // up to max_capture tokens. KV type F32, F16, BF16 or Q8_0. capture_type F32, or F16: verify writes the per-token
   // GDN states as halves (half the bytes and memory), and a rollback restores rounded states, so
   // speculative output is no longer bit-identical to plain decoding.
   Result<SequenceState> create_state(int64_t n_ctx, int max_capture, GgmlType kv_type,

@@ -68,6 +68,10 @@ TEST(InfoCli, DescribesTheDenseModel) {
   EXPECT_NE(r.output.find("  Q8_0       72 tensors"), std::string::npos);
   EXPECT_NE(r.output.find("  F32        52 tensors"), std::string::npos);
   EXPECT_TRUE(has_line(r.output, "parameters: 2.07 M (2071920)"));
+  // K and V of 2 attention layers x 2 kv heads x 64 per token: 2048 B in F32; Q8_0 slots of 64 + 4 -> 80 B
+  EXPECT_TRUE(has_line(r.output, "KV cache per 1024 tokens (2 attention layers x 2 kv heads x 64):  F32 2.00 MiB  "
+                                 "F16 1.00 MiB  BF16 1.00 MiB  Q8_0 640.00 KiB"))
+      << r.output;
 
   auto f = GgufFile::open(path);
   ASSERT_TRUE(f.is_ok());
