@@ -87,7 +87,8 @@ inline size_t kv_head_bytes(GgmlType t, int64_t head_dim) {
     case GgmlType::F16:
     case GgmlType::BF16: return static_cast<size_t>(head_dim) * 2;
     case GgmlType::Q8_0:
-      return head_dim % 32 != 0 ? 0 : (static_cast<size_t>(head_dim) + static_cast<size_t>(head_dim) / 16 + 15) / 16 * 16;
+      if (head_dim % 32 != 0) return 0;
+      return (static_cast<size_t>(head_dim) + static_cast<size_t>(head_dim) / 16 + 15) / 16 * 16;
     default: return 0;
   }
 }

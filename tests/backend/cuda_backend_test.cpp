@@ -180,7 +180,8 @@ std::vector<uint8_t> random_weight_bytes(GgmlType type, int64_t n_in, int64_t n_
           continue;
         }
         for (int i = 0; i < 4; ++i)  // IQ1_M: nibble i of the scale in the top nibble of u16 i
-          bytes[off + 49 + 2 * i] = static_cast<uint8_t>((bytes[off + 49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 15) << 4));
+          bytes[off + 49 + 2 * i] =
+              static_cast<uint8_t>((bytes[off + 49 + 2 * i] & 0x0F) | (((h >> (4 * i)) & 15) << 4));
       }
     return bytes;
   }

@@ -786,7 +786,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int j = 0; j < 2; ++j)
-            acc[h][j] += scale_of(kd, 8 * h + 2 * t + j, b) * ((c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]));
+            acc[h][j] += scale_of(kd, 8 * h + 2 * t + j, b) *
+                         ((c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]));
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
@@ -987,8 +988,8 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   // The decode kernel's splits: n_splits equal slices of the capacity, whole tiles.
   const int64_t cap_tiles = (p.kv_capacity + kDecodeKeys - 1) / kDecodeKeys;
   const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
-  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_capacity, p.kv_row_bytes, p.kv_head_bytes, p.positions, static_cast<int>(p.q.rows),
-             p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
+  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_capacity, p.kv_row_bytes, p.kv_head_bytes, p.positions,
+             static_cast<int>(p.q.rows), p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
              scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
   switch (p.head_dim) {
     case 32: return launch<32>(a, p.kv_type, p.counters, stream);

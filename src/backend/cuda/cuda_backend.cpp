@@ -141,7 +141,8 @@ class CudaBackend final : public Backend {
         HS_ASSIGN_OR_RETURN(w.owner, upload_weight(q8.data(), q8.size(), t.name));
       } else {
         if (const cudaError_t e = cuda::prepare_weight_type(t.type); e != cudaSuccess)
-          return Status::errorf("tensor '{}': preparing type {}: {}", t.name, ggml_type_name(t.type), cudaGetErrorString(e));
+          return Status::errorf("tensor '{}': preparing type {}: {}", t.name, ggml_type_name(t.type),
+                                cudaGetErrorString(e));
         HS_ASSIGN_OR_RETURN(w.owner, upload_weight(t.data, w.row_bytes * rows, t.name));
       }
     }

@@ -31,6 +31,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tensor_core.cuh"
@@ -426,12 +427,13 @@ struct TypeQ6_K {
 };
 
 // ---- Types decoded element by element ----------------------------------------------------------
-// Q4_1, Q5_0, Q5_1, IQ4_NL (32-element blocks) and Q2_K, Q3_K, IQ4_XS (256): each struct below gives
-// its block's element e (element(b, e)) and, for 256-element blocks, the 32 elements of chunk cb
-// (chunk32, sharing the scale work), in f32, evaluated exactly as src/format/quants.cpp (same products in the same order, never fused). Scalar
-// code: slower to decode than the bit tricks above, but the weights stay as stored (2.6-6 bits instead
-// of the 8.5 of a Q8_0 copy, and their own values). __host__ __device__, so a host test checks them
-// against format/quants (quant_blocks_host_test.cu, runs without a GPU).
+// Q4_1, Q5_0, Q5_1, IQ4_NL (32-element blocks), Q2_K, Q3_K, IQ4_XS and the IQ1/IQ2/IQ3 lattice types
+// (256): each struct below gives its block's element e (element(b, e)) and, where it saves work, the
+// 32 elements of chunk cb at once (chunk32), in f32, evaluated exactly as src/format/quants.cpp (same
+// products in the same order, never fused). Scalar code: slower to decode than the bit tricks above,
+// but the weights stay as stored (1.6-6 bits instead of the 8.5 of a Q8_0 copy, and their own values).
+// __host__ __device__, so a host test checks them against format/quants (quant_blocks_host_test.cu,
+// no GPU needed).
 
 __host__ __device__ inline float f16_at(const uint8_t* p) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | (p[1] << 8))));
@@ -462,8 +464,13 @@ __host__ __device__ inline float iq4nl_value(int i) {
   return static_cast<float>(static_cast<int8_t>((i < 8 ? lo : hi) >> (8 * (i & 7))));
 }
 
-// A type from S (kBlock, kBlockBytes, element(block, e), chunk32(block, cb, v) where kBlock > 32): chunks
-// in natural order.
+// S has chunk32(block, cb, v) where decoding a chunk at once saves work (its scales); else element() x 32.
+template <class S, class = void>
+constexpr bool kHasChunk32 = false;
+template <class S>
+constexpr bool kHasChunk32<S, std::void_t<decltype(&S::chunk32)>> = true;
+
+// A type from S (kBlock, kBlockBytes, element(block, e), optionally chunk32): chunks in natural order.
 template <class S>
 struct ScalarDecoded : S {
   static constexpr int kStepChunks = 8;  // one K-quant block, or 8 small blocks (144-220 bytes of a row)
@@ -476,11 +483,11 @@ struct ScalarDecoded : S {
     constexpr int kChunks = S::kBlock / 32;
     float v[32];
     const uint8_t* block = row + (c / kChunks) * S::kBlockBytes;
-    if constexpr (kChunks == 1) {
-#pragma unroll
-      for (int e = 0; e < 32; ++e) v[e] = S::element(block, e);
-    } else {
+    if constexpr (kHasChunk32<S>) {
       S::chunk32(block, static_cast<int>(c % kChunks), v);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) v[e] = S::element(block, static_cast<int>(c % kChunks) * 32 + e);
     }
 #pragma unroll
     for (int m = 0; m < 16; ++m) a[m] = __floats2half2_rn(v[2 * m], v[2 * m + 1]);
@@ -647,29 +654,21 @@ struct Iq2XxsBlock {
 // IQ2_XS (74 B): d, qs[32] u16 (9-bit grid index, 7 sign bits), scales[8] (a nibble per 16 elements).
 struct Iq2XsBlock {
   static constexpr int kBlock = 256, kBlockBytes = 74;
-  __host__ __device__ static float group(const uint8_t* b, int i, int j) {  // element j of 8-group i
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int i = e / 8, j = e % 8;  // element j of 8-group i
     const uint16_t q = u16_at(b + 2 + 2 * i);
     const float db = half_step_scale(f16_at(b), (b[66 + i / 4] >> (4 * ((i / 2) % 2))) & 15, 0.25f);
     return mul_rn(mul_rn(db, iq2xs_at(q & 511, j)), sign_of_bit(even_signs(q >> 9), j));
-  }
-  __host__ __device__ static float element(const uint8_t* b, int e) { return group(b, e / 8, e % 8); }
-  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) v[e] = group(b, 4 * cb + e / 8, e % 8);
   }
 };
 // IQ2_S (82 B): d, qs[32] (low 8 index bits), signs[32], qh[8] (2 high index bits each), scales[8].
 struct Iq2SBlock {
   static constexpr int kBlock = 256, kBlockBytes = 82;
-  __host__ __device__ static float group(const uint8_t* b, int i, int j) {
+  __host__ __device__ static float element(const uint8_t* b, int e) {
+    const int i = e / 8, j = e % 8;
     const int idx = b[2 + i] | (((b[66 + i / 4] >> (2 * (i % 4))) & 3) << 8);
     const float db = half_step_scale(f16_at(b), (b[74 + i / 4] >> (4 * ((i / 2) % 2))) & 15, 0.25f);
     return mul_rn(mul_rn(db, iq2s_at(idx, j)), sign_of_bit(b[34 + i], j));
-  }
-  __host__ __device__ static float element(const uint8_t* b, int e) { return group(b, e / 8, e % 8); }
-  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) v[e] = group(b, 4 * cb + e / 8, e % 8);
   }
 };
 // IQ3_XXS (98 B): d, qs[64] grid indices (4 elements each), then per 32 elements a u32 of 4x7 sign bits
@@ -683,10 +682,6 @@ struct Iq3XxsBlock {
     const float g = iq3xxs_at(b[2 + 8 * ib + 2 * k + j / 4], j % 4);
     return mul_rn(mul_rn(db, g), sign_of_bit(even_signs((aux >> (7 * k)) & 127), j));
   }
-  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) v[e] = element(b, 32 * cb + e);
-  }
 };
 // IQ3_S (110 B): d, qs[64] (low index bits), qh[8] (ninth bits), signs[32], scales[4] (a nibble per 32).
 struct Iq3SBlock {
@@ -696,10 +691,6 @@ struct Iq3SBlock {
     const float db = mul_rn(f16_at(b), static_cast<float>(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 15)));
     const int idx = b[2 + i] | (((b[66 + i / 8] >> (i % 8)) & 1) << 8);
     return mul_rn(mul_rn(db, iq3s_at(idx, e % 4)), sign_of_bit(b[74 + e / 8], e % 8));
-  }
-  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) v[e] = element(b, 32 * cb + e);
   }
 };
 // IQ1_S (50 B): d, qs[32] (low index bits), qh[8] u16 (4x3 high index bits, a 3-bit scale, the delta's sign).
@@ -711,10 +702,6 @@ struct Iq1SBlock {
     const float dl = mul_rn(f16_at(b), static_cast<float>(2 * ((qh >> 12) & 7) + 1));
     const float delta = qh & 0x8000 ? -0.125f : 0.125f;
     return mul_rn(dl, add_rn(iq1s_at(b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8), j), delta));
-  }
-  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) v[e] = element(b, 32 * cb + e);
   }
 };
 // IQ1_M (56 B): qs[32], qh[16] (per index a nibble: 3 high bits and the delta's sign), scales[8] = 4 u16 of
@@ -732,10 +719,6 @@ struct Iq1MBlock {
     const int nib = (b[32 + p / 2] >> (4 * (p % 2))) & 15;
     const float delta = nib & 8 ? -0.125f : 0.125f;
     return mul_rn(dl, add_rn(iq1s_at(b[p] | ((nib & 7) << 8), j), delta));
-  }
-  __host__ __device__ static void chunk32(const uint8_t* b, int cb, float (&v)[32]) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) v[e] = element(b, 32 * cb + e);
   }
 };
 
