@@ -92,7 +92,15 @@ inline size_t kv_head_bytes(GgmlType t, int64_t head_dim) {
     default: return 0;
   }
 }
-inline bool kv_cache_type_supported(GgmlType t) { return kv_head_bytes(t, 32) != 0; }
+// OK when a cache of type t can hold heads of head_dim; else why not (model state creation).
+inline Status check_kv_cache_type(GgmlType t, int64_t head_dim) {
+  if (kv_head_bytes(t, 32) == 0)
+    return Status::errorf("KV cache type {} is not supported (F32, F16, BF16 or Q8_0)", ggml_type_name(t));
+  if (kv_head_bytes(t, head_dim) == 0)
+    return Status::errorf("KV cache type {} needs a head size that is a multiple of 32 (this model's: {})",
+                          ggml_type_name(t), head_dim);
+  return Status::ok();
+}
 
 // KV cache of one attention layer: capacity positions; position p's keys at k + p * row_bytes(), kv head
 // h's slot (kv_head_bytes) at + h * head_bytes(); values alike.

@@ -288,11 +288,7 @@ void DflashModel::logits_to_target(const float* draft, int64_t rows, float* targ
 }
 
 Result<DflashState> DflashModel::create_state(int64_t n_ctx, GgmlType kv_type) const {
-  if (!kv_cache_type_supported(kv_type))
-    return Status::errorf("KV cache type {} is not supported (F32, F16, BF16 or Q8_0)", ggml_type_name(kv_type));
-  if (kv_head_bytes(kv_type, hp_.head_dim) == 0)
-    return Status::errorf("KV cache type {} needs a head size that is a multiple of 32 (the drafter's: {})",
-                          ggml_type_name(kv_type), hp_.head_dim);
+  HS_RETURN_IF_ERROR(check_kv_cache_type(kv_type, hp_.head_dim));
   if (n_ctx <= 0) return Status::errorf("context length {} is invalid", n_ctx);
   DflashState s;
   s.n_ctx = n_ctx;

@@ -99,11 +99,7 @@ Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(Backend& backend, const G
 
 Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, GgmlType kv_type,
                                                 GgmlType capture_type) const {
-  if (!kv_cache_type_supported(kv_type))
-    return Status::errorf("KV cache type {} is not supported (F32, F16, BF16 or Q8_0)", ggml_type_name(kv_type));
-  if (kv_head_bytes(kv_type, hp_.head_dim) == 0)
-    return Status::errorf("KV cache type {} needs a head size that is a multiple of 32 (this model's: {})",
-                          ggml_type_name(kv_type), hp_.head_dim);
+  HS_RETURN_IF_ERROR(check_kv_cache_type(kv_type, hp_.head_dim));
   if (capture_type != GgmlType::F32 && capture_type != GgmlType::F16)
     return Status::errorf("state capture type {} is not supported (F32 or F16)", ggml_type_name(capture_type));
   if (n_ctx <= 0) return Status::errorf("context length {} is invalid", n_ctx);

@@ -918,7 +918,7 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
         attention_decode_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (dattr != cudaSuccess) return dattr;
     const dim3 grid(a.n_kv, a.n_splits, (M + kDecodeQueries - 1) / kDecodeQueries);
-    // The tensor-core kernel for F16/BF16 KV, where the device grants its shared memory (sm_86/89 have
+    // The tensor-core kernel for F16/BF16/Q8_0 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
     if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) {
       constexpr size_t msmem = MmaDecodeSmem<D, kIsQ8<KV>>::kBytes;
@@ -966,13 +966,13 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   // Blocks per SM to aim for: 2, or 1 for the tensor-core decode kernel, which holds one block per
   // SM (its shared memory) and measured faster in one wave (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
   static const int per_sm_env = env_int("HYSPEC_ATTN_BLOCKS_PER_SM", 0);
-  const bool mma = decode && p.kv_type != GgmlType::F32 && decode_mma_enabled();
+  const bool mma = decode && p.kv.type != GgmlType::F32 && decode_mma_enabled();
   const int per_sm = per_sm_env >= 1 ? per_sm_env : mma ? 1 : 2;
   const int64_t want = (int64_t{per_sm} * n_sm + base - 1) / base;
   // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
   const int64_t max_useful = std::max<int64_t>(
-      1, decode ? (p.kv_capacity + kDecodeKeys * decode_min_tiles() - 1) / (kDecodeKeys * decode_min_tiles())
-                : p.kv_capacity / (2 * kKeys));
+      1, decode ? (p.kv.capacity + kDecodeKeys * decode_min_tiles() - 1) / (kDecodeKeys * decode_min_tiles())
+                : p.kv.capacity / (2 * kKeys));
   return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, kMaxSplits));
 }
 
@@ -986,16 +986,16 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   if (p.q.rows == 0) return cudaSuccess;
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
   // The decode kernel's splits: n_splits equal slices of the capacity, whole tiles.
-  const int64_t cap_tiles = (p.kv_capacity + kDecodeKeys - 1) / kDecodeKeys;
+  const int64_t cap_tiles = (p.kv.capacity + kDecodeKeys - 1) / kDecodeKeys;
   const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
-  AttnArgs a{p.q, p.out, p.k, p.v, p.kv_capacity, p.kv_row_bytes, p.kv_head_bytes, p.positions,
+  AttnArgs a{p.q, p.out, p.k, p.v, p.kv.capacity, p.kv.row_bytes, p.kv.head_bytes, p.positions,
              static_cast<int>(p.q.rows), p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
              scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
   switch (p.head_dim) {
-    case 32: return launch<32>(a, p.kv_type, p.counters, stream);
-    case 64: return launch<64>(a, p.kv_type, p.counters, stream);
-    case 128: return launch<128>(a, p.kv_type, p.counters, stream);
-    case 256: return launch<256>(a, p.kv_type, p.counters, stream);
+    case 32: return launch<32>(a, p.kv.type, p.counters, stream);
+    case 64: return launch<64>(a, p.kv.type, p.counters, stream);
+    case 128: return launch<128>(a, p.kv.type, p.counters, stream);
+    case 256: return launch<256>(a, p.kv.type, p.counters, stream);
     default: return cudaErrorInvalidValue;
   }
 }

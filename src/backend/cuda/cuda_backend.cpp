@@ -357,10 +357,7 @@ class CudaBackend final : public Backend {
     p.out = mat(a.out);
     p.k = a.kv.k;
     p.v = a.kv.v;
-    p.kv_type = a.kv.type;
-    p.kv_capacity = a.kv.capacity;
-    p.kv_row_bytes = static_cast<int64_t>(a.kv.row_bytes());
-    p.kv_head_bytes = static_cast<int64_t>(a.kv.head_bytes());
+    p.kv = geometry(a.kv);
     p.positions = a.positions;
     p.n_head = a.n_head;
     p.n_kv_head = a.n_kv_head;

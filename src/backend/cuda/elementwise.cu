@@ -496,16 +496,12 @@ cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, const Kv
   if (k.rows == 0) return cudaSuccess;
   auto* kc = static_cast<uint8_t*>(k_cache);
   auto* vc = static_cast<uint8_t*>(v_cache);
-  if (kv.type == GgmlType::Q8_0) {
-    if (kv.head_dim % 32 != 0) return cudaErrorInvalidValue;
-    return launch_pdl(kv_store_q8_kernel, dim3(grid_for(k.rows * k.cols, 256, 65535)), dim3(256), 0, stream, k, v, kc,
-                      vc, kv, positions);
-  }
-  const unsigned blocks = grid_for(k.rows * k.cols, 256, 65535);
+  const unsigned blocks = grid_for(k.rows * k.cols, 256, 65535);  // a thread per value (Q8_0: a warp per 32)
   return with_cache_type(kv.type, [&](auto c) {
     using C = decltype(c);
     if constexpr (kIsQ8<C>) {
-      return cudaErrorInvalidValue;  // above
+      if (kv.head_dim % 32 != 0) return cudaErrorInvalidValue;
+      return launch_pdl(kv_store_q8_kernel, dim3(blocks), dim3(256), 0, stream, k, v, kc, vc, kv, positions);
     } else {
       return launch_pdl(kv_store_kernel<C>, dim3(blocks), dim3(256), 0, stream, k, v, kc, vc, kv, positions);
     }

@@ -162,8 +162,7 @@ struct AttentionParams {
   Mat q, out;
   const void* k = nullptr;
   const void* v = nullptr;
-  GgmlType kv_type = GgmlType::F32;  // F32, F16, BF16 or Q8_0 (kv_cache.cuh)
-  int64_t kv_capacity = 0, kv_row_bytes = 0, kv_head_bytes = 0;  // KvGeometry
+  KvGeometry kv;
   const int32_t* positions = nullptr;
   int n_head = 0, n_kv_head = 0, head_dim = 0;
   float scale = 1.0f;
