@@ -49,9 +49,6 @@ std::string hyspec_binary() {
 BackendKind test_backend_kind() {
   const char* env = std::getenv("HYSPEC_TEST_BACKEND");
   if (!env || std::string(env) != "cuda") return BackendKind::Cpu;
-  // Q8_0 KV caches and the element-decoded weight types are opt-in on CUDA until these tests pass on a GPU
-  setenv("HYSPEC_CUDA_KV_Q8_0", "1", 1);
-  setenv("HYSPEC_CUDA_NATIVE_QUANTS", "1", 1);
   return BackendKind::Cuda;
 }
 std::string source_dir() { return HYSPEC_SOURCE_DIR; }

@@ -96,9 +96,6 @@ void expect_logits_match(const std::vector<float>& got, const std::vector<float>
 class CudaQwen35 : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    // Q8_0 KV caches and the element-decoded weight types are opt-in on CUDA until these tests pass on a GPU
-    setenv("HYSPEC_CUDA_KV_Q8_0", "1", 1);
-    setenv("HYSPEC_CUDA_NATIVE_QUANTS", "1", 1);
     auto g = create_backend(BackendKind::Cuda);
     if (!g.is_ok()) GTEST_SKIP() << "no CUDA device: " << g.message();
     gpu_ = std::move(g).value();

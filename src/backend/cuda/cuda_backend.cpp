@@ -693,14 +693,10 @@ class CudaBackend final : public Backend {
     return cuda::KvGeometry{kv.type, kv.capacity, static_cast<int64_t>(kv.row_bytes()),
                             static_cast<int64_t>(kv.head_bytes()), static_cast<int>(kv.head_dim)};
   }
-  // A cache type and geometry the kernels take. Q8_0 caches only with HYSPEC_CUDA_KV_Q8_0=1 until their
-  // kernels have run on a GPU (written in a session without one; CUDA_NOTES).
+  // A cache type and geometry the kernels take.
   bool kv_cache_usable(const KvLayer& kv, const char* op) {
-    static const bool q8_on = cuda::env_int("HYSPEC_CUDA_KV_Q8_0", 0) != 0;
     return expect(kv.head_bytes() != 0 && kv.width % kv.head_dim == 0, "{}: KV type {} with heads of {} (F32, F16, "
-                  "BF16, or Q8_0 with heads a multiple of 32)", op, ggml_type_name(kv.type), kv.head_dim) &&
-           expect(kv.type != GgmlType::Q8_0 || q8_on, "{}: a Q8_0 KV cache on CUDA has not been validated on a GPU "
-                  "yet; HYSPEC_CUDA_KV_Q8_0=1 enables it (for its tests), or use --kv-type f16", op);
+                  "BF16, or Q8_0 with heads a multiple of 32)", op, ggml_type_name(kv.type), kv.head_dim);
   }
   template <typename... Args>
   bool expect(bool cond, fmt::format_string<Args...> f, Args&&... args) {

@@ -660,13 +660,7 @@ cudaError_t gemm(const WeightView& w, Mat x, Mat y, __half* xh, __half* tile, cu
 }  // namespace
 
 bool matmul_type_supported(GgmlType t) {
-  // The element-by-element types (quant_blocks.cuh) were written in a session without a GPU: native
-  // only with HYSPEC_CUDA_NATIVE_QUANTS=1 (their tests set it) until they have run on one; otherwise
-  // load_weight stores them as Q8_0, as before.
-  static const bool native = env_int("HYSPEC_CUDA_NATIVE_QUANTS", 0) != 0;
-  bool scalar = false;
-  const bool known = with_type(t, [&](auto tag) { scalar = kScalarDecoded<decltype(tag)>; });
-  return known && (native || !scalar);
+  return with_type(t, [](auto) {});
 }
 
 cudaError_t prepare_weight_type(GgmlType t) {

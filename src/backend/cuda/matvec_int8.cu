@@ -1,5 +1,5 @@
-// Integer-dot matvec for Q4_K, Q5_K and Q6_K weights at decode and verify widths (1..32 tokens): the
-// default for those types (BackendOptions::int8_matvec; `--f16-matvec` turns it off).
+// Integer-dot matvec for Q4_K, Q5_K, Q6_K, Q3_K and IQ4_XS weights at decode and verify widths (1..32
+// tokens): the default for those types (BackendOptions::int8_matvec; `--f16-matvec` turns it off).
 //
 // The f16 tensor-core matvec (matmul.cu) turns every code into an f16 fragment and stalls at ~1.4
 // TB/s for one token on an H100. Here the codes stay integers, as in llama.cpp's CPU q4_K/q6_K x q8_K
@@ -8,12 +8,12 @@
 // super-block of 256 weights then adds to an output
 //   Q4_K, Q5_K (8 sub-blocks of 32 codes 0..15 / 0..31, 6-bit scale sc and min m, f16 d and dmin):
 //     dx * (d * isum - dmin * msum),  isum = sum_i sc_i * dot_i,  msum = sum_i m_i * bsum_i
-//   Q6_K (16 sub-blocks of 16, codes 0..63, int8 scale sc, f16 d):
-//     dx * d * (isum - 32 * msum),    isum = sum_j sc_j * dot_j,  msum = sum_j sc_j * bsum_j
+//   Q6_K, Q3_K, IQ4_XS (16 sub-blocks of 16 codes, int8 scale sc, f16 d; codes minus 32, 4 or 0):
+//     dx * d * (isum - off * msum),   isum = sum_j sc_j * dot_j,  msum = sum_j sc_j * bsum_j
 // with exact integers and one float rounding sequence per super-block (`add_super_block`,
-// `add_q6k_super_block`). One or two tokens: a lane owns half a super-block of one weight row and
+// `add_s16_super_block`). One or two tokens: a lane owns half a super-block of one weight row and
 // forms dot with dp4a (4 MACs per instruction) against x staged in shared memory. Three or more: an
-// int8 mma (m16n8k32 per Q4_K/Q5_K sub-block, m16n8k16 per Q6_K one) forms the dots of 16 rows and 8 tokens,
+// int8 mma (m16n8k32 per Q4_K/Q5_K sub-block, m16n8k16 per 16-code one) forms the dots of 16 rows and 8 tokens,
 // and one f16 mma.m16n8k16 per super-block forms msum (small integers: the f32 result is exact).
 // Integers are exact and the float sequence is the same, so every width gives the one-token bits:
 // speculative verify rows equal decode steps.
@@ -433,17 +433,19 @@ __device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2
 // the type's small integers per 16-code group; B = the tokens' 16-code sums) and the type's addition of
 // the super-block to lane (g, t)'s four outputs (`add(acc, isum, msum, row_half, dx)`).
 // The activations are padded to whole n-tiles (pitch NT * 8), so no token needs a bounds check.
-template <int NT, class Add>
+template <int NT, bool kMsum = true, class Add>
 __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t s, int g, int t, const uint32_t (&ma)[4],
                                                    const int (&isum)[NT][4], float (&acc)[NT][4], Add add) {
   const __half* bs = a.x.bs + (s * (NT * 8) + g) * 16 + 2 * t;  // token g's sums 2t, 2t+1 (+ 8 tokens per n-tile)
   const float* dx = a.x.d + s * (NT * 8) + 2 * t;               // tokens 2t, 2t + 1 (+ 8 per n-tile)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const uint32_t bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + nt * 128));
-    const uint32_t bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + nt * 128 + 8));
     float msum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mma_16816(msum, ma[0], ma[1], ma[2], ma[3], bb0, bb1);
+    if constexpr (kMsum) {
+      const uint32_t bb0 = __ldg(reinterpret_cast<const uint32_t*>(bs + nt * 128));
+      const uint32_t bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + nt * 128 + 8));
+      mma_16816(msum, ma[0], ma[1], ma[2], ma[3], bb0, bb1);
+    }
     const float dx0 = __ldg(dx + nt * 8);
     const float dx1 = __ldg(dx + nt * 8 + 1);
     acc[nt][0] = add(acc[nt][0], isum[nt][0], msum[0], 0, dx0);
@@ -564,13 +566,20 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
   cp_async_wait<0>();
 }
 
-// ---- Q6_K ------------------------------------------------------------------------------------
-// A Q6_K super-block: 16 sub-blocks of 16 codes q in 0..63 (low 4 bits in ql, high 2 in qh) with int8
-// scales sc_j and one f16 d; w = d * sc_j * (q - 32). Against int8 x it adds
-//   dx * d * (isum - 32 * msum),  isum = sum_j sc_j * dot_j,  msum = sum_j sc_j * bsum_j (exact integers)
-// with one float rounding sequence (`add_q6k_super_block`), in both kernels.
+// ---- Sub-blocks of 16 codes with int8 scales: Q6_K, Q3_K, IQ4_XS -------------------------------
+// A super-block of 256 weights: 16 sub-blocks of 16 small integer codes q with int8 scales sc_j, one
+// f16 d, w = d * sc_j * (q - kOffset). Against int8 x it adds
+//   dx * d * (isum - kOffset * msum),  isum = sum_j sc_j * dot_j,  msum = sum_j sc_j * bsum_j (exact integers)
+// with one float rounding sequence (`add_s16_super_block`), in both kernels. A policy C gives a
+// type's codes: raw(blk, h, k) loads what the codes of elements 4k..4k+3 (k < 8) of each 32-element
+// group of half h need, codes(raw, h, k, grp) makes those of group grp (one per byte, int8), and
+// scales(blk, w) the int8 scales of sub-blocks 4w..4w+3.
+//   Q6_K (210 B): codes 0..63 (low 4 bits in ql, high 2 in qh), kOffset 32.
+//   Q3_K (110 B): codes 0..7 (2 bits in qs, the third in hmask), kOffset 4; 6-bit scales minus 32.
+//   IQ4_XS (136 B): 4-bit indices into the IQ4_NL codebook (int8 values), kOffset 0 (no msum); its
+//     32-element sub-blocks' 6-bit scales minus 32, each the scale of two 16-code sub-blocks here.
 
-// A 32-bit word of a slot at an even address (Q6_K blocks keep their address mod 16 in the slot).
+// A 32-bit word of a slot at an even address (Q6_K and Q3_K blocks keep their address mod 16 in the slot).
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
   const uintptr_t u = reinterpret_cast<uintptr_t>(p);
   const uint32_t* w = reinterpret_cast<const uint32_t*>(u & ~uintptr_t{3});
@@ -580,30 +589,95 @@ __device__ __forceinline__ int sbyte_of(uint32_t packed, int i) {
   return static_cast<int>(static_cast<int8_t>((packed >> (8 * i)) & 0xffu));
 }
 
-__device__ __forceinline__ float add_q6k_super_block(float acc, int isum, float msum, float d, float dx) {
-  const int total = isum - 32 * __float2int_rn(msum);
+template <class C>
+__device__ __forceinline__ float add_s16_super_block(float acc, int isum, float msum, float d, float dx) {
+  const int total = C::kOffset ? isum - C::kOffset * __float2int_rn(msum) : isum;
   return fmaf(__fmul_rn(d, dx), __int2float_rn(total), acc);
 }
 
-// Codes of elements 4k..4k+3 of the four 32-element groups of a half super-block, from ql words A
-// (group 0 low, group 2 high nibbles), B (groups 1, 3) and qh word H (2 bits per group).
-__device__ __forceinline__ uint32_t q6k_codes(uint32_t A, uint32_t B, uint32_t H, int group) {
-  switch (group) {
-    case 0: return (A & 0x0f0f0f0fu) | ((H << 4) & 0x30303030u);
-    case 1: return (B & 0x0f0f0f0fu) | ((H << 2) & 0x30303030u);
-    case 2: return ((A >> 4) & 0x0f0f0f0fu) | (H & 0x30303030u);
-    default: return ((B >> 4) & 0x0f0f0f0fu) | ((H >> 2) & 0x30303030u);
+struct Q6KCodes {
+  using L = Q6KLayout;  // ql[128], qh[64], scales[16], d
+  static constexpr int kOffset = 32, kD = 208;
+  struct Raw {
+    uint32_t A, B, H;  // ql words of groups 0/2 and 1/3, qh word (2 bits per group)
+  };
+  __device__ static Raw raw(const uint8_t* blk, int h, int k) {
+    return {ld_u32(blk + 64 * h + 4 * k), ld_u32(blk + 64 * h + 32 + 4 * k), ld_u32(blk + 128 + 32 * h + 4 * k)};
   }
+  __device__ static uint32_t codes(const Raw& r, int, int, int grp) {
+    switch (grp) {
+      case 0: return (r.A & 0x0f0f0f0fu) | ((r.H << 4) & 0x30303030u);
+      case 1: return (r.B & 0x0f0f0f0fu) | ((r.H << 2) & 0x30303030u);
+      case 2: return ((r.A >> 4) & 0x0f0f0f0fu) | (r.H & 0x30303030u);
+      default: return ((r.B >> 4) & 0x0f0f0f0fu) | ((r.H >> 2) & 0x30303030u);
+    }
+  }
+  __device__ static uint32_t scales(const uint8_t* blk, int w) { return ld_u32(blk + 192 + 4 * w); }
+};
+
+struct Q3KCodes {
+  using L = BlockLayout<110>;  // hmask[32], qs[64], scales[12], d
+  static constexpr int kOffset = 4, kD = 108;
+  struct Raw {
+    uint32_t q, hm;  // 2-bit codes of the half (group grp: bits 2grp), third bits (bit 4h + grp)
+  };
+  __device__ static Raw raw(const uint8_t* blk, int h, int k) { return {ld_u32(blk + 32 + 32 * h + 4 * k), ld_u32(blk + 4 * k)}; }
+  __device__ static uint32_t codes(const Raw& r, int h, int, int grp) {
+    return ((r.q >> (2 * grp)) & 0x03030303u) | (((r.hm >> (4 * h + grp)) & 0x01010101u) << 2);
+  }
+  // Scale j: low 4 bits in byte j % 8 of scales (high nibble for j >= 8), high 2 bits at bit 2 (j / 4)
+  // of byte 8 + j % 4.
+  __device__ static uint32_t scales(const uint8_t* blk, int w) {
+    const uint32_t lo = ld_u32(blk + 96 + 4 * (w & 1)), hi = ld_u32(blk + 104);
+    return __vsub4(((lo >> (4 * (w >> 1))) & 0x0f0f0f0fu) | (((hi >> (2 * w)) & 0x03030303u) << 4), 0x20202020u);
+  }
+};
+
+// Four IQ4_NL codebook values (int8) for the 4-bit indices in the low nibbles of nib's bytes: two byte
+// permutes over the codebook's halves, then a per-byte select on the index's top bit.
+__device__ __forceinline__ uint32_t iq4nl_values(uint32_t nib) {
+  constexpr uint32_t kLo0 = 0xBFAD9881u, kLo1 = 0xF6EADDCFu;  // -127, -104, -83, -65 | -49, -35, -22, -10
+  constexpr uint32_t kHi0 = 0x26190D01u, kHi1 = 0x71594535u;  // 1, 13, 25, 38 | 53, 69, 89, 113
+  const uint32_t i7 = nib & 0x07070707u, u = i7 | (i7 >> 4);
+  const uint32_t sel = (u & 0xffu) | ((u >> 8) & 0xff00u);  // byte b's index in nibble b
+  const uint32_t lo = __byte_perm(kLo0, kLo1, sel), hi = __byte_perm(kHi0, kHi1, sel);
+  const uint32_t top = ((nib >> 3) & 0x01010101u) * 0xffu;
+  return (hi & top) | (lo & ~top);
 }
+
+struct Iq4XsCodes {
+  using L = BlockLayout<136>;  // d, scales_h (u16), scales_l[4], qs[128]
+  static constexpr int kOffset = 0, kD = 0;
+  // Group grp of half h is sub-block 4h + grp: qs bytes 16 (4h + grp) + l hold elements l (low nibble)
+  // and 16 + l (high); elements 4k.. are word k % 4's nibbles k / 4.
+  struct Raw {
+    uint32_t w[4];
+  };
+  __device__ static Raw raw(const uint8_t* blk, int h, int k) {
+    const uint8_t* q = blk + 8 + 64 * h + 4 * (k & 3);
+    return {{ld_u32(q), ld_u32(q + 16), ld_u32(q + 32), ld_u32(q + 48)}};
+  }
+  __device__ static uint32_t codes(const Raw& r, int, int k, int grp) {
+    return iq4nl_values((r.w[grp] >> (4 * (k >> 2))) & 0x0f0f0f0fu);
+  }
+  // Sub-blocks 2w and 2w + 1 (32 elements each): low 4 bits in the nibbles of scales_l[w], high 2 at
+  // bits 4w and 4w + 2 of scales_h; each twice (two 16-code sub-blocks).
+  __device__ static uint32_t scales(const uint8_t* blk, int w) {
+    const uint32_t sh = ld_u32(blk) >> (16 + 4 * w), sl = (ld_u32(blk + 4) >> (8 * w)) & 0xffu;
+    const uint32_t even = (sl & 15u) | ((sh & 3u) << 4), odd = (sl >> 4) | (((sh >> 2) & 3u) << 4);
+    return __vsub4(even * 0x0101u | odd * 0x01010000u, 0x20202020u);
+  }
+};
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
-template <int NMAX, bool SW>
-__global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) {
+template <class C, int NMAX, bool SW>
+__global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
+  using L = typename C::L;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<Q6KLayout, SW> ring(a, smem);
+  StepRing<L, SW> ring(a, smem);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
@@ -624,13 +698,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
       uint32_t codes[4][8];  // [group][k]: elements 32 group + 4k .. + 3 of the half
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const uint32_t A = ld_u32(blk + 64 * h + 4 * k), B = ld_u32(blk + 64 * h + 32 + 4 * k);
-        const uint32_t H = ld_u32(blk + 128 + 32 * h + 4 * k);
+        const typename C::Raw raw = C::raw(blk, h, k);
 #pragma unroll
-        for (int grp = 0; grp < 4; ++grp) codes[grp][k] = q6k_codes(A, B, H, grp);
+        for (int grp = 0; grp < 4; ++grp) codes[grp][k] = C::codes(raw, h, k, grp);
       }
-      const uint32_t sc[2] = {ld_u32(blk + 192 + 8 * h), ld_u32(blk + 196 + 8 * h)};  // sub-blocks 8h..8h+7
-      const float d = __half2float(*reinterpret_cast<const __half*>(blk + 208));
+      const uint32_t sc[2] = {C::scales(blk, 2 * h), C::scales(blk, 2 * h + 1)};  // sub-blocks 8h..8h+7
+      const float d = __half2float(*reinterpret_cast<const __half*>(blk + C::kD));
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
         if (c >= n) break;  // warp-uniform
@@ -649,18 +722,20 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q6k_dp4a_kernel(Int8MvArgs a) 
             const int jl = 2 * grp + half16;
             isum += sbyte_of(sc[jl >> 2], jl & 3) * dot;
           }
-        const uint4 bsv = *reinterpret_cast<const uint4*>(x.bs + xb * 16 + 8 * h);
-        const uint32_t bsw[4] = {bsv.x, bsv.y, bsv.z, bsv.w};
         float msum = 0.0f;
+        if constexpr (C::kOffset != 0) {
+          const uint4 bsv = *reinterpret_cast<const uint4*>(x.bs + xb * 16 + 8 * h);
+          const uint32_t bsw[4] = {bsv.x, bsv.y, bsv.z, bsv.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 b2 = __half22float2(as_half2(bsw[i]));
-          msum = fmaf(static_cast<float>(sbyte_of(sc[i >> 1], 2 * (i & 1))), b2.x, msum);
-          msum = fmaf(static_cast<float>(sbyte_of(sc[i >> 1], 2 * (i & 1) + 1)), b2.y, msum);
+          for (int i = 0; i < 4; ++i) {
+            const float2 b2 = __half22float2(as_half2(bsw[i]));
+            msum = fmaf(static_cast<float>(sbyte_of(sc[i >> 1], 2 * (i & 1))), b2.x, msum);
+            msum = fmaf(static_cast<float>(sbyte_of(sc[i >> 1], 2 * (i & 1) + 1)), b2.y, msum);
+          }
+          msum += __shfl_xor_sync(0xffffffffu, msum, 16);
         }
         isum += __shfl_xor_sync(0xffffffffu, isum, 16);
-        msum += __shfl_xor_sync(0xffffffffu, msum, 16);
-        acc[c] = add_q6k_super_block(acc[c], isum, msum, d, x.d[xb]);
+        acc[c] = add_s16_super_block<C>(acc[c], isum, msum, d, x.d[xb]);
       }
     }
     write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
@@ -678,12 +753,13 @@ __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k16 per 16-code sub-block and 8 tokens
 // (lane t's fragment columns 4t..4t+3 = the sub-block's elements 4t..4t+3); msum is one f16
 // mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
-template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
-__global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) {
+template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
+__global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) {
+  using L = typename C::L;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
-  StepRing<Q6KLayout, SW> ring(a, smem);
+  StepRing<L, SW> ring(a, smem);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
   ring.prime();
@@ -703,7 +779,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
       const uint8_t* p1 = ring.block(slot, g + 8, mis1, s);
       uint32_t sc0[4], sc1[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) sc0[i] = ld_u32(p0 + 192 + 4 * i), sc1[i] = ld_u32(p1 + 192 + 4 * i);
+      for (int i = 0; i < 4; ++i) sc0[i] = C::scales(p0, i), sc1[i] = C::scales(p1, i);
       int isum[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
@@ -722,16 +798,13 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
           bx[nt][4] = v1.x, bx[nt][5] = v1.y, bx[nt][6] = v1.z, bx[nt][7] = v1.w;
         }
 #pragma unroll
-        for (int L = 0; L < 2; ++L) {  // elements 16L + 4t.. of each 32-element group
-          const int k = 4 * L + t;
-          const uint32_t A0 = ld_u32(p0 + 64 * h + 4 * k), B0 = ld_u32(p0 + 64 * h + 32 + 4 * k);
-          const uint32_t H0 = ld_u32(p0 + 128 + 32 * h + 4 * k);
-          const uint32_t A1 = ld_u32(p1 + 64 * h + 4 * k), B1 = ld_u32(p1 + 64 * h + 32 + 4 * k);
-          const uint32_t H1 = ld_u32(p1 + 128 + 32 * h + 4 * k);
+        for (int L16 = 0; L16 < 2; ++L16) {  // elements 16 L16 + 4t.. of each 32-element group
+          const int k = 4 * L16 + t;
+          const typename C::Raw r0 = C::raw(p0, h, k), r1 = C::raw(p1, h, k);
 #pragma unroll
           for (int grp = 0; grp < 4; ++grp) {
-            const int jl = 2 * grp + L, jg = 8 * h + jl;  // sub-block of the half, of the block
-            const uint32_t a0 = q6k_codes(A0, B0, H0, grp), a1 = q6k_codes(A1, B1, H1, grp);
+            const int jl = 2 * grp + L16, jg = 8 * h + jl;  // sub-block of the half, of the block
+            const uint32_t a0 = C::codes(r0, h, k, grp), a1 = C::codes(r1, h, k, grp);
             const int s0 = sbyte_of(sc0[jg >> 2], jg & 3), s1 = sbyte_of(sc1[jg >> 2], jg & 3);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
@@ -752,10 +825,10 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q6k_mma_kernel(Int8MvArgs a) 
                                      __int2half_rn(static_cast<int8_t>((w >> (sh + 8)) & 0xffu))));
       };
       const uint32_t ma[4] = {sc_pair(sc0, 0), sc_pair(sc1, 0), sc_pair(sc0, 2), sc_pair(sc1, 2)};
-      const float d0 = __half2float(*reinterpret_cast<const __half*>(p0 + 208));
-      const float d1 = __half2float(*reinterpret_cast<const __half*>(p1 + 208));
-      finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
-        return add_q6k_super_block(ac, is, ms, r1 ? d1 : d0, dx);
+      const float d0 = __half2float(*reinterpret_cast<const __half*>(p0 + C::kD));
+      const float d1 = __half2float(*reinterpret_cast<const __half*>(p1 + C::kD));
+      finish_super_block<NT, C::kOffset != 0>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
+        return add_s16_super_block<C>(ac, is, ms, r1 ? d1 : d0, dx);
       });
     }
     write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
@@ -817,22 +890,28 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!SW) return launch<L, 32, q4k_mma_kernel<4, false, Q5, 1>, 1>(a, false, stream);
   return cudaErrorInvalidValue;
 }
-template <bool SW>
-cudaError_t launch_q6k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
+template <class C, bool SW>
+cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
+  using L = typename C::L;
   const int n = a.n;
-  if (dp4a) return n == 1 ? launch<Q6KLayout, 1, q6k_dp4a_kernel<1, SW>>(a, SW, stream, true)
-                          : launch<Q6KLayout, 2, q6k_dp4a_kernel<2, SW>>(a, SW, stream, true);
-  if (n <= 8) return launch<Q6KLayout, 8, q6k_mma_kernel<1, SW>>(a, SW, stream);
-  if (n <= 16) return launch<Q6KLayout, 16, q6k_mma_kernel<2, SW>>(a, SW, stream);
-  if (n <= 24) return launch<Q6KLayout, 24, q6k_mma_kernel<3, SW>>(a, SW, stream);
-  if constexpr (!SW) return launch<Q6KLayout, 32, q6k_mma_kernel<4, false>, 1>(a, false, stream);
+  if (dp4a) return n == 1 ? launch<L, 1, s16_dp4a_kernel<C, 1, SW>>(a, SW, stream, true)
+                          : launch<L, 2, s16_dp4a_kernel<C, 2, SW>>(a, SW, stream, true);
+  if (n <= 8) return launch<L, 8, s16_mma_kernel<C, 1, SW>>(a, SW, stream);
+  if (n <= 16) return launch<L, 16, s16_mma_kernel<C, 2, SW>>(a, SW, stream);
+  if (n <= 24) return launch<L, 24, s16_mma_kernel<C, 3, SW>>(a, SW, stream);
+  if constexpr (!SW) return launch<L, 32, s16_mma_kernel<C, 4, false>, 1>(a, false, stream);
   return cudaErrorInvalidValue;
+}
+template <class C>
+cudaError_t launch_s16(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
+  return sw ? launch_s16<C, true>(a, dp4a, stream) : launch_s16<C, false>(a, dp4a, stream);
 }
 
 }  // namespace
 
 bool int8_matvec_supported(const WeightView& w, int64_t n) {
-  const bool type_ok = w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K;
+  const bool type_ok = w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K ||
+                       w.type == GgmlType::Q3_K || w.type == GgmlType::IQ4_XS;
   return w.int8_matvec && type_ok && w.n_in % 256 == 0 && n >= 1 && n <= kInt8MvMaxWidth;
 }
 
@@ -861,12 +940,15 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
   // Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
   static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 2);
-  const bool fits = w.type == GgmlType::Q6_K ? dp4a_fits<Q6KLayout>()
-                    : w.type == GgmlType::Q5_K ? dp4a_fits<Q5KLayout>()
-                                               : dp4a_fits<Q4KLayout>();
+  const bool fits = w.type == GgmlType::Q6_K     ? dp4a_fits<Q6KLayout>()
+                    : w.type == GgmlType::Q3_K   ? dp4a_fits<Q3KCodes::L>()
+                    : w.type == GgmlType::IQ4_XS ? dp4a_fits<Iq4XsCodes::L>()
+                    : w.type == GgmlType::Q5_K   ? dp4a_fits<Q5KLayout>()
+                                                 : dp4a_fits<Q4KLayout>();
+  const bool s16 = w.type == GgmlType::Q6_K || w.type == GgmlType::Q3_K || w.type == GgmlType::IQ4_XS;
   const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX && fits;
   const XOrder order = dp4a                         ? XOrder::kNatural
-                       : w.type == GgmlType::Q6_K ? XOrder::kFragQ6
+                       : s16                      ? XOrder::kFragQ6
                                                   : XOrder::kFragQ4;
   if (qx && K <= kQuantizedXMaxK) {  // the norm that wrote x quantized it too
     a.x = Q8K{qx->q[static_cast<int>(order)], qx->d, reinterpret_cast<__half*>(qx->bs)};
@@ -882,7 +964,10 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
                                        static_cast<const float*>(x.data), x.stride, n, K, a.x, order);
     if (err != cudaSuccess) return err;
   }
-  if (w.type == GgmlType::Q6_K) return up ? launch_q6k<true>(a, dp4a, stream) : launch_q6k<false>(a, dp4a, stream);
+  const bool sw = up != nullptr;
+  if (w.type == GgmlType::Q6_K) return launch_s16<Q6KCodes>(a, sw, dp4a, stream);
+  if (w.type == GgmlType::Q3_K) return launch_s16<Q3KCodes>(a, sw, dp4a, stream);
+  if (w.type == GgmlType::IQ4_XS) return launch_s16<Iq4XsCodes>(a, sw, dp4a, stream);
   if (w.type == GgmlType::Q5_K) return up ? launch_q4k<true, true>(a, dp4a, stream) : launch_q4k<false, true>(a, dp4a, stream);
   return up ? launch_q4k<true, false>(a, dp4a, stream) : launch_q4k<false, false>(a, dp4a, stream);
 }

@@ -722,11 +722,6 @@ struct Iq1MBlock {
   }
 };
 
-template <class T>
-constexpr bool kScalarDecoded = false;
-template <class S>
-constexpr bool kScalarDecoded<ScalarDecoded<S>> = true;
-
 using TypeQ4_1 = ScalarDecoded<Q4_1Block>;
 using TypeQ5_0 = ScalarDecoded<Q5_0Block>;
 using TypeQ5_1 = ScalarDecoded<Q5_1Block>;
