@@ -8,9 +8,10 @@
 #          scripts/device/perf_session.sh finish   # both 9B files side by side, kernel times of verify-16 and decode
 #          (PERF_AB="VAR=value ...": also decode and verify-4/16 with and without those variables, interleaved;
 #           PERF_SAME_OUTPUT="VAR=value": greedy ids of the 9B with and without them, compared;
-#           PERF_KV_BF16=0, PERF_KV_Q8=0, PERF_KT_VERIFY=0 skip the BF16 and Q8_0 KV benches and the verify-16
-#           kernel times; PERF_NATIVE_QUANTS="Q3_K_M IQ4_XS" quantizes the 9B to those with llama-quantize and
-#           benches llama.cpp and hyspec with the element-decoded kernels on and off)
+#           PERF_KV_BF16=0, PERF_KV_Q8=0, PERF_KT_VERIFY=0, PERF_KERNELS=0, PERF_KT_DECODE=0 skip the BF16 and
+#           Q8_0 KV benches, the verify-16 kernel times, the kernel benches and the decode kernel times;
+#           PERF_NATIVE_QUANTS="Q3_K_M IQ4_XS" quantizes the 9B to those with llama-quantize and benches
+#           llama.cpp and hyspec on them)
 # The anchor's files live in /tmp/anchor, so `finish` must follow while the machine is still warm (30 s).
 # session_checks.sh's benches must end before the anchor's llama-bench starts (~5 min in), or both
 # read low: add nothing GPU-heavy to `start`.
@@ -46,36 +47,38 @@ fi
 echo "== memcheck: 9B prefill and decode steps (real shapes: the fixtures are tiny)"
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 .device/bin/hyspec run -m /tmp/anchor/9b-q4km.gguf \
   --backend cuda --tokens 11,22,33 -n 3 --temp 0 --ids --no-stats --no-graphs 2>&1 | grep -E "ERROR SUMMARY|rror"
-echo "== kernel benches"
-bash scripts/device/kernel_benches.sh 2>&1 | tee "$OUT/benches.log"
+if [ "${PERF_KERNELS:-1}" = 1 ]; then
+  echo "== kernel benches"
+  bash scripts/device/kernel_benches.sh 2>&1 | tee "$OUT/benches.log"
+fi
 if [ "${PERF_KV_BF16:-1}" = 1 ]; then
   echo "== BF16 KV cache at depth 0 and 16384 (the side-by-side above: F16)"
   .device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 0 -n 128 -d 0,16384 --verify 16 -c 17000 \
     --kv-type bf16 2>&1 | tee "$OUT/kv_bf16.md"
 fi
-if [ "${PERF_KV_Q8:-1}" = 1 ]; then  # opt-in on CUDA until validated (CUDA_NOTES, "Q8_0 KV cache")
+if [ "${PERF_KV_Q8:-1}" = 1 ]; then  # CUDA_NOTES, "Q8_0 KV cache"
   echo "== Q8_0 KV cache: memcheck of 9B steps, then depth 0 and 16384 (the side-by-side above: F16)"
-  HYSPEC_CUDA_KV_Q8_0=1 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 .device/bin/hyspec run \
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 .device/bin/hyspec run \
     -m /tmp/anchor/9b-q4km.gguf --backend cuda --kv-type q8_0 --tokens 11,22,33 -n 3 --temp 0 --ids --no-stats \
     --no-graphs 2>&1 | grep -E "ERROR SUMMARY|rror"
-  HYSPEC_CUDA_KV_Q8_0=1 .device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 512 -n 128 -d 0,16384 \
+  .device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 512 -n 128 -d 0,16384 \
     --verify 16 -c 17000 --kv-type q8_0 2>&1 | tee "$OUT/kv_q8_0.md"
 fi
 for q in ${PERF_NATIVE_QUANTS:-}; do  # CUDA_NOTES, "Weight types"
   f=/tmp/anchor/9b-$q.gguf
   /tmp/anchor/llama.cpp/build/bin/llama-quantize /tmp/anchor/9b-bf16.gguf "$f" "$q" > /tmp/anchor/quant-$q.log 2>&1 ||
     { echo "llama-quantize $q failed: $(tail -2 /tmp/anchor/quant-$q.log)"; continue; }
-  echo "== $q: llama.cpp, then hyspec with its weights re-quantized to Q8_0 (default) and as stored (native)"
+  echo "== $q: llama.cpp, then hyspec"
   /tmp/anchor/llama.cpp/build/bin/llama-bench -m "$f" -p 512 -n 128 -fa 1 -ngl 99 2>&1 | grep -E "^\|"
-  for native in 0 1; do
-    HYSPEC_CUDA_NATIVE_QUANTS=$native .device/bin/hyspec bench -m "$f" --backend cuda -p 512 -n 128 --verify 16 -c 4096 \
-      --kv-type f16 2>&1 | grep -E "^\| (model|---|.*(pp|tg|verify))"
-  done
+  .device/bin/hyspec bench -m "$f" --backend cuda -p 512 -n 128 --verify 16 -c 4096 \
+    --kv-type f16 2>&1 | grep -E "^\| (model|---|.*(pp|tg|verify))"
   rm -f "$f"
 done | tee "$OUT/native_quants.md"
 if [ "${PERF_KT_VERIFY:-1}" = 1 ]; then
   echo "== GPU time per kernel of a verify-16 step (ncu)"
   KT_BENCH="-p 0 -n 0 --verify 16" KT_STEPS=9 bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf 0 20000 | tee "$OUT/kt_verify16.md"
 fi
-echo "== GPU time per kernel of decode steps (ncu)"
-bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf | tee "$OUT/kt_decode.md"
+if [ "${PERF_KT_DECODE:-1}" = 1 ]; then
+  echo "== GPU time per kernel of decode steps (ncu)"
+  bash bench/kernel_times.sh /tmp/anchor/9b-q4km.gguf | tee "$OUT/kt_decode.md"
+fi

@@ -647,9 +647,7 @@ struct MmaDecodeSmem {
   static constexpr int kRaw = kQ8 ? q8_slot_bytes(D) : kPitch;        // bytes per staged cache row
   static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kRaw;   // K and V of one step
   static constexpr int kStages = 3;                                   // per warp: two steps in flight
-  // Q8_0: the step's K and V codes widened to f16 rows (kPitch) for ldmatrix, one set per warp
-  static constexpr size_t kWiden = kQ8 ? size_t{2} * kMmaStepKeys * kPitch : 0;
-  static constexpr size_t kWarp = kStages * kStage + kWiden;
+  static constexpr size_t kWarp = kStages * kStage;
   static constexpr size_t kQ = size_t{kDecodeWarps} * kWarp;         // Q hi/lo rows [16][kPitch]
   static constexpr size_t kBytes = kQ + 16 * kPitch;
   // After the loop the stages hold the warps' results: o [warps][Q][D], (m, l) [warps][Q][2], then
@@ -661,9 +659,14 @@ struct MmaDecodeSmem {
   static_assert(kDecodeMergeBytes <= kBytes, "the split merge fits");
 };
 
-// C: the cache's type (__half, __nv_bfloat16, or Q8Slot: Q8_0 codes widened to f16 in shared memory,
-// exact, with the block scales applied per 32 dims: to each block's scores, and to P for each block of
-// output dims, before its hi/lo split; a Q8_0 step is ~2x the instructions of an f16 one).
+// C: the cache's type (__half, __nv_bfloat16, or Q8Slot). Q8_0 codes become the MMAs' f16 B fragments in
+// registers, exactly (codes_to_half2), straight from the staged rows, with the block scales applied per
+// 32 dims: to each block's scores, and to P for each block of output dims, before its hi/lo split.
+// For that a lane's fragment values must be bytes of one word: K's dims are permuted within each 16-dim
+// slice (MMA column 2t, 2t+1, 2t+8, 2t+9 = stored dim 4t..4t+3; Q is stored in q_sm in that order), and
+// V's output dims within each 32-dim block (n-tile 4b + jj, column c = dim 32b + 4c + jj), so that
+// lane (g, t) reads word g of block b of its four key rows and transposes their bytes. Without widened
+// copies a Q8_0 block needs half the shared memory of an f16 one: two blocks per SM.
 template <int D, typename C>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
   pdl_wait();  // as attention_decode_kernel
@@ -684,7 +687,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + kvh * a.head_bytes;
   const int64_t pitch = a.row_bytes;
   uint8_t* const stages = sm + warp * L::kWarp;
-  uint8_t* const widened = stages + L::kStages * L::kStage;  // Q8_0: K rows, then V rows
   // Keys past k1 copy row k1-1: finite data that the mask gives weight 0.
   auto issue = [&](int ks, int stage) {  // one commit group per call
     uint8_t* kd = stages + stage * L::kStage;
@@ -717,8 +719,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
         m < M ? a.q.data[static_cast<int64_t>(blk.row(m)) * a.q.stride + static_cast<int64_t>(blk.head(m)) * D + d] * a.scale
               : 0.0f;
     const T hi = to_cache<T>(v);
-    *reinterpret_cast<T*>(q_sm + m * P + 2 * d) = hi;
-    *reinterpret_cast<T*>(q_sm + (m + 8) * P + 2 * d) = to_cache<T>(v - static_cast<float>(hi));
+    int col = d;  // Q8_0: the MMA column of stored dim d (see above)
+    if constexpr (kQ8) col = (d & ~15) + 2 * ((d & 15) >> 2) + (d & 1) + 8 * ((d >> 1) & 1);
+    *reinterpret_cast<T*>(q_sm + m * P + 2 * col) = hi;
+    *reinterpret_cast<T*>(q_sm + (m + 8) * P + 2 * col) = to_cache<T>(v - static_cast<float>(hi));
   }
   __syncthreads();
 
@@ -744,27 +748,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     __syncwarp();
     const uint8_t* kd = stages + stage * L::kStage;  // the cache rows as stored
     const uint8_t* vd = kd + SK * R;
-    const uint8_t* kh = kd;  // K and V as T rows of pitch P
+    const uint8_t* kh = kd;  // K and V as T rows of pitch P (16-bit caches)
     const uint8_t* vh = vd;
-    if constexpr (kQ8) {  // widen the codes: 16 per lane and round, K rows then V rows
-#pragma unroll 2
-      for (int it = 0; it < 2 * SK * (D / 16) / 32; ++it) {
-        const int i = it * 32 + lane, mat = i / (SK * (D / 16)), j = i % (SK * (D / 16)), r = j / (D / 16),
-                  c = j % (D / 16);
-        const uint4 w = *reinterpret_cast<const uint4*>((mat ? vd : kd) + r * R + 16 * c);
-        uint4 lo, hi;
-        codes_to_half2(w.x, lo.x, lo.y);
-        codes_to_half2(w.y, lo.z, lo.w);
-        codes_to_half2(w.z, hi.x, hi.y);
-        codes_to_half2(w.w, hi.z, hi.w);
-        uint8_t* dst = widened + (mat * SK + r) * P + 32 * c;
-        reinterpret_cast<uint4*>(dst)[0] = lo;
-        reinterpret_cast<uint4*>(dst)[1] = hi;
-      }
-      __syncwarp();
-      kh = widened;
-      vh = widened + SK * P;
-    }
     // The scale of Q8_0 block b of the step's key row r (K: kd, V: vd).
     auto scale_of = [&](const uint8_t* rows, int r, int b) { return q8_scale(rows + r * R, D, b); };
     float s[4];
@@ -776,9 +761,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
         float c[2][2][4] = {};
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
+          const int sl = 2 * b + u;  // 16-dim slice
           uint32_t qa[4], kb[4];
-          ldmatrix_x4(qa, q_row + 32 * (2 * b + u));
-          ldmatrix_x4(kb, kh + k_off + 32 * (2 * b + u));
+          ldmatrix_x4(qa, q_row + 32 * sl);
+          // keys g and 8 + g: stored dims 4t..4t+3 of the slice = MMA columns 2t, 2t+1 | 2t+8, 2t+9
+          codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + g * R + 16 * sl + 4 * t), kb[0], kb[1]);
+          codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + (8 + g) * R + 16 * sl + 4 * t), kb[2], kb[3]);
           mma_kv<T>(c[u][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
           mma_kv<T>(c[u][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
         }
@@ -844,13 +832,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
         for (int e = 0; e < 4; ++e) pb[e] = p[e] * scale_of(vd, 8 * (e >> 1) + 2 * t + (e & 1), b);
         uint32_t pa[4];
         split(pb, pa);
+        // Word g of block b of key rows 2t, 2t+1, 2t+8, 2t+9, bytes transposed: x[jj] = dim 32b + 4g + jj
+        // of the four keys, the B fragments of n-tile 4b + jj.
+        auto word = [&](int r) { return *reinterpret_cast<const uint32_t*>(vd + r * R + 32 * b + 4 * g); };
+        const uint32_t w0 = word(2 * t), w1 = word(2 * t + 1), w2 = word(2 * t + 8), w3 = word(2 * t + 9);
+        const uint32_t t01 = __byte_perm(w0, w1, 0x5140), t23 = __byte_perm(w2, w3, 0x5140);  // bytes 0, 1
+        const uint32_t u01 = __byte_perm(w0, w1, 0x7362), u23 = __byte_perm(w2, w3, 0x7362);  // bytes 2, 3
+        const uint32_t x[4] = {__byte_perm(t01, t23, 0x5410), __byte_perm(t01, t23, 0x7632),
+                               __byte_perm(u01, u23, 0x5410), __byte_perm(u01, u23, 0x7632)};
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int kk = 2 * b + u;
-          uint32_t vb[4];
-          ldmatrix_x4_trans(vb, vh + v_off + 32 * kk);
-          mma_kv<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
-          mma_kv<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
+        for (int jj = 0; jj < 4; ++jj) {
+          uint32_t vb0, vb1;
+          codes_to_half2(x[jj], vb0, vb1);
+          mma_kv<T>(o[4 * b + jj], pa[0], pa[1], pa[2], pa[3], vb0, vb1);
         }
       }
     } else {
@@ -878,8 +872,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   float* ml_s = reinterpret_cast<float*>(sm + L::kBlockMl);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    float* dst = wo + (warp * Q + g) * D + 8 * j + 2 * t;
-    dst[0] = o[j][0] + o[j][2], dst[1] = o[j][1] + o[j][3];
+    float* row = wo + (warp * Q + g) * D;
+    if constexpr (kQ8) {  // n-tile j, columns 2t, 2t+1: dims 32 (j / 4) + 4 (2t) + j % 4 and 4 more
+      row[32 * (j >> 2) + 8 * t + (j & 3)] = o[j][0] + o[j][2], row[32 * (j >> 2) + 8 * t + 4 + (j & 3)] = o[j][1] + o[j][3];
+    } else {
+      row[8 * j + 2 * t] = o[j][0] + o[j][2], row[8 * j + 2 * t + 1] = o[j][1] + o[j][3];
+    }
   }
   if (t == 0) wml[(warp * Q + g) * 2] = m_run, wml[(warp * Q + g) * 2 + 1] = l_run;
   __syncthreads();
@@ -963,11 +961,12 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const bool decode = uses_decode_kernel(p.q.rows, p.n_head / p.n_kv_head, p.n_kv_head);
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
   if (base >= n_sm) return 1;
-  // Blocks per SM to aim for: 2, or 1 for the tensor-core decode kernel, which holds one block per
-  // SM (its shared memory) and measured faster in one wave (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
+  // Blocks per SM to aim for: 2, or 1 for the tensor-core decode kernel on 16-bit caches, which holds
+  // one block per SM (its shared memory) and measured faster in one wave; its Q8_0 blocks fit two per
+  // SM (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
   static const int per_sm_env = env_int("HYSPEC_ATTN_BLOCKS_PER_SM", 0);
-  const bool mma = decode && p.kv.type != GgmlType::F32 && decode_mma_enabled();
-  const int per_sm = per_sm_env >= 1 ? per_sm_env : mma ? 1 : 2;
+  const bool mma16 = decode && p.kv.type != GgmlType::F32 && p.kv.type != GgmlType::Q8_0 && decode_mma_enabled();
+  const int per_sm = per_sm_env >= 1 ? per_sm_env : mma16 ? 1 : 2;
   const int64_t want = (int64_t{per_sm} * n_sm + base - 1) / base;
   // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
   const int64_t max_useful = std::max<int64_t>(
