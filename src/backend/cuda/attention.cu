@@ -874,7 +874,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   for (int j = 0; j < NT; ++j) {
     float* row = wo + (warp * Q + g) * D;
     if constexpr (kQ8) {  // n-tile j, columns 2t, 2t+1: dims 32 (j / 4) + 4 (2t) + j % 4 and 4 more
-      row[32 * (j >> 2) + 8 * t + (j & 3)] = o[j][0] + o[j][2], row[32 * (j >> 2) + 8 * t + 4 + (j & 3)] = o[j][1] + o[j][3];
+      float* dims = row + 32 * (j >> 2) + 8 * t + (j & 3);
+      dims[0] = o[j][0] + o[j][2], dims[4] = o[j][1] + o[j][3];
     } else {
       row[8 * j + 2 * t] = o[j][0] + o[j][2], row[8 * j + 2 * t + 1] = o[j][1] + o[j][3];
     }

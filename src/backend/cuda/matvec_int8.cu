@@ -621,7 +621,9 @@ struct Q3KCodes {
   struct Raw {
     uint32_t q, hm;  // 2-bit codes of the half (group grp: bits 2grp), third bits (bit 4h + grp)
   };
-  __device__ static Raw raw(const uint8_t* blk, int h, int k) { return {ld_u32(blk + 32 + 32 * h + 4 * k), ld_u32(blk + 4 * k)}; }
+  __device__ static Raw raw(const uint8_t* blk, int h, int k) {
+    return {ld_u32(blk + 32 + 32 * h + 4 * k), ld_u32(blk + 4 * k)};
+  }
   __device__ static uint32_t codes(const Raw& r, int h, int, int grp) {
     return ((r.q >> (2 * grp)) & 0x03030303u) | (((r.hm >> (4 * h + grp)) & 0x01010101u) << 2);
   }
@@ -902,17 +904,42 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!SW) return launch<L, 32, s16_mma_kernel<C, 4, false>, 1>(a, false, stream);
   return cudaErrorInvalidValue;
 }
+
+// The int8 matvec's weight types as kernel families: the ring layout, the activations' order for the
+// tensor-core kernels, and the launch (sw: fused SwiGLU).
+template <bool Q5>
+struct Q4KFamily {
+  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+  static constexpr XOrder kOrder = XOrder::kFragQ4;
+  static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
+    return sw ? launch_q4k<true, Q5>(a, dp4a, stream) : launch_q4k<false, Q5>(a, dp4a, stream);
+  }
+};
 template <class C>
-cudaError_t launch_s16(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
-  return sw ? launch_s16<C, true>(a, dp4a, stream) : launch_s16<C, false>(a, dp4a, stream);
+struct S16Family {
+  using L = typename C::L;
+  static constexpr XOrder kOrder = XOrder::kFragQ6;
+  static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
+    return sw ? launch_s16<C, true>(a, dp4a, stream) : launch_s16<C, false>(a, dp4a, stream);
+  }
+};
+// f(family) for a type of the int8 matvec; false for any other.
+template <class F>
+bool with_int8_family(GgmlType t, F&& f) {
+  switch (t) {
+    case GgmlType::Q4_K: f(Q4KFamily<false>{}); return true;
+    case GgmlType::Q5_K: f(Q4KFamily<true>{}); return true;
+    case GgmlType::Q6_K: f(S16Family<Q6KCodes>{}); return true;
+    case GgmlType::Q3_K: f(S16Family<Q3KCodes>{}); return true;
+    case GgmlType::IQ4_XS: f(S16Family<Iq4XsCodes>{}); return true;
+    default: return false;
+  }
 }
 
 }  // namespace
 
 bool int8_matvec_supported(const WeightView& w, int64_t n) {
-  const bool type_ok = w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K ||
-                       w.type == GgmlType::Q3_K || w.type == GgmlType::IQ4_XS;
-  return w.int8_matvec && type_ok && w.n_in % 256 == 0 && n >= 1 && n <= kInt8MvMaxWidth;
+  return w.int8_matvec && with_int8_family(w.type, [](auto) {}) && w.n_in % 256 == 0 && n >= 1 && n <= kInt8MvMaxWidth;
 }
 
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n) {
@@ -938,38 +965,30 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
-  // Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
-  static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 2);
-  const bool fits = w.type == GgmlType::Q6_K     ? dp4a_fits<Q6KLayout>()
-                    : w.type == GgmlType::Q3_K   ? dp4a_fits<Q3KCodes::L>()
-                    : w.type == GgmlType::IQ4_XS ? dp4a_fits<Iq4XsCodes::L>()
-                    : w.type == GgmlType::Q5_K   ? dp4a_fits<Q5KLayout>()
-                                                 : dp4a_fits<Q4KLayout>();
-  const bool s16 = w.type == GgmlType::Q6_K || w.type == GgmlType::Q3_K || w.type == GgmlType::IQ4_XS;
-  const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX && fits;
-  const XOrder order = dp4a                         ? XOrder::kNatural
-                       : s16                      ? XOrder::kFragQ6
-                                                  : XOrder::kFragQ4;
-  if (qx && K <= kQuantizedXMaxK) {  // the norm that wrote x quantized it too
-    a.x = Q8K{qx->q[static_cast<int>(order)], qx->d, reinterpret_cast<__half*>(qx->bs)};
-    a.xf = nullptr;
-  } else if (!dp4a || K > kInBlockMaxK) {  // quantize x once, for every block
-    char* base = static_cast<char*>(scratch);
-    a.x = Q8K{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes(n, K)),
-              reinterpret_cast<__half*>(base + q_bytes(n, K) + d_bytes(n, K))};
-    a.xf = nullptr;
-    const int64_t blocks = padded_tokens(n) * (K / 256);
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks + 7) / 8, 1024)));
-    const cudaError_t err = launch_pdl(quantize_q8k_kernel, grid, dim3(256), 0, stream,
-                                       static_cast<const float*>(x.data), x.stride, n, K, a.x, order);
-    if (err != cudaSuccess) return err;
-  }
-  const bool sw = up != nullptr;
-  if (w.type == GgmlType::Q6_K) return launch_s16<Q6KCodes>(a, sw, dp4a, stream);
-  if (w.type == GgmlType::Q3_K) return launch_s16<Q3KCodes>(a, sw, dp4a, stream);
-  if (w.type == GgmlType::IQ4_XS) return launch_s16<Iq4XsCodes>(a, sw, dp4a, stream);
-  if (w.type == GgmlType::Q5_K) return up ? launch_q4k<true, true>(a, dp4a, stream) : launch_q4k<false, true>(a, dp4a, stream);
-  return up ? launch_q4k<true, false>(a, dp4a, stream) : launch_q4k<false, false>(a, dp4a, stream);
+  cudaError_t err = cudaErrorInvalidValue;
+  with_int8_family(w.type, [&](auto family) {
+    using Family = decltype(family);
+    // Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
+    static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 2);
+    const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX && dp4a_fits<typename Family::L>();
+    const XOrder order = dp4a ? XOrder::kNatural : Family::kOrder;
+    if (qx && K <= kQuantizedXMaxK) {  // the norm that wrote x quantized it too
+      a.x = Q8K{qx->q[static_cast<int>(order)], qx->d, reinterpret_cast<__half*>(qx->bs)};
+      a.xf = nullptr;
+    } else if (!dp4a || K > kInBlockMaxK) {  // quantize x once, for every block
+      char* base = static_cast<char*>(scratch);
+      a.x = Q8K{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes(n, K)),
+                reinterpret_cast<__half*>(base + q_bytes(n, K) + d_bytes(n, K))};
+      a.xf = nullptr;
+      const int64_t blocks = padded_tokens(n) * (K / 256);
+      const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks + 7) / 8, 1024)));
+      err = launch_pdl(quantize_q8k_kernel, grid, dim3(256), 0, stream, static_cast<const float*>(x.data), x.stride, n,
+                       K, a.x, order);
+      if (err != cudaSuccess) return;
+    }
+    err = Family::launch(a, up != nullptr, dp4a, stream);
+  });
+  return err;
 }
 
 }  // namespace hyspec::cuda
