@@ -23,7 +23,17 @@ export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export OUT=${OUT:-/tmp/hyspec-out}
 if [ "$MODE" = start ]; then
   bash bench/compare_llamacpp.sh start 9b
-  SC_BENCH=0 bash scripts/device/session_checks.sh 2>&1 | tee "$OUT/checks.log"
+  if [ "${PERF_CHECKS:-1}" = 1 ]; then
+    SC_BENCH=0 bash scripts/device/session_checks.sh 2>&1 | tee "$OUT/checks.log"
+  else  # the tests ran earlier: the attention bench at 16K (before the anchor's llama-bench), then wait for it
+    for b in 0 1 3; do
+      echo "== attention at ctx 16384, HYSPEC_ATTN_BLOCKS_PER_SM=$b (0: default)"
+      HYSPEC_ATTN_BLOCKS_PER_SM=$b HYSPEC_CUDA_BENCH=1 HYSPEC_BENCH_CTX=16384 timeout 100 .device/bin/test_backend \
+        --gtest_filter='CudaBench.AttentionAndGdnDecode' 2>&1 | grep -E "BENCH|^\|" | head -30
+    done | tee "$OUT/attn16k.log"
+    while [ ! -f /tmp/anchor/anchor.done ] && [ "$SECONDS" -lt 550 ]; do sleep 5; done  # inside the 600 s of a call
+    cat /tmp/anchor/anchor.md
+  fi
   exit 0
 fi
 bash bench/compare_llamacpp.sh finish 9b
@@ -44,7 +54,21 @@ if [ -n "${PERF_SAME_OUTPUT:-}" ]; then  # e.g. "HYSPEC_DEFER_NORM=0": greedy id
   echo "== greedy ids, ${PERF_SAME_OUTPUT} vs default: $(cmp -s "$OUT/ids_variant.txt" "$OUT/ids_default.txt" && echo identical || echo DIFFERENT)"
   head -c 400 "$OUT/ids_default.txt"; echo
 fi
-echo "== memcheck: 9B prefill and decode steps (real shapes: the fixtures are tiny)"
+if [ "${PERF_PROFILE:-0}" = 1 ]; then  # GPU time per op of a 512-token prefill, both files
+  for f in /tmp/anchor/9b-bf16.gguf /tmp/anchor/9b-q4km.gguf; do
+    echo "== op profile, pp512: $(basename "$f")"
+    HYSPEC_CUDA_PROFILE=1 timeout 120 .device/bin/hyspec bench -m "$f" --backend cuda --no-graphs --kv-type f16 -c 4096 \
+      -p 512 -n 0 2>&1 | grep -E "^\| (model|---|.*pp)|HYSPEC_CUDA_PROFILE|^\| [a-z_]+ " | head -40
+  done | tee "$OUT/profile_pp512.md"
+fi
+if [ -n "${PERF_Q8_BLOCKS:-}" ]; then  # decode attention blocks per SM with a Q8_0 cache, at depth 0 and 16384
+  for b in $PERF_Q8_BLOCKS; do
+    echo "== Q8_0 KV, HYSPEC_ATTN_BLOCKS_PER_SM=$b"
+    HYSPEC_ATTN_BLOCKS_PER_SM=$b .device/bin/hyspec bench -m /tmp/anchor/9b-q4km.gguf --backend cuda -p 0 -n 128 \
+      -d 0,16384 -c 17000 --kv-type q8_0 2>&1 | grep -E "tg128"
+  done | tee "$OUT/q8_blocks.md"
+fi
+[ "${PERF_MEMCHECK:-1}" = 1 ] && echo "== memcheck: 9B prefill and decode steps (real shapes: the fixtures are tiny)" &&
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 .device/bin/hyspec run -m /tmp/anchor/9b-q4km.gguf \
   --backend cuda --tokens 11,22,33 -n 3 --temp 0 --ids --no-stats --no-graphs 2>&1 | grep -E "ERROR SUMMARY|rror"
 if [ "${PERF_KERNELS:-1}" = 1 ]; then
