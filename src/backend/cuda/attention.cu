@@ -962,12 +962,13 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const bool decode = uses_decode_kernel(p.q.rows, p.n_head / p.n_kv_head, p.n_kv_head);
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
   if (base >= n_sm) return 1;
-  // Blocks per SM to aim for: 2, or 1 for the tensor-core decode kernel on 16-bit caches, which holds
-  // one block per SM (its shared memory) and measured faster in one wave; its Q8_0 blocks fit two per
-  // SM (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
+  // Blocks per SM to aim for: 2 (SIMT kernels), or 1 for the tensor-core decode kernel (F16, BF16 and
+  // Q8_0 caches), which measured fastest in one wave of longer splits: on an H100 at ctx 16384, Q8_0
+  // one row 30.4 us at 1 per SM against 35.0 at 2 (where two of its blocks fit) and 51.0 at 3; 16 rows
+  // 150.6 / 217.4 / 246.3 us (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
   static const int per_sm_env = env_int("HYSPEC_ATTN_BLOCKS_PER_SM", 0);
-  const bool mma16 = decode && p.kv.type != GgmlType::F32 && p.kv.type != GgmlType::Q8_0 && decode_mma_enabled();
-  const int per_sm = per_sm_env >= 1 ? per_sm_env : mma16 ? 1 : 2;
+  const bool mma = decode && p.kv.type != GgmlType::F32 && decode_mma_enabled();
+  const int per_sm = per_sm_env >= 1 ? per_sm_env : mma ? 1 : 2;
   const int64_t want = (int64_t{per_sm} * n_sm + base - 1) / base;
   // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
   const int64_t max_useful = std::max<int64_t>(
