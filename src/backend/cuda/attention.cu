@@ -963,9 +963,10 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
   if (base >= n_sm) return 1;
   // Blocks per SM to aim for: 2 (SIMT kernels), or 1 for the tensor-core decode kernel (F16, BF16 and
-  // Q8_0 caches), which measured fastest in one wave of longer splits: on an H100 at ctx 16384, Q8_0
-  // one row 30.4 us at 1 per SM against 35.0 at 2 (where two of its blocks fit) and 51.0 at 3; 16 rows
-  // 150.6 / 217.4 / 246.3 us (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
+  // Q8_0 caches): one wave of longer splits. H100 kernel bench at ctx 16384, Q8_0, 1 / 2 / 3 per SM: one
+  // row 30.4 / 35.0 / 51.0 us, 16 rows 150.6 / 217.4 / 246.3 us; but that bench's Q8_0 cache (37 MB)
+  // stays in L2, so the choice is not settled for DRAM-bound steps (PERFORMANCE.md, session 19); the 9B
+  // at depth 16384 ran 319.7 t/s with 1 (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
   static const int per_sm_env = env_int("HYSPEC_ATTN_BLOCKS_PER_SM", 0);
   const bool mma = decode && p.kv.type != GgmlType::F32 && decode_mma_enabled();
   const int per_sm = per_sm_env >= 1 ? per_sm_env : mma ? 1 : 2;
