@@ -24,6 +24,8 @@ if [ "$MODE" = start ]; then
   # ANCHOR_MODELS_ONLY=1: build llama.cpp and make the GGUFs, skip llama-bench (A/B sessions of hyspec
   # builds, whose GPU benches would otherwise share the GPU with llama-bench's).
   if [ "${ANCHOR_MODELS_ONLY:-0}" = 1 ]; then sed '/^\$B -m/d' "$A" > "$W/anchor_models.sh"; A=$W/anchor_models.sh; fi
+  # ANCHOR_NO_SWEEP=1: llama-bench pp512/tg128 only, without the pp1..32 sweep (saves ~1 min of a call).
+  if [ "${ANCHOR_NO_SWEEP:-0}" = 1 ]; then sed '/-p 1,2,4,8,16,32/d' "$A" > "$W/anchor_nosweep.sh"; A=$W/anchor_nosweep.sh; fi
   setsid nohup bash -c "bash $A .anchor/llama.cpp-src.tar.xz $W $SHAPE > $W/anchor.md 2> $W/anchor.err; echo done > $W/anchor.done" > /dev/null 2>&1 &
   echo "anchor started in $W"
   exit 0

@@ -11,10 +11,7 @@ cd "$(dirname "$0")/../.."
 export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export OUT=${OUT:-/tmp/hyspec-out}
 W=/tmp/anchor H=.device/bin/hyspec
-mkdir -p "$W/llama.cpp" && tar xJf .anchor/llama.cpp-src.tar.xz -C "$W/llama.cpp"
-sed '/-p 1,2,4,8,16,32/d' .anchor/llamacpp_anchor.sh > "$W/anchor.sh"
-setsid nohup bash -c "bash $W/anchor.sh .anchor/llama.cpp-src.tar.xz $W 9b > $W/anchor.md 2> $W/anchor.err; echo done > $W/anchor.done" \
-  > /dev/null 2>&1 &
+ANCHOR_NO_SWEEP=1 bash bench/compare_llamacpp.sh start 9b
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 {
   echo "== CUDA attention tests"
