@@ -289,6 +289,12 @@ bool decode_mma_enabled() {
   return v;
 }
 
+// Warps per block of the tensor-core decode kernel on Q8_0 caches: 4, or 8 (HYSPEC_ATTN_WARPS=8).
+int decode_warps_q8() {
+  static const int v = env_int("HYSPEC_ATTN_WARPS", 4) == 8 ? 8 : 4;
+  return v;
+}
+
 // Steps of up to kDecodeMaxRows rows take the decode kernel, while its merge counters (one per kv
 // head and query group) fit.
 bool uses_decode_kernel(int64_t rows, int group, int n_kv) {
@@ -360,10 +366,10 @@ __device__ DecodeBlock decode_block(const AttnArgs& a) {
 // finish (a self-resetting counter) merges them: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z.
 // The (max, sum) pairs go through shared memory `work` (kDecodeMergeBytes; o_s and ml_s may alias
 // it) first, so the sums over splits are independent L2 loads, not chains.
-template <int D>
+template <int D, int kThreadsPerBlock = kDecodeWarps * 32>
 __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, unsigned* counters, const float* o_s,
                                     const float* ml_s, void* work) {
-  constexpr int Q = kDecodeQueries, kThreadsPerBlock = kDecodeWarps * 32;
+  constexpr int Q = kDecodeQueries;
   __shared__ int s_last;
   const int tid = threadIdx.x, kvh = blk.kvh, q0 = blk.q0, M = blk.M, z = blockIdx.y, n_eff = blk.n_eff;
   const int M_all = a.n * a.group;
@@ -641,19 +647,19 @@ __device__ __forceinline__ void mma_kv(float (&d)[4], uint32_t a0, uint32_t a1, 
   }
 }
 
-template <int D, bool kQ8>
+template <int D, bool kQ8, int W>
 struct MmaDecodeSmem {
   static constexpr int kPitch = D * 2 + 16;  // bytes per f16 row: ldmatrix rows land 4 banks apart
   static constexpr int kRaw = kQ8 ? q8_slot_bytes(D) : kPitch;        // bytes per staged cache row
   static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kRaw;   // K and V of one step
   static constexpr int kStages = 3;                                   // per warp: two steps in flight
   static constexpr size_t kWarp = kStages * kStage;
-  static constexpr size_t kQ = size_t{kDecodeWarps} * kWarp;         // Q hi/lo rows [16][kPitch]
+  static constexpr size_t kQ = size_t{W} * kWarp;                   // Q hi/lo rows [16][kPitch]
   static constexpr size_t kBytes = kQ + 16 * kPitch;
   // After the loop the stages hold the warps' results: o [warps][Q][D], (m, l) [warps][Q][2], then
   // the block's o [Q][D] and (m, l) [2][Q].
-  static constexpr size_t kWarpMl = size_t{kDecodeWarps} * kDecodeQueries * D * 4;
-  static constexpr size_t kBlockO = kWarpMl + size_t{kDecodeWarps} * kDecodeQueries * 2 * 4;
+  static constexpr size_t kWarpMl = size_t{W} * kDecodeQueries * D * 4;
+  static constexpr size_t kBlockO = kWarpMl + size_t{W} * kDecodeQueries * 2 * 4;
   static constexpr size_t kBlockMl = kBlockO + size_t{kDecodeQueries} * D * 4;
   static_assert(kBlockMl + 2 * kDecodeQueries * 4 <= kQ, "results fit in the stages");
   static_assert(kDecodeMergeBytes <= kBytes, "the split merge fits");
@@ -667,13 +673,15 @@ struct MmaDecodeSmem {
 // V's output dims within each 32-dim block (n-tile 4b + jj, column c = dim 32b + 4c + jj), so that
 // lane (g, t) reads word g of block b of its four key rows and transposes their bytes. Without widened
 // copies a Q8_0 block needs half the shared memory of an f16 one: two blocks per SM.
-template <int D, typename C>
-__global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
+// W warps per block: 4, or 8 for Q8_0 caches (half the shared memory per warp; more warps in flight
+// against the latency of each warp's chain of dependent steps).
+template <int D, typename C, int W>
+__global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
   pdl_wait();  // as attention_decode_kernel
   pdl_trigger();
   constexpr bool kQ8 = kIsQ8<C>;
   using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
-  using L = MmaDecodeSmem<D, kQ8>;
+  using L = MmaDecodeSmem<D, kQ8, W>;
   constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, R = L::kRaw, NT = D / 8;
   constexpr int kPieces = (kQ8 ? R : D * 2) / 16;  // 16-byte pieces per K or V row
   static_assert(Q == 8, "the 16 MMA rows are 8 queries x (hi, lo)");
@@ -701,7 +709,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     }
     cp_async_commit();
   };
-  constexpr int kStride = SK * kDecodeWarps;  // keys between a warp's steps
+  constexpr int kStride = SK * W;  // keys between a warp's steps
   int ks = k0 + SK * warp;
   for (int st = 0; st + 1 < L::kStages; ++st) {
     if (ks + st * kStride < k1) {
@@ -713,7 +721,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
 
   // Q, pre-scaled, as T hi (rows 0-7) and lo (rows 8-15); absent queries are zero rows.
   uint8_t* const q_sm = sm + L::kQ;
-  for (int i = tid; i < Q * D; i += kDecodeWarps * 32) {
+  for (int i = tid; i < Q * D; i += W * 32) {
     const int m = i / D, d = i % D;
     const float v =
         m < M ? a.q.data[static_cast<int64_t>(blk.row(m)) * a.q.stride + static_cast<int64_t>(blk.head(m)) * D + d] * a.scale
@@ -884,9 +892,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   __syncthreads();
   if (tid < Q) {
     float mx = -INFINITY;
-    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, wml[(w * Q + tid) * 2]);
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, wml[(w * Q + tid) * 2]);
     float l = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float f = mx == -INFINITY ? 0.0f : expf(wml[(w * Q + tid) * 2] - mx);
       l += f * wml[(w * Q + tid) * 2 + 1];
       wml[(w * Q + tid) * 2 + 1] = f;  // the weight replaces the sum
@@ -894,15 +902,33 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     ml_s[tid] = mx, ml_s[Q + tid] = l;
   }
   __syncthreads();
-  for (int i = tid; i < M * D; i += kDecodeWarps * 32) {
+  for (int i = tid; i < M * D; i += W * 32) {
     const int m = i / D;
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) v += wml[(w * Q + m) * 2 + 1] * wo[w * Q * D + i];
+    for (int w = 0; w < W; ++w) v += wml[(w * Q + m) * 2 + 1] * wo[w * Q * D + i];
     o_s[i] = v;
   }
   __syncthreads();
-  finish_decode_block<D>(a, blk, counters, o_s, ml_s, sm);
+  finish_decode_block<D, W * 32>(a, blk, counters, o_s, ml_s, sm);
+}
+
+// The tensor-core decode kernel with W warps per block; cudaErrorNotSupported where the device does
+// not grant its shared memory (sm_86/89 have 99 KB: the SIMT kernel runs there) or HYSPEC_ATTN_MMA=0.
+// One launch: the kernel merges its own splits.
+template <int D, typename KV, int W>
+cudaError_t launch_mma(const AttnArgs& a, dim3 grid, unsigned* counters, cudaStream_t stream) {
+  constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, W>::kBytes;
+  static const bool usable = [] {
+    if (!decode_mma_enabled()) return false;
+    if (cudaFuncSetAttribute(attention_decode_mma_kernel<D, KV, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)) == cudaSuccess)
+      return true;
+    cudaGetLastError();  // not sticky: clear it, the SIMT kernel takes over
+    return false;
+  }();
+  if (!usable) return cudaErrorNotSupported;
+  return launch_pdl(attention_decode_mma_kernel<D, KV, W>, grid, dim3(W * 32), smem, stream, a, counters);
 }
 
 template <int D, typename KV>
@@ -920,19 +946,14 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     // The tensor-core kernel for F16/BF16/Q8_0 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
     if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) {
-      constexpr size_t msmem = MmaDecodeSmem<D, kIsQ8<KV>>::kBytes;
-      static const bool use_mma = [] {
-        if (!decode_mma_enabled()) return false;
-        if (cudaFuncSetAttribute(attention_decode_mma_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(msmem)) == cudaSuccess)
-          return true;
-        cudaGetLastError();  // not sticky: clear it, the SIMT kernel takes over
-        return false;
-      }();
-      // One launch: the kernel merges its own splits.
-      if (use_mma)
-        return launch_pdl(attention_decode_mma_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), msmem, stream, a,
-                          counters);
+      // Q8_0 caches: 8 warps per block where HYSPEC_ATTN_WARPS=8 (benchmarks).
+      if constexpr (kIsQ8<KV>) {
+        if (decode_warps_q8() == 8)
+          if (const cudaError_t e = launch_mma<D, KV, 8>(a, grid, counters, stream); e != cudaErrorNotSupported)
+            return e;
+      }
+      if (const cudaError_t e = launch_mma<D, KV, kDecodeWarps>(a, grid, counters, stream); e != cudaErrorNotSupported)
+        return e;
     }
     return launch_pdl(attention_decode_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
   } else {
