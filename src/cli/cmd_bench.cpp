@@ -45,10 +45,10 @@ int bench(BenchFlags f) {
   int64_t max_depth = 0;
   for (int64_t d : depths) max_depth = std::max(max_depth, d);
   if (config->n_ctx == 0) config->n_ctx = std::max<int64_t>(f.pp, max_depth + f.tg + 64);
-  config->n_batch = std::max(config->n_batch, 1);
   auto engine = Engine::create(*config);
   if (!engine) return fail(engine.status());
   Engine& e = **engine;
+  const int64_t batch = e.config().n_batch;  // resolved: 0 picks the backend's default
   const std::string model = config->model_path.substr(config->model_path.find_last_of('/') + 1);
   const Qwen35Hparams& hp = e.model().hparams();
   const double weight_bytes =  // per forward
@@ -64,17 +64,17 @@ int bench(BenchFlags f) {
   std::vector<Row> rows;
   double tg_step = 0;
   if (f.pp > 0) {
-    auto t = e.time_forward(std::min<int64_t>(f.pp, config->n_batch), 0, false, f.reps);
+    auto t = e.time_forward(std::min<int64_t>(f.pp, batch), 0, false, f.reps);
     if (!t) return fail(t.status());
     // A prompt longer than the batch runs in batch-sized forwards at growing depth; time them all.
     double total = 0;
-    for (int64_t s = 0; s < f.pp; s += config->n_batch) {
-      const int64_t n = std::min<int64_t>(config->n_batch, f.pp - s);
+    for (int64_t s = 0; s < f.pp; s += batch) {
+      const int64_t n = std::min<int64_t>(batch, f.pp - s);
       auto ts = s == 0 ? t : e.time_forward(n, s, false, f.reps);
       if (!ts) return fail(ts.status());
       total += *ts;
     }
-    const int64_t forwards = (f.pp + config->n_batch - 1) / config->n_batch;
+    const int64_t forwards = (f.pp + batch - 1) / batch;
     rows.push_back({fmt::format("pp{}", f.pp), total, static_cast<double>(f.pp), forwards});
   }
   for (int64_t depth : depths) {

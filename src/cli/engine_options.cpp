@@ -11,7 +11,7 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
   cmd.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd.add_option("-t,--threads", threads, "CPU threads (0: all cores)");
   cmd.add_option("-c,--ctx-size", ctx, "Context length (0: the model's, at most 8192)");
-  cmd.add_option("-b,--batch-size", batch, "Prompt tokens per forward pass");
+  cmd.add_option("-b,--batch-size", batch, "Prompt tokens per forward pass (0: 512 on CUDA, 256 on the CPU)");
   cmd.add_option("--kv-type", kv_type,
                  "KV cache type: f32, f16, bf16 or q8_0 (8.5 bits per value, as llama.cpp's -ctk/-ctv q8_0)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));

@@ -13,7 +13,7 @@ struct EngineFlags {
   std::string backend = "cpu";
   int threads = 0;
   int64_t ctx = 0;
-  int batch = 256;
+  int batch = 0;  // 0: the backend's default (EngineConfig::n_batch)
   std::string kv_type = "f32";
   std::string capture_type = "f32";
   std::string spec = "none";

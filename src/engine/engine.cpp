@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "engine/spec/dflash_drafter.h"
 #include "engine/spec/mtp_drafter.h"
@@ -57,6 +59,7 @@ Session::~Session() = default;
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   std::unique_ptr<Engine> e(new Engine());
   e->config_ = config;
+  if (config.n_batch == 0) e->config_.n_batch = config.backend == BackendKind::Cuda ? 512 : 256;
   HS_ASSIGN_OR_RETURN(e->file_, GgufFile::open(config.model_path));
   BackendOptions bo;
   bo.n_threads = config.n_threads;
@@ -70,18 +73,18 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   e->n_ctx_ = config.n_ctx > 0 ? config.n_ctx : std::min<int64_t>(hp.n_ctx_train, 8192);
   if (config.draft_max < 0 || config.draft_max > 64)
     return Status::errorf("--draft-max {} is out of range (0..64)", config.draft_max);
-  if (config.n_batch <= 0) return Status::errorf("batch size {} is invalid", config.n_batch);
+  if (config.n_batch < 0) return Status::errorf("batch size {} is invalid", config.n_batch);
   e->max_verify_ = config.spec == SpecMethod::None ? 1 : config.draft_max + 1;
   if (config.spec == SpecMethod::Dflash) {
     if (config.draft_model.empty()) return Status::error("--spec dflash needs --draft-model (GGUF or HF directory)");
-    HS_ASSIGN_OR_RETURN(e->dflash_, load_dflash_weights(*e->model_, config.draft_model, config.n_batch));
+    HS_ASSIGN_OR_RETURN(e->dflash_, load_dflash_weights(*e->model_, config.draft_model, e->config_.n_batch));
   }
   // What the drafter needs from every committed row decides the per-step outputs.
   {
     HS_ASSIGN_OR_RETURN(auto probe, e->make_drafter());
     if (probe) e->needs_ = probe->needs();
   }
-  const int64_t rows = std::max<int64_t>(config.n_batch, e->max_verify_);
+  const int64_t rows = std::max<int64_t>(e->config_.n_batch, e->max_verify_);
   HS_RETURN_IF_ERROR(e->model_->reserve(rows));
   Backend& be = *e->backend_;
   const int64_t E = hp.n_embd, V = hp.n_vocab;
@@ -195,12 +198,17 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
   for (int64_t s = 0; s < depth; s += config_.n_batch)
     HS_RETURN_IF_ERROR(forward(s, std::min<int64_t>(config_.n_batch, depth - s), true));
   const bool prefill = n > max_verify_ && !capture;  // a prompt-sized batch runs the prompt form
+  // Diagnostics (benchmarks only): HYSPEC_BENCH_PREFILL_GRAPH=1 records prompt steps as a graph too (what
+  // a prompt step costs without host launches); HYSPEC_BENCH_ENQUEUE=1 prints, per timed run, how long the
+  // host took to enqueue it against the whole run (a host-bound step enqueues for about all of it).
+  static const bool prefill_graph = std::getenv("HYSPEC_BENCH_PREFILL_GRAPH") != nullptr;
+  static const bool report_enqueue = std::getenv("HYSPEC_BENCH_ENQUEUE") != nullptr;
   // Decode/verify-sized steps run as the session runs them: recorded once, replayed (CUDA graphs).
   std::unique_ptr<StepGraph> graph;
-  if (!prefill && config_.use_graphs && backend_->kind() == BackendKind::Cuda) {
+  if ((!prefill || prefill_graph) && config_.use_graphs && backend_->kind() == BackendKind::Cuda) {
     stage(depth, n);
     Status recorded;
-    auto g = backend_->capture([&] { recorded = run_forward(args(n, false), st); });
+    auto g = backend_->capture([&] { recorded = run_forward(args(n, prefill), st); });
     if (g && recorded.is_ok()) graph = std::move(g).value();
   }
   std::vector<double> times;
@@ -212,8 +220,13 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
     } else {
       HS_RETURN_IF_ERROR(forward(depth, n, prefill));
     }
+    const double enqueued = now_s();
     HS_RETURN_IF_ERROR(backend_->synchronize());
     if (r > 0) times.push_back(now_s() - t0);  // the first run warms up
+    if (r > 0 && report_enqueue)
+      std::fprintf(stderr, "time_forward n=%lld depth=%lld%s: enqueued in %.3f ms of %.3f ms\n",
+                   static_cast<long long>(n), static_cast<long long>(depth), graph ? " (graph)" : "",
+                   (enqueued - t0) * 1e3, times.back() * 1e3);
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];

@@ -2,7 +2,9 @@
 // All are memory-bound single passes (each input read once, each output written once).
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <cstdint>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
@@ -174,19 +176,54 @@ __global__ void rms_norm_kernel(NormArgs a) {
   }
 }
 
+template <int V>
+__device__ __forceinline__ void binary_apply(Binary op, const float* a, const float* b, float* y) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    switch (op) {
+      case Binary::Add: y[e] = a[e] + b[e]; break;
+      case Binary::SwiGlu: y[e] = silu(a[e]) * b[e]; break;
+      case Binary::SigmoidMul: y[e] = a[e] * sigmoid(b[e]); break;
+      case Binary::AddSigmoidScaled: y[e] += sigmoid(b[0]) * a[e]; break;
+    }
+  }
+}
+
+// Blocks walk rows (grid.y) and V-element pieces of a row (grid.x): no division per element (the
+// flat index's 64-bit div/mod made a prompt step's SwiGLU compute-bound: 20 us for 256 x 12288 on
+// the H200). V = 4 when the rows are 16-byte aligned (float4 loads and stores); AddSigmoidScaled's b
+// is one value per row.
+template <int V>
 __global__ void binary_kernel(Binary op, Mat a, Mat b, Mat y) {
   pdl_wait();
   pdl_trigger();
-  const int64_t total = y.rows * y.cols;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / y.cols, c = i % y.cols;
-    const float av = a.data[r * a.stride + c];
-    float* out = y.data + r * y.stride + c;
-    switch (op) {
-      case Binary::Add: *out = av + b.data[r * b.stride + c]; break;
-      case Binary::SwiGlu: *out = silu(av) * b.data[r * b.stride + c]; break;
-      case Binary::SigmoidMul: *out = av * sigmoid(b.data[r * b.stride + c]); break;
-      case Binary::AddSigmoidScaled: *out += sigmoid(b.data[r * b.stride]) * av; break;
+  const int64_t pieces = y.cols / V;
+  for (int64_t r = blockIdx.y; r < y.rows; r += gridDim.y) {
+    const float* ar = a.data + r * a.stride;
+    const float* br = b.data + r * b.stride;
+    float* yr = y.data + r * y.stride;
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < pieces; p += int64_t(gridDim.x) * blockDim.x) {
+      float av[V], bv[V], yv[V];
+      const int64_t c = p * V;
+      if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(av) = *reinterpret_cast<const float4*>(ar + c);
+        if (op == Binary::AddSigmoidScaled) {
+          bv[0] = br[0];
+          *reinterpret_cast<float4*>(yv) = *reinterpret_cast<const float4*>(yr + c);
+        } else {
+          *reinterpret_cast<float4*>(bv) = *reinterpret_cast<const float4*>(br + c);
+        }
+      } else {
+        av[0] = ar[c];
+        bv[0] = op == Binary::AddSigmoidScaled ? br[0] : br[c];
+        if (op == Binary::AddSigmoidScaled) yv[0] = yr[c];
+      }
+      binary_apply<V>(op, av, bv, yv);
+      if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(yr + c) = *reinterpret_cast<const float4*>(yv);
+      } else {
+        yr[c] = yv[0];
+      }
     }
   }
 }
@@ -480,7 +517,16 @@ cudaError_t add_rms_norm_launch(Mat x, Mat delta, const float* w, int64_t group,
 
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream) {
   if (y.rows == 0 || y.cols == 0) return cudaSuccess;
-  return launch_pdl(binary_kernel, dim3(grid_for(y.rows * y.cols, 256, 65535)), dim3(256), 0, stream, op, a, b, y);
+  auto aligned = [](const Mat& m, bool per_row_scalar) {
+    return per_row_scalar || (reinterpret_cast<uintptr_t>(m.data) % 16 == 0 && m.stride % 4 == 0);
+  };
+  const bool vec = y.cols % 4 == 0 && aligned(a, false) && aligned(y, false) && aligned(b, op == Binary::AddSigmoidScaled);
+  const int v = vec ? 4 : 1;
+  // About 2048 threads per SM's worth of blocks: columns across grid.x, rows across grid.y.
+  const unsigned gx = grid_for(y.cols / v, 256, 65535);
+  const unsigned gy = static_cast<unsigned>(std::min<int64_t>(y.rows, std::max<int64_t>(1, 4096 / gx)));
+  return vec ? launch_pdl(binary_kernel<4>, dim3(gx, gy), dim3(256), 0, stream, op, a, b, y)
+             : launch_pdl(binary_kernel<1>, dim3(gx, gy), dim3(256), 0, stream, op, a, b, y);
 }
 
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,

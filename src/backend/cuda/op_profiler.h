@@ -46,12 +46,19 @@ class OpProfiler {
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
   }
 
-  // Blocks prefix "blk.12." dropped, so the 32 layers' ffn_down add up under one key.
+  // Block prefixes "blk.12." dropped (every one: stacked weights join several names with '+'), so the 32
+  // layers' ffn_down add up under one key.
   static std::string weight_key(const char* op, const std::string& name) {
-    std::string n = name;
-    if (n.rfind("blk.", 0) == 0) {
-      const size_t dot = n.find('.', 4);
-      if (dot != std::string::npos) n = n.substr(dot + 1);
+    std::string n;
+    for (size_t i = 0; i < name.size();) {
+      if (name.compare(i, 4, "blk.") == 0 && (i == 0 || name[i - 1] == '+')) {
+        const size_t dot = name.find('.', i + 4);
+        if (dot != std::string::npos) {
+          i = dot + 1;
+          continue;
+        }
+      }
+      n += name[i++];
     }
     return std::string(op) + " " + n;
   }
@@ -64,6 +71,7 @@ class OpProfiler {
         Total& t = totals_[p.key];
         t.ms += ms;
         ++t.calls;
+        t.each.push_back(ms);
       }
       free_.push_back(p.start);
       free_.push_back(p.stop);
@@ -80,6 +88,7 @@ class OpProfiler {
   struct Total {
     double ms = 0;
     long calls = 0;
+    std::vector<float> each;  // per call: the median ignores first calls (lazy module loads, cuBLAS set-up)
   };
 
   cudaEvent_t event() {
@@ -108,10 +117,13 @@ class OpProfiler {
     double sum = 0;
     for (const auto& r : rows) sum += r.second.ms;
     std::fprintf(stderr, "\nHYSPEC_CUDA_PROFILE: GPU time per op (%.3f ms in all)\n", sum);
-    std::fprintf(stderr, "| op | calls | ms | us/call | share |\n| --- | ---: | ---: | ---: | ---: |\n");
-    for (const auto& [key, t] : rows)
-      std::fprintf(stderr, "| %s | %ld | %.3f | %.2f | %.1f%% |\n", key.c_str(), t.calls, t.ms, 1000.0 * t.ms / t.calls,
-                   sum > 0 ? 100.0 * t.ms / sum : 0.0);
+    std::fprintf(stderr, "| op | calls | ms | us/call | median us | share |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    for (const auto& [key, t] : rows) {
+      std::vector<float> each = t.each;
+      std::nth_element(each.begin(), each.begin() + each.size() / 2, each.end());
+      std::fprintf(stderr, "| %s | %ld | %.3f | %.2f | %.2f | %.1f%% |\n", key.c_str(), t.calls, t.ms,
+                   1000.0 * t.ms / t.calls, 1000.0 * each[each.size() / 2], sum > 0 ? 100.0 * t.ms / sum : 0.0);
+    }
   }
 
   cudaStream_t stream_;

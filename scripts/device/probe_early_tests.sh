@@ -1,0 +1,11 @@
+# Sourced by perf_prefill_probe.sh (PROBE_EARLY) while the anchor makes the model: the CUDA tests of the
+# carried binaries (fixtures under .device/fixtures; the MoE fixture's cases fail when it is not
+# carried), then the prompt-op, GDN and Q8_0 attention kernel benches.
+echo "-- CUDA tests"
+export HYSPEC_FIXTURES=$PWD/.device/fixtures
+for t in test_backend test_model test_engine; do
+  HYSPEC_TEST_BACKEND=cuda timeout 300 .device/bin/$t --gtest_brief=1 2>&1 | grep -E "^\[  (PASSED|FAILED)|FAILED  \]" | sort -u | head -20
+done
+echo "-- prompt-op, GDN and attention benches"
+HYSPEC_CUDA_BENCH=1 HYSPEC_BENCH_CTX=16384 timeout 150 .device/bin/test_backend \
+  --gtest_filter='CudaBench.AttentionAndGdnDecode' 2>&1 | grep -E "BENCH (prompt|gdn n=512|attention)"
