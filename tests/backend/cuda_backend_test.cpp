@@ -808,6 +808,45 @@ TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
   }
 }
 
+// Prompt steps at the 9B's shape (16 heads, 4 kv heads of 256): many 64-query blocks (the tensor-core
+// prompt kernel for 16-bit caches), a last partial one, causal and block mode, with and without earlier
+// context (one split, then several).
+TEST_F(CudaBackendTest, PromptAttentionAtModelShapesMatchesCpu) {
+  const int H = 16, Hkv = 4, D = 256;
+  const int64_t W = Hkv * D;
+  for (int64_t ctx : {0, 3000})
+    for (GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+      const int64_t n = 333, cap = ctx + n + 5, total = ctx + n;
+      const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
+      std::vector<int32_t> pos(total);
+      for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
+      Pair k = both(randn(total * W)), v = both(randn(total * W)), q = both(randn(n * H * D));
+      for (bool causal : {true, false}) {
+        Pair out = both_poison(n * H * D);
+        for (Backend* be : {cpu_.get(), gpu_.get()}) {
+          const bool g = be == gpu_.get();
+          Buffer kc = be->alloc(cap * row).value(), vc = be->alloc(cap * row).value();
+          Buffer p = put_i32(*be, pos);
+          KvLayer kv{kc.data(), vc.data(), kv_type, cap, W, D};
+          be->kv_store((g ? k.g : k.c).rows(total, W), (g ? v.g : v.c).rows(total, W), kv, p.as<int32_t>());
+          AttentionArgs a;
+          a.q = (g ? q.g : q.c).rows(n, H * D);
+          a.kv = kv;
+          a.positions = p.as<int32_t>() + ctx;
+          a.n_head = H;
+          a.n_kv_head = Hkv;
+          a.head_dim = D;
+          a.scale = 1.0f / 16.0f;
+          a.causal = causal;
+          a.out = (g ? out.g : out.c).rows(n, H * D);
+          be->attention(a);
+          ASSERT_TRUE(be->synchronize().is_ok());
+        }
+        expect_close(out, 1e-4, fmt::format("ctx={} kv={} causal={}", ctx, ggml_type_name(kv_type), causal));
+      }
+    }
+}
+
 // Speculative verify is lossless only if a verify row's attention is the decode step's, bit for bit:
 // every width of the decode kernels (SIMT for F32, tensor cores for F16/BF16/Q8_0) against one-row calls.
 TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
@@ -1266,7 +1305,7 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
     }
     for (int64_t n : {1, 8, 16, 512}) {
       if (kv_type != GgmlType::F16 && n == 512) continue;
-      if (n == 512 && ctx != 1024) continue;  // prefill: a 512-token chunk after 1024 cached
+      if (n == 512 && ctx != 1024 && ctx != 16384) continue;  // prefill: a 512-token chunk after ctx cached
       std::vector<int32_t> pos(n);
       for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(ctx + i);
       Buffer p = put_i32(b, pos);

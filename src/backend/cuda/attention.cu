@@ -11,7 +11,8 @@
 // range; the splits are fixed slices of the KV capacity (not of the step's keys), so a query sees
 // the same tiles, in the same order, in a decode step and in any verify block: tiles and splits
 // past its own last key add exact zeros (p = 0, rescale factor e^0 = 1). Longer steps (prompts) run
-// attention_kernel (flash-attention style, online softmax): a block of 128 threads takes 16 query
+// attention_prompt_mma_kernel (tensor cores) for F16/BF16 KV, else attention_kernel (flash-attention
+// style, online softmax, SIMT): a block of 128 threads takes 16 query
 // vectors that share a kv head (the G heads of consecutive rows, so K/V tiles are read once for all
 // of them) and one split of the key range, loops over tiles of 32 keys staged in shared memory
 // (f32), and keeps each query's running max, sum and output in registers (8 threads per query, D/8
@@ -913,6 +914,198 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
   finish_decode_block<D, W * 32>(a, blk, counters, o_s, ml_s, sm);
 }
 
+// Prompt steps (more than kDecodeMaxRows rows) on tensor cores, F16 or BF16 KV (T): a block takes one kv
+// head, kPromptWarps * 8 consecutive query vectors (row t, head g in t-major order: 16 tokens of a GQA
+// group of 4) and one split of its keys (grid.z; the split boundaries from the block's own last key, as
+// attention_kernel's, merged by attention_combine_kernel). The block stages K and V in steps of 16 keys
+// (a ring of three, cp.async, every warp reading each stage); each warp owns 8 query vectors, as hi/lo
+// T rows of the MMA A operand (see attention_decode_mma_kernel: the products keep ~f32 precision), its
+// online softmax and its output (D/8 n-tiles in registers), and skips the steps past its queries' last
+// key (causal). Budget (512-token prompt, 9B: 16 heads of 256, 4 kv heads): 2 * 2 * 16 * 256 * 512^2 / 2
+// MMA FLOPs per layer (hi/lo doubles them) = 4.3 GFLOP, K/V from L2 once per block (16 tokens).
+constexpr int kPromptWarps = 8;
+constexpr int kPromptQueries = kPromptWarps * kDecodeQueries;  // query vectors per block
+
+template <int D>
+struct PromptSmem {
+  static constexpr int kPitch = D * 2 + 16;                          // bytes per 16-bit row (ldmatrix: 4 banks apart)
+  static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kPitch;  // K and V of one step
+  static constexpr int kStages = 3;
+  static constexpr size_t kQ = kStages * kStage;                     // then Q hi/lo rows [warps][16][kPitch]
+  static constexpr size_t kBytes = kQ + size_t{kPromptWarps} * 16 * kPitch;
+};
+
+template <int D, typename T>
+__global__ void __launch_bounds__(kPromptWarps * 32, 1) attention_prompt_mma_kernel(AttnArgs a) {
+  using L = PromptSmem<D>;
+  constexpr int SK = kMmaStepKeys, P = L::kPitch, NT = D / 8, kPieces = D * 2 / 16;
+  constexpr int kThreadsPerBlock = kPromptWarps * 32;
+  extern __shared__ __align__(16) uint8_t sm[];
+  __shared__ int s_kend;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int kvh = blockIdx.x, z = blockIdx.z, M = a.n * a.group;
+  const int m0 = blockIdx.y * kPromptQueries + warp * kDecodeQueries;  // this warp's first query vector
+  auto row_of = [&](int m) { return m / a.group; };
+  auto head_of = [&](int m) { return kvh * a.group + m % a.group; };
+  auto limit_of = [&](int m) { return m < M ? (a.causal ? a.positions[row_of(m)] : a.positions[a.n - 1]) : -1; };
+  const int lim = limit_of(m0 + g);  // lane's query g
+  int warp_lim = lim;                // the warp's last key
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) warp_lim = max(warp_lim, __shfl_xor_sync(0xffffffffu, warp_lim, o));
+  if (tid == 0) s_kend = 0;
+  __syncthreads();
+  if (lane == 0) atomicMax(&s_kend, warp_lim + 1);
+
+  // Q, pre-scaled, as T hi (rows 0-7) and lo (rows 8-15) per warp; absent queries are zero rows.
+  uint8_t* const q_all = sm + L::kQ;
+  for (int i = tid; i < kPromptQueries * D; i += kThreadsPerBlock) {
+    const int w = i / (kDecodeQueries * D), r = i / D % kDecodeQueries, d = i % D;
+    const int m = blockIdx.y * kPromptQueries + w * kDecodeQueries + r;
+    const float v = m < M ? a.q.data[static_cast<int64_t>(row_of(m)) * a.q.stride + static_cast<int64_t>(head_of(m)) * D + d] * a.scale
+                          : 0.0f;
+    const T hi = to_cache<T>(v);
+    uint8_t* q_w = q_all + w * 16 * P;
+    *reinterpret_cast<T*>(q_w + r * P + 2 * d) = hi;
+    *reinterpret_cast<T*>(q_w + (r + 8) * P + 2 * d) = to_cache<T>(v - static_cast<float>(hi));
+  }
+  __syncthreads();
+  const int kend = static_cast<int>(s_kend < a.kv_capacity ? s_kend : a.kv_capacity);
+  const int chunk = ((kend + a.n_splits - 1) / a.n_splits + SK - 1) / SK * SK;
+  const int k0 = z * chunk, k1 = min(kend, k0 + chunk);
+
+  const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + kvh * a.head_bytes;
+  const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + kvh * a.head_bytes;
+  // Keys past k1 copy row k1-1: finite data that the mask gives weight 0.
+  auto issue = [&](int ks, int stage) {
+    uint8_t* kd = sm + stage * L::kStage;
+    uint8_t* vd = kd + SK * P;
+    for (int i = tid; i < SK * kPieces; i += kThreadsPerBlock) {
+      const int r = i / kPieces, pc = i % kPieces;
+      const int64_t off = min(ks + r, k1 - 1) * a.row_bytes + pc * 16;
+      cp_async16(kd + r * P + pc * 16, kbase + off);
+      cp_async16(vd + r * P + pc * 16, vbase + off);
+    }
+  };
+  for (int st = 0; st + 1 < L::kStages; ++st) {
+    if (k0 + st * SK < k1) issue(k0 + st * SK, st);
+    cp_async_commit();  // empty groups keep wait_group's count
+  }
+
+  float m_run = -INFINITY, l_run = 0.0f;  // query g; l_run sums this lane's keys only
+  float o[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  const int r8 = lane & 7, hi8 = (lane >> 3) & 1, hi16 = lane >> 4;
+  const uint8_t* q_row = q_all + warp * 16 * P + (r8 + 8 * hi8) * P + 16 * hi16;
+  const int k_off = (r8 + 8 * hi16) * P + 16 * hi8, v_off = (r8 + 8 * hi8) * P + 16 * hi16;
+
+  int stage = 0;
+  for (int ks = k0; ks < k1; ks += SK, stage = stage + 1 == L::kStages ? 0 : stage + 1) {
+    constexpr int kAhead = L::kStages - 1;
+    if (ks + kAhead * SK < k1) issue(ks + kAhead * SK, stage == 0 ? kAhead : stage - 1);
+    cp_async_commit();
+    cp_async_wait<L::kStages - 1>();
+    __syncthreads();  // this step's K and V have landed for every warp
+    if (ks <= warp_lim) {  // warp-uniform: steps wholly past the warp's queries add nothing
+      const uint8_t* kh = sm + stage * L::kStage;
+      const uint8_t* vh = kh + SK * P;
+      float c[2][2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[4], kb[4];
+        ldmatrix_x4(qa, q_row + 32 * kk);
+        ldmatrix_x4(kb, kh + k_off + 32 * kk);
+        mma_kv<T>(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+        mma_kv<T>(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+      }
+      float s[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1, j = e & 1;  // key half, key of the pair
+        s[e] = (c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]);
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = ks + 2 * t + (e & 1) + 8 * (e >> 1);
+        if (key >= k1 || key > lim) s[e] = -INFINITY;
+        mx = fmaxf(mx, s[e]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run, mx);
+      float p[4] = {0.f, 0.f, 0.f, 0.f}, alpha = 1.0f;
+      if (m_new != -INFINITY) {
+        alpha = expf(m_run - m_new);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - m_new);
+      }
+      l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
+      m_run = m_new;
+      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) o[j][0] *= alpha, o[j][1] *= alpha, o[j][2] *= alpha, o[j][3] *= alpha;
+      }
+      uint32_t pa[4];
+      pa[0] = pack_pair<T>(p[0], p[1]), pa[2] = pack_pair<T>(p[2], p[3]);
+      const float2 f01 = widen_pair<T>(pa[0]), f23 = widen_pair<T>(pa[2]);
+      pa[1] = pack_pair<T>(p[0] - f01.x, p[1] - f01.y), pa[3] = pack_pair<T>(p[2] - f23.x, p[3] - f23.y);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, vh + v_off + 32 * kk);
+        mma_kv<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
+        mma_kv<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  const int m = m0 + g;
+  if (m >= M) return;
+  if (a.n_splits == 1) {
+    const float inv = l_run > 0.0f ? 1.0f / l_run : 0.0f;
+    float* dst = a.out.data + static_cast<int64_t>(row_of(m)) * a.out.stride + static_cast<int64_t>(head_of(m)) * D;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) = make_float2((o[j][0] + o[j][2]) * inv, (o[j][1] + o[j][3]) * inv);
+  } else {
+    const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
+    float* dst = a.part_o + slot * D;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) = make_float2(o[j][0] + o[j][2], o[j][1] + o[j][3]);
+    if (t == 0) a.part_ml[slot * 2] = m_run, a.part_ml[slot * 2 + 1] = l_run;
+  }
+}
+
+// The prompt kernel on tensor cores for F16/BF16 caches where the device grants its shared memory and
+// HYSPEC_ATTN_MMA is not 0; else false (attention_kernel runs).
+bool prompt_mma_enabled() {
+  static const bool v = env_int("HYSPEC_ATTN_PROMPT_MMA", 1) != 0;
+  return v && decode_mma_enabled();
+}
+
+template <int D, typename KV>
+cudaError_t launch_prompt_mma(const AttnArgs& a, cudaStream_t stream) {
+  constexpr size_t smem = PromptSmem<D>::kBytes;
+  static const bool usable = [] {
+    if (!prompt_mma_enabled()) return false;
+    if (cudaFuncSetAttribute(attention_prompt_mma_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)) == cudaSuccess)
+      return true;
+    cudaGetLastError();
+    return false;
+  }();
+  if (!usable) return cudaErrorNotSupported;
+  const int M = a.n * a.group;
+  const dim3 grid(a.n_kv, (M + kPromptQueries - 1) / kPromptQueries, a.n_splits);
+  attention_prompt_mma_kernel<D, KV><<<grid, kPromptWarps * 32, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
 // The tensor-core decode kernel with W warps per block; cudaErrorNotSupported where the device does
 // not grant its shared memory (sm_86/89 have 99 KB: the SIMT kernel runs there) or HYSPEC_ATTN_MMA=0.
 // One launch: the kernel merges its own splits.
@@ -957,8 +1150,14 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     }
     return launch_pdl(attention_decode_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
   } else {
-    const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
-    attention_kernel<D, KV><<<grid, kThreads, attention_smem<D>(), stream>>>(a);
+    cudaError_t e = cudaErrorNotSupported;
+    if constexpr (sizeof(KV) == 2) e = launch_prompt_mma<D, KV>(a, stream);
+    if (e == cudaErrorNotSupported) {
+      const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
+      attention_kernel<D, KV><<<grid, kThreads, attention_smem<D>(), stream>>>(a);
+    } else if (e != cudaSuccess) {
+      return e;
+    }
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || a.n_splits == 1) return err;
@@ -981,7 +1180,9 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
   // The decode kernel's split count must not depend on the step's width (see the top of the file).
   const bool decode = uses_decode_kernel(p.q.rows, p.n_head / p.n_kv_head, p.n_kv_head);
-  const int64_t base = p.n_kv_head * (decode ? 1 : (M + kQueries - 1) / kQueries);
+  const bool prompt_mma = !decode && (p.kv.type == GgmlType::F16 || p.kv.type == GgmlType::BF16) && prompt_mma_enabled();
+  const int64_t per_block = prompt_mma ? kPromptQueries : kQueries;
+  const int64_t base = p.n_kv_head * (decode ? 1 : (M + per_block - 1) / per_block);
   if (base >= n_sm) return 1;
   // Blocks per SM to aim for: 2 (SIMT kernels), or 1 for the tensor-core decode kernel (F16, BF16 and
   // Q8_0 caches): one wave of longer splits. H100 kernel bench at ctx 16384, Q8_0, 1 / 2 / 3 per SM: one

@@ -53,7 +53,7 @@ __global__ void conv_kernel(Mat x, const float* __restrict__ w, int K, float* st
 #pragma unroll
       for (int j = 0; j < kMaxConvKernel; ++j) {
         if (j == K - 1) win[j] = xs[i];
-        if (j < K) acc += wc[j] * win[j];
+        if (j < K) acc = fmaf(wc[j], win[j], acc);
       }
       y.data[t * y.stride + c] = silu(acc);
       if (capture) {
