@@ -5,6 +5,7 @@
 # left out for time), the CUDA attention tests and 16K benches while it builds, then hyspec on the same
 # files, most wanted first; every result is teed under $OUT, so a call cut at its limit still returns them.
 #   ONE_NATIVE="IQ4_XS ...": then llama-quantize those and bench both engines, while the call's time lasts.
+#   ONE_EXTRA="cmd; cmd": more commands at the end (eval; bench ARGS runs hyspec bench, $W the files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -d .device/bin ] || tar xJf .device/bin.tar.xz -C .device
@@ -37,4 +38,5 @@ for q in ${ONE_NATIVE:-}; do
   "$W/llama.cpp/build/bin/llama-bench" -m "$f" -p 0 -n 128 -r 3 -fa 1 -ngl 99 2>&1 | grep -E "^\|"
   bench -m "$f" -p 0 -n 128 --verify 16 -c 4096 --kv-type f16
 done | tee "$OUT/native.md"
+[ -z "${ONE_EXTRA:-}" ] || { echo "== extra at ${SECONDS}s: $ONE_EXTRA"; eval "$ONE_EXTRA"; } 2>&1 | tee "$OUT/extra.md"
 echo "== done at ${SECONDS}s"
