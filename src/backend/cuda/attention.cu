@@ -290,12 +290,6 @@ bool decode_mma_enabled() {
   return v;
 }
 
-// Warps per block of the tensor-core decode kernel on Q8_0 caches: 4, or 8 (HYSPEC_ATTN_WARPS=8).
-int decode_warps_q8() {
-  static const int v = env_int("HYSPEC_ATTN_WARPS", 4) == 8 ? 8 : 4;
-  return v;
-}
-
 // Steps of up to kDecodeMaxRows rows take the decode kernel, while its merge counters (one per kv
 // head and query group) fit.
 bool uses_decode_kernel(int64_t rows, int group, int n_kv) {
@@ -674,8 +668,9 @@ struct MmaDecodeSmem {
 // V's output dims within each 32-dim block (n-tile 4b + jj, column c = dim 32b + 4c + jj), so that
 // lane (g, t) reads word g of block b of its four key rows and transposes their bytes. Without widened
 // copies a Q8_0 block needs half the shared memory of an f16 one: two blocks per SM.
-// W warps per block: 4, or 8 for Q8_0 caches (half the shared memory per warp; more warps in flight
-// against the latency of each warp's chain of dependent steps).
+// W warps per block (kDecodeWarps). Session 20 measured 8 for Q8_0 caches (217 KB, one block per SM):
+// the 9B Q4_K_M at depth 16384 ran 0.939x of depth 0 instead of 0.927x (H100), but 16-row verify steps at
+// 16K took 179 us per layer instead of 151 (H200 kernel bench), so the 4-warp kernel stays.
 template <int D, typename C, int W>
 __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
   pdl_wait();  // as attention_decode_kernel
@@ -1147,12 +1142,6 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     // The tensor-core kernel for F16/BF16/Q8_0 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
     if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) {
-      // Q8_0 caches: 8 warps per block where HYSPEC_ATTN_WARPS=8 (benchmarks).
-      if constexpr (kIsQ8<KV>) {
-        if (decode_warps_q8() == 8)
-          if (const cudaError_t e = launch_mma<D, KV, 8>(a, grid, counters, stream); e != cudaErrorNotSupported)
-            return e;
-      }
       if (const cudaError_t e = launch_mma<D, KV, kDecodeWarps>(a, grid, counters, stream); e != cudaErrorNotSupported)
         return e;
     }
