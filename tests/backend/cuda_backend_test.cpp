@@ -42,6 +42,12 @@ struct Tensor {
   Rows rows(int64_t r, int64_t c, int64_t stride = -1) const { return Rows(f(), r, c, stride); }
 };
 
+// KV cache with `ctx` earlier positions stored, then n new rows at ctx..ctx+n-1.
+struct AttnCase {
+  int n_head, n_kv, head_dim;
+  int64_t ctx;
+};
+
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -112,6 +118,38 @@ class CudaBackendTest : public ::testing::Test {
     Pair qkv, beta, alpha, ssm_a, dt_bias, state, out, capture;  // capture: read only with_capture
   };
 
+  // Attention of n new rows at ctx..ctx+n-1 (keys and values of every position stored by kv_store) on
+  // both backends, within 1e-4.
+  void attention_matches_cpu(const AttnCase& ac, GgmlType kv_type, int64_t n, bool causal) {
+    const int64_t D = ac.head_dim, W = ac.n_kv * D, cap = ac.ctx + n + 3, total = ac.ctx + n;
+    const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
+    std::vector<int32_t> pos(total);
+    for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
+    Pair k = both(randn(total * W)), v = both(randn(total * W)), q = both(randn(n * ac.n_head * D));
+    Pair out = both_poison(n * ac.n_head * D);
+    for (Backend* be : {cpu_.get(), gpu_.get()}) {
+      const bool g = be == gpu_.get();
+      Buffer kc = be->alloc(cap * row).value(), vc = be->alloc(cap * row).value();
+      Buffer p = put_i32(*be, pos);
+      KvLayer kv{kc.data(), vc.data(), kv_type, cap, W, D};
+      be->kv_store((g ? k.g : k.c).rows(total, W), (g ? v.g : v.c).rows(total, W), kv, p.as<int32_t>());
+      AttentionArgs a;
+      a.q = (g ? q.g : q.c).rows(n, ac.n_head * D);
+      a.kv = kv;
+      a.positions = p.as<int32_t>() + ac.ctx;
+      a.n_head = ac.n_head;
+      a.n_kv_head = ac.n_kv;
+      a.head_dim = ac.head_dim;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+      a.causal = causal;
+      a.out = (g ? out.g : out.c).rows(n, ac.n_head * D);
+      be->attention(a);
+      ASSERT_TRUE(be->synchronize().is_ok());
+    }
+    expect_close(out, 1e-4,
+                 fmt::format("H={} Hkv={} D={} ctx={} kv={} n={} causal={}", ac.n_head, ac.n_kv, D, ac.ctx,
+                             ggml_type_name(kv_type), n, causal));
+  }
   void gdn_on_both(const GdnPairs& p, bool chunked, bool with_capture) {
     const int64_t Kc = int64_t{p.n_k} * p.d, Vc = int64_t{p.n_v} * p.d;
     for (Backend* be : {cpu_.get(), gpu_.get()}) {
@@ -762,89 +800,21 @@ TEST_F(CudaBackendTest, ArgmaxFirstIndexOnTies) {
   EXPECT_EQ(g[2], 100);
 }
 
-// KV cache with `ctx` earlier positions stored, then n new rows at ctx..ctx+n-1.
-struct AttnCase {
-  int n_head, n_kv, head_dim;
-  int64_t ctx;
-};
-
 TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
   const AttnCase cases[] = {{4, 2, 64, 37}, {8, 2, 256, 700}, {6, 2, 128, 1500}, {2, 2, 32, 0}};
-  for (const AttnCase& ac : cases) {
-    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
-      for (int64_t n : kWidths) {
-        for (bool causal : {true, false}) {
-          const int64_t D = ac.head_dim, W = ac.n_kv * D, cap = ac.ctx + n + 3, total = ac.ctx + n;
-          const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
-          std::vector<int32_t> pos(total);
-          for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
-          Pair k = both(randn(total * W)), v = both(randn(total * W)), q = both(randn(n * ac.n_head * D));
-          Pair out = both_poison(n * ac.n_head * D);
-          for (Backend* be : {cpu_.get(), gpu_.get()}) {
-            const bool g = be == gpu_.get();
-            Buffer kc = be->alloc(cap * row).value(), vc = be->alloc(cap * row).value();
-            Buffer p = put_i32(*be, pos);
-            KvLayer kv{kc.data(), vc.data(), kv_type, cap, W, D};
-            be->kv_store((g ? k.g : k.c).rows(total, W), (g ? v.g : v.c).rows(total, W), kv, p.as<int32_t>());
-            AttentionArgs a;
-            a.q = (g ? q.g : q.c).rows(n, ac.n_head * D);
-            a.kv = kv;
-            a.positions = p.as<int32_t>() + ac.ctx;
-            a.n_head = ac.n_head;
-            a.n_kv_head = ac.n_kv;
-            a.head_dim = ac.head_dim;
-            a.scale = 1.0f / std::sqrt(static_cast<float>(D));
-            a.causal = causal;
-            a.out = (g ? out.g : out.c).rows(n, ac.n_head * D);
-            be->attention(a);
-            ASSERT_TRUE(be->synchronize().is_ok());
-          }
-          expect_close(out, 1e-4,
-                       fmt::format("H={} Hkv={} D={} ctx={} kv={} n={} causal={}", ac.n_head, ac.n_kv, D, ac.ctx,
-                                   ggml_type_name(kv_type), n, causal));
-        }
-      }
-    }
-  }
+  for (const AttnCase& ac : cases)
+    for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0})
+      for (int64_t n : kWidths)
+        for (bool causal : {true, false}) attention_matches_cpu(ac, kv_type, n, causal);
 }
 
 // Prompt steps at the 9B's shape (16 heads, 4 kv heads of 256): many 64-query blocks (the tensor-core
 // prompt kernel for 16-bit caches), a last partial one, causal and block mode, with and without earlier
 // context (one split, then several).
 TEST_F(CudaBackendTest, PromptAttentionAtModelShapesMatchesCpu) {
-  const int H = 16, Hkv = 4, D = 256;
-  const int64_t W = Hkv * D;
   for (int64_t ctx : {0, 3000})
-    for (GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
-      const int64_t n = 333, cap = ctx + n + 5, total = ctx + n;
-      const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
-      std::vector<int32_t> pos(total);
-      for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
-      Pair k = both(randn(total * W)), v = both(randn(total * W)), q = both(randn(n * H * D));
-      for (bool causal : {true, false}) {
-        Pair out = both_poison(n * H * D);
-        for (Backend* be : {cpu_.get(), gpu_.get()}) {
-          const bool g = be == gpu_.get();
-          Buffer kc = be->alloc(cap * row).value(), vc = be->alloc(cap * row).value();
-          Buffer p = put_i32(*be, pos);
-          KvLayer kv{kc.data(), vc.data(), kv_type, cap, W, D};
-          be->kv_store((g ? k.g : k.c).rows(total, W), (g ? v.g : v.c).rows(total, W), kv, p.as<int32_t>());
-          AttentionArgs a;
-          a.q = (g ? q.g : q.c).rows(n, H * D);
-          a.kv = kv;
-          a.positions = p.as<int32_t>() + ctx;
-          a.n_head = H;
-          a.n_kv_head = Hkv;
-          a.head_dim = D;
-          a.scale = 1.0f / 16.0f;
-          a.causal = causal;
-          a.out = (g ? out.g : out.c).rows(n, H * D);
-          be->attention(a);
-          ASSERT_TRUE(be->synchronize().is_ok());
-        }
-        expect_close(out, 1e-4, fmt::format("ctx={} kv={} causal={}", ctx, ggml_type_name(kv_type), causal));
-      }
-    }
+    for (GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0})
+      for (bool causal : {true, false}) attention_matches_cpu(AttnCase{16, 4, 256, ctx}, kv_type, 333, causal);
 }
 
 // Speculative verify is lossless only if a verify row's attention is the decode step's, bit for bit:

@@ -642,6 +642,83 @@ __device__ __forceinline__ void mma_kv(float (&d)[4], uint32_t a0, uint32_t a1, 
   }
 }
 
+// One 16-key step of a warp's online softmax over an MMA score fragment (lane (g, t): query g, keys
+// ks + 2t + {0, 1} + {0, 8}): keys at or past k1 or after lim get weight 0, (m_run, l_run) advance (l_run
+// sums this lane's keys only), the output fragments o are rescaled when the maximum moved, p gets the
+// weights.
+template <int NT>
+__device__ __forceinline__ void softmax_step(float (&s)[4], int ks, int t, int k1, int lim, float& m_run,
+                                             float& l_run, float (&o)[NT][4], float (&p)[4]) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int key = ks + 2 * t + (e & 1) + 8 * (e >> 1);
+    if (key >= k1 || key > lim) s[e] = -INFINITY;
+    mx = fmaxf(mx, s[e]);
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m_run, mx);
+  float alpha = 1.0f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) p[e] = 0.0f;
+  if (m_new != -INFINITY) {
+    alpha = expf(m_run - m_new);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - m_new);
+  }
+  l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
+  m_run = m_new;
+  if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // once the maxima settle, most steps skip this
+#pragma unroll
+    for (int j = 0; j < NT; ++j) o[j][0] *= alpha, o[j][1] *= alpha, o[j][2] *= alpha, o[j][3] *= alpha;
+  }
+}
+
+// Weights x as the P.V product's A fragment: row g = hi, row g+8 = lo (x ~ hi + lo in T); keys 2t, 2t+1
+// (a0, a1) and 2t+8, 2t+9 (a2, a3).
+template <typename T>
+__device__ __forceinline__ void split_hi_lo(const float (&x)[4], uint32_t (&pa)[4]) {
+  pa[0] = pack_pair<T>(x[0], x[1]), pa[2] = pack_pair<T>(x[2], x[3]);
+  const float2 f01 = widen_pair<T>(pa[0]), f23 = widen_pair<T>(pa[2]);
+  pa[1] = pack_pair<T>(x[0] - f01.x, x[1] - f01.y), pa[3] = pack_pair<T>(x[2] - f23.x, x[3] - f23.y);
+}
+
+// A 16-key step's scores on 16-bit K rows (ldmatrix row address k_rows, see the kernels): q_frag(kk, qa)
+// gives the Q hi/lo A fragment of dims 16 kk..; even and odd dim blocks accumulate apart (two
+// independent MMA chains per key half); s[e] as in softmax_step.
+template <int D, typename T, class QFrag>
+__device__ __forceinline__ void scores_16bit(float (&s)[4], const uint8_t* k_rows, QFrag&& q_frag) {
+  float c[2][2][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t qa[4], kb[4];
+    q_frag(kk, qa);
+    ldmatrix_x4(kb, k_rows + 32 * kk);
+    mma_kv<T>(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+    mma_kv<T>(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int h = e >> 1, j = e & 1;  // key half, key of the pair
+    s[e] = (c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]);
+  }
+}
+
+// o += P.V for a 16-key step on 16-bit V rows (ldmatrix_trans row address v_rows), P split hi/lo.
+template <int D, typename T, int NT>
+__device__ __forceinline__ void pv_16bit(float (&o)[NT][4], const float (&p)[4], const uint8_t* v_rows) {
+  uint32_t pa[4];
+  split_hi_lo<T>(p, pa);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t vb[4];
+    ldmatrix_x4_trans(vb, v_rows + 32 * kk);
+    mma_kv<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
+    mma_kv<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
+  }
+}
+
 template <int D, bool kQ8, int W>
 struct MmaDecodeSmem {
   static constexpr int kPitch = D * 2 + 16;  // bytes per f16 row: ldmatrix rows land 4 banks apart
@@ -784,50 +861,10 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
     } else {
-      // Even and odd dim blocks accumulate apart (two independent MMA chains per key half).
-      float c[2][2][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t qa[4], kb[4];
-        ldmatrix_x4(qa, q_row + 32 * kk);
-        ldmatrix_x4(kb, kh + k_off + 32 * kk);
-        mma_kv<T>(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-        mma_kv<T>(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1, j = e & 1;  // key half, key of the pair
-        s[e] = (c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]);
-      }
+      scores_16bit<D, T>(s, kh + k_off, [&](int kk, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * kk); });
     }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = ks + 2 * t + (e & 1) + 8 * (e >> 1);
-      if (key >= k1 || key > lim) s[e] = -INFINITY;
-      mx = fmaxf(mx, s[e]);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run, mx);
-    float p[4] = {0.f, 0.f, 0.f, 0.f}, alpha = 1.0f;
-    if (m_new != -INFINITY) {
-      alpha = expf(m_run - m_new);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - m_new);
-    }
-    l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
-    m_run = m_new;
-    // P as the A fragment: row g = hi, row g+8 = lo; keys 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3).
-    auto split = [](const float (&x)[4], uint32_t (&pa)[4]) {
-      pa[0] = pack_pair<T>(x[0], x[1]), pa[2] = pack_pair<T>(x[2], x[3]);
-      const float2 f01 = widen_pair<T>(pa[0]), f23 = widen_pair<T>(pa[2]);
-      pa[1] = pack_pair<T>(x[0] - f01.x, x[1] - f01.y), pa[3] = pack_pair<T>(x[2] - f23.x, x[3] - f23.y);
-    };
-    if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // once the maxima settle, most steps skip this
-#pragma unroll
-      for (int j = 0; j < NT; ++j) o[j][0] *= alpha, o[j][1] *= alpha, o[j][2] *= alpha, o[j][3] *= alpha;
-    }
+    float p[4];
+    softmax_step(s, ks, t, k1, lim, m_run, l_run, o, p);
     if constexpr (kQ8) {  // P times the value rows' scales of each block of 32 output dims
 #pragma unroll
       for (int b = 0; b < D / 32; ++b) {
@@ -835,7 +872,7 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
 #pragma unroll
         for (int e = 0; e < 4; ++e) pb[e] = p[e] * scale_of(vd, 8 * (e >> 1) + 2 * t + (e & 1), b);
         uint32_t pa[4];
-        split(pb, pa);
+        split_hi_lo<T>(pb, pa);
         // Word g of block b of key rows 2t, 2t+1, 2t+8, 2t+9, bytes transposed: x[jj] = dim 32b + 4g + jj
         // of the four keys, the B fragments of n-tile 4b + jj.
         auto word = [&](int r) { return *reinterpret_cast<const uint32_t*>(vd + r * R + 32 * b + 4 * g); };
@@ -852,15 +889,7 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
         }
       }
     } else {
-      uint32_t pa[4];
-      split(p, pa);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vh + v_off + 32 * kk);
-        mma_kv<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
-        mma_kv<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
-      }
+      pv_16bit<D, T>(o, p, vh + v_off);
     }
     __syncwarp();  // every lane is done with this stage before the next step refills it
   }
@@ -1014,53 +1043,13 @@ __global__ void __launch_bounds__(kPromptWarps * 32, 1) attention_prompt_mma_ker
     if (ks <= warp_lim) {  // warp-uniform: steps wholly past the warp's queries add nothing
       const uint8_t* kh = sm + stage * L::kStage;
       const uint8_t* vh = kh + SK * P;
-      float c[2][2][4] = {};
+      float s[4], p[4];
+      scores_16bit<D, T>(s, kh + k_off, [&](int kk, uint32_t (&q)[4]) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, kh + k_off + 32 * kk);
-        mma_kv<T>(c[kk & 1][0], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb[0], kb[1]);
-        mma_kv<T>(c[kk & 1][1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb[2], kb[3]);
-      }
-      float s[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1, j = e & 1;  // key half, key of the pair
-        s[e] = (c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]);
-      }
-      float mx = -INFINITY;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = ks + 2 * t + (e & 1) + 8 * (e >> 1);
-        if (key >= k1 || key > lim) s[e] = -INFINITY;
-        mx = fmaxf(mx, s[e]);
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run, mx);
-      float p[4] = {0.f, 0.f, 0.f, 0.f}, alpha = 1.0f;
-      if (m_new != -INFINITY) {
-        alpha = expf(m_run - m_new);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - m_new);
-      }
-      l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
-      m_run = m_new;
-      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) o[j][0] *= alpha, o[j][1] *= alpha, o[j][2] *= alpha, o[j][3] *= alpha;
-      }
-      uint32_t pa[4];
-      pa[0] = pack_pair<T>(p[0], p[1]), pa[2] = pack_pair<T>(p[2], p[3]);
-      const float2 f01 = widen_pair<T>(pa[0]), f23 = widen_pair<T>(pa[2]);
-      pa[1] = pack_pair<T>(p[0] - f01.x, p[1] - f01.y), pa[3] = pack_pair<T>(p[2] - f23.x, p[3] - f23.y);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vh + v_off + 32 * kk);
-        mma_kv<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
-        mma_kv<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
-      }
+        for (int i = 0; i < 4; ++i) q[i] = qa[kk][i];
+      });
+      softmax_step(s, ks, t, k1, lim, m_run, l_run, o, p);
+      pv_16bit<D, T>(o, p, vh + v_off);
     }
   }
   cp_async_wait<0>();
