@@ -1274,7 +1274,7 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
                  std::min(kPattern, cap - p0) * row);
     }
     for (int64_t n : {1, 8, 16, 512}) {
-      if (kv_type != GgmlType::F16 && n == 512) continue;
+      if (kv_type == GgmlType::BF16 && n == 512) continue;
       if (n == 512 && ctx != 1024 && ctx != 16384) continue;  // prefill: a 512-token chunk after ctx cached
       std::vector<int32_t> pos(n);
       for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(ctx + i);

@@ -11,8 +11,8 @@
 // range; the splits are fixed slices of the KV capacity (not of the step's keys), so a query sees
 // the same tiles, in the same order, in a decode step and in any verify block: tiles and splits
 // past its own last key add exact zeros (p = 0, rescale factor e^0 = 1). Longer steps (prompts) run
-// attention_prompt_mma_kernel (tensor cores) for F16/BF16 KV, else attention_kernel (flash-attention
-// style, online softmax, SIMT): a block of 128 threads takes 16 query
+// attention_prompt_mma_kernel (tensor cores) for F16/BF16/Q8_0 KV, else attention_kernel (flash-attention
+// style, online softmax, SIMT; F32 KV and devices without the shared memory): a block of 128 threads takes 16 query
 // vectors that share a kv head (the G heads of consecutive rows, so K/V tiles are read once for all
 // of them) and one split of the key range, loops over tiles of 32 keys staged in shared memory
 // (f32), and keeps each query's running max, sum and output in registers (8 threads per query, D/8
@@ -719,6 +719,83 @@ __device__ __forceinline__ void pv_16bit(float (&o)[NT][4], const float (&p)[4],
   }
 }
 
+// The same two products on staged Q8_0 rows (q8_slot_bytes(D) apart; codes_to_half2 makes their f16 B
+// fragments exactly). Scores: per block of 32 dims, the hi/lo rows' sums of its two 16-dim MMAs times the
+// key's block scale; K's dims are permuted within each 16-dim slice (MMA column 2t, 2t+1, 2t+8, 2t+9 =
+// stored dim 4t..4t+3: Q must be stored in that order, see q8_q_column), q_frag(sl, qa) gives slice sl.
+__device__ __forceinline__ int q8_q_column(int d) { return (d & ~15) + 2 * ((d & 15) >> 2) + (d & 1) + 8 * ((d >> 1) & 1); }
+
+template <int D, class QFrag>
+__device__ __forceinline__ void scores_q8(float (&s)[4], const uint8_t* kd, int g, int t, QFrag&& q_frag) {
+  constexpr int R = q8_slot_bytes(D);
+  float acc[2][2] = {};  // [key half][key of the pair]
+#pragma unroll 2
+  for (int b = 0; b < D / 32; ++b) {
+    float c[2][2][4] = {};
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int sl = 2 * b + u;  // 16-dim slice
+      uint32_t qa[4], kb[4];
+      q_frag(sl, qa);
+      // keys g and 8 + g: stored dims 4t..4t+3 of the slice = MMA columns 2t, 2t+1 | 2t+8, 2t+9
+      codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + g * R + 16 * sl + 4 * t), kb[0], kb[1]);
+      codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + (8 + g) * R + 16 * sl + 4 * t), kb[2], kb[3]);
+      mma_kv<__half>(c[u][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+      mma_kv<__half>(c[u][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        acc[h][j] += q8_scale(kd + (8 * h + 2 * t + j) * R, D, b) *
+                     ((c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]));
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
+}
+
+// o += P.V on staged Q8_0 rows: per block of 32 output dims, P times the value rows' scales, split hi/lo;
+// V's output dims are permuted within each block (n-tile 4b + jj, column c = dim 32b + 4c + jj: see
+// q8_out_dims) so that lane (g, t) reads word g of block b of its four key rows and transposes their bytes.
+template <int D, int NT>
+__device__ __forceinline__ void pv_q8(float (&o)[NT][4], const float (&p)[4], const uint8_t* vd, int g, int t) {
+  constexpr int R = q8_slot_bytes(D);
+#pragma unroll
+  for (int b = 0; b < D / 32; ++b) {
+    float pb[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pb[e] = p[e] * q8_scale(vd + (8 * (e >> 1) + 2 * t + (e & 1)) * R, D, b);
+    uint32_t pa[4];
+    split_hi_lo<__half>(pb, pa);
+    // Word g of block b of key rows 2t, 2t+1, 2t+8, 2t+9, bytes transposed: x[jj] = dim 32b + 4g + jj
+    // of the four keys, the B fragments of n-tile 4b + jj.
+    auto word = [&](int r) { return *reinterpret_cast<const uint32_t*>(vd + r * R + 32 * b + 4 * g); };
+    const uint32_t w0 = word(2 * t), w1 = word(2 * t + 1), w2 = word(2 * t + 8), w3 = word(2 * t + 9);
+    const uint32_t t01 = __byte_perm(w0, w1, 0x5140), t23 = __byte_perm(w2, w3, 0x5140);  // bytes 0, 1
+    const uint32_t u01 = __byte_perm(w0, w1, 0x7362), u23 = __byte_perm(w2, w3, 0x7362);  // bytes 2, 3
+    const uint32_t x[4] = {__byte_perm(t01, t23, 0x5410), __byte_perm(t01, t23, 0x7632),
+                           __byte_perm(u01, u23, 0x5410), __byte_perm(u01, u23, 0x7632)};
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      uint32_t vb0, vb1;
+      codes_to_half2(x[jj], vb0, vb1);
+      mma_kv<__half>(o[4 * b + jj], pa[0], pa[1], pa[2], pa[3], vb0, vb1);
+    }
+  }
+}
+
+// The output dims of n-tile j, columns 2t and 2t + 1 (the o fragment's pairs): 8j + 2t and 8j + 2t + 1, or
+// for Q8_0 caches (pv_q8's order) 32 (j / 4) + 8t + j % 4 and that + 4.
+template <bool kQ8>
+__device__ __forceinline__ int2 out_dims(int j, int t) {
+  if constexpr (kQ8) {
+    const int d = 32 * (j >> 2) + 8 * t + (j & 3);
+    return make_int2(d, d + 4);
+  } else {
+    return make_int2(8 * j + 2 * t, 8 * j + 2 * t + 1);
+  }
+}
+
 template <int D, bool kQ8, int W>
 struct MmaDecodeSmem {
   static constexpr int kPitch = D * 2 + 16;  // bytes per f16 row: ldmatrix rows land 4 banks apart
@@ -800,8 +877,7 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
         m < M ? a.q.data[static_cast<int64_t>(blk.row(m)) * a.q.stride + static_cast<int64_t>(blk.head(m)) * D + d] * a.scale
               : 0.0f;
     const T hi = to_cache<T>(v);
-    int col = d;  // Q8_0: the MMA column of stored dim d (see above)
-    if constexpr (kQ8) col = (d & ~15) + 2 * ((d & 15) >> 2) + (d & 1) + 8 * ((d >> 1) & 1);
+    const int col = kQ8 ? q8_q_column(d) : d;  // Q8_0: the MMA column of stored dim d (see above)
     *reinterpret_cast<T*>(q_sm + m * P + 2 * col) = hi;
     *reinterpret_cast<T*>(q_sm + (m + 8) * P + 2 * col) = to_cache<T>(v - static_cast<float>(hi));
   }
@@ -831,63 +907,16 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
     const uint8_t* vd = kd + SK * R;
     const uint8_t* kh = kd;  // K and V as T rows of pitch P (16-bit caches)
     const uint8_t* vh = vd;
-    // The scale of Q8_0 block b of the step's key row r (K: kd, V: vd).
-    auto scale_of = [&](const uint8_t* rows, int r, int b) { return q8_scale(rows + r * R, D, b); };
     float s[4];
     if constexpr (kQ8) {
-      // Per block of 32 dims: the hi/lo rows' sums of its two 16-dim MMAs times the key's block scale.
-      float acc[2][2] = {};  // [key half][key of the pair]
-#pragma unroll 2
-      for (int b = 0; b < D / 32; ++b) {
-        float c[2][2][4] = {};
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int sl = 2 * b + u;  // 16-dim slice
-          uint32_t qa[4], kb[4];
-          ldmatrix_x4(qa, q_row + 32 * sl);
-          // keys g and 8 + g: stored dims 4t..4t+3 of the slice = MMA columns 2t, 2t+1 | 2t+8, 2t+9
-          codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + g * R + 16 * sl + 4 * t), kb[0], kb[1]);
-          codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + (8 + g) * R + 16 * sl + 4 * t), kb[2], kb[3]);
-          mma_kv<T>(c[u][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-          mma_kv<T>(c[u][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            acc[h][j] += scale_of(kd, 8 * h + 2 * t + j, b) *
-                         ((c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]));
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
+      scores_q8<D>(s, kd, g, t, [&](int sl, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * sl); });
     } else {
       scores_16bit<D, T>(s, kh + k_off, [&](int kk, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * kk); });
     }
     float p[4];
     softmax_step(s, ks, t, k1, lim, m_run, l_run, o, p);
-    if constexpr (kQ8) {  // P times the value rows' scales of each block of 32 output dims
-#pragma unroll
-      for (int b = 0; b < D / 32; ++b) {
-        float pb[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pb[e] = p[e] * scale_of(vd, 8 * (e >> 1) + 2 * t + (e & 1), b);
-        uint32_t pa[4];
-        split_hi_lo<T>(pb, pa);
-        // Word g of block b of key rows 2t, 2t+1, 2t+8, 2t+9, bytes transposed: x[jj] = dim 32b + 4g + jj
-        // of the four keys, the B fragments of n-tile 4b + jj.
-        auto word = [&](int r) { return *reinterpret_cast<const uint32_t*>(vd + r * R + 32 * b + 4 * g); };
-        const uint32_t w0 = word(2 * t), w1 = word(2 * t + 1), w2 = word(2 * t + 8), w3 = word(2 * t + 9);
-        const uint32_t t01 = __byte_perm(w0, w1, 0x5140), t23 = __byte_perm(w2, w3, 0x5140);  // bytes 0, 1
-        const uint32_t u01 = __byte_perm(w0, w1, 0x7362), u23 = __byte_perm(w2, w3, 0x7362);  // bytes 2, 3
-        const uint32_t x[4] = {__byte_perm(t01, t23, 0x5410), __byte_perm(t01, t23, 0x7632),
-                               __byte_perm(u01, u23, 0x5410), __byte_perm(u01, u23, 0x7632)};
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          uint32_t vb0, vb1;
-          codes_to_half2(x[jj], vb0, vb1);
-          mma_kv<T>(o[4 * b + jj], pa[0], pa[1], pa[2], pa[3], vb0, vb1);
-        }
-      }
+    if constexpr (kQ8) {
+      pv_q8<D>(o, p, vd, g, t);
     } else {
       pv_16bit<D, T>(o, p, vh + v_off);
     }
@@ -906,12 +935,8 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     float* row = wo + (warp * Q + g) * D;
-    if constexpr (kQ8) {  // n-tile j, columns 2t, 2t+1: dims 32 (j / 4) + 4 (2t) + j % 4 and 4 more
-      float* dims = row + 32 * (j >> 2) + 8 * t + (j & 3);
-      dims[0] = o[j][0] + o[j][2], dims[4] = o[j][1] + o[j][3];
-    } else {
-      row[8 * j + 2 * t] = o[j][0] + o[j][2], row[8 * j + 2 * t + 1] = o[j][1] + o[j][3];
-    }
+    const int2 dd = out_dims<kQ8>(j, t);
+    row[dd.x] = o[j][0] + o[j][2], row[dd.y] = o[j][1] + o[j][3];
   }
   if (t == 0) wml[(warp * Q + g) * 2] = m_run, wml[(warp * Q + g) * 2 + 1] = l_run;
   __syncthreads();
@@ -938,7 +963,8 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
   finish_decode_block<D, W * 32>(a, blk, counters, o_s, ml_s, sm);
 }
 
-// Prompt steps (more than kDecodeMaxRows rows) on tensor cores, F16 or BF16 KV (T): a block takes one kv
+// Prompt steps (more than kDecodeMaxRows rows) on tensor cores, F16, BF16 or Q8_0 KV (C; Q8_0 through
+// scores_q8/pv_q8 as in the decode kernel, f16 operands): a block takes one kv
 // head, kPromptWarps * 8 consecutive query vectors (row t, head g in t-major order: 16 tokens of a GQA
 // group of 4) and one split of its keys (grid.z; the split boundaries from the block's own last key, as
 // attention_kernel's, merged by attention_combine_kernel). The block stages K and V in steps of 16 keys
@@ -952,19 +978,23 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
 constexpr int kPromptWarps = 8;
 constexpr int kPromptQueries = kPromptWarps * kDecodeQueries;  // query vectors per block
 
-template <int D>
+template <int D, bool kQ8>
 struct PromptSmem {
   static constexpr int kPitch = D * 2 + 16;                          // bytes per 16-bit row (ldmatrix: 4 banks apart)
-  static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kPitch;  // K and V of one step
+  static constexpr int kRaw = kQ8 ? q8_slot_bytes(D) : kPitch;       // bytes per staged cache row
+  static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kRaw;  // K and V of one step
   static constexpr int kStages = 3;
   static constexpr size_t kQ = kStages * kStage;                     // then Q hi/lo rows [warps][16][kPitch]
   static constexpr size_t kBytes = kQ + size_t{kPromptWarps} * 16 * kPitch;
 };
 
-template <int D, typename T>
+template <int D, typename C>
 __global__ void __launch_bounds__(kPromptWarps * 32, 1) attention_prompt_mma_kernel(AttnArgs a) {
-  using L = PromptSmem<D>;
-  constexpr int SK = kMmaStepKeys, P = L::kPitch, NT = D / 8, kPieces = D * 2 / 16;
+  constexpr bool kQ8 = kIsQ8<C>;
+  using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
+  using L = PromptSmem<D, kQ8>;
+  constexpr int SK = kMmaStepKeys, P = L::kPitch, R = L::kRaw, NT = D / 8;
+  constexpr int kPieces = (kQ8 ? R : D * 2) / 16;  // 16-byte pieces per K or V row
   constexpr int kThreadsPerBlock = kPromptWarps * 32;
   extern __shared__ __align__(16) uint8_t sm[];
   __shared__ int s_kend;
@@ -991,8 +1021,9 @@ __global__ void __launch_bounds__(kPromptWarps * 32, 1) attention_prompt_mma_ker
                           : 0.0f;
     const T hi = to_cache<T>(v);
     uint8_t* q_w = q_all + w * 16 * P;
-    *reinterpret_cast<T*>(q_w + r * P + 2 * d) = hi;
-    *reinterpret_cast<T*>(q_w + (r + 8) * P + 2 * d) = to_cache<T>(v - static_cast<float>(hi));
+    const int col = kQ8 ? q8_q_column(d) : d;
+    *reinterpret_cast<T*>(q_w + r * P + 2 * col) = hi;
+    *reinterpret_cast<T*>(q_w + (r + 8) * P + 2 * col) = to_cache<T>(v - static_cast<float>(hi));
   }
   __syncthreads();
   const int kend = static_cast<int>(s_kend < a.kv_capacity ? s_kend : a.kv_capacity);
@@ -1004,12 +1035,12 @@ __global__ void __launch_bounds__(kPromptWarps * 32, 1) attention_prompt_mma_ker
   // Keys past k1 copy row k1-1: finite data that the mask gives weight 0.
   auto issue = [&](int ks, int stage) {
     uint8_t* kd = sm + stage * L::kStage;
-    uint8_t* vd = kd + SK * P;
+    uint8_t* vd = kd + SK * R;
     for (int i = tid; i < SK * kPieces; i += kThreadsPerBlock) {
       const int r = i / kPieces, pc = i % kPieces;
       const int64_t off = min(ks + r, k1 - 1) * a.row_bytes + pc * 16;
-      cp_async16(kd + r * P + pc * 16, kbase + off);
-      cp_async16(vd + r * P + pc * 16, vbase + off);
+      cp_async16(kd + r * R + pc * 16, kbase + off);
+      cp_async16(vd + r * R + pc * 16, vbase + off);
     }
   };
   for (int st = 0; st + 1 < L::kStages; ++st) {
@@ -1041,15 +1072,24 @@ __global__ void __launch_bounds__(kPromptWarps * 32, 1) attention_prompt_mma_ker
     if (ks + kAhead * SK < k1) issue(ks + kAhead * SK, stage == 0 ? kAhead : stage - 1);
     cp_async_commit();
     if (ks <= warp_lim) {  // warp-uniform: steps wholly past the warp's queries add nothing
-      const uint8_t* kh = sm + stage * L::kStage;
-      const uint8_t* vh = kh + SK * P;
-      float s[4], p[4];
-      scores_16bit<D, T>(s, kh + k_off, [&](int kk, uint32_t (&q)[4]) {
+      const uint8_t* kd = sm + stage * L::kStage;
+      const uint8_t* vd = kd + SK * R;
+      auto q_frag = [&](int kk, uint32_t (&q)[4]) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) q[i] = qa[kk][i];
-      });
+      };
+      float s[4], p[4];
+      if constexpr (kQ8) {
+        scores_q8<D>(s, kd, g, t, q_frag);
+      } else {
+        scores_16bit<D, T>(s, kd + k_off, q_frag);
+      }
       softmax_step(s, ks, t, k1, lim, m_run, l_run, o, p);
-      pv_16bit<D, T>(o, p, vh + v_off);
+      if constexpr (kQ8) {
+        pv_q8<D>(o, p, vd, g, t);
+      } else {
+        pv_16bit<D, T>(o, p, vd + v_off);
+      }
     }
   }
   cp_async_wait<0>();
@@ -1061,20 +1101,24 @@ __global__ void __launch_bounds__(kPromptWarps * 32, 1) attention_prompt_mma_ker
     const float inv = l_run > 0.0f ? 1.0f / l_run : 0.0f;
     float* dst = a.out.data + static_cast<int64_t>(row_of(m)) * a.out.stride + static_cast<int64_t>(head_of(m)) * D;
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-      *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) = make_float2((o[j][0] + o[j][2]) * inv, (o[j][1] + o[j][3]) * inv);
+    for (int j = 0; j < NT; ++j) {
+      const int2 dd = out_dims<kQ8>(j, t);
+      dst[dd.x] = (o[j][0] + o[j][2]) * inv, dst[dd.y] = (o[j][1] + o[j][3]) * inv;
+    }
   } else {
     const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
     float* dst = a.part_o + slot * D;
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
-      *reinterpret_cast<float2*>(dst + 8 * j + 2 * t) = make_float2(o[j][0] + o[j][2], o[j][1] + o[j][3]);
+    for (int j = 0; j < NT; ++j) {
+      const int2 dd = out_dims<kQ8>(j, t);
+      dst[dd.x] = o[j][0] + o[j][2], dst[dd.y] = o[j][1] + o[j][3];
+    }
     if (t == 0) a.part_ml[slot * 2] = m_run, a.part_ml[slot * 2 + 1] = l_run;
   }
 }
 
-// The prompt kernel on tensor cores for F16/BF16 caches where the device grants its shared memory and
-// HYSPEC_ATTN_MMA is not 0; else false (attention_kernel runs).
+// The prompt kernel on tensor cores for F16/BF16/Q8_0 caches where the device grants its shared memory
+// and neither HYSPEC_ATTN_MMA nor HYSPEC_ATTN_PROMPT_MMA is 0; else attention_kernel runs.
 bool prompt_mma_enabled() {
   static const bool v = env_int("HYSPEC_ATTN_PROMPT_MMA", 1) != 0;
   return v && decode_mma_enabled();
@@ -1082,7 +1126,7 @@ bool prompt_mma_enabled() {
 
 template <int D, typename KV>
 cudaError_t launch_prompt_mma(const AttnArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = PromptSmem<D>::kBytes;
+  constexpr size_t smem = PromptSmem<D, kIsQ8<KV>>::kBytes;
   static const bool usable = [] {
     if (!prompt_mma_enabled()) return false;
     if (cudaFuncSetAttribute(attention_prompt_mma_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1137,7 +1181,7 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     return launch_pdl(attention_decode_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
   } else {
     cudaError_t e = cudaErrorNotSupported;
-    if constexpr (sizeof(KV) == 2) e = launch_prompt_mma<D, KV>(a, stream);
+    if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) e = launch_prompt_mma<D, KV>(a, stream);
     if (e == cudaErrorNotSupported) {
       const dim3 grid(a.n_kv, (M + kQueries - 1) / kQueries, a.n_splits);
       attention_kernel<D, KV><<<grid, kThreads, attention_smem<D>(), stream>>>(a);
@@ -1166,7 +1210,7 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
   // The decode kernel's split count must not depend on the step's width (see the top of the file).
   const bool decode = uses_decode_kernel(p.q.rows, p.n_head / p.n_kv_head, p.n_kv_head);
-  const bool prompt_mma = !decode && (p.kv.type == GgmlType::F16 || p.kv.type == GgmlType::BF16) && prompt_mma_enabled();
+  const bool prompt_mma = !decode && p.kv.type != GgmlType::F32 && prompt_mma_enabled();
   const int64_t per_block = prompt_mma ? kPromptQueries : kQueries;
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + per_block - 1) / per_block);
   if (base >= n_sm) return 1;
