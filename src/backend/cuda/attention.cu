@@ -907,16 +907,65 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
     const uint8_t* vd = kd + SK * R;
     const uint8_t* kh = kd;  // K and V as T rows of pitch P (16-bit caches)
     const uint8_t* vh = vd;
+    // The Q8_0 products stay written out here rather than through scores_q8/pv_q8 (the prompt kernel's):
+    // with those calls this kernel's bench at 16K read 3-5% slower (H200, one run, session 20).
+    // The scale of Q8_0 block b of the step's key row r (K: kd, V: vd).
+    auto scale_of = [&](const uint8_t* rows, int r, int b) { return q8_scale(rows + r * R, D, b); };
     float s[4];
     if constexpr (kQ8) {
-      scores_q8<D>(s, kd, g, t, [&](int sl, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * sl); });
+      // Per block of 32 dims: the hi/lo rows' sums of its two 16-dim MMAs times the key's block scale.
+      float acc[2][2] = {};  // [key half][key of the pair]
+#pragma unroll 2
+      for (int b = 0; b < D / 32; ++b) {
+        float c[2][2][4] = {};
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int sl = 2 * b + u;  // 16-dim slice
+          uint32_t qa[4], kb[4];
+          ldmatrix_x4(qa, q_row + 32 * sl);
+          // keys g and 8 + g: stored dims 4t..4t+3 of the slice = MMA columns 2t, 2t+1 | 2t+8, 2t+9
+          codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + g * R + 16 * sl + 4 * t), kb[0], kb[1]);
+          codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + (8 + g) * R + 16 * sl + 4 * t), kb[2], kb[3]);
+          mma_kv<T>(c[u][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+          mma_kv<T>(c[u][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            acc[h][j] += scale_of(kd, 8 * h + 2 * t + j, b) *
+                         ((c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]));
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
     } else {
       scores_16bit<D, T>(s, kh + k_off, [&](int kk, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * kk); });
     }
     float p[4];
     softmax_step(s, ks, t, k1, lim, m_run, l_run, o, p);
-    if constexpr (kQ8) {
-      pv_q8<D>(o, p, vd, g, t);
+    if constexpr (kQ8) {  // P times the value rows' scales of each block of 32 output dims
+#pragma unroll
+      for (int b = 0; b < D / 32; ++b) {
+        float pb[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pb[e] = p[e] * scale_of(vd, 8 * (e >> 1) + 2 * t + (e & 1), b);
+        uint32_t pa[4];
+        split_hi_lo<T>(pb, pa);
+        // Word g of block b of key rows 2t, 2t+1, 2t+8, 2t+9, bytes transposed: x[jj] = dim 32b + 4g + jj
+        // of the four keys, the B fragments of n-tile 4b + jj.
+        auto word = [&](int r) { return *reinterpret_cast<const uint32_t*>(vd + r * R + 32 * b + 4 * g); };
+        const uint32_t w0 = word(2 * t), w1 = word(2 * t + 1), w2 = word(2 * t + 8), w3 = word(2 * t + 9);
+        const uint32_t t01 = __byte_perm(w0, w1, 0x5140), t23 = __byte_perm(w2, w3, 0x5140);  // bytes 0, 1
+        const uint32_t u01 = __byte_perm(w0, w1, 0x7362), u23 = __byte_perm(w2, w3, 0x7362);  // bytes 2, 3
+        const uint32_t x[4] = {__byte_perm(t01, t23, 0x5410), __byte_perm(t01, t23, 0x7632),
+                               __byte_perm(u01, u23, 0x5410), __byte_perm(u01, u23, 0x7632)};
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          uint32_t vb0, vb1;
+          codes_to_half2(x[jj], vb0, vb1);
+          mma_kv<T>(o[4 * b + jj], pa[0], pa[1], pa[2], pa[3], vb0, vb1);
+        }
+      }
     } else {
       pv_16bit<D, T>(o, p, vh + v_off);
     }
