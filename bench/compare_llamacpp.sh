@@ -26,12 +26,8 @@ if [ "$MODE" = start ]; then
   if [ "${ANCHOR_MODELS_ONLY:-0}" = 1 ]; then sed '/^\$B -m/d' "$A" > "$W/anchor_models.sh"; A=$W/anchor_models.sh; fi
   # ANCHOR_NO_SWEEP=1: llama-bench pp512/tg128 only, without the pp1..32 sweep (saves ~1 min of a call).
   if [ "${ANCHOR_NO_SWEEP:-0}" = 1 ]; then sed '/-p 1,2,4,8,16,32/d' "$A" > "$W/anchor_nosweep.sh"; A=$W/anchor_nosweep.sh; fi
-  # ANCHOR_BF16_FIRST=1: convert the BF16 file while llama.cpp builds (the anchor waits for the build
-  # first), so hyspec can run on it ~3 min into a call. ANCHOR_BF16_ONLY=1: no build, no Q4_K_M, no
-  # llama-bench: only the BF16 file, made by the anchor's own recipe and converter (probe calls).
-  if [ "${ANCHOR_BF16_FIRST:-0}" = 1 ]; then
-    sed -e '/^wait \$BUILD$/d' -e 's/^rm -rf "\$W\/hf"$/&; wait $BUILD/' "$A" > "$W/anchor_bf16first.sh"; A=$W/anchor_bf16first.sh
-  fi
+  # ANCHOR_BF16_ONLY=1: no build, no Q4_K_M, no llama-bench: only the BF16 file, made by the anchor's own
+  # recipe and converter (probe calls: ready in ~110 s).
   if [ "${ANCHOR_BF16_ONLY:-0}" = 1 ]; then
     sed -e '/^( cd llama.cpp && cmake/,/^BUILD=\$!$/d' -e '/^wait \$BUILD$/d' -e '/^\$L\/build\/bin\/llama-quantize/d' \
       -e '/^\$B -m/d' "$A" > "$W/anchor_bf16only.sh"; A=$W/anchor_bf16only.sh
