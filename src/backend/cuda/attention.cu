@@ -723,7 +723,9 @@ __device__ __forceinline__ void pv_16bit(float (&o)[NT][4], const float (&p)[4],
 // fragments exactly). Scores: per block of 32 dims, the hi/lo rows' sums of its two 16-dim MMAs times the
 // key's block scale; K's dims are permuted within each 16-dim slice (MMA column 2t, 2t+1, 2t+8, 2t+9 =
 // stored dim 4t..4t+3: Q must be stored in that order, see q8_q_column), q_frag(sl, qa) gives slice sl.
-__device__ __forceinline__ int q8_q_column(int d) { return (d & ~15) + 2 * ((d & 15) >> 2) + (d & 1) + 8 * ((d >> 1) & 1); }
+__device__ __forceinline__ int q8_q_column(int d) {
+  return (d & ~15) + 2 * ((d & 15) >> 2) + (d & 1) + 8 * ((d >> 1) & 1);
+}
 
 template <int D, class QFrag>
 __device__ __forceinline__ void scores_q8(float (&s)[4], const uint8_t* kd, int g, int t, QFrag&& q_frag) {
@@ -756,7 +758,7 @@ __device__ __forceinline__ void scores_q8(float (&s)[4], const uint8_t* kd, int 
 
 // o += P.V on staged Q8_0 rows: per block of 32 output dims, P times the value rows' scales, split hi/lo;
 // V's output dims are permuted within each block (n-tile 4b + jj, column c = dim 32b + 4c + jj: see
-// q8_out_dims) so that lane (g, t) reads word g of block b of its four key rows and transposes their bytes.
+// out_dims) so that lane (g, t) reads word g of block b of its four key rows and transposes their bytes.
 template <int D, int NT>
 __device__ __forceinline__ void pv_q8(float (&o)[NT][4], const float (&p)[4], const uint8_t* vd, int g, int t) {
   constexpr int R = q8_slot_bytes(D);
