@@ -361,10 +361,10 @@ __device__ DecodeBlock decode_block(const AttnArgs& a) {
 // finish (a self-resetting counter) merges them: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z.
 // The (max, sum) pairs go through shared memory `work` (kDecodeMergeBytes; o_s and ml_s may alias
 // it) first, so the sums over splits are independent L2 loads, not chains.
-template <int D, int kThreadsPerBlock = kDecodeWarps * 32>
+template <int D>
 __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, unsigned* counters, const float* o_s,
                                     const float* ml_s, void* work) {
-  constexpr int Q = kDecodeQueries;
+  constexpr int Q = kDecodeQueries, kThreadsPerBlock = kDecodeWarps * 32;
   __shared__ int s_last;
   const int tid = threadIdx.x, kvh = blk.kvh, q0 = blk.q0, M = blk.M, z = blockIdx.y, n_eff = blk.n_eff;
   const int M_all = a.n * a.group;
@@ -798,19 +798,19 @@ __device__ __forceinline__ int2 out_dims(int j, int t) {
   }
 }
 
-template <int D, bool kQ8, int W>
+template <int D, bool kQ8>
 struct MmaDecodeSmem {
   static constexpr int kPitch = D * 2 + 16;  // bytes per f16 row: ldmatrix rows land 4 banks apart
   static constexpr int kRaw = kQ8 ? q8_slot_bytes(D) : kPitch;        // bytes per staged cache row
   static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kRaw;   // K and V of one step
   static constexpr int kStages = 3;                                   // per warp: two steps in flight
   static constexpr size_t kWarp = kStages * kStage;
-  static constexpr size_t kQ = size_t{W} * kWarp;                   // Q hi/lo rows [16][kPitch]
+  static constexpr size_t kQ = size_t{kDecodeWarps} * kWarp;         // Q hi/lo rows [16][kPitch]
   static constexpr size_t kBytes = kQ + 16 * kPitch;
   // After the loop the stages hold the warps' results: o [warps][Q][D], (m, l) [warps][Q][2], then
   // the block's o [Q][D] and (m, l) [2][Q].
-  static constexpr size_t kWarpMl = size_t{W} * kDecodeQueries * D * 4;
-  static constexpr size_t kBlockO = kWarpMl + size_t{W} * kDecodeQueries * 2 * 4;
+  static constexpr size_t kWarpMl = size_t{kDecodeWarps} * kDecodeQueries * D * 4;
+  static constexpr size_t kBlockO = kWarpMl + size_t{kDecodeWarps} * kDecodeQueries * 2 * 4;
   static constexpr size_t kBlockMl = kBlockO + size_t{kDecodeQueries} * D * 4;
   static_assert(kBlockMl + 2 * kDecodeQueries * 4 <= kQ, "results fit in the stages");
   static_assert(kDecodeMergeBytes <= kBytes, "the split merge fits");
@@ -824,16 +824,16 @@ struct MmaDecodeSmem {
 // V's output dims within each 32-dim block (n-tile 4b + jj, column c = dim 32b + 4c + jj), so that
 // lane (g, t) reads word g of block b of its four key rows and transposes their bytes. Without widened
 // copies a Q8_0 block needs half the shared memory of an f16 one: two blocks per SM.
-// W warps per block (kDecodeWarps). Session 20 measured 8 for Q8_0 caches (217 KB, one block per SM):
-// the 9B Q4_K_M at depth 16384 ran 0.939x of depth 0 instead of 0.927x (H100), but 16-row verify steps at
-// 16K took 179 us per layer instead of 151 (H200 kernel bench), so the 4-warp kernel stays.
-template <int D, typename C, int W>
-__global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
+// Session 20 measured 8 warps per block for Q8_0 caches (217 KB, one block per SM): the 9B Q4_K_M at
+// depth 16384 ran 0.939x of depth 0 instead of 0.927x (H100), but 16-row verify steps at 16K took 179 us
+// per layer instead of 151 (H200 kernel bench), so every cache takes kDecodeWarps.
+template <int D, typename C>
+__global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
   pdl_wait();  // as attention_decode_kernel
   pdl_trigger();
   constexpr bool kQ8 = kIsQ8<C>;
   using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
-  using L = MmaDecodeSmem<D, kQ8, W>;
+  using L = MmaDecodeSmem<D, kQ8>;
   constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, R = L::kRaw, NT = D / 8;
   constexpr int kPieces = (kQ8 ? R : D * 2) / 16;  // 16-byte pieces per K or V row
   static_assert(Q == 8, "the 16 MMA rows are 8 queries x (hi, lo)");
@@ -861,7 +861,7 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
     }
     cp_async_commit();
   };
-  constexpr int kStride = SK * W;  // keys between a warp's steps
+  constexpr int kStride = SK * kDecodeWarps;  // keys between a warp's steps
   int ks = k0 + SK * warp;
   for (int st = 0; st + 1 < L::kStages; ++st) {
     if (ks + st * kStride < k1) {
@@ -873,7 +873,7 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
 
   // Q, pre-scaled, as T hi (rows 0-7) and lo (rows 8-15); absent queries are zero rows.
   uint8_t* const q_sm = sm + L::kQ;
-  for (int i = tid; i < Q * D; i += W * 32) {
+  for (int i = tid; i < Q * D; i += kDecodeWarps * 32) {
     const int m = i / D, d = i % D;
     const float v =
         m < M ? a.q.data[static_cast<int64_t>(blk.row(m)) * a.q.stride + static_cast<int64_t>(blk.head(m)) * D + d] * a.scale
@@ -909,65 +909,16 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
     const uint8_t* vd = kd + SK * R;
     const uint8_t* kh = kd;  // K and V as T rows of pitch P (16-bit caches)
     const uint8_t* vh = vd;
-    // The Q8_0 products stay written out here rather than through scores_q8/pv_q8 (the prompt kernel's):
-    // with those calls this kernel's bench at 16K read 3-5% slower (H200, one run, session 20).
-    // The scale of Q8_0 block b of the step's key row r (K: kd, V: vd).
-    auto scale_of = [&](const uint8_t* rows, int r, int b) { return q8_scale(rows + r * R, D, b); };
     float s[4];
     if constexpr (kQ8) {
-      // Per block of 32 dims: the hi/lo rows' sums of its two 16-dim MMAs times the key's block scale.
-      float acc[2][2] = {};  // [key half][key of the pair]
-#pragma unroll 2
-      for (int b = 0; b < D / 32; ++b) {
-        float c[2][2][4] = {};
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int sl = 2 * b + u;  // 16-dim slice
-          uint32_t qa[4], kb[4];
-          ldmatrix_x4(qa, q_row + 32 * sl);
-          // keys g and 8 + g: stored dims 4t..4t+3 of the slice = MMA columns 2t, 2t+1 | 2t+8, 2t+9
-          codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + g * R + 16 * sl + 4 * t), kb[0], kb[1]);
-          codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + (8 + g) * R + 16 * sl + 4 * t), kb[2], kb[3]);
-          mma_kv<T>(c[u][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-          mma_kv<T>(c[u][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            acc[h][j] += scale_of(kd, 8 * h + 2 * t + j, b) *
-                         ((c[0][h][j] + c[0][h][j + 2]) + (c[1][h][j] + c[1][h][j + 2]));
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
+      scores_q8<D>(s, kd, g, t, [&](int sl, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * sl); });
     } else {
       scores_16bit<D, T>(s, kh + k_off, [&](int kk, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * kk); });
     }
     float p[4];
     softmax_step(s, ks, t, k1, lim, m_run, l_run, o, p);
-    if constexpr (kQ8) {  // P times the value rows' scales of each block of 32 output dims
-#pragma unroll
-      for (int b = 0; b < D / 32; ++b) {
-        float pb[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pb[e] = p[e] * scale_of(vd, 8 * (e >> 1) + 2 * t + (e & 1), b);
-        uint32_t pa[4];
-        split_hi_lo<T>(pb, pa);
-        // Word g of block b of key rows 2t, 2t+1, 2t+8, 2t+9, bytes transposed: x[jj] = dim 32b + 4g + jj
-        // of the four keys, the B fragments of n-tile 4b + jj.
-        auto word = [&](int r) { return *reinterpret_cast<const uint32_t*>(vd + r * R + 32 * b + 4 * g); };
-        const uint32_t w0 = word(2 * t), w1 = word(2 * t + 1), w2 = word(2 * t + 8), w3 = word(2 * t + 9);
-        const uint32_t t01 = __byte_perm(w0, w1, 0x5140), t23 = __byte_perm(w2, w3, 0x5140);  // bytes 0, 1
-        const uint32_t u01 = __byte_perm(w0, w1, 0x7362), u23 = __byte_perm(w2, w3, 0x7362);  // bytes 2, 3
-        const uint32_t x[4] = {__byte_perm(t01, t23, 0x5410), __byte_perm(t01, t23, 0x7632),
-                               __byte_perm(u01, u23, 0x5410), __byte_perm(u01, u23, 0x7632)};
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          uint32_t vb0, vb1;
-          codes_to_half2(x[jj], vb0, vb1);
-          mma_kv<T>(o[4 * b + jj], pa[0], pa[1], pa[2], pa[3], vb0, vb1);
-        }
-      }
+    if constexpr (kQ8) {
+      pv_q8<D>(o, p, vd, g, t);
     } else {
       pv_16bit<D, T>(o, p, vh + v_off);
     }
@@ -993,9 +944,9 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
   __syncthreads();
   if (tid < Q) {
     float mx = -INFINITY;
-    for (int w = 0; w < W; ++w) mx = fmaxf(mx, wml[(w * Q + tid) * 2]);
+    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, wml[(w * Q + tid) * 2]);
     float l = 0.0f;
-    for (int w = 0; w < W; ++w) {
+    for (int w = 0; w < kDecodeWarps; ++w) {
       const float f = mx == -INFINITY ? 0.0f : expf(wml[(w * Q + tid) * 2] - mx);
       l += f * wml[(w * Q + tid) * 2 + 1];
       wml[(w * Q + tid) * 2 + 1] = f;  // the weight replaces the sum
@@ -1003,15 +954,15 @@ __global__ void __launch_bounds__(W * 32, 1) attention_decode_mma_kernel(AttnArg
     ml_s[tid] = mx, ml_s[Q + tid] = l;
   }
   __syncthreads();
-  for (int i = tid; i < M * D; i += W * 32) {
+  for (int i = tid; i < M * D; i += kDecodeWarps * 32) {
     const int m = i / D;
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < W; ++w) v += wml[(w * Q + m) * 2 + 1] * wo[w * Q * D + i];
+    for (int w = 0; w < kDecodeWarps; ++w) v += wml[(w * Q + m) * 2 + 1] * wo[w * Q * D + i];
     o_s[i] = v;
   }
   __syncthreads();
-  finish_decode_block<D, W * 32>(a, blk, counters, o_s, ml_s, sm);
+  finish_decode_block<D>(a, blk, counters, o_s, ml_s, sm);
 }
 
 // Prompt steps (more than kDecodeMaxRows rows) on tensor cores, F16, BF16 or Q8_0 KV (C; Q8_0 through
@@ -1175,17 +1126,20 @@ bool prompt_mma_enabled() {
   return v && decode_mma_enabled();
 }
 
+// Whether the device grants `kernel` `bytes` of dynamic shared memory (sm_86/89 have 99 KB); a refusal is
+// not sticky and is cleared, so the caller's SIMT kernel takes over.
+template <typename Kernel>
+bool grants_smem(Kernel kernel, size_t bytes) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) == cudaSuccess)
+    return true;
+  cudaGetLastError();
+  return false;
+}
+
 template <int D, typename KV>
 cudaError_t launch_prompt_mma(const AttnArgs& a, cudaStream_t stream) {
   constexpr size_t smem = PromptSmem<D, kIsQ8<KV>>::kBytes;
-  static const bool usable = [] {
-    if (!prompt_mma_enabled()) return false;
-    if (cudaFuncSetAttribute(attention_prompt_mma_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem)) == cudaSuccess)
-      return true;
-    cudaGetLastError();
-    return false;
-  }();
+  static const bool usable = prompt_mma_enabled() && grants_smem(attention_prompt_mma_kernel<D, KV>, smem);
   if (!usable) return cudaErrorNotSupported;
   const int M = a.n * a.group;
   const dim3 grid(a.n_kv, (M + kPromptQueries - 1) / kPromptQueries, a.n_splits);
@@ -1193,22 +1147,14 @@ cudaError_t launch_prompt_mma(const AttnArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The tensor-core decode kernel with W warps per block; cudaErrorNotSupported where the device does
-// not grant its shared memory (sm_86/89 have 99 KB: the SIMT kernel runs there) or HYSPEC_ATTN_MMA=0.
-// One launch: the kernel merges its own splits.
-template <int D, typename KV, int W>
+// The tensor-core decode kernel; cudaErrorNotSupported where the device does not grant its shared memory
+// or HYSPEC_ATTN_MMA=0. One launch: the kernel merges its own splits.
+template <int D, typename KV>
 cudaError_t launch_mma(const AttnArgs& a, dim3 grid, unsigned* counters, cudaStream_t stream) {
-  constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, W>::kBytes;
-  static const bool usable = [] {
-    if (!decode_mma_enabled()) return false;
-    if (cudaFuncSetAttribute(attention_decode_mma_kernel<D, KV, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem)) == cudaSuccess)
-      return true;
-    cudaGetLastError();  // not sticky: clear it, the SIMT kernel takes over
-    return false;
-  }();
+  constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>>::kBytes;
+  static const bool usable = decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV>, smem);
   if (!usable) return cudaErrorNotSupported;
-  return launch_pdl(attention_decode_mma_kernel<D, KV, W>, grid, dim3(W * 32), smem, stream, a, counters);
+  return launch_pdl(attention_decode_mma_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
 }
 
 template <int D, typename KV>
@@ -1226,7 +1172,7 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     // The tensor-core kernel for F16/BF16/Q8_0 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
     if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) {
-      if (const cudaError_t e = launch_mma<D, KV, kDecodeWarps>(a, grid, counters, stream); e != cudaErrorNotSupported)
+      if (const cudaError_t e = launch_mma<D, KV>(a, grid, counters, stream); e != cudaErrorNotSupported)
         return e;
     }
     return launch_pdl(attention_decode_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
@@ -1266,10 +1212,8 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const int64_t base = p.n_kv_head * (decode ? 1 : (M + per_block - 1) / per_block);
   if (base >= n_sm) return 1;
   // Blocks per SM to aim for: 2 (SIMT kernels), or 1 for the tensor-core decode kernel (F16, BF16 and
-  // Q8_0 caches): one wave of longer splits. H100 kernel bench at ctx 16384, Q8_0, 1 / 2 / 3 per SM: one
-  // row 30.4 / 35.0 / 51.0 us, 16 rows 150.6 / 217.4 / 246.3 us; but that bench's Q8_0 cache (37 MB)
-  // stays in L2, so the choice is not settled for DRAM-bound steps (PERFORMANCE.md, session 19); the 9B
-  // at depth 16384 ran 319.7 t/s with 1 (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
+  // Q8_0 caches): one wave of longer splits. Kernel bench at ctx 16384 with caches rotated past L2
+  // (session 20, H200), Q8_0 one row: 31.6 us at 1 per SM, 35.9 at 2 (HYSPEC_ATTN_BLOCKS_PER_SM overrides).
   static const int per_sm_env = env_int("HYSPEC_ATTN_BLOCKS_PER_SM", 0);
   const bool mma = decode && p.kv.type != GgmlType::F32 && decode_mma_enabled();
   const int per_sm = per_sm_env >= 1 ? per_sm_env : mma ? 1 : 2;
