@@ -2,7 +2,7 @@
 # The side-by-side of PERFORMANCE.md in ONE device call (carry [".device", ".anchor"]), for sessions whose
 # warm machine may go back between two calls (perf_session.sh's start/finish need it kept): the anchor
 # detached (llama.cpp build, the 9B files, llama-bench pp512/tg128 alone on the GPU; its pp1..32 sweep
-# left out for time), the CUDA attention tests and 16K benches while it builds, then hyspec on the same
+# left out for time), the CUDA tests and kernel benches while it builds (probe_early_tests.sh), then hyspec on the same
 # files, most wanted first; every result is teed under $OUT, so a call cut at its limit still returns them.
 #   ONE_NATIVE="IQ4_XS ...": then llama-quantize those and bench both engines, while the call's time lasts.
 #   ONE_EXTRA="cmd; cmd": more commands at the end (eval; bench ARGS runs hyspec bench, $W the files).
@@ -14,17 +14,7 @@ export OUT=${OUT:-/tmp/hyspec-out}
 W=/tmp/anchor H=.device/bin/hyspec
 ANCHOR_NO_SWEEP=1 bash bench/compare_llamacpp.sh start 9b
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-{
-  echo "== CUDA tests of the carried binaries (the MoE fixture's cases fail when it is not carried)"
-  for t in test_backend test_model test_engine; do
-    [ -x .device/bin/$t ] || continue
-    HYSPEC_FIXTURES=$PWD/.device/fixtures HYSPEC_TEST_BACKEND=cuda timeout 300 .device/bin/$t --gtest_brief=1 2>&1 |
-      grep -E "^\[  (PASSED|FAILED)|FAILED  \]" | grep -v moe | sort -u
-  done
-  echo "== attention benches at ctx 16384"
-  HYSPEC_CUDA_BENCH=1 HYSPEC_BENCH_CTX=16384 timeout 100 .device/bin/test_backend \
-    --gtest_filter='CudaBench.AttentionAndGdnDecode' 2>&1 | grep -E "BENCH (attention|prompt|gdn n=512)"
-} 2>&1 | tee "$OUT/tests.log"
+source scripts/device/probe_early_tests.sh 2>&1 | tee "$OUT/tests.log"
 while [ ! -f "$W/anchor.done" ] && [ "$SECONDS" -lt 500 ]; do sleep 5; done
 echo "== llama.cpp (llama-bench -ngl 99 -fa 1 -r 3), at ${SECONDS}s"; cat "$W/anchor.md"; tail -2 "$W/anchor.err"
 cp "$W/anchor.md" "$OUT/llamacpp.md" 2>/dev/null

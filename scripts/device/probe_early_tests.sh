@@ -1,10 +1,11 @@
-# Sourced by perf_prefill_probe.sh (PROBE_EARLY) while the anchor makes the model: the CUDA tests of the
+# Sourced by perf_one_call.sh, and by perf_prefill_probe.sh (PROBE_EARLY), while the anchor makes the model: the CUDA tests of the
 # carried binaries (fixtures under .device/fixtures; the MoE fixture's cases fail when it is not
 # carried), then the prompt-op, GDN and attention kernel benches under each of PROBE_VARIANTS
 # (space-separated ENV=V[,ENV=V]; "-" = the defaults).
 echo "-- CUDA tests"
 export HYSPEC_FIXTURES=$PWD/.device/fixtures
 for t in test_backend test_model test_engine; do
+  [ -x .device/bin/$t ] || continue
   HYSPEC_TEST_BACKEND=cuda timeout 300 .device/bin/$t --gtest_brief=1 2>&1 | grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Failure|rel_err|Expected|Which is" | grep -v moe | sort -u | head -30
 done
 for v in ${PROBE_VARIANTS:--}; do
