@@ -1252,7 +1252,9 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
   // 9B shapes: 16 q / 4 kv heads of 256, F16 and BF16 KV; GDN 16 k / 32 v heads of 128.
   const int H = 16, Hkv = 4, D = 256;
   const int64_t W = Hkv * D;
-  const char* only_ctx = std::getenv("HYSPEC_BENCH_CTX");  // e.g. 16384 (profilers)
+  const char* only_ctx = std::getenv("HYSPEC_BENCH_CTX");    // e.g. 16384 (profilers)
+  const char* only_kv = std::getenv("HYSPEC_BENCH_KV");      // e.g. Q8_0
+  const char* only_rows = std::getenv("HYSPEC_BENCH_ROWS");  // e.g. 1
   // Each timed pass rotates over enough caches (random keys and values) to pass twice the L2 (50 MB on
   // the H100): one cache re-read would stay in L2 where it fits (a Q8_0 cache at 16K is 37 MB).
   constexpr double kPastL2 = 128e6;
@@ -1260,6 +1262,7 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
   for (const GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0})
   for (int64_t ctx : {1024, 8192, 16384, 32768}) {
     if (only_ctx && std::atoll(only_ctx) != ctx) continue;
+    if (only_kv && ggml_type_name(kv_type) != only_kv) continue;
     const int64_t cap = ctx + 512;
     const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
     const int copies = static_cast<int>(std::clamp<double>(std::ceil(kPastL2 / (2.0 * cap * row)), 1, 16));
@@ -1275,6 +1278,7 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
     }
     for (int64_t n : {1, 8, 16, 512}) {
       if (kv_type == GgmlType::BF16 && n == 512) continue;
+      if (only_rows && std::atoll(only_rows) != n) continue;
       if (n == 512 && ctx != 1024 && ctx != 16384) continue;  // prefill: a 512-token chunk after ctx cached
       std::vector<int32_t> pos(n);
       for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(ctx + i);

@@ -519,15 +519,15 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
       // kFragQ4 layout, at constant offsets from the step's block of token g): their L1/L2 latency then
       // hides behind the A decoding. Padding tokens of the last n-tile load nothing (their codes are
       // zeros).
-      const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 64 * t);
+      const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 16 * t);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         uint4 bx[NT][2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const bool real = nt < NT - 1 || nt * 8 + g < a.n;
-          bx[nt][0] = real ? __ldg(xs + nt * 128 + 2 * hh) : make_uint4(0u, 0u, 0u, 0u);
-          bx[nt][1] = real ? __ldg(xs + nt * 128 + 2 * hh + 1) : make_uint4(0u, 0u, 0u, 0u);
+          bx[nt][0] = real ? __ldg(xs + nt * 128 + 8 * hh) : make_uint4(0u, 0u, 0u, 0u);
+          bx[nt][1] = real ? __ldg(xs + nt * 128 + 8 * hh + 4) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
@@ -579,12 +579,22 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
 //   IQ4_XS (136 B): 4-bit indices into the IQ4_NL codebook (int8 values), kOffset 0 (no msum); its
 //     32-element sub-blocks' 6-bit scales minus 32, each the scale of two 16-code sub-blocks here.
 
-// A 32-bit word of a slot at an even address (Q6_K and Q3_K blocks keep their address mod 16 in the slot).
-__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
-  const uintptr_t u = reinterpret_cast<uintptr_t>(p);
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(u & ~uintptr_t{3});
-  return (u & 2) ? __funnelshift_r(w[0], w[1], 16) : w[0];
-}
+// A block in a ring slot (Q6_K and Q3_K blocks keep their address mod 16 there, so start at any even
+// address): u32(off) is the 32-bit word at byte off, from the two aligned words around it and one funnel
+// shift. odd (the address mod 4) is the same for every word of the block, so no word branches, and the
+// loads stay shared-memory loads (the address is pointer arithmetic on the slot, never an integer).
+template <class L>
+struct SlotBlock {
+  const uint8_t* p;
+  int odd;  // 0 or 2 (always 0 for blocks of a multiple of 4 bytes)
+  __device__ explicit SlotBlock(const uint8_t* blk)
+      : p(blk), odd(L::kBlockBytes % 4 == 0 ? 0 : static_cast<int>(reinterpret_cast<uintptr_t>(blk) & 2)) {}
+  __device__ uint32_t u32(int off) const {
+    if constexpr (L::kBlockBytes % 4 == 0) return *reinterpret_cast<const uint32_t*>(p + off);
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(p + off - odd);
+    return __funnelshift_r(w[0], w[1], 8 * odd);
+  }
+};
 __device__ __forceinline__ int sbyte_of(uint32_t packed, int i) {
   return static_cast<int>(static_cast<int8_t>((packed >> (8 * i)) & 0xffu));
 }
@@ -601,8 +611,8 @@ struct Q6KCodes {
   struct Raw {
     uint32_t A, B, H;  // ql words of groups 0/2 and 1/3, qh word (2 bits per group)
   };
-  __device__ static Raw raw(const uint8_t* blk, int h, int k) {
-    return {ld_u32(blk + 64 * h + 4 * k), ld_u32(blk + 64 * h + 32 + 4 * k), ld_u32(blk + 128 + 32 * h + 4 * k)};
+  __device__ static Raw raw(const SlotBlock<L>& b, int h, int k) {
+    return {b.u32(64 * h + 4 * k), b.u32(64 * h + 32 + 4 * k), b.u32(128 + 32 * h + 4 * k)};
   }
   __device__ static uint32_t codes(const Raw& r, int, int, int grp) {
     switch (grp) {
@@ -612,7 +622,7 @@ struct Q6KCodes {
       default: return ((r.B >> 4) & 0x0f0f0f0fu) | ((r.H >> 2) & 0x30303030u);
     }
   }
-  __device__ static uint32_t scales(const uint8_t* blk, int w) { return ld_u32(blk + 192 + 4 * w); }
+  __device__ static uint32_t scales(const SlotBlock<L>& b, int w) { return b.u32(192 + 4 * w); }
 };
 
 struct Q3KCodes {
@@ -621,16 +631,14 @@ struct Q3KCodes {
   struct Raw {
     uint32_t q, hm;  // 2-bit codes of the half (group grp: bits 2grp), third bits (bit 4h + grp)
   };
-  __device__ static Raw raw(const uint8_t* blk, int h, int k) {
-    return {ld_u32(blk + 32 + 32 * h + 4 * k), ld_u32(blk + 4 * k)};
-  }
+  __device__ static Raw raw(const SlotBlock<L>& b, int h, int k) { return {b.u32(32 + 32 * h + 4 * k), b.u32(4 * k)}; }
   __device__ static uint32_t codes(const Raw& r, int h, int, int grp) {
     return ((r.q >> (2 * grp)) & 0x03030303u) | (((r.hm >> (4 * h + grp)) & 0x01010101u) << 2);
   }
   // Scale j: low 4 bits in byte j % 8 of scales (high nibble for j >= 8), high 2 bits at bit 2 (j / 4)
   // of byte 8 + j % 4.
-  __device__ static uint32_t scales(const uint8_t* blk, int w) {
-    const uint32_t lo = ld_u32(blk + 96 + 4 * (w & 1)), hi = ld_u32(blk + 104);
+  __device__ static uint32_t scales(const SlotBlock<L>& b, int w) {
+    const uint32_t lo = b.u32(96 + 4 * (w & 1)), hi = b.u32(104);
     return __vsub4(((lo >> (4 * (w >> 1))) & 0x0f0f0f0fu) | (((hi >> (2 * w)) & 0x03030303u) << 4), 0x20202020u);
   }
 };
@@ -655,17 +663,17 @@ struct Iq4XsCodes {
   struct Raw {
     uint32_t w[4];
   };
-  __device__ static Raw raw(const uint8_t* blk, int h, int k) {
-    const uint8_t* q = blk + 8 + 64 * h + 4 * (k & 3);
-    return {{ld_u32(q), ld_u32(q + 16), ld_u32(q + 32), ld_u32(q + 48)}};
+  __device__ static Raw raw(const SlotBlock<L>& b, int h, int k) {
+    const int q = 8 + 64 * h + 4 * (k & 3);
+    return {{b.u32(q), b.u32(q + 16), b.u32(q + 32), b.u32(q + 48)}};
   }
   __device__ static uint32_t codes(const Raw& r, int, int k, int grp) {
     return iq4nl_values((r.w[grp] >> (4 * (k >> 2))) & 0x0f0f0f0fu);
   }
   // Sub-blocks 2w and 2w + 1 (32 elements each): low 4 bits in the nibbles of scales_l[w], high 2 at
   // bits 4w and 4w + 2 of scales_h; each twice (two 16-code sub-blocks).
-  __device__ static uint32_t scales(const uint8_t* blk, int w) {
-    const uint32_t sh = ld_u32(blk) >> (16 + 4 * w), sl = (ld_u32(blk + 4) >> (8 * w)) & 0xffu;
+  __device__ static uint32_t scales(const SlotBlock<L>& b, int w) {
+    const uint32_t sh = b.u32(0) >> (16 + 4 * w), sl = (b.u32(4) >> (8 * w)) & 0xffu;
     const uint32_t even = (sl & 15u) | ((sh & 3u) << 4), odd = (sl >> 4) | (((sh >> 2) & 3u) << 4);
     return __vsub4(even * 0x0101u | odd * 0x01010000u, 0x20202020u);
   }
@@ -696,7 +704,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) 
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* slot = ring.next();
       const int64_t s = ks + int64_t{kWarps} * m;
-      const uint8_t* blk = ring.block(slot, r, mis, s);
+      const SlotBlock<L> blk(ring.block(slot, r, mis, s));
       uint32_t codes[4][8];  // [group][k]: elements 32 group + 4k .. + 3 of the half
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
@@ -705,7 +713,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) 
         for (int grp = 0; grp < 4; ++grp) codes[grp][k] = C::codes(raw, h, k, grp);
       }
       const uint32_t sc[2] = {C::scales(blk, 2 * h), C::scales(blk, 2 * h + 1)};  // sub-blocks 8h..8h+7
-      const float d = __half2float(*reinterpret_cast<const __half*>(blk + C::kD));
+      const float d = __half2float(*reinterpret_cast<const __half*>(blk.p + C::kD));
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
         if (c >= n) break;  // warp-uniform
@@ -777,8 +785,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* slot = ring.next();
       const int64_t s = ks + int64_t{kWarps} * m;
-      const uint8_t* p0 = ring.block(slot, g, mis0, s);
-      const uint8_t* p1 = ring.block(slot, g + 8, mis1, s);
+      const SlotBlock<L> p0(ring.block(slot, g, mis0, s)), p1(ring.block(slot, g + 8, mis1, s));
       uint32_t sc0[4], sc1[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) sc0[i] = C::scales(p0, i), sc1[i] = C::scales(p1, i);
@@ -790,12 +797,12 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
         // x of sub-blocks 8h + jl for token g of each n-tile: two 16-byte loads in the kFragQ6 layout
         // (padding tokens of the last n-tile load nothing: their codes are zeros).
         uint32_t bx[NT][8];
-        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 128 * h + 32 * t);
+        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 128 * h + 16 * t);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const bool real = nt < NT - 1 || nt * 8 + g < a.n;
           const uint4 v0 = real ? __ldg(xs + nt * 128) : make_uint4(0u, 0u, 0u, 0u);
-          const uint4 v1 = real ? __ldg(xs + nt * 128 + 1) : make_uint4(0u, 0u, 0u, 0u);
+          const uint4 v1 = real ? __ldg(xs + nt * 128 + 4) : make_uint4(0u, 0u, 0u, 0u);
           bx[nt][0] = v0.x, bx[nt][1] = v0.y, bx[nt][2] = v0.z, bx[nt][3] = v0.w;
           bx[nt][4] = v1.x, bx[nt][5] = v1.y, bx[nt][6] = v1.z, bx[nt][7] = v1.w;
         }
@@ -827,8 +834,8 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
                                      __int2half_rn(static_cast<int8_t>((w >> (sh + 8)) & 0xffu))));
       };
       const uint32_t ma[4] = {sc_pair(sc0, 0), sc_pair(sc1, 0), sc_pair(sc0, 2), sc_pair(sc1, 2)};
-      const float d0 = __half2float(*reinterpret_cast<const __half*>(p0 + C::kD));
-      const float d1 = __half2float(*reinterpret_cast<const __half*>(p1 + C::kD));
+      const float d0 = __half2float(*reinterpret_cast<const __half*>(p0.p + C::kD));
+      const float d1 = __half2float(*reinterpret_cast<const __half*>(p1.p + C::kD));
       finish_super_block<NT, C::kOffset != 0>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
         return add_s16_super_block<C>(ac, is, ms, r1 ? d1 : d0, dx);
       });

@@ -22,12 +22,14 @@ struct Q8K {
 };
 
 // The order of a 256-block's codes in q: natural for the dp4a kernels, or permuted so that a
-// tensor-core lane's B fragments of a half super-block are 32 contiguous bytes (two 16-byte loads
-// instead of 4 x 8 or 8 x 4 bytes). d and bs do not depend on the order.
+// tensor-core lane's B fragments of a half super-block are two 16-byte pieces, and the four lanes t of
+// a token read 64 contiguous bytes with each of their two loads (whole 32-byte sectors; lanes 32 bytes
+// apart used half of each sector per load, and L1 wavefronts were the kernels' busiest memory pipe).
+// d and bs do not depend on the order.
 enum class XOrder : int {
   kNatural,  // element o at o
-  kFragQ4,   // o = 32i + 8t + e (sub-block i, lane t's 8 codes) at 64t + 8i + e
-  kFragQ6,   // o = 128h + 16j + 4t + e (half h, sub-block j, lane t's 4 codes) at 128h + 32t + 4j + e
+  kFragQ4,   // o = 32i + 8t + e (sub-block i, lane t's 8 codes) at 64(i / 2) + 16t + 8(i % 2) + e
+  kFragQ6,   // o = 128h + 16j + 4t + e (half h, sub-block j, lane t's 4 codes) at 128h + 64(j / 4) + 16t + 4(j % 4) + e
 };
 
 // One 256-element block as a warp holds it: lane l quantizes elements 8l..8l+7 (v).
@@ -63,11 +65,13 @@ __device__ __forceinline__ void store_codes(const Q8KLane& r, int lane, int8_t* 
   if (order == XOrder::kNatural) {
     *reinterpret_cast<uint2*>(q + 8 * lane) = make_uint2(r.codes[0], r.codes[1]);
   } else if (order == XOrder::kFragQ4) {  // i = lane / 4, t = lane % 4
-    *reinterpret_cast<uint2*>(q + 64 * (lane & 3) + 8 * (lane >> 2)) = make_uint2(r.codes[0], r.codes[1]);
+    const int i = lane >> 2;
+    *reinterpret_cast<uint2*>(q + 64 * (i >> 1) + 16 * (lane & 3) + 8 * (i & 1)) = make_uint2(r.codes[0], r.codes[1]);
   } else {  // h = lane / 16, j = (lane % 16) / 2, t = 2 (lane % 2) and t + 1
-    int8_t* p = q + 128 * (lane >> 4) + 64 * (lane & 1) + 4 * ((lane & 15) >> 1);
+    const int j = (lane & 15) >> 1;
+    int8_t* p = q + 128 * (lane >> 4) + 64 * (j >> 2) + 32 * (lane & 1) + 4 * (j & 3);
     *reinterpret_cast<uint32_t*>(p) = r.codes[0];
-    *reinterpret_cast<uint32_t*>(p + 32) = r.codes[1];
+    *reinterpret_cast<uint32_t*>(p + 16) = r.codes[1];
   }
 }
 
