@@ -195,17 +195,17 @@ struct StepRing {
       uint8_t* dst = ring + (issued & 1) * kRows * L::kSlotBytes + q * L::kSlotBytes + 16 * p;
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) {
-        if (!((copies >> c) & 1u)) continue;
+        const bool on = (copies >> c) & 1u;
         const uint8_t* base = gate;
         if constexpr (SW) {  // a group may straddle the gate/up boundary
           if (c * kRowsPerCopy + q >= 8) base = up;
         }
         if constexpr (L::kAligned) {  // the lane's piece of the row's block of this step
-          cp_async16(dst + c * kRowsPerCopy * L::kSlotBytes, base + (lane_row + 16 * p + c * group_stride + step));
+          cp_async16_if(on, dst + c * kRowsPerCopy * L::kSlotBytes, base + (lane_row + 16 * p + c * group_stride + step));
         } else {  // the 16-byte aligned cover of the block
           const uint8_t* src = base + (lane_row + c * group_stride + step);
           const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 15);
-          if (16 * p < mis + L::kBlockBytes) cp_async16(dst + c * kRowsPerCopy * L::kSlotBytes, src - mis + 16 * p);
+          cp_async16_if(on && 16 * p < mis + L::kBlockBytes, dst + c * kRowsPerCopy * L::kSlotBytes, src - mis + 16 * p);
         }
       }
       ++issued;
@@ -446,8 +446,8 @@ __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t 
       const uint32_t bb1 = __ldg(reinterpret_cast<const uint32_t*>(bs + nt * 128 + 8));
       mma_16816(msum, ma[0], ma[1], ma[2], ma[3], bb0, bb1);
     }
-    const float dx0 = __ldg(dx + nt * 8);
-    const float dx1 = __ldg(dx + nt * 8 + 1);
+    const float2 dxp = __ldg(reinterpret_cast<const float2*>(dx + nt * 8));  // 2t even: 8-byte aligned
+    const float dx0 = dxp.x, dx1 = dxp.y;
     acc[nt][0] = add(acc[nt][0], isum[nt][0], msum[0], 0, dx0);
     acc[nt][1] = add(acc[nt][1], isum[nt][1], msum[1], 0, dx1);
     acc[nt][2] = add(acc[nt][2], isum[nt][2], msum[2], 1, dx0);
