@@ -162,7 +162,8 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
   if (n <= 0 || reps <= 0) return Status::error("time_forward: nothing to time");
   if (depth + n > n_ctx_) return Status::errorf("depth {} + {} tokens exceeds the context {} (raise -c)", depth, n, n_ctx_);
   HS_RETURN_IF_ERROR(model_->reserve(std::max<int64_t>(n, config_.n_batch)));
-  HS_ASSIGN_OR_RETURN(SequenceState st, model_->create_state(depth + n, capture ? static_cast<int>(n) : 0, config_.kv_type,
+  // The state a session gets: the engine's context as KV capacity (attention splits follow it).
+  HS_ASSIGN_OR_RETURN(SequenceState st, model_->create_state(n_ctx_, capture ? static_cast<int>(n) : 0, config_.kv_type,
                                                                      config_.capture_type));
   HS_ASSIGN_OR_RETURN(Buffer ints, backend_->alloc(static_cast<size_t>(2 * std::max<int64_t>(n, config_.n_batch)) * sizeof(int32_t)));
   HS_ASSIGN_OR_RETURN(Buffer logits, backend_->alloc(static_cast<size_t>(n * hp.n_vocab) * sizeof(float)));

@@ -298,6 +298,7 @@ bool uses_decode_kernel(int64_t rows, int group, int n_kv) {
 }
 
 constexpr int kMaxSplits = 256;
+constexpr int kDecodeSplitKeys = 512;  // keys per decode split at most (attention_splits)
 // Shared memory of the last block's split merge (finish_decode_block).
 constexpr size_t kDecodeMergeBytes = (2 * kDecodeQueries * kMaxSplits + kDecodeQueries) * sizeof(float);
 
@@ -829,6 +830,12 @@ struct MmaDecodeSmem {
 // per layer instead of 151 (H200 kernel bench), so every cache takes kDecodeWarps.
 template <int D, typename C>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
+  // A split past the queries' keys exits before waiting on the previous kernel: the positions it reads
+  // are step inputs that no kernel writes, and the launch provides blocks for the whole capacity, so at
+  // a short context most blocks are such splits (they would otherwise hold an SM's shared memory until
+  // the previous kernel ended).
+  const DecodeBlock blk = decode_block(a);
+  if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
   pdl_wait();  // as attention_decode_kernel
   pdl_trigger();
   constexpr bool kQ8 = kIsQ8<C>;
@@ -839,8 +846,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   static_assert(Q == 8, "the 16 MMA rows are 8 queries x (hi, lo)");
   extern __shared__ __align__(16) uint8_t sm[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const DecodeBlock blk = decode_block(a);
-  if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
   const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
   const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + kvh * a.head_bytes;
@@ -1222,7 +1227,14 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const int64_t max_useful = std::max<int64_t>(
       1, decode ? (p.kv.capacity + kDecodeKeys * decode_min_tiles() - 1) / (kDecodeKeys * decode_min_tiles())
                 : p.kv.capacity / (2 * kKeys));
-  return static_cast<int>(std::clamp<int64_t>(std::min(want, max_useful), 1, kMaxSplits));
+  // And the decode kernel's splits hold at most kDecodeSplitKeys keys (HYSPEC_ATTN_SPLIT_KEYS overrides):
+  // a session's capacity is its whole context, and one wave of capacity-long splits left a short context
+  // to one or two blocks per kv head. H100, 9B Q4_K_M, capacity 32768: decode at depth 1024 / 4096 took
+  // 3.012 / 3.042 ms a step, 2.923 / 2.960 with 512-key splits (2.910 / 2.926 with 256, but those ran
+  // F16 at depth 16384 of 16600 in two waves: 3.181 against 3.086 ms).
+  static const int split_keys = env_int("HYSPEC_ATTN_SPLIT_KEYS", kDecodeSplitKeys);
+  const int64_t by_keys = decode && split_keys > 0 ? (p.kv.capacity + split_keys - 1) / split_keys : 1;
+  return static_cast<int>(std::clamp<int64_t>(std::max(std::min(want, max_useful), by_keys), 1, kMaxSplits));
 }
 
 size_t attention_scratch_bytes(const AttentionParams& p, int n_splits) {
