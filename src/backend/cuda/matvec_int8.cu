@@ -25,8 +25,8 @@
 // tokens, and the same in the fused SwiGLU as in a plain call.
 // Bytes per call: W once + n*K*(1 + 1/8 + 1/64) (int8 x, 16-element sums, scales: in shared memory for
 // dp4a, from L1/L2 per tile for mma) + n*n_out*4. Instructions per Q4_K super-block and 16 rows
-// (ncu, SASS executed per warp-step, 4096 x 12288): ~370 at one token, ~570 at 17 tokens. H100, one
-// token: 1.9-2.3 TB/s on 4096 x 8192..12288 (f16 matvec 1.3-1.5); 17 tokens 1.3-1.4 TB/s.
+// (ncu, SASS executed per warp-step, 4096 x 12288): ~356 at one token, ~567 at 17 tokens. H100, one
+// token: 2.1-2.3 TB/s on 4096 x 8192..12288 (f16 matvec 1.3-1.5); 17 tokens 1.3-1.5 (Q4_K), 1.4-1.6 (Q6_K).
 #include <cuda_fp16.h>
 
 #include <algorithm>
