@@ -8,11 +8,7 @@
 # PROBE_EARLY=FILE: a script sourced while the model is made (tests, kernel benches); PROBE_EXTRA="cmd;
 # cmd": more commands at the end (eval), with $M the BF16 file and $H hyspec.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-[ -d .device/bin ] || tar xJf .device/bin.tar.xz -C .device
-export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export OUT=${OUT:-/tmp/hyspec-out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/device_env.sh"
 W=/tmp/anchor H=.device/bin/hyspec M=/tmp/anchor/9b-bf16.gguf
 export H M
 [ -f "$M" ] || ANCHOR_BF16_ONLY=1 bash bench/compare_llamacpp.sh start 9b

@@ -9,11 +9,7 @@
 #   4. PROBE_EXTRA: commands eval'd at the end ($M4 the Q4_K_M file, $M16 the BF16 one, $H hyspec).
 # Logs in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-[ -d .device/bin ] || tar xJf .device/bin.tar.xz -C .device
-export LD_LIBRARY_PATH=".device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export OUT=${OUT:-/tmp/hyspec-out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/device_env.sh"
 W=/tmp/anchor H=.device/bin/hyspec M16=/tmp/anchor/9b-bf16.gguf M4=/tmp/anchor/9b-q4km.gguf
 export H M16 M4
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
