@@ -30,8 +30,9 @@ struct EngineConfig {
   BackendKind backend = BackendKind::Cpu;
   int n_threads = 0;
   int64_t n_ctx = 0;        // 0: min(training context, 8192)
-  // Prompt tokens per forward; 0: kDefaultBatch for the backend (CUDA 512, llama.cpp's default ubatch: a
-  // 512-token chunk runs its GEMMs at twice the width of 256 and its logits matmul once; CPU 256).
+  // Prompt tokens per forward; 0: the backend's default, set by Engine::create (CUDA 512, llama.cpp's
+  // default ubatch: a 512-token chunk runs its GEMMs at twice the width of 256 and its logits matmul once;
+  // CPU 256).
   int n_batch = 0;
   GgmlType kv_type = GgmlType::F32;
   // Per-token GDN states of a verify step: F32 (lossless rollback) or F16 (half the bytes; a rollback

@@ -728,6 +728,16 @@ __device__ __forceinline__ int q8_q_column(int d) {
   return (d & ~15) + 2 * ((d & 15) >> 2) + (d & 1) + 8 * ((d >> 1) & 1);
 }
 
+// Query value v of dim d as the MMA A rows of its query r: T hi in row r, the T of what is left in row
+// r + 8, of 16 rows of pitch P at rows (Q8_0 caches: at d's MMA column, see q8_q_column).
+template <typename T, bool kQ8>
+__device__ __forceinline__ void store_q_hi_lo(uint8_t* rows, int P, int r, int d, float v) {
+  const T hi = to_cache<T>(v);
+  const int col = kQ8 ? q8_q_column(d) : d;
+  *reinterpret_cast<T*>(rows + r * P + 2 * col) = hi;
+  *reinterpret_cast<T*>(rows + (r + 8) * P + 2 * col) = to_cache<T>(v - static_cast<float>(hi));
+}
+
 template <int D, class QFrag>
 __device__ __forceinline__ void scores_q8(float (&s)[4], const uint8_t* kd, int g, int t, QFrag&& q_frag) {
   constexpr int R = q8_slot_bytes(D);
@@ -883,10 +893,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     const float v =
         m < M ? a.q.data[static_cast<int64_t>(blk.row(m)) * a.q.stride + static_cast<int64_t>(blk.head(m)) * D + d] * a.scale
               : 0.0f;
-    const T hi = to_cache<T>(v);
-    const int col = kQ8 ? q8_q_column(d) : d;  // Q8_0: the MMA column of stored dim d (see above)
-    *reinterpret_cast<T*>(q_sm + m * P + 2 * col) = hi;
-    *reinterpret_cast<T*>(q_sm + (m + 8) * P + 2 * col) = to_cache<T>(v - static_cast<float>(hi));
+    store_q_hi_lo<T, kQ8>(q_sm, P, m, d, v);
   }
   __syncthreads();
 
@@ -1026,11 +1033,7 @@ __global__ void __launch_bounds__(kPromptWarps * 32, 1) attention_prompt_mma_ker
     const int m = blockIdx.y * kPromptQueries + w * kDecodeQueries + r;
     const float v = m < M ? a.q.data[static_cast<int64_t>(row_of(m)) * a.q.stride + static_cast<int64_t>(head_of(m)) * D + d] * a.scale
                           : 0.0f;
-    const T hi = to_cache<T>(v);
-    uint8_t* q_w = q_all + w * 16 * P;
-    const int col = kQ8 ? q8_q_column(d) : d;
-    *reinterpret_cast<T*>(q_w + r * P + 2 * col) = hi;
-    *reinterpret_cast<T*>(q_w + (r + 8) * P + 2 * col) = to_cache<T>(v - static_cast<float>(hi));
+    store_q_hi_lo<T, kQ8>(q_all + w * 16 * P, P, r, d, v);
   }
   __syncthreads();
   const int kend = static_cast<int>(s_kend < a.kv_capacity ? s_kend : a.kv_capacity);
