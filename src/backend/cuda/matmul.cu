@@ -11,7 +11,8 @@
 // the one it decodes: the bytes in flight per SM no longer sit in registers. Decoding: the warp's 4
 // lane-quads each turn one chunk of 16 rows into f16 A fragments of mma.m16n8k16 and multiply them
 // with up to 32 activation rows (B fragments, 8 tokens per n-tile, read as f32 and converted on the
-// fly in the type's chunk order, or pre-converted to f16 in fragment order for n > 4). Every weight
+// fly in the type's chunk order, or pre-converted to f16 in fragment order for n > 4); BF16 weights
+// skip the decode: their bits are the A fragments of the bf16 MMA, with x rounded to bf16. Every weight
 // byte is read once per call whatever n is; the warps reduce through shared memory per tile. The
 // grid is persistent (as many blocks as fit), the ring runs on across tiles, and the kernel is
 // launched with programmatic dependent launch: it starts streaming weights while the previous
@@ -133,6 +134,22 @@ struct StreamShape {
 
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return as_u32(__floats2half2_rn(lo, hi)); }
 
+// BF16 weights multiply as stored on bf16 MMAs, so their activations are bf16 too (as in the prompt
+// GEMM); every other type decodes to f16 and takes f16 activations.
+template <class T>
+constexpr bool kBf16Mma = std::is_same_v<T, TypeBF16>;
+template <class T>
+__device__ __forceinline__ uint32_t pack_x(float lo, float hi) {
+  if constexpr (kBf16Mma<T>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    __builtin_memcpy(&u, &v, 4);
+    return u;
+  } else {
+    return pack_h2(lo, hi);
+  }
+}
+
 // B fragments of chunk c for one f32 activation row, in T's chunk order: each aligned group of 4
 // chunk positions is one float4 of the row (kSwizzle: order {0,2,1,3}). For every type,
 // perm(32*cb + j) = perm(32*cb) + perm(j), so the 8 offsets are compile-time constants.
@@ -144,9 +161,9 @@ __device__ __forceinline__ void load_b(const float* __restrict__ xr, int64_t c, 
   for (int i = 0; i < 8; ++i) {
     const float4 f = __ldg(reinterpret_cast<const float4*>(base + T::perm(4 * i)));
     if constexpr (T::kSwizzle) {
-      b[2 * i] = pack_h2(f.x, f.z), b[2 * i + 1] = pack_h2(f.y, f.w);
+      b[2 * i] = pack_x<T>(f.x, f.z), b[2 * i + 1] = pack_x<T>(f.y, f.w);
     } else {
-      b[2 * i] = pack_h2(f.x, f.y), b[2 * i + 1] = pack_h2(f.z, f.w);
+      b[2 * i] = pack_x<T>(f.x, f.y), b[2 * i + 1] = pack_x<T>(f.z, f.w);
     }
   }
 }
@@ -173,7 +190,7 @@ __global__ void prep_fragments_kernel(const float* __restrict__ x, int64_t x_str
       for (int e = 0; e < 8; ++e) v[e] = base[T::perm(8 * k + e)];
     }
     reinterpret_cast<uint4*>(xh)[idx] =
-        make_uint4(pack_h2(v[0], v[1]), pack_h2(v[2], v[3]), pack_h2(v[4], v[5]), pack_h2(v[6], v[7]));
+        make_uint4(pack_x<T>(v[0], v[1]), pack_x<T>(v[2], v[3]), pack_x<T>(v[4], v[5]), pack_x<T>(v[6], v[7]));
   }
 }
 
@@ -353,9 +370,11 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
 #pragma unroll
         for (int q = 0; q < RGW; ++q) {
           half2 A0[16], A1[16];
+          // BF16: the stored bits are the A fragments (F16's chunk reader copies them unconverted).
+          using Reader = std::conditional_t<kBf16Mma<T>, TypeF16, T>;
           if (valid) {
-            T::chunk(slot + (16 * q + g) * RS + ((mis[q][0] + off16) & 15), cl, A0);
-            T::chunk(slot + (16 * q + g + 8) * RS + ((mis[q][1] + off16) & 15), cl, A1);
+            Reader::chunk(slot + (16 * q + g) * RS + ((mis[q][0] + off16) & 15), cl, A0);
+            Reader::chunk(slot + (16 * q + g + 8) * RS + ((mis[q][1] + off16) & 15), cl, A1);
           } else {
 #pragma unroll
             for (int k = 0; k < 16; ++k) A0[k] = A1[k] = __float2half2_rn(0.0f);
@@ -364,9 +383,14 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
           for (int nt = 0; nt < NT; ++nt) {
             if (nt * 8 >= nn) break;  // warp-uniform
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-              mma_16816(acc[q][nt], as_u32(A0[2 * i]), as_u32(A1[2 * i]), as_u32(A0[2 * i + 1]),
-                        as_u32(A1[2 * i + 1]), b[nt][2 * i], b[nt][2 * i + 1]);
+            for (int i = 0; i < 8; ++i) {
+              if constexpr (kBf16Mma<T>)
+                mma_16816_bf16(acc[q][nt], as_u32(A0[2 * i]), as_u32(A1[2 * i]), as_u32(A0[2 * i + 1]),
+                               as_u32(A1[2 * i + 1]), b[nt][2 * i], b[nt][2 * i + 1]);
+              else
+                mma_16816(acc[q][nt], as_u32(A0[2 * i]), as_u32(A1[2 * i]), as_u32(A0[2 * i + 1]),
+                          as_u32(A1[2 * i + 1]), b[nt][2 * i], b[nt][2 * i + 1]);
+            }
           }
         }
       }
@@ -624,7 +648,7 @@ int64_t tile_rows(const WeightView& w) {
 // F16 and BF16 weights are cuBLAS operands as stored: no tile is decoded (a BF16 prompt step used
 // to spend as long converting weights to f16 as multiplying). Their activations are converted to the
 // weights' type (prep_activations): for BF16 that rounds x to 8 mantissa bits (~1e-3 relative per
-// product sum, what a bf16 model computes natively; the decode path keeps f16 activations).
+// product sum, what a bf16 model computes natively; the decode/verify matvec does the same).
 template <class T>
 constexpr bool kGemmInPlace = std::is_same_v<T, TypeF16> || std::is_same_v<T, TypeBF16>;
 

@@ -1,4 +1,4 @@
-// Warp-level tensor-core helpers (sm_80+): the f16 mma.m16n8k16 with f32 accumulation and the
+// Warp-level tensor-core helpers (sm_80+): the f16 (and bf16) mma.m16n8k16 with f32 accumulation and the
 // ldmatrix loads that feed it from shared memory. Fragment layout (lane = 4g + t): A rows g and
 // g+8, columns 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3); B (k x n, "col") rows 2t, 2t+1 (b0) and
 // 2t+8, 2t+9 (b1) of column g; C rows g (c0, c1) and g+8 (c2, c3), columns 2t, 2t+1.
@@ -25,6 +25,15 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
                                           uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The same product on bf16 operands (same fragment layout).
+__device__ __forceinline__ void mma_16816_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
