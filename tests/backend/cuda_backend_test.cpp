@@ -1179,7 +1179,7 @@ TEST_F(CudaBench, MatmulSwiGlu) {
       gs.push_back(b.load_weight(tensor_info("g", type, gb, K, N)).value());
       us.push_back(b.load_weight(tensor_info("u", type, ub, K, N)).value());
     }
-    for (int64_t n : {1, 16}) {
+    for (int64_t n : {1, 16, 17}) {
       Tensor x = put(b, randn(n * K)), y = poison(b, n * N), g = poison(b, n * N), u = poison(b, n * N);
       const double fused = time_graph(
           [&] {
