@@ -231,13 +231,22 @@ __global__ void binary_kernel(Binary op, Mat a, Mat b, Mat y) {
 // NeoX RoPE: the pair (x0, x1) = (i, i + n_rot/2) of a head rotated by pos * base^(-2i/n_rot). As the
 // CPU backend: inv_freq rounded to f32, the angle and its sin/cos in double (positions reach 1e5+, where
 // an f32 angle would be off by ~1e-2 rad).
-__device__ __forceinline__ void rope_rotate(float& x0, float& x1, int32_t pos, int i, int n_rot, float freq_base) {
+struct RopeAngle {
+  double c, s;
+};
+__device__ __forceinline__ RopeAngle rope_angle(int32_t pos, int i, int n_rot, float freq_base) {
   const double inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / n_rot));
-  double s, c;
-  sincos(static_cast<double>(pos) * inv_freq, &s, &c);
+  RopeAngle r;
+  sincos(static_cast<double>(pos) * inv_freq, &r.s, &r.c);
+  return r;
+}
+__device__ __forceinline__ void rope_apply(float& x0, float& x1, RopeAngle r) {
   const float a = x0, b = x1;
-  x0 = static_cast<float>(a * c - b * s);
-  x1 = static_cast<float>(a * s + b * c);
+  x0 = static_cast<float>(a * r.c - b * r.s);
+  x1 = static_cast<float>(a * r.s + b * r.c);
+}
+__device__ __forceinline__ void rope_rotate(float& x0, float& x1, int32_t pos, int i, int n_rot, float freq_base) {
+  rope_apply(x0, x1, rope_angle(pos, i, n_rot, freq_base));
 }
 
 __global__ void rope_neox_kernel(Mat x, int head_dim, int n_rot, const int32_t* __restrict__ positions,
@@ -293,18 +302,29 @@ __global__ void kv_store_q8_kernel(Mat k, Mat v, uint8_t* __restrict__ kc, uint8
 // form computes it (tpg = 32: the same lane split and order, so the same bits), the head staged in
 // shared memory for RoPE (its pairs sit 16..32 lanes apart), then q or k written and, for a key head,
 // k and v into the cache. Replaces five launches (two norms, two RoPEs, the store); bytes: q, k, v read
-// once, q, k and the cache rows written once.
+// once, q, k and the cache rows written once. Latency: one global round trip (every load first), the
+// RoPE angles (double pow and sincos) computed while the previous kernel finishes.
 template <typename C>
 __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams a, uint8_t* __restrict__ kc,
                                                                      uint8_t* __restrict__ vc) {
   __shared__ __align__(16) float head_s[kQkPrepWarps][kQkPrepMaxHeadDim];
-  pdl_wait();
-  pdl_trigger();
+  constexpr int kMaxPer = kQkPrepMaxHeadDim / 32;  // a lane's elements of a head (and RoPE pairs, half)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = a.head_dim;
   const int heads = a.n_head + a.n_kv_head;
   const int64_t item = blockIdx.x * int64_t{kQkPrepWarps} + warp;
-  if (item >= a.k.rows * heads) return;
-  const int64_t t = item / heads;
+  const bool valid = item < a.k.rows * heads;
+  const int64_t t = valid ? item / heads : 0;
+  // The position is a step input (an upload no kernel writes): it and the RoPE angles of the lane's
+  // pairs are computed before waiting on the previous kernel.
+  const int32_t pos = valid ? a.positions[t] : 0;
+  const int half = a.n_rot / 2;
+  RopeAngle ang[kMaxPer / 2];
+#pragma unroll
+  for (int p = 0; p < kMaxPer / 2; ++p)
+    if (lane + 32 * p < half) ang[p] = rope_angle(pos, lane + 32 * p, a.n_rot, a.freq_base);
+  pdl_wait();
+  pdl_trigger();
+  if (!valid) return;
   const int j = static_cast<int>(item - t * heads);
   const bool is_q = j < a.n_head;
   const int kh = j - a.n_head;
@@ -312,13 +332,25 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   float* y = is_q ? a.q.data + t * a.q.stride + j * D : a.k.data + t * a.k.stride + kh * D;
   const float* w = is_q ? a.q_norm : a.k_norm;
   const int vec4 = is_q ? a.vec4_q : a.vec4_k;
+  const bool store_kv = !is_q && pos >= 0 && pos < a.kv.capacity;
+  // Every global load of the warp first (x, the norm weights, a key head's v row): one round trip.
+  float vr[kMaxPer];
+  if (store_kv) {
+    const float* v = a.v.data + t * a.v.stride + kh * D;
+#pragma unroll
+    for (int e = 0; e < kMaxPer; ++e)
+      if (lane + 32 * e < D) vr[e] = v[lane + 32 * e];
+  }
   float* hs = head_s[warp];
   float ss = 0.0f;
   if (vec4 > 0) {  // lane owns float4s lane, lane + 32, ...
-    float4 v[kNormMaxVec4];
+    float4 v[kNormMaxVec4], wv[kNormMaxVec4];
 #pragma unroll
     for (int k = 0; k < kNormMaxVec4; ++k)
-      if (k < vec4) v[k] = reinterpret_cast<const float4*>(x)[k * 32 + lane];
+      if (k < vec4) {
+        v[k] = reinterpret_cast<const float4*>(x)[k * 32 + lane];
+        if (w) wv[k] = reinterpret_cast<const float4*>(w)[k * 32 + lane];
+      }
 #pragma unroll
     for (int k = 0; k < kNormMaxVec4; ++k)
       if (k < vec4) ss = add_squares(ss, v[k]);
@@ -328,9 +360,7 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
       if (k >= vec4) break;
       const int c = (k * 32 + lane) * 4;
       float o[4] = {v[k].x * inv, v[k].y * inv, v[k].z * inv, v[k].w * inv};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (w) o[e] *= w[c + e];
+      if (w) o[0] *= wv[k].x, o[1] *= wv[k].y, o[2] *= wv[k].z, o[3] *= wv[k].w;
       *reinterpret_cast<float4*>(hs + c) = make_float4(o[0], o[1], o[2], o[3]);
     }
   } else {  // lane owns elements lane, lane + 32, ...
@@ -343,25 +373,29 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
     }
   }
   __syncwarp();
-  const int32_t pos = a.positions[t];
-  const int half = a.n_rot / 2;
-  for (int i = lane; i < half; i += 32) rope_rotate(hs[i], hs[i + half], pos, i, a.n_rot, a.freq_base);
+#pragma unroll
+  for (int p = 0; p < kMaxPer / 2; ++p)
+    if (lane + 32 * p < half) rope_apply(hs[lane + 32 * p], hs[lane + 32 * p + half], ang[p]);
   __syncwarp();
   for (int c = lane; c < D; c += 32) y[c] = hs[c];
-  if (is_q || pos < 0 || pos >= a.kv.capacity) return;
+  if (!store_kv) return;
   const int64_t slot = pos * a.kv.row_bytes + kh * a.kv.head_bytes;
-  const float* vr = a.v.data + t * a.v.stride + kh * D;
-  if constexpr (kIsQ8<C>) {  // D % 32 == 0: iteration c / 32 of the loop is block c / 32
-    for (int c = lane; c < D; c += 32) {
-      store_q8_block(kc + slot, D, c / 32, hs[c], lane);
-      store_q8_block(vc + slot, D, c / 32, vr[c], lane);
+  if constexpr (kIsQ8<C>) {  // D % 32 == 0: element e of the lane is in block e
+#pragma unroll
+    for (int e = 0; e < kMaxPer; ++e) {
+      if (32 * e >= D) break;
+      store_q8_block(kc + slot, D, e, hs[lane + 32 * e], lane);
+      store_q8_block(vc + slot, D, e, vr[e], lane);
     }
   } else {
     C* kd = reinterpret_cast<C*>(kc + slot);
     C* vd = reinterpret_cast<C*>(vc + slot);
-    for (int c = lane; c < D; c += 32) {
+#pragma unroll
+    for (int e = 0; e < kMaxPer; ++e) {
+      const int c = lane + 32 * e;
+      if (c >= D) break;
       kd[c] = to_cache<C>(hs[c]);
-      vd[c] = to_cache<C>(vr[c]);
+      vd[c] = to_cache<C>(vr[e]);
     }
   }
 }
