@@ -28,19 +28,26 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 template <bool kFma>
 __global__ void conv_kernel(Mat x, const float* __restrict__ w, int K, float* state, float* capture, Mat y,
                             int span) {
-  pdl_wait();
-  pdl_trigger();
   const int64_t C = x.cols;
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * span, t1 = min(t0 + span, x.rows);
+  // The weights and the window's state rows first, while the previous kernel (the projection that
+  // writes x) finishes: the state was written by an earlier step, which every kernel before that
+  // projection waited for. win[j] holds in(t0 - K + 1 + j) for j < K-1 before the first token.
   float win[kMaxConvKernel], wc[kMaxConvKernel];
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel; ++j) {
-    wc[j] = j < K ? w[c * K + j] : 0.0f;
-    // win[j] holds in(t0 - K + 1 + j) for j < K-1 before the first token.
     const int64_t tau = t0 - K + 1 + j;
-    win[j] = j >= K - 1 ? 0.0f : (tau >= 0 ? x.data[tau * x.stride + c] : state[(K - 1 + tau) * C + c]);
+    wc[j] = c < C && j < K ? w[c * K + j] : 0.0f;
+    win[j] = c < C && j < K - 1 && tau < 0 ? state[(K - 1 + tau) * C + c] : 0.0f;
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (c >= C) return;
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j) {
+    const int64_t tau = t0 - K + 1 + j;
+    if (j < K - 1 && tau >= 0) win[j] = x.data[tau * x.stride + c];
   }
   // kConvBatch tokens' inputs are loaded before any of their outputs is stored: one memory round trip
   // per batch instead of per token (a verify step's 17 tokens took 15 us one by one). In place, y[t]
@@ -125,8 +132,6 @@ __device__ __forceinline__ int gdn_pad(int d) { return d + (d >> 5) * 4; }
 
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   extern __shared__ float sm[];
-  pdl_wait();
-  pdl_trigger();
   const int D = a.D, P = D / 16, LD = gdn_pitch(D);
   float* k_s = sm;                  // [chunk][LD] (padded)
   float* q_s = k_s + chunk * LD;    // [chunk][LD]
@@ -145,6 +150,10 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
     const float4 v = reinterpret_cast<const float4*>(st)[p + P * i];
     S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
   }
+  // The state (an earlier step's, which every kernel before the conv waited for) and the weights are
+  // in flight before waiting on the conv that writes q, k and v.
+  pdl_wait();
+  pdl_trigger();
   const int64_t n = a.v.rows;
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
