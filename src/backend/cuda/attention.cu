@@ -636,10 +636,7 @@ __device__ __forceinline__ void mma_kv(float (&d)[4], uint32_t a0, uint32_t a1, 
   if constexpr (std::is_same_v<T, __half>) {
     mma_16816(d, a0, a1, a2, a3, b0, b1);
   } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    mma_16816_bf16(d, a0, a1, a2, a3, b0, b1);
   }
 }
 
@@ -899,9 +896,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
         qm < M ? a.q.data + static_cast<int64_t>(blk.row(qm)) * a.q.stride + static_cast<int64_t>(blk.head(qm)) * D : nullptr;
     float qv[kPer];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) qv[j] = qsrc ? qsrc[qd + kTpq * j] : 0.0f;
+    for (int j = 0; j < kPer; ++j) qv[j] = qsrc ? qsrc[qd + kTpq * j] * a.scale : 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) store_q_hi_lo<T, kQ8>(q_sm, P, qm, qd + kTpq * j, qsrc ? qv[j] * a.scale : 0.0f);
+    for (int j = 0; j < kPer; ++j) store_q_hi_lo<T, kQ8>(q_sm, P, qm, qd + kTpq * j, qv[j]);
   }
   __syncthreads();
 
