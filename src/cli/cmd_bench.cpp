@@ -4,6 +4,7 @@
 // (decode_weight_bytes: compare with the memory bandwidth for the decode floor; KV and state bytes not
 // counted).
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@ struct BenchFlags {
   int pp = 512, tg = 128, reps = 3;
   std::string depths = "0";
   std::string verify = "";
+  bool verify_at_depth = false;  // verify-k also at every depth > 0
   bool json = false;
 };
 
@@ -59,10 +61,12 @@ int bench(BenchFlags f) {
     double seconds;  // per forward (pp: whole prompt; tg: per token)
     double tokens;   // tokens per forward
     int64_t forwards = 1;  // forwards in `seconds` (pp: one per batch)
+    double ref = 0;        // the step "x tg step" divides by (0: tg at depth 0)
   };
   auto weight_gbps = [&](const Row& r) { return weight_bytes * static_cast<double>(r.forwards) / r.seconds / 1e9; };
   std::vector<Row> rows;
   double tg_step = 0;
+  std::map<int64_t, double> tg_at;  // tg step by depth
   if (f.pp > 0) {
     auto t = e.time_forward(std::min<int64_t>(f.pp, batch), 0, false, f.reps);
     if (!t) return fail(t.status());
@@ -83,20 +87,31 @@ int bench(BenchFlags f) {
     auto t = e.time_forward(1, depth, false, f.tg);
     if (!t) return fail(t.status());
     if (depth == 0) tg_step = *t;
+    tg_at[depth] = *t;
     rows.push_back({depth ? fmt::format("tg{} @ d{}", f.tg, depth) : fmt::format("tg{}", f.tg), *t, 1.0});
   }
-  for (int64_t k : ks) {
-    auto t = e.time_forward(k + 1, 0, true, std::max(f.reps, 8));
-    if (!t) return fail(t.status());
-    rows.push_back({fmt::format("verify-{}", k), *t, static_cast<double>(k + 1)});
+  for (int64_t depth : depths) {
+    if (depth > 0 && !f.verify_at_depth) continue;
+    for (int64_t k : ks) {
+      auto t = e.time_forward(k + 1, depth, true, std::max(f.reps, 8));
+      if (!t) return fail(t.status());
+      // At a depth the ratio is to that depth's tg step (the one verify replaces), where there is one.
+      const auto same_depth_tg = tg_at.find(depth);
+      rows.push_back({depth ? fmt::format("verify-{} @ d{}", k, depth) : fmt::format("verify-{}", k), *t,
+                      static_cast<double>(k + 1), 1, same_depth_tg != tg_at.end() ? same_depth_tg->second : 0.0});
+    }
   }
 
+  auto ratio = [&](const Row& r) {
+    const double ref = r.ref > 0 ? r.ref : tg_step;
+    return ref > 0 ? r.seconds / ref : 0.0;
+  };
   if (f.json) {
     nlohmann::json j = nlohmann::json::array();
     for (const Row& r : rows)
       j.push_back({{"model", model}, {"backend", e.backend().name()}, {"test", r.test}, {"ms_per_step", r.seconds * 1e3},
                    {"tokens_per_s", r.tokens / r.seconds},
-                   {"ratio_to_tg", tg_step > 0 ? r.seconds / tg_step : 0.0}, {"weight_gb_per_s", weight_gbps(r)}});
+                   {"ratio_to_tg", ratio(r)}, {"weight_gb_per_s", weight_gbps(r)}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -104,7 +119,7 @@ int bench(BenchFlags f) {
               "| --- | --- | --- | ---: | ---: | ---: | ---: |\n");
   for (const Row& r : rows)
     std::printf("| %s | %s | %s | %.2f | %.3f | %.2f | %.0f |\n", model.c_str(), e.backend().name().c_str(),
-                r.test.c_str(), r.tokens / r.seconds, r.seconds * 1e3, tg_step > 0 ? r.seconds / tg_step : 0.0,
+                r.test.c_str(), r.tokens / r.seconds, r.seconds * 1e3, ratio(r),
                 weight_gbps(r));
   return 0;
 }
@@ -120,6 +135,8 @@ void register_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("-r,--repetitions", f->reps, "Repetitions per test");
   cmd->add_option("-d,--depth", f->depths, "KV depths for tg, comma-separated (e.g. 0,4096,16384)");
   cmd->add_option("--verify", f->verify, "Verify widths k, comma-separated (e.g. 1,2,4,8,16,32)");
+  cmd->add_flag("--verify-at-depth", f->verify_at_depth,
+                "Also time each verify width at every depth > 0 (x tg step: against that depth's tg step)");
   cmd->add_flag("--json", f->json, "JSON output");
   cmd->callback([f, &exit_code] { exit_code = bench(*f); });
 }

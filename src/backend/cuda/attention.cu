@@ -391,7 +391,10 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  // The split maxima and sums first, all loads in parallel; then per query the weights e^(m_z - M).
+  // The split maxima and sums first, all loads in parallel; then per query (a warp) the weights
+  // e^(m_z - M) and the denominator: lane z takes splits z, z + 32, ... and a fixed xor-shuffle tree sums
+  // the lanes (every lane gets the same bits; splits past a query's keys add exact zeros, so a verify
+  // row merges to the decode step's bits). A thread per query walking the splits took ~1 us at 33.
   float* wz = static_cast<float*>(work);  // [Q][n_eff] maxima, then weights
   float* wl = wz + Q * n_eff;             // [Q][n_eff] sums; wl[Q * n_eff + m] = 1 / den
   for (int i = tid; i < M * n_eff; i += kThreadsPerBlock) {
@@ -399,29 +402,61 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
     wz[i] = ml.x, wl[i] = ml.y;
   }
   __syncthreads();
-  if (tid < M) {
+  const int lane = tid & 31;
+  for (int m = tid >> 5; m < M; m += kDecodeWarps) {
     float gmax = -INFINITY;
-    for (int zz = 0; zz < n_eff; ++zz) gmax = fmaxf(gmax, wz[tid * n_eff + zz]);
+    for (int zz = lane; zz < n_eff; zz += 32) gmax = fmaxf(gmax, wz[m * n_eff + zz]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) gmax = fmaxf(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
     float den = 0.0f;
-    for (int zz = 0; zz < n_eff; ++zz) {
-      const float f = gmax == -INFINITY ? 0.0f : expf(wz[tid * n_eff + zz] - gmax);
-      den += f * wl[tid * n_eff + zz];
-      wz[tid * n_eff + zz] = f;
+    for (int zz = lane; zz < n_eff; zz += 32) {
+      const float f = gmax == -INFINITY ? 0.0f : expf(wz[m * n_eff + zz] - gmax);
+      den += f * wl[m * n_eff + zz];
+      wz[m * n_eff + zz] = f;
     }
-    wl[Q * n_eff + tid] = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (lane == 0) wl[Q * n_eff + m] = den > 0.0f ? 1.0f / den : 0.0f;
   }
   __syncthreads();
-  for (int i = tid; i < M * D / 4; i += kThreadsPerBlock) {  // float4 loads: 4x fewer L2 round trips
-    const int m = i / (D / 4), d4 = i % (D / 4);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-    for (int zz = 0; zz < n_eff; ++zz) {
-      const float w = wz[m * n_eff + zz];
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(zz, m) * D) + d4);
-      acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
+  // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
+  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits).
+  constexpr int kItems = 2, kBatch = 8;
+  const int items = M * D / 4;
+  for (int i0 = tid; i0 < items; i0 += kItems * kThreadsPerBlock) {
+    float4 acc[kItems];
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int z0 = 0; z0 < n_eff; z0 += kBatch) {
+      float4 v[kItems][kBatch];
+#pragma unroll
+      for (int u = 0; u < kItems; ++u) {
+        const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (i < items && z0 + k < n_eff)
+            v[u][k] = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(z0 + k, m) * D) + d4);
+      }
+#pragma unroll
+      for (int u = 0; u < kItems; ++u) {
+        const int m = (i0 + u * kThreadsPerBlock) / (D / 4);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          if (i0 + u * kThreadsPerBlock >= items || z0 + k >= n_eff) break;
+          const float w = wz[m * n_eff + z0 + k];
+          acc[u].x += w * v[u][k].x, acc[u].y += w * v[u][k].y, acc[u].z += w * v[u][k].z, acc[u].w += w * v[u][k].w;
+        }
+      }
     }
-    const float inv = wl[Q * n_eff + m];
-    reinterpret_cast<float4*>(out_of(m))[d4] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
+      if (i >= items) break;
+      const float inv = wl[Q * n_eff + m];
+      reinterpret_cast<float4*>(out_of(m))[d4] =
+          make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
+    }
   }
   if (tid == 0) *counter = 0u;  // ready for the next launch (stream order)
 }
@@ -764,6 +799,79 @@ __device__ __forceinline__ void scores_q8(float (&s)[4], const uint8_t* kd, int 
   for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
 }
 
+// The decode kernel's scores on Q8_0 caches take the key codes as stored, as the int8 B operand of
+// mma.m16n8k32: a query is two int8 digits per block of 32 dims, q ~ sq * (256 hi + lo) with
+// |256 hi + lo| <= kQDigits (the block's largest |q| to ~1.5e-5), hi in A rows 0-7 and lo in rows 8-15.
+// Per 32 dims and 8 keys that is one MMA and two 32-bit loads; the f16 form (scores_q8, kept by the
+// prompt kernel) took two MMAs, four loads and four 4-code conversions. The integer dots are exact, so a
+// query's scores depend on its own digits only: verify rows keep the decode step's bits.
+// Shared memory (q8_digits_bytes): the A fragments [D/32][32 lanes] (16 bytes each), then sq [D/32][8].
+constexpr float kQDigits = 32639.0f;
+constexpr int q8_digits_bytes(int D) { return D / 32 * (32 * 16 + kDecodeQueries * 4); }
+
+// Q (pre-scaled, kDecodeQueries vectors of the block; absent ones are zeros) -> digits: two threads per
+// (query, 32-dim block), each loading its 16 dims before any store (one L2 round trip).
+template <int D>
+__device__ __forceinline__ void stage_q_digits(uint8_t* q_sm, const AttnArgs& a, const DecodeBlock& blk, int tid) {
+  constexpr int NB = D / 32;
+  static_assert(kDecodeQueries * NB * 2 <= kDecodeWarps * 32, "one pass of two threads per (query, block)");
+  const int p = tid >> 1, half = tid & 1, qm = p / NB, b = p % NB;
+  const bool valid = p < kDecodeQueries * NB;
+  const float* src = valid && qm < blk.M ? a.q.data + static_cast<int64_t>(blk.row(qm)) * a.q.stride +
+                                               static_cast<int64_t>(blk.head(qm)) * D + 32 * b + 16 * half
+                                         : nullptr;
+  float v[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = src ? src[i] * a.scale : 0.0f;
+  float mx = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fabsf(v[i]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the pair's threads are neighbouring lanes
+  if (!valid) return;
+  const float inv = mx > 0.0f ? kQDigits / mx : 0.0f;
+  uint32_t* frag = reinterpret_cast<uint32_t*>(q_sm);
+  // Lane (qm, t)'s words 2 half (hi) and 2 half + 1 (lo): dims 16 half + 4t .. + 3 of the block.
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    uint32_t hi = 0, lo = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = __float2int_rn(v[4 * t + e] * inv), h = (r + 128) >> 8, l = r - h * 256;
+      hi |= static_cast<uint32_t>(h & 0xff) << (8 * e);
+      lo |= static_cast<uint32_t>(l & 0xff) << (8 * e);
+    }
+    *reinterpret_cast<uint2*>(frag + (b * 32 + 4 * qm + t) * 4 + 2 * half) = make_uint2(hi, lo);
+  }
+  if (half == 0) reinterpret_cast<float*>(q_sm + NB * 32 * 16)[b * kDecodeQueries + qm] = mx / kQDigits;
+}
+
+// A 16-key step's scores on staged Q8_0 rows from the digits (s[e] as in softmax_step): per block of 32
+// dims and key half, dot = 256 * (hi row) + (lo row) exactly, times sq and the key's block scale.
+template <int D>
+__device__ __forceinline__ void scores_q8_digits(float (&s)[4], const uint8_t* kd, const uint8_t* q_sm, int g, int t) {
+  constexpr int R = q8_slot_bytes(D), NB = D / 32;
+  const uint4* frag = reinterpret_cast<const uint4*>(q_sm) + 4 * g + t;
+  const float* sq_g = reinterpret_cast<const float*>(q_sm + NB * 32 * 16) + g;
+  float acc[2][2] = {};  // [key half][key of the pair]
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    const uint4 qa = frag[b * 32];
+    const float sq = sq_g[b * kDecodeQueries];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* row = kd + (8 * h + g) * R + 32 * b + 4 * t;  // key 8h + g: B column g
+      int c[4];
+      mma_s8(c, qa.x, qa.y, qa.z, qa.w, *reinterpret_cast<const uint32_t*>(row),
+             *reinterpret_cast<const uint32_t*>(row + 16));
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        acc[h][j] += q8_scale(kd + (8 * h + 2 * t + j) * R, D, b) * (sq * static_cast<float>(c[j] * 256 + c[j + 2]));
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
+}
+
 // o += P.V on staged Q8_0 rows: per block of 32 output dims, P times the value rows' scales, split hi/lo;
 // V's output dims are permuted within each block (n-tile 4b + jj, column c = dim 32b + 4c + jj: see
 // out_dims) so that lane (g, t) reads word g of block b of its four key rows and transposes their bytes.
@@ -806,12 +914,13 @@ __device__ __forceinline__ int2 out_dims(int j, int t) {
   }
 }
 
-template <int D, bool kQ8>
+// S: copy stages per warp (S - 1 steps in flight); 3, or 4 for Q8_0 caches (kDecodeStagesQ8).
+template <int D, bool kQ8, int S>
 struct MmaDecodeSmem {
   static constexpr int kPitch = D * 2 + 16;  // bytes per f16 row: ldmatrix rows land 4 banks apart
   static constexpr int kRaw = kQ8 ? q8_slot_bytes(D) : kPitch;        // bytes per staged cache row
   static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kRaw;   // K and V of one step
-  static constexpr int kStages = 3;                                   // per warp: two steps in flight
+  static constexpr int kStages = S;
   static constexpr size_t kWarp = kStages * kStage;
   static constexpr size_t kQ = size_t{kDecodeWarps} * kWarp;         // Q hi/lo rows [16][kPitch]
   static constexpr size_t kBytes = kQ + 16 * kPitch;
@@ -824,18 +933,18 @@ struct MmaDecodeSmem {
   static_assert(kDecodeMergeBytes <= kBytes, "the split merge fits");
 };
 
-// C: the cache's type (__half, __nv_bfloat16, or Q8Slot). Q8_0 codes become the MMAs' f16 B fragments in
-// registers, exactly (codes_to_half2), straight from the staged rows, with the block scales applied per
-// 32 dims: to each block's scores, and to P for each block of output dims, before its hi/lo split.
-// For that a lane's fragment values must be bytes of one word: K's dims are permuted within each 16-dim
-// slice (MMA column 2t, 2t+1, 2t+8, 2t+9 = stored dim 4t..4t+3; Q is stored in q_sm in that order), and
-// V's output dims within each 32-dim block (n-tile 4b + jj, column c = dim 32b + 4c + jj), so that
-// lane (g, t) reads word g of block b of its four key rows and transposes their bytes. Without widened
-// copies a Q8_0 block needs half the shared memory of an f16 one: two blocks per SM.
+// C: the cache's type (__half, __nv_bfloat16, or Q8Slot). With a Q8_0 cache the scores take the key codes
+// as stored, as int8 B fragments against Q's two int8 digits per 32 dims (scores_q8_digits), and P.V
+// turns the value codes into the f16 B fragments in registers, exactly (codes_to_half2), with the value
+// rows' block scales applied to P per 32 output dims before its hi/lo split. For that a lane's fragment
+// values must be bytes of one word: V's output dims are permuted within each 32-dim block (n-tile 4b + jj,
+// column c = dim 32b + 4c + jj), so that lane (g, t) reads word g of block b of its four key rows and
+// transposes their bytes. Without widened copies a Q8_0 stage needs half the shared memory of an f16
+// one (see decode_stages_q8 for their number). kStages: copy stages per warp (MmaDecodeSmem).
 // Session 20 measured 8 warps per block for Q8_0 caches (217 KB, one block per SM): the 9B Q4_K_M at
 // depth 16384 ran 0.939x of depth 0 instead of 0.927x (H100), but 16-row verify steps at 16K took 179 us
 // per layer instead of 151 (H200 kernel bench), so every cache takes kDecodeWarps.
-template <int D, typename C>
+template <int D, typename C, int kStages>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
   // A split past the queries' keys exits before waiting on the previous kernel: the positions it reads
   // are step inputs that no kernel writes, and the launch provides blocks for the whole capacity, so at
@@ -847,7 +956,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   pdl_trigger();
   constexpr bool kQ8 = kIsQ8<C>;
   using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
-  using L = MmaDecodeSmem<D, kQ8>;
+  using L = MmaDecodeSmem<D, kQ8, kStages>;
   constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, R = L::kRaw, NT = D / 8;
   constexpr int kPieces = (kQ8 ? R : D * 2) / 16;  // 16-byte pieces per K or V row
   static_assert(Q == 8, "the 16 MMA rows are 8 queries x (hi, lo)");
@@ -883,12 +992,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     }
   }
 
-  // Q, pre-scaled, as T hi (rows 0-7) and lo (rows 8-15); absent queries are zero rows. A thread takes
-  // dims of one query and issues all its loads before its first store: one L2 round trip. (A loop of
+  // Q, pre-scaled, as T hi (rows 0-7) and lo (rows 8-15), or for Q8_0 caches as int8 digits
+  // (stage_q_digits); absent queries are zero rows. A thread takes dims of one query and issues all its
+  // loads before its first store: one L2 round trip. (A loop of
   // load-then-store per element waited on 16 of them, with two divisions each: ncu put 13% of the
   // 16K-key Q8_0 step's stall samples on it.)
   uint8_t* const q_sm = sm + L::kQ;
-  {
+  if constexpr (kQ8) {
+    static_assert(q8_digits_bytes(D) <= 16 * P, "the digits fit the Q rows' space");
+    stage_q_digits<D>(q_sm, a, blk, tid);
+  } else {
     constexpr int kTpq = kDecodeWarps * 32 / Q, kPer = D / kTpq;  // threads per query, dims per thread
     static_assert(kDecodeWarps * 32 % Q == 0 && D % kTpq == 0, "whole queries per thread group");
     const int qm = tid / kTpq, qd = tid % kTpq;
@@ -928,7 +1041,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     const uint8_t* vh = vd;
     float s[4];
     if constexpr (kQ8) {
-      scores_q8<D>(s, kd, g, t, [&](int sl, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * sl); });
+      scores_q8_digits<D>(s, kd, q_sm, g, t);
     } else {
       scores_16bit<D, T>(s, kh + k_off, [&](int kk, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * kk); });
     }
@@ -1160,14 +1273,34 @@ cudaError_t launch_prompt_mma(const AttnArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The tensor-core decode kernel; cudaErrorNotSupported where the device does not grant its shared memory
-// or HYSPEC_ATTN_MMA=0. One launch: the kernel merges its own splits.
+// Copy stages per warp of the Q8_0 decode kernel for launches of one query group (decode, verify-1):
+// 4 (144 KB, one block per SM, three steps in flight). Those launches have one block per SM anyway, and the
+// 9B Q4_K_M at depth 16384 of 16600 took 2.980 ms a step instead of 3.025 (H100). Wider launches keep 3
+// (113 KB, two blocks per SM: 16-row verify at 16K, kernel bench, 127 us with 3 against 174 with 4).
+// Stages only pace the copies: every count gives the same bits. HYSPEC_ATTN_Q8_STAGES=3 overrides.
+int decode_stages_q8() {
+  static const int v = env_int("HYSPEC_ATTN_Q8_STAGES", 4) == 3 ? 3 : 4;
+  return v;
+}
+
+// The tensor-core decode kernel with S stages; cudaErrorNotSupported where the device does not grant its
+// shared memory or HYSPEC_ATTN_MMA=0. One launch: the kernel merges its own splits.
+template <int D, typename KV, int S>
+cudaError_t launch_mma_stages(const AttnArgs& a, dim3 grid, unsigned* counters, cudaStream_t stream) {
+  constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, S>::kBytes;
+  static const bool usable = decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV, S>, smem);
+  if (!usable) return cudaErrorNotSupported;
+  return launch_pdl(attention_decode_mma_kernel<D, KV, S>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
+}
+
 template <int D, typename KV>
 cudaError_t launch_mma(const AttnArgs& a, dim3 grid, unsigned* counters, cudaStream_t stream) {
-  constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>>::kBytes;
-  static const bool usable = decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV>, smem);
-  if (!usable) return cudaErrorNotSupported;
-  return launch_pdl(attention_decode_mma_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
+  if constexpr (kIsQ8<KV>) {
+    if (grid.z == 1 && decode_stages_q8() == 4)
+      if (const cudaError_t e = launch_mma_stages<D, KV, 4>(a, grid, counters, stream); e != cudaErrorNotSupported)
+        return e;
+  }
+  return launch_mma_stages<D, KV, 3>(a, grid, counters, stream);
 }
 
 template <int D, typename KV>

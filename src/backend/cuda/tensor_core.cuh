@@ -38,6 +38,17 @@ __device__ __forceinline__ void mma_16816_bf16(float (&d)[4], uint32_t a0, uint3
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The int8 product m16n8k32 with s32 results (not accumulated: d = A.B). Fragments (lane = 4g + t):
+// A rows g (a0, a2) and g+8 (a1, a3), columns 4t..4t+3 (a0, a1) and 16+4t..16+4t+3 (a2, a3), a byte per
+// element in column order; B rows 4t..4t+3 (b0) and 16+4t.. (b1) of column g; C as above.
+__device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
 // Four 8x8 f16 matrices; lane l gives the address of row l%8 of matrix l/8 (16 bytes each). Lane
 // (g, t) receives row g, columns 2t, 2t+1 of each matrix, or with _trans rows 2t, 2t+1 of column g.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
