@@ -20,7 +20,7 @@ echo "== llama.cpp (llama-bench -ngl 99 -fa 1 -r 3), at ${SECONDS}s"; cat "$W/an
 cp "$W/anchor.md" "$OUT/llamacpp.md" 2>/dev/null
 bench() { echo "== hyspec $*"; "$H" bench --backend cuda "$@" 2>&1 | grep -E "^\| (model|---|.*(pp|tg|verify))"; }
 {
-  for kv in q8_0 f16; do bench -m "$W/9b-q4km.gguf" -p 512 -n 128 -d 0,16384 --verify 1,4,16 -c 17000 --kv-type $kv; done
+  for kv in q8_0 f16; do bench -m "$W/9b-q4km.gguf" -p 512 -n 128 -d 0,16384 --verify 1,4,16 --verify-at-depth -c 17000 --kv-type $kv; done
   bench -m "$W/9b-bf16.gguf" -p 512 -n 128 --verify 16 -c 4096 --kv-type f16
 } | tee "$OUT/hyspec.md"
 for q in ${ONE_NATIVE:-}; do
