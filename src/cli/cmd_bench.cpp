@@ -1,6 +1,7 @@
 // hyspec bench: llama-bench-style throughput table — pp (prompt), tg (decode, optionally at a KV
 // depth) and verify-k (one target pass over k+1 tokens with per-token state capture, the cost of
-// verifying k drafts) — as markdown or JSON, with the weight bytes each forward reads per second
+// verifying k drafts; with --verify-at-depth also at each depth, against that depth's tg step) — as
+// markdown or JSON, with the weight bytes each forward reads per second
 // (decode_weight_bytes: compare with the memory bandwidth for the decode floor; KV and state bytes not
 // counted).
 #include <cstdio>
