@@ -858,6 +858,50 @@ TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
   }
 }
 
+// A non-finite query value reaches its own head's output as NaN (as f32 arithmetic would) and no other
+// head's, for every decode-kernel cache (the Q8_0 one turns Q into int8 digits, where a NaN would
+// otherwise become a meaningless finite code) and for a prompt step.
+TEST_F(CudaBackendTest, AttentionPropagatesNonFiniteQueries) {
+  const int64_t H = 16, Hkv = 4, D = 256, ctx = 700, W = Hkv * D, QW = H * D;
+  for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+    for (int64_t n : {1, 17, 40}) {
+      const int64_t total = ctx + n;
+      const size_t row = KvLayer{nullptr, nullptr, kv_type, total, W, D}.row_bytes();
+      std::vector<int32_t> pos(total);
+      for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
+      auto qv = randn(n * QW);
+      qv[5 * D + 77] = kNaN;  // row 0, head 5 (kv head 1)
+      if (n > 1) qv[QW + 9 * D + 3] = std::numeric_limits<float>::infinity();  // row 1, head 9
+      Tensor k = put(*gpu_, randn(total * W)), v = put(*gpu_, randn(total * W)), q = put(*gpu_, qv);
+      Tensor out = poison(*gpu_, n * QW);
+      Buffer kc = gpu_->alloc(total * row).value(), vc = gpu_->alloc(total * row).value();
+      Buffer p = put_i32(*gpu_, pos);
+      const KvLayer kv{kc.data(), vc.data(), kv_type, total, W, D};
+      gpu_->kv_store(k.rows(total, W), v.rows(total, W), kv, p.as<int32_t>());
+      AttentionArgs a;
+      a.q = q.rows(n, QW);
+      a.kv = kv;
+      a.positions = p.as<int32_t>() + ctx;
+      a.n_head = H;
+      a.n_kv_head = Hkv;
+      a.head_dim = D;
+      a.scale = 0.0625f;
+      a.out = out.rows(n, QW);
+      gpu_->attention(a);
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+      const auto got = get_gpu(out);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          const bool poisoned = (t == 0 && h == 5) || (t == 1 && h == 9);
+          int64_t non_finite = 0;
+          for (int64_t d = 0; d < D; ++d) non_finite += !std::isfinite(got[(t * H + h) * D + d]);
+          EXPECT_EQ(non_finite, poisoned ? D : 0)
+              << fmt::format("kv={} n={} row {} head {}", ggml_type_name(kv_type), n, t, h);
+        }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, CausalConvMatchesCpuWithStateAndCapture) {
   const int64_t C = 96;
   const int K = 4;

@@ -824,9 +824,11 @@ __device__ __forceinline__ void stage_q_digits(uint8_t* q_sm, const AttnArgs& a,
 #pragma unroll
   for (int i = 0; i < 16; ++i) v[i] = src ? src[i] * a.scale : 0.0f;
   float mx = 0.0f;
+  bool finite = true;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fabsf(v[i]));
+  for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fabsf(v[i])), finite = finite && isfinite(v[i]);
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the pair's threads are neighbouring lanes
+  finite = __shfl_xor_sync(0xffffffffu, static_cast<int>(finite), 1) != 0 && finite;
   if (!valid) return;
   const float inv = mx > 0.0f ? kQDigits / mx : 0.0f;
   uint32_t* frag = reinterpret_cast<uint32_t*>(q_sm);
@@ -842,7 +844,10 @@ __device__ __forceinline__ void stage_q_digits(uint8_t* q_sm, const AttnArgs& a,
     }
     *reinterpret_cast<uint2*>(frag + (b * 32 + 4 * qm + t) * 4 + 2 * half) = make_uint2(hi, lo);
   }
-  if (half == 0) reinterpret_cast<float*>(q_sm + NB * 32 * 16)[b * kDecodeQueries + qm] = mx / kQDigits;
+  // A non-finite q (fmaxf skips NaN) makes its block's scale NaN: the query's scores and output turn NaN,
+  // as with f32 arithmetic, instead of finite values from meaningless digits.
+  if (half == 0)
+    reinterpret_cast<float*>(q_sm + NB * 32 * 16)[b * kDecodeQueries + qm] = finite ? mx / kQDigits : __int_as_float(0x7fc00000);
 }
 
 // A 16-key step's scores on staged Q8_0 rows from the digits (s[e] as in softmax_step): per block of 32
