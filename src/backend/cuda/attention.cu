@@ -846,8 +846,8 @@ __device__ __forceinline__ void stage_q_digits(uint8_t* q_sm, const AttnArgs& a,
   }
   // A non-finite q (fmaxf skips NaN) makes its block's scale NaN: the query's scores and output turn NaN,
   // as with f32 arithmetic, instead of finite values from meaningless digits.
-  if (half == 0)
-    reinterpret_cast<float*>(q_sm + NB * 32 * 16)[b * kDecodeQueries + qm] = finite ? mx / kQDigits : __int_as_float(0x7fc00000);
+  float* const sq = reinterpret_cast<float*>(q_sm + NB * 32 * 16);
+  if (half == 0) sq[b * kDecodeQueries + qm] = finite ? mx / kQDigits : __int_as_float(0x7fc00000);
 }
 
 // A 16-key step's scores on staged Q8_0 rows from the digits (s[e] as in softmax_step): per block of 32
