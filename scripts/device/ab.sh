@@ -3,7 +3,7 @@
 # variant V as hyspec_V and optionally test_*_V (AB_VARIANTS="V1 V2 ...", the first the baseline),
 # e.g. made here with `git stash` / a build-time switch, `strip -o /tmp/var/hyspec_V build-cuda/hyspec`,
 # then HYSPEC_DEVICE_BINS=test_backend HYSPEC_DEVICE_FIXTURES=quants scripts/device/pack.sh and the
-# variants added to .device/bin.tar.xz. A variant may be a script that runs another with environment
+# variants added to .device/bin.tar.xz (scripts/device/pack_variants.sh NAME=REF does that for git refs). A variant may be a script that runs another with environment
 # variables set (HYSPEC_FUSED_OPS=0 exec "$(dirname "$0")/hyspec" "$@"), or a symbolic link.
 # There: the anchor makes the 9B GGUFs (no llama-bench) while each variant's CUDA tests (test_backend's
 # filtered by AB_TESTS) and the interleaved matvec kernel benches (AB_KERNELS=0: none) run; then hyspec
