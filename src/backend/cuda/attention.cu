@@ -801,7 +801,8 @@ __device__ __forceinline__ void scores_q8(float (&s)[4], const uint8_t* kd, int 
 
 // The decode kernel's scores on Q8_0 caches take the key codes as stored, as the int8 B operand of
 // mma.m16n8k32: a query is two int8 digits per block of 32 dims, q ~ sq * (256 hi + lo) with
-// |256 hi + lo| <= kQDigits (the block's largest |q| to ~1.5e-5), hi in A rows 0-7 and lo in rows 8-15.
+// |256 hi + lo| <= kQDigits (the block's largest |q| to ~1.5e-5: small beside the cache's own 8-bit codes,
+// ~4e-3 of a block's largest |k|), hi in A rows 0-7 and lo in rows 8-15.
 // Per 32 dims and 8 keys that is one MMA and two 32-bit loads; the f16 form (scores_q8, kept by the
 // prompt kernel) took two MMAs, four loads and four 4-code conversions. The integer dots are exact, so a
 // query's scores depend on its own digits only: verify rows keep the decode step's bits.
