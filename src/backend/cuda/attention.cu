@@ -665,16 +665,6 @@ __device__ __forceinline__ uint32_t pack_pair(float a, float b) {
   return static_cast<uint32_t>(ua) | static_cast<uint32_t>(ub) << 16;
 }
 
-template <typename T>
-__device__ __forceinline__ void mma_kv(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    mma_16816(d, a0, a1, a2, a3, b0, b1);
-  } else {
-    mma_16816_bf16(d, a0, a1, a2, a3, b0, b1);
-  }
-}
-
 // One 16-key step of a warp's online softmax over an MMA score fragment (lane (g, t): query g, keys
 // ks + 2t + {0, 1} + {0, 8}): keys at or past k1 or after lim get weight 0, (m_run, l_run) advance (l_run
 // sums this lane's keys only), the output fragments o are rescaled when the maximum moved, p gets the
@@ -728,8 +718,8 @@ __device__ __forceinline__ void scores_16bit(float (&s)[4], const uint8_t* k_row
     uint32_t qa[4], kb[4];
     q_frag(kk, qa);
     ldmatrix_x4(kb, k_rows + 32 * kk);
-    mma_kv<T>(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-    mma_kv<T>(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+    mma_16816<T>(c[kk & 1][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+    mma_16816<T>(c[kk & 1][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
   }
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
@@ -747,8 +737,8 @@ __device__ __forceinline__ void pv_16bit(float (&o)[NT][4], const float (&p)[4],
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t vb[4];
     ldmatrix_x4_trans(vb, v_rows + 32 * kk);
-    mma_kv<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
-    mma_kv<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
+    mma_16816<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
+    mma_16816<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
   }
 }
 
@@ -785,8 +775,8 @@ __device__ __forceinline__ void scores_q8(float (&s)[4], const uint8_t* kd, int 
       // keys g and 8 + g: stored dims 4t..4t+3 of the slice = MMA columns 2t, 2t+1 | 2t+8, 2t+9
       codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + g * R + 16 * sl + 4 * t), kb[0], kb[1]);
       codes_to_half2(*reinterpret_cast<const uint32_t*>(kd + (8 + g) * R + 16 * sl + 4 * t), kb[2], kb[3]);
-      mma_kv<__half>(c[u][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-      mma_kv<__half>(c[u][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
+      mma_16816(c[u][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+      mma_16816(c[u][1], qa[0], qa[1], qa[2], qa[3], kb[2], kb[3]);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -808,7 +798,8 @@ __device__ __forceinline__ void scores_q8(float (&s)[4], const uint8_t* kd, int 
 // query's scores depend on its own digits only: verify rows keep the decode step's bits.
 // Shared memory (q8_digits_bytes): the A fragments [D/32][32 lanes] (16 bytes each), then sq [D/32][8].
 constexpr float kQDigits = 32639.0f;
-constexpr int q8_digits_bytes(int D) { return D / 32 * (32 * 16 + kDecodeQueries * 4); }
+constexpr int q8_digit_scales_at(int D) { return D / 32 * 32 * 16; }
+constexpr int q8_digits_bytes(int D) { return q8_digit_scales_at(D) + D / 32 * kDecodeQueries * 4; }
 
 // Q (pre-scaled, kDecodeQueries vectors of the block; absent ones are zeros) -> digits: two threads per
 // (query, 32-dim block), each loading its 16 dims before any store (one L2 round trip).
@@ -847,7 +838,7 @@ __device__ __forceinline__ void stage_q_digits(uint8_t* q_sm, const AttnArgs& a,
   }
   // A non-finite q (fmaxf skips NaN) makes its block's scale NaN: the query's scores and output turn NaN,
   // as with f32 arithmetic, instead of finite values from meaningless digits.
-  float* const sq = reinterpret_cast<float*>(q_sm + NB * 32 * 16);
+  float* const sq = reinterpret_cast<float*>(q_sm + q8_digit_scales_at(D));
   if (half == 0) sq[b * kDecodeQueries + qm] = finite ? mx / kQDigits : __int_as_float(0x7fc00000);
 }
 
@@ -857,7 +848,7 @@ template <int D>
 __device__ __forceinline__ void scores_q8_digits(float (&s)[4], const uint8_t* kd, const uint8_t* q_sm, int g, int t) {
   constexpr int R = q8_slot_bytes(D), NB = D / 32;
   const uint4* frag = reinterpret_cast<const uint4*>(q_sm) + 4 * g + t;
-  const float* sq_g = reinterpret_cast<const float*>(q_sm + NB * 32 * 16) + g;
+  const float* sq_g = reinterpret_cast<const float*>(q_sm + q8_digit_scales_at(D)) + g;
   float acc[2][2] = {};  // [key half][key of the pair]
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
@@ -903,7 +894,7 @@ __device__ __forceinline__ void pv_q8(float (&o)[NT][4], const float (&p)[4], co
     for (int jj = 0; jj < 4; ++jj) {
       uint32_t vb0, vb1;
       codes_to_half2(x[jj], vb0, vb1);
-      mma_kv<__half>(o[4 * b + jj], pa[0], pa[1], pa[2], pa[3], vb0, vb1);
+      mma_16816<__half>(o[4 * b + jj], pa[0], pa[1], pa[2], pa[3], vb0, vb1);
     }
   }
 }
@@ -920,7 +911,7 @@ __device__ __forceinline__ int2 out_dims(int j, int t) {
   }
 }
 
-// S: copy stages per warp (S - 1 steps in flight); 3, or 4 for Q8_0 caches (kDecodeStagesQ8).
+// S: copy stages per warp (S - 1 steps in flight); 3, or 4 for Q8_0 caches (decode_stages_q8).
 template <int D, bool kQ8, int S>
 struct MmaDecodeSmem {
   static constexpr int kPitch = D * 2 + 16;  // bytes per f16 row: ldmatrix rows land 4 banks apart

@@ -383,14 +383,10 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
           for (int nt = 0; nt < NT; ++nt) {
             if (nt * 8 >= nn) break;  // warp-uniform
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              if constexpr (kBf16Mma<T>)
-                mma_16816_bf16(acc[q][nt], as_u32(A0[2 * i]), as_u32(A1[2 * i]), as_u32(A0[2 * i + 1]),
-                               as_u32(A1[2 * i + 1]), b[nt][2 * i], b[nt][2 * i + 1]);
-              else
-                mma_16816(acc[q][nt], as_u32(A0[2 * i]), as_u32(A1[2 * i]), as_u32(A0[2 * i + 1]),
-                          as_u32(A1[2 * i + 1]), b[nt][2 * i], b[nt][2 * i + 1]);
-            }
+            for (int i = 0; i < 8; ++i)
+              mma_16816<std::conditional_t<kBf16Mma<T>, __nv_bfloat16, __half>>(
+                  acc[q][nt], as_u32(A0[2 * i]), as_u32(A1[2 * i]), as_u32(A0[2 * i + 1]), as_u32(A1[2 * i + 1]),
+                  b[nt][2 * i], b[nt][2 * i + 1]);
           }
         }
       }
