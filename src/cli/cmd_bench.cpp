@@ -61,12 +61,11 @@ int bench(BenchFlags f) {
     std::string test;
     double seconds;  // per forward (pp: whole prompt; tg: per token)
     double tokens;   // tokens per forward
-    int64_t forwards = 1;  // forwards in `seconds` (pp: one per batch)
-    double ref = 0;        // the step "x tg step" divides by (0: tg at depth 0)
+    int64_t forwards = 1;    // forwards in `seconds` (pp: one per batch)
+    int64_t ref_depth = 0;   // "x tg step" divides by the tg step at this depth (none timed: 0)
   };
   auto weight_gbps = [&](const Row& r) { return weight_bytes * static_cast<double>(r.forwards) / r.seconds / 1e9; };
   std::vector<Row> rows;
-  double tg_step = 0;
   std::map<int64_t, double> tg_at;  // tg step by depth
   if (f.pp > 0) {
     auto t = e.time_forward(std::min<int64_t>(f.pp, batch), 0, false, f.reps);
@@ -87,25 +86,25 @@ int bench(BenchFlags f) {
     // tg: single-token steps; the median step time at this depth stands for every step of the run.
     auto t = e.time_forward(1, depth, false, f.tg);
     if (!t) return fail(t.status());
-    if (depth == 0) tg_step = *t;
     tg_at[depth] = *t;
     rows.push_back({depth ? fmt::format("tg{} @ d{}", f.tg, depth) : fmt::format("tg{}", f.tg), *t, 1.0});
   }
-  for (int64_t depth : depths) {
-    if (depth > 0 && !f.verify_at_depth) continue;
+  // verify-k at depth 0, and with --verify-at-depth at every other depth asked for.
+  std::vector<int64_t> verify_depths = {0};
+  for (int64_t d : depths)
+    if (f.verify_at_depth && d > 0) verify_depths.push_back(d);
+  for (int64_t depth : verify_depths) {
     for (int64_t k : ks) {
       auto t = e.time_forward(k + 1, depth, true, std::max(f.reps, 8));
       if (!t) return fail(t.status());
-      // At a depth the ratio is to that depth's tg step (the one verify replaces), where there is one.
-      const auto same_depth_tg = tg_at.find(depth);
       rows.push_back({depth ? fmt::format("verify-{} @ d{}", k, depth) : fmt::format("verify-{}", k), *t,
-                      static_cast<double>(k + 1), 1, same_depth_tg != tg_at.end() ? same_depth_tg->second : 0.0});
+                      static_cast<double>(k + 1), 1, depth});
     }
   }
 
   auto ratio = [&](const Row& r) {
-    const double ref = r.ref > 0 ? r.ref : tg_step;
-    return ref > 0 ? r.seconds / ref : 0.0;
+    const auto ref = tg_at.find(r.ref_depth);
+    return ref != tg_at.end() ? r.seconds / ref->second : 0.0;
   };
   if (f.json) {
     nlohmann::json j = nlohmann::json::array();

@@ -55,6 +55,12 @@ TEST(BenchCli, VerifyStaysAtDepthZeroWithoutTheFlag) {
   const nlohmann::json rows = run_bench_json("-p 0 -n 2 -d 0,16 --verify 2 -c 64");
   ASSERT_TRUE(rows.is_array());
   EXPECT_EQ(tests_of(rows), (std::vector<std::string>{"tg2", "tg2 @ d16", "verify-2"}));
+  // Depths without 0 still verify at depth 0 (no tg step there to divide by: ratio 0).
+  const nlohmann::json deep = run_bench_json("-p 0 -n 2 -d 16 --verify 2 -c 64");
+  ASSERT_TRUE(deep.is_array());
+  EXPECT_EQ(tests_of(deep), (std::vector<std::string>{"tg2 @ d16", "verify-2"}));
+  EXPECT_EQ(ratio(deep, "verify-2"), 0.0);
+  EXPECT_EQ(ratio(deep, "tg2 @ d16"), 0.0);
 }
 
 }  // namespace
