@@ -7,7 +7,7 @@
 // attention_decode_mma_kernel (tensor cores) for F16/BF16 KV where the device grants its shared memory,
 // else attention_decode_kernel (SIMT), whose result for a query is bit-identical whatever other
 // rows share the step: speculative decoding is lossless only if a verify row gets exactly the
-// decode step's logits. Their blocks take 8 query vectors each (grid.z = query groups) and one split of the key
+// decode step's logits. Their blocks take 8 query vectors each (grid.x = query groups) and one split of the key
 // range; the splits are fixed slices of the KV capacity (not of the step's keys), so a query sees
 // the same tiles, in the same order, in a decode step and in any verify block: tiles and splits
 // past its own last key add exact zeros (p = 0, rescale factor e^0 = 1). Longer steps (prompts) run
@@ -255,7 +255,7 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
 }
 
 // Decode/verify attention (steps of up to kDecodeMaxRows rows). A block (4 warps) takes one kv
-// head, kDecodeQueries of its query vectors (grid.z: G*n / 8 groups; decode of every Qwen3.5 size is
+// head, kDecodeQueries of its query vectors (grid.x: G*n / 8 groups; decode of every Qwen3.5 size is
 // one group) and one split of the key range (a fixed slice of the capacity, see the top of the
 // file), and walks it in tiles of 32 keys: the K and V rows of the next tile are copied into shared
 // memory with cp.async (16-byte pieces, one load round per tile) while this one is computed.
@@ -330,19 +330,22 @@ __device__ __forceinline__ float2 kv_pair(const uint8_t* slot, int i) {
   }
 }
 
-// A decode block (kv head blockIdx.x, split blockIdx.y, query group blockIdx.z): its M query vectors
-// (local index m = global - q0) and the keys [k0, k1) of its split. Splits are fixed slices of the
+// A decode block (query group blockIdx.x, kv head blockIdx.y, split blockIdx.z: the groups of one kv head
+// and split are launched together, so a verify step's 2-9 groups read that split's K/V from DRAM once and
+// from L2 after; in kv-head-major order each group's wave re-read every split from DRAM, as the cache
+// at 16K outgrows L2): its M query vectors (local index m = global - q0) and the keys [k0, k1) of its split. Splits are fixed slices of the
 // capacity (chunk_tiles tiles each); n_eff of them reach into these queries' keys: the launch provides
 // for the capacity, and the others exit at once and take no part in the merge.
 struct DecodeBlock {
   const AttnArgs* a;
-  int kvh, q0, M, n_eff, k0, k1;
+  int kvh, group, split, q0, M, n_eff, k0, k1;
   __device__ int row(int m) const { return (q0 + m) / a->group; }
   __device__ int head(int m) const { return kvh * a->group + (q0 + m) % a->group; }
   __device__ int limit(int m) const { return a->causal ? a->positions[row(m)] : a->positions[a->n - 1]; }  // last key seen
 };
 __device__ DecodeBlock decode_block(const AttnArgs& a) {
-  DecodeBlock b{&a, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.z) * kDecodeQueries, 0, 0, 0, 0};
+  DecodeBlock b{&a, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.z),
+                static_cast<int>(blockIdx.x) * kDecodeQueries, 0, 0, 0, 0};
   b.M = min(kDecodeQueries, a.n * a.group - b.q0);
   int kend = 0;
 #pragma unroll
@@ -351,7 +354,7 @@ __device__ DecodeBlock decode_block(const AttnArgs& a) {
   kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
   const int chunk = a.chunk_tiles * kDecodeKeys;
   b.n_eff = max(1, (kend + chunk - 1) / chunk);
-  b.k0 = static_cast<int>(blockIdx.y) * chunk;
+  b.k0 = b.split * chunk;
   b.k1 = min(kend, b.k0 + chunk);
   return b;
 }
@@ -367,7 +370,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
                                     const float* ml_s, void* work) {
   constexpr int Q = kDecodeQueries, kThreadsPerBlock = kDecodeWarps * 32;
   __shared__ int s_last;
-  const int tid = threadIdx.x, kvh = blk.kvh, q0 = blk.q0, M = blk.M, z = blockIdx.y, n_eff = blk.n_eff;
+  const int tid = threadIdx.x, kvh = blk.kvh, q0 = blk.q0, M = blk.M, z = blk.split, n_eff = blk.n_eff;
   const int M_all = a.n * a.group;
   auto out_of = [&](int m) {
     return a.out.data + static_cast<int64_t>(blk.row(m)) * a.out.stride + static_cast<int64_t>(blk.head(m)) * D;
@@ -384,7 +387,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   for (int i = tid; i < M * D / 4; i += kThreadsPerBlock)
     reinterpret_cast<float4*>(a.part_o + slot_of(z, i / (D / 4)) * D)[i % (D / 4)] = reinterpret_cast<const float4*>(o_s)[i];
   if (tid < M) a.part_ml[slot_of(z, tid) * 2] = ml_s[tid], a.part_ml[slot_of(z, tid) * 2 + 1] = ml_s[Q + tid];
-  unsigned* counter = counters + kvh * gridDim.z + blockIdx.z;
+  unsigned* counter = counters + kvh * gridDim.x + blk.group;
   __threadfence();
   __syncthreads();
   if (tid == 0) s_last = atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff - 1);
@@ -480,7 +483,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   float* misc = reinterpret_cast<float*>(sm + L::kMisc);       // alpha[Q], m[Q], l[Q]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const DecodeBlock blk = decode_block(a);
-  if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
+  if (blk.split >= blk.n_eff) return;
   const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
   const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + kvh * a.head_bytes;
@@ -948,7 +951,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   // a short context most blocks are such splits (they would otherwise hold an SM's shared memory until
   // the previous kernel ended).
   const DecodeBlock blk = decode_block(a);
-  if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
+  if (blk.split >= blk.n_eff) return;
   pdl_wait();  // as attention_decode_kernel
   pdl_trigger();
   constexpr bool kQ8 = kIsQ8<C>;
@@ -1293,7 +1296,7 @@ cudaError_t launch_mma_stages(const AttnArgs& a, dim3 grid, unsigned* counters, 
 template <int D, typename KV>
 cudaError_t launch_mma(const AttnArgs& a, dim3 grid, unsigned* counters, cudaStream_t stream) {
   if constexpr (kIsQ8<KV>) {
-    if (grid.z == 1 && decode_stages_q8() == 4)
+    if (grid.x == 1 && decode_stages_q8() == 4)
       if (const cudaError_t e = launch_mma_stages<D, KV, 4>(a, grid, counters, stream); e != cudaErrorNotSupported)
         return e;
   }
@@ -1311,7 +1314,7 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     static const cudaError_t dattr = cudaFuncSetAttribute(
         attention_decode_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (dattr != cudaSuccess) return dattr;
-    const dim3 grid(a.n_kv, a.n_splits, (M + kDecodeQueries - 1) / kDecodeQueries);
+    const dim3 grid((M + kDecodeQueries - 1) / kDecodeQueries, a.n_kv, a.n_splits);  // see DecodeBlock
     // The tensor-core kernel for F16/BF16/Q8_0 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
     if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) {
