@@ -7,7 +7,7 @@
 // attention_decode_mma_kernel (tensor cores) for F16/BF16 KV where the device grants its shared memory,
 // else attention_decode_kernel (SIMT), whose result for a query is bit-identical whatever other
 // rows share the step: speculative decoding is lossless only if a verify row gets exactly the
-// decode step's logits. Their blocks take 8 query vectors each (grid.z = query groups) and one split of the key
+// decode step's logits. Their blocks take 8 query vectors each (grid.x = query groups) and one split of the key
 // range; the splits are fixed slices of the KV capacity (not of the step's keys), so a query sees
 // the same tiles, in the same order, in a decode step and in any verify block: tiles and splits
 // past its own last key add exact zeros (p = 0, rescale factor e^0 = 1). Longer steps (prompts) run
@@ -255,7 +255,7 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
 }
 
 // Decode/verify attention (steps of up to kDecodeMaxRows rows). A block (4 warps) takes one kv
-// head, kDecodeQueries of its query vectors (grid.z: G*n / 8 groups; decode of every Qwen3.5 size is
+// head, kDecodeQueries of its query vectors (grid.x: G*n / 8 groups; decode of every Qwen3.5 size is
 // one group) and one split of the key range (a fixed slice of the capacity, see the top of the
 // file), and walks it in tiles of 32 keys: the K and V rows of the next tile are copied into shared
 // memory with cp.async (16-byte pieces, one load round per tile) while this one is computed.
@@ -330,20 +330,33 @@ __device__ __forceinline__ float2 kv_pair(const uint8_t* slot, int i) {
   }
 }
 
-// A decode block (kv head blockIdx.x, split blockIdx.y, query group blockIdx.z): its M query vectors
-// (local index m = global - q0) and the keys [k0, k1) of its split. Splits are fixed slices of the
+// A barrier of query set `set`'s 128 threads (named barriers 1 and 2 in a paired block), or of the block.
+template <int kSets>
+__device__ __forceinline__ void set_sync(int set) {
+  if constexpr (kSets == 1) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + set), "r"(kDecodeWarps * 32) : "memory");
+  }
+}
+
+// A decode block (query group blockIdx.x, kv head blockIdx.y, split blockIdx.z: the groups of one kv head
+// and split are launched together, so a verify step's 2-9 groups read that split's K/V from DRAM once and
+// from L2 after; in kv-head-major order each group's wave re-read every split from DRAM, as the cache
+// at 16K outgrows L2): its M query vectors (local index m = global - q0) and the keys [k0, k1) of its split. Splits are fixed slices of the
 // capacity (chunk_tiles tiles each); n_eff of them reach into these queries' keys: the launch provides
 // for the capacity, and the others exit at once and take no part in the merge.
 struct DecodeBlock {
   const AttnArgs* a;
-  int kvh, q0, M, n_eff, k0, k1;
+  int kvh, group, split, q0, M, n_eff, k0, k1;
   __device__ int row(int m) const { return (q0 + m) / a->group; }
   __device__ int head(int m) const { return kvh * a->group + (q0 + m) % a->group; }
   __device__ int limit(int m) const { return a->causal ? a->positions[row(m)] : a->positions[a->n - 1]; }  // last key seen
 };
-__device__ DecodeBlock decode_block(const AttnArgs& a) {
-  DecodeBlock b{&a, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.z) * kDecodeQueries, 0, 0, 0, 0};
-  b.M = min(kDecodeQueries, a.n * a.group - b.q0);
+// Query group `group` (past the last group: M = 0 and no keys).
+__device__ DecodeBlock decode_block(const AttnArgs& a, int group) {
+  DecodeBlock b{&a, static_cast<int>(blockIdx.y), group, static_cast<int>(blockIdx.z), group * kDecodeQueries, 0, 0, 0, 0};
+  b.M = max(0, min(kDecodeQueries, a.n * a.group - b.q0));
   int kend = 0;
 #pragma unroll
   for (int m = 0; m < kDecodeQueries; ++m)
@@ -351,7 +364,7 @@ __device__ DecodeBlock decode_block(const AttnArgs& a) {
   kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
   const int chunk = a.chunk_tiles * kDecodeKeys;
   b.n_eff = max(1, (kend + chunk - 1) / chunk);
-  b.k0 = static_cast<int>(blockIdx.y) * chunk;
+  b.k0 = b.split * chunk;
   b.k1 = min(kend, b.k0 + chunk);
   return b;
 }
@@ -362,12 +375,15 @@ __device__ DecodeBlock decode_block(const AttnArgs& a) {
 // finish (a self-resetting counter) merges them: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z.
 // The (max, sum) pairs go through shared memory `work` (kDecodeMergeBytes; o_s and ml_s may alias
 // it) first, so the sums over splits are independent L2 loads, not chains.
-template <int D>
+// kSets == 2 (paired blocks, see attention_decode_mma_kernel): each set of 128 threads finishes its own
+// query group, with barriers of its own (set_sync).
+template <int D, int kSets = 1>
 __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, unsigned* counters, const float* o_s,
-                                    const float* ml_s, void* work) {
+                                    const float* ml_s, void* work, int set = 0) {
   constexpr int Q = kDecodeQueries, kThreadsPerBlock = kDecodeWarps * 32;
-  __shared__ int s_last;
-  const int tid = threadIdx.x, kvh = blk.kvh, q0 = blk.q0, M = blk.M, z = blockIdx.y, n_eff = blk.n_eff;
+  __shared__ int s_last[kSets];
+  const int tid = static_cast<int>(threadIdx.x) % kThreadsPerBlock, kvh = blk.kvh, q0 = blk.q0, M = blk.M,
+            z = blk.split, n_eff = blk.n_eff;
   const int M_all = a.n * a.group;
   auto out_of = [&](int m) {
     return a.out.data + static_cast<int64_t>(blk.row(m)) * a.out.stride + static_cast<int64_t>(blk.head(m)) * D;
@@ -384,12 +400,13 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   for (int i = tid; i < M * D / 4; i += kThreadsPerBlock)
     reinterpret_cast<float4*>(a.part_o + slot_of(z, i / (D / 4)) * D)[i % (D / 4)] = reinterpret_cast<const float4*>(o_s)[i];
   if (tid < M) a.part_ml[slot_of(z, tid) * 2] = ml_s[tid], a.part_ml[slot_of(z, tid) * 2 + 1] = ml_s[Q + tid];
-  unsigned* counter = counters + kvh * gridDim.z + blockIdx.z;
+  const int n_groups = (M_all + Q - 1) / Q;
+  unsigned* counter = counters + kvh * n_groups + blk.group;
   __threadfence();
-  __syncthreads();
-  if (tid == 0) s_last = atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff - 1);
-  __syncthreads();
-  if (!s_last) return;
+  set_sync<kSets>(set);
+  if (tid == 0) s_last[set] = atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff - 1);
+  set_sync<kSets>(set);
+  if (!s_last[set]) return;
   __threadfence();
   // The split maxima and sums first, all loads in parallel; then per query (a warp) the weights
   // e^(m_z - M) and the denominator: lane z takes splits z, z + 32, ... and a fixed xor-shuffle tree sums
@@ -401,7 +418,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
     const float2 ml = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i % n_eff, i / n_eff) * 2));
     wz[i] = ml.x, wl[i] = ml.y;
   }
-  __syncthreads();
+  set_sync<kSets>(set);
   const int lane = tid & 31;
   for (int m = tid >> 5; m < M; m += kDecodeWarps) {
     float gmax = -INFINITY;
@@ -418,7 +435,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
     for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
     if (lane == 0) wl[Q * n_eff + m] = den > 0.0f ? 1.0f / den : 0.0f;
   }
-  __syncthreads();
+  set_sync<kSets>(set);
   // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
   // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
   // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits).
@@ -479,8 +496,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   float* p_s = reinterpret_cast<float*>(sm + L::kP);           // [TK][Q] probabilities of the tile
   float* misc = reinterpret_cast<float*>(sm + L::kMisc);       // alpha[Q], m[Q], l[Q]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const DecodeBlock blk = decode_block(a);
-  if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
+  const DecodeBlock blk = decode_block(a, blockIdx.x);
+  if (blk.split >= blk.n_eff) return;
   const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
   const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + kvh * a.head_bytes;
@@ -912,22 +929,26 @@ __device__ __forceinline__ int2 out_dims(int j, int t) {
 }
 
 // S: copy stages per warp (S - 1 steps in flight); 3, or 4 for Q8_0 caches (decode_stages_q8).
-template <int D, bool kQ8, int S>
+// kSets: query groups per block (2: paired blocks, whose warps w and w + 4 share warp w's stages).
+template <int D, bool kQ8, int S, int kSets = 1>
 struct MmaDecodeSmem {
   static constexpr int kPitch = D * 2 + 16;  // bytes per f16 row: ldmatrix rows land 4 banks apart
   static constexpr int kRaw = kQ8 ? q8_slot_bytes(D) : kPitch;        // bytes per staged cache row
   static constexpr size_t kStage = size_t{2} * kMmaStepKeys * kRaw;   // K and V of one step
   static constexpr int kStages = S;
   static constexpr size_t kWarp = kStages * kStage;
-  static constexpr size_t kQ = size_t{kDecodeWarps} * kWarp;         // Q hi/lo rows [16][kPitch]
-  static constexpr size_t kBytes = kQ + 16 * kPitch;
+  static constexpr size_t kQ = size_t{kDecodeWarps} * kWarp;         // Q hi/lo rows [sets][16][kPitch]
+  static constexpr size_t kBytes = kQ + size_t{kSets} * 16 * kPitch;
   // After the loop the stages hold the warps' results: o [warps][Q][D], (m, l) [warps][Q][2], then
   // the block's o [Q][D] and (m, l) [2][Q].
   static constexpr size_t kWarpMl = size_t{kDecodeWarps} * kDecodeQueries * D * 4;
   static constexpr size_t kBlockO = kWarpMl + size_t{kDecodeWarps} * kDecodeQueries * 2 * 4;
   static constexpr size_t kBlockMl = kBlockO + size_t{kDecodeQueries} * D * 4;
-  static_assert(kBlockMl + 2 * kDecodeQueries * 4 <= kQ, "results fit in the stages");
-  static_assert(kDecodeMergeBytes <= kBytes, "the split merge fits");
+  static constexpr size_t kSetResults = (kBlockMl + 2 * kDecodeQueries * 4 + 15) / 16 * 16;  // a set's results
+  static_assert(kSets * kSetResults <= kQ, "results fit in the stages");
+  // The split merge's work area: the block's shared memory, or in a pair each set's results' space (the
+  // sets merge at the same time).
+  static_assert(kDecodeMergeBytes <= (kSets == 1 ? kBytes : kSetResults), "the split merge fits");
 };
 
 // C: the cache's type (__half, __nv_bfloat16, or Q8Slot). With a Q8_0 cache the scores take the key codes
@@ -941,31 +962,52 @@ struct MmaDecodeSmem {
 // Session 20 measured 8 warps per block for Q8_0 caches (217 KB, one block per SM): the 9B Q4_K_M at
 // depth 16384 ran 0.939x of depth 0 instead of 0.927x (H100), but 16-row verify steps at 16K took 179 us
 // per layer instead of 151 (H200 kernel bench), so every cache takes kDecodeWarps.
-template <int D, typename C, int kStages>
-__global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
+// kSets == 2 (paired blocks, verify steps of two or more query groups): 8 warps, set s = warps 4s..4s+3
+// on query group 2 blockIdx.x + s. Warps w and w + 4 walk the same steps of the same split (the steps
+// warp w of a one-set block walks) and share warp w's stages: warp w copies the K rows, warp w + 4 the V
+// rows, and a named barrier per pair and step (pair_sync) makes both halves visible to both. Each warp's
+// arithmetic is a one-set block's warp's, so every query gets the same bits; the split's K/V is copied
+// once for 16 queries, and an SM holds 8 warps where an F16 one-set block (202 KB) leaves it 4. The
+// pair walks the keys of both groups' split ([k0, max k1)); a group's steps past its own k1 are masked
+// whole (exact no-ops: weight 0, rescale factor 1), as a verify block's earlier rows' are.
+__device__ __forceinline__ void pair_sync(int w) {
+  asm volatile("bar.sync %0, %1;" ::"r"(3 + w), "r"(64) : "memory");
+}
+
+template <int D, typename C, int kStages, int kSets>
+__global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
+  static_assert(kSets == 1 || kSets == 2, "one query group per block, or a pair");
   // A split past the queries' keys exits before waiting on the previous kernel: the positions it reads
   // are step inputs that no kernel writes, and the launch provides blocks for the whole capacity, so at
   // a short context most blocks are such splits (they would otherwise hold an SM's shared memory until
   // the previous kernel ended).
-  const DecodeBlock blk = decode_block(a);
-  if (static_cast<int>(blockIdx.y) >= blk.n_eff) return;
+  const int set = kSets == 1 ? 0 : static_cast<int>(threadIdx.x) / (kDecodeWarps * 32);
+  const DecodeBlock blk = decode_block(a, static_cast<int>(blockIdx.x) * kSets + set);
+  int k1_all = blk.k1, n_eff_all = blk.n_eff;  // over the block's sets
+  if constexpr (kSets == 2) {
+    const DecodeBlock other = decode_block(a, static_cast<int>(blockIdx.x) * 2 + 1 - set);
+    k1_all = max(k1_all, other.k1), n_eff_all = max(n_eff_all, other.n_eff);
+  }
+  if (blk.split >= n_eff_all) return;
   pdl_wait();  // as attention_decode_kernel
   pdl_trigger();
   constexpr bool kQ8 = kIsQ8<C>;
   using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
-  using L = MmaDecodeSmem<D, kQ8, kStages>;
+  using L = MmaDecodeSmem<D, kQ8, kStages, kSets>;
   constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, R = L::kRaw, NT = D / 8;
   constexpr int kPieces = (kQ8 ? R : D * 2) / 16;  // 16-byte pieces per K or V row
   static_assert(Q == 8, "the 16 MMA rows are 8 queries x (hi, lo)");
   extern __shared__ __align__(16) uint8_t sm[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tid = static_cast<int>(threadIdx.x) % (kDecodeWarps * 32), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
   const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
   const uint8_t* kbase = static_cast<const uint8_t*>(a.k) + kvh * a.head_bytes;
   const uint8_t* vbase = static_cast<const uint8_t*>(a.v) + kvh * a.head_bytes;
   const int64_t pitch = a.row_bytes;
   uint8_t* const stages = sm + warp * L::kWarp;
-  // Keys past k1 copy row k1-1: finite data that the mask gives weight 0.
+  // Keys past k1_all copy row k1_all-1: finite data that the mask gives weight 0. A pair's warps copy
+  // one of K and V each.
   auto issue = [&](int ks, int stage) {  // one commit group per call
     uint8_t* kd = stages + stage * L::kStage;
     uint8_t* vd = kd + SK * R;
@@ -973,16 +1015,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     for (int it = 0; it < (SK * kPieces + 31) / 32; ++it) {
       const int i = it * 32 + lane, r = i / kPieces, pc = i % kPieces;
       if (SK * kPieces % 32 != 0 && i >= SK * kPieces) break;
-      const int64_t off = min(ks + r, k1 - 1) * pitch + pc * 16;
-      cp_async16(kd + r * R + pc * 16, kbase + off);
-      cp_async16(vd + r * R + pc * 16, vbase + off);
+      const int64_t off = min(ks + r, k1_all - 1) * pitch + pc * 16;
+      if (kSets == 1 || set == 0) cp_async16(kd + r * R + pc * 16, kbase + off);
+      if (kSets == 1 || set == 1) cp_async16(vd + r * R + pc * 16, vbase + off);
     }
     cp_async_commit();
   };
   constexpr int kStride = SK * kDecodeWarps;  // keys between a warp's steps
   int ks = k0 + SK * warp;
   for (int st = 0; st + 1 < L::kStages; ++st) {
-    if (ks + st * kStride < k1) {
+    if (ks + st * kStride < k1_all) {
       issue(ks + st * kStride, st);
     } else {
       cp_async_commit();  // empty groups keep wait_group's count
@@ -994,7 +1036,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   // loads before its first store: one L2 round trip. (A loop of
   // load-then-store per element waited on 16 of them, with two divisions each: ncu put 13% of the
   // 16K-key Q8_0 step's stall samples on it.)
-  uint8_t* const q_sm = sm + L::kQ;
+  uint8_t* const q_sm = sm + L::kQ + set * 16 * P;
   if constexpr (kQ8) {
     static_assert(q8_digits_bytes(D) <= 16 * P, "the digits fit the Q rows' space");
     stage_q_digits<D>(q_sm, a, blk, tid);
@@ -1023,15 +1065,26 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
   const uint8_t* q_row = q_sm + (r8 + 8 * hi8) * P + 16 * hi16;
   const int k_off = (r8 + 8 * hi16) * P + 16 * hi8, v_off = (r8 + 8 * hi8) * P + 16 * hi16;
 
-  for (int stage = 0; ks < k1; ks += kStride, stage = stage + 1 == L::kStages ? 0 : stage + 1) {
+  for (int stage = 0; ks < k1_all; ks += kStride, stage = stage + 1 == L::kStages ? 0 : stage + 1) {
     constexpr int kAhead = L::kStages - 1;
-    if (ks + kAhead * kStride < k1) {
-      issue(ks + kAhead * kStride, stage == 0 ? kAhead : stage - 1);
+    auto issue_ahead = [&] {
+      if (ks + kAhead * kStride < k1_all) {
+        issue(ks + kAhead * kStride, stage == 0 ? kAhead : stage - 1);
+      } else {
+        cp_async_commit();
+      }
+    };
+    if constexpr (kSets == 1) {
+      issue_ahead();
+      cp_async_wait<L::kStages - 1>();
+      __syncwarp();
     } else {
-      cp_async_commit();
+      // This warp's half of the step landed, then the partner's (the barrier); both are past the previous
+      // step, whose slot the next copy refills.
+      cp_async_wait<L::kStages - 2>();
+      pair_sync(warp);
+      issue_ahead();
     }
-    cp_async_wait<L::kStages - 1>();
-    __syncwarp();
     const uint8_t* kd = stages + stage * L::kStage;  // the cache rows as stored
     const uint8_t* vd = kd + SK * R;
     const uint8_t* kh = kd;  // K and V as T rows of pitch P (16-bit caches)
@@ -1049,7 +1102,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     } else {
       pv_16bit<D, T>(o, p, vh + v_off);
     }
-    __syncwarp();  // every lane is done with this stage before the next step refills it
+    if constexpr (kSets == 1) __syncwarp();  // every lane is done with this stage before the next step refills it
   }
   cp_async_wait<0>();
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
@@ -1057,10 +1110,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
 
   // Merge the warps in a fixed order: M = max_w m_w, o = sum_w e^(m_w - M) o_w, l likewise.
   __syncthreads();  // every warp is done with its stages
-  float* wo = reinterpret_cast<float*>(sm);
-  float* wml = reinterpret_cast<float*>(sm + L::kWarpMl);
-  float* o_s = reinterpret_cast<float*>(sm + L::kBlockO);
-  float* ml_s = reinterpret_cast<float*>(sm + L::kBlockMl);
+  uint8_t* const res = sm + set * L::kSetResults;  // this set's results
+  float* wo = reinterpret_cast<float*>(res);
+  float* wml = reinterpret_cast<float*>(res + L::kWarpMl);
+  float* o_s = reinterpret_cast<float*>(res + L::kBlockO);
+  float* ml_s = reinterpret_cast<float*>(res + L::kBlockMl);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     float* row = wo + (warp * Q + g) * D;
@@ -1089,7 +1143,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1) attention_decode_mma_ker
     o_s[i] = v;
   }
   __syncthreads();
-  finish_decode_block<D>(a, blk, counters, o_s, ml_s, sm);
+  // A set without queries, or whose queries' keys end before this split, has nothing to write.
+  if (kSets == 1 || (M > 0 && blk.split < blk.n_eff)) finish_decode_block<D, kSets>(a, blk, counters, o_s, ml_s, res, set);
 }
 
 // Prompt steps (more than kDecodeMaxRows rows) on tensor cores, F16, BF16 or Q8_0 KV (C; Q8_0 through
@@ -1282,18 +1337,32 @@ int decode_stages_q8() {
 
 // The tensor-core decode kernel with S stages; cudaErrorNotSupported where the device does not grant its
 // shared memory or HYSPEC_ATTN_MMA=0. One launch: the kernel merges its own splits.
-template <int D, typename KV, int S>
+template <int D, typename KV, int S, int kSets = 1>
 cudaError_t launch_mma_stages(const AttnArgs& a, dim3 grid, unsigned* counters, cudaStream_t stream) {
-  constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, S>::kBytes;
-  static const bool usable = decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV, S>, smem);
+  constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, S, kSets>::kBytes;
+  static const bool usable = decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV, S, kSets>, smem);
   if (!usable) return cudaErrorNotSupported;
-  return launch_pdl(attention_decode_mma_kernel<D, KV, S>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
+  return launch_pdl(attention_decode_mma_kernel<D, KV, S, kSets>, grid, dim3(kDecodeWarps * 32 * kSets), smem, stream,
+                    a, counters);
+}
+
+// Paired blocks (two query groups each, attention_decode_mma_kernel) for launches of two or more groups
+// (verify steps), head dim 256 only (template instantiations), unless HYSPEC_ATTN_PAIRS=0.
+bool decode_pairs_enabled() {
+  static const bool v = env_int("HYSPEC_ATTN_PAIRS", 1) != 0;
+  return v;
 }
 
 template <int D, typename KV>
 cudaError_t launch_mma(const AttnArgs& a, dim3 grid, unsigned* counters, cudaStream_t stream) {
+  if constexpr (D == 256) {
+    if (grid.x >= 2 && decode_pairs_enabled())
+      if (const cudaError_t e = launch_mma_stages<D, KV, 3, 2>(a, dim3((grid.x + 1) / 2, grid.y, grid.z), counters, stream);
+          e != cudaErrorNotSupported)
+        return e;
+  }
   if constexpr (kIsQ8<KV>) {
-    if (grid.z == 1 && decode_stages_q8() == 4)
+    if (grid.x == 1 && decode_stages_q8() == 4)
       if (const cudaError_t e = launch_mma_stages<D, KV, 4>(a, grid, counters, stream); e != cudaErrorNotSupported)
         return e;
   }
@@ -1311,7 +1380,7 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     static const cudaError_t dattr = cudaFuncSetAttribute(
         attention_decode_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (dattr != cudaSuccess) return dattr;
-    const dim3 grid(a.n_kv, a.n_splits, (M + kDecodeQueries - 1) / kDecodeQueries);
+    const dim3 grid((M + kDecodeQueries - 1) / kDecodeQueries, a.n_kv, a.n_splits);  // see DecodeBlock
     // The tensor-core kernel for F16/BF16/Q8_0 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
     if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) {
