@@ -906,7 +906,7 @@ TEST_F(CudaBackendTest, CausalConvMatchesCpuWithStateAndCapture) {
   const int64_t C = 96;
   const int K = 4;
   const auto wv = randn(C * K, 0.5f);
-  for (int64_t n : {1, 3, 8, 100}) {
+  for (int64_t n : {1, 3, 8, 17, 100}) {
     for (bool in_place : {false, true}) {
       const auto xv = randn(n * C), sv = randn((K - 1) * C);
       Pair x = both(xv), w = both(wv), st = both(sv), cap = both_poison(n * (K - 1) * C), y = both_poison(n * C);
@@ -920,6 +920,33 @@ TEST_F(CudaBackendTest, CausalConvMatchesCpuWithStateAndCapture) {
       expect_close(in_place ? x : y, 1e-5, what + " y");
       expect_close(st, 1e-6, what + " state");
       expect_close(cap, 1e-6, what + " capture");
+    }
+  }
+}
+
+// A verify step's conv (split into token spans on the GPU) gives the bits of one-token steps: outputs,
+// each token's captured window and the final state.
+TEST_F(CudaBackendTest, CausalConvVerifyStepsEqualOneTokenSteps) {
+  const int64_t C = 300;
+  for (int K : {4, 8}) {
+    const int64_t n_max = 33, W = (K - 1) * C;
+    Tensor x = put(*gpu_, randn(n_max * C)), w = put(*gpu_, randn(C * K, 0.5f));
+    const auto init = randn(W);
+    Tensor st1 = put(*gpu_, init), y1 = poison(*gpu_, n_max * C), cap1 = poison(*gpu_, n_max * W);
+    for (int64_t t = 0; t < n_max; ++t)
+      gpu_->causal_conv_silu(x.rows(n_max, C).rows(t, 1), w.f(), K, st1.f(), cap1.f() + t * W,
+                             y1.rows(n_max, C).rows(t, 1));
+    const auto want_y = get_gpu(y1), want_cap = get_gpu(cap1);
+    for (int64_t n : {2, 5, 7, 9, 17, 33}) {
+      // The one-token run's state after n tokens is its capture of token n-1.
+      const std::vector<float> want_state(want_cap.begin() + (n - 1) * W, want_cap.begin() + n * W);
+      Tensor st = put(*gpu_, init), y = poison(*gpu_, n * C), cap = poison(*gpu_, n * W);
+      gpu_->causal_conv_silu(x.rows(n, C), w.f(), K, st.f(), cap.f(), y.rows(n, C));
+      const auto got_y = get_gpu(y), got_cap = get_gpu(cap), got_state = get_gpu(st);
+      const std::string what = fmt::format("K={} n={}", K, n);
+      EXPECT_EQ(std::memcmp(got_y.data(), want_y.data(), n * C * sizeof(float)), 0) << what << " y";
+      EXPECT_EQ(std::memcmp(got_cap.data(), want_cap.data(), n * W * sizeof(float)), 0) << what << " capture";
+      EXPECT_EQ(std::memcmp(got_state.data(), want_state.data(), W * sizeof(float)), 0) << what << " state";
     }
   }
 }

@@ -2,6 +2,7 @@
 // and the delta-rule recurrence (QWEN35.md, "Gated DeltaNet mixer").
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/async_copy.cuh"
@@ -18,9 +19,10 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 // y[t][c] = silu(sum_j w[c][j] * in(t - K + 1 + j)), in(tau) = x[tau] for tau >= 0, else the conv state
 // row K-1+tau. A thread walks `span` consecutive tokens of one channel, its window in registers
 // (in place, x == y, runs with one span covering all tokens). capture[t] = the K-1 newest inputs
-// after token t. With a single span the thread also writes the new state (it read the old one
-// first); otherwise conv_state_kernel does. Bytes: x and y once (+ capture), state and weights once
-// per span.
+// after token t. The first span's thread writes the new state: only it reads the old one (spans are
+// at least K-1 tokens), before writing; with several spans the new state is the last K-1 inputs.
+// Outputs depend on the inputs only, so any span split gives the same bits. Bytes: x and y once
+// (+ capture), state and weights once per span.
 // kFma: the products accumulate with explicit fmaf. Prompts of more than 64 tokens (16-token spans, no
 // capture) take it: 512 tokens of 8192 channels 42 -> 21 us on the H200. Decode and verify steps keep
 // the plain expression: with fmaf a 9B Q4_K_M verify-16 step ran 4.97 ms against 4.75 (H100, session 20),
@@ -86,18 +88,10 @@ __global__ void conv_kernel(Mat x, const float* __restrict__ w, int K, float* st
 #pragma unroll
     for (int j = 0; j + 1 < kMaxConvKernel; ++j)
       if (j < K - 1) state[j * C + c] = win[j];
-  }
-}
-
-// state[j] = in(n - K + 1 + j): reads index n + j >= j of the old state before writing j, so the
-// ascending loop is safe in place. Must run after conv_kernel (stream order).
-__global__ void conv_state_kernel(Mat x, int K, float* state) {
-  const int64_t C = x.cols, n = x.rows;
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  for (int j = 0; j < K - 1; ++j) {
-    const int64_t tau = n - K + 1 + j;
-    state[j * C + c] = tau >= 0 ? x.data[tau * x.stride + c] : state[(K - 1 + tau) * C + c];
+  } else if (blockIdx.y == 0) {
+#pragma unroll
+    for (int j = 0; j + 1 < kMaxConvKernel; ++j)
+      if (j < K - 1) state[j * C + c] = x.data[(x.rows - K + 1 + j) * x.stride + c];
   }
 }
 
@@ -677,16 +671,23 @@ cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, floa
   if (kernel < 1 || kernel > kMaxConvKernel) return cudaErrorInvalidValue;
   if (x.rows == 0) return cudaSuccess;
   // Spans run in parallel; in place (y overlaps x) needs one span per channel. Steps of up to 64 tokens
-  // (decode, verify) take one span, so no state kernel follows; prompts take 16-token spans (a
-  // 512-token prompt of 8192 channels: 2048 blocks instead of 512 with 64-token spans).
+  // (verify) take spans of ~6 (a 17-token step of 8192 channels: 192 blocks walking 6 tokens instead
+  // of 64 walking 17), prompts 16 (a 512-token prompt: 2048 blocks). A span is at least K-1 tokens, so
+  // only the first reads the old state.
   const bool in_place = y.data < x.data + x.rows * x.stride && x.data < y.data + y.rows * y.stride;
-  const int span = in_place || x.rows <= 64 ? static_cast<int>(x.rows) : 16;
+  constexpr int64_t kStepSpan = 6;
+  int64_t span = x.rows;
+  if (!in_place && x.rows > 64) {
+    span = 16;
+  } else if (!in_place && x.rows > kStepSpan) {
+    const int64_t spans = (x.rows + kStepSpan - 1) / kStepSpan;
+    span = (x.rows + spans - 1) / spans;
+  }
+  span = std::min<int64_t>(x.rows, std::max<int64_t>(span, kernel - 1));
   const dim3 grid(static_cast<unsigned>((x.cols + 127) / 128), static_cast<unsigned>((x.rows + span - 1) / span));
-  auto* kernel_fn = grid.y == 1 || capture ? conv_kernel<false> : conv_kernel<true>;
-  cudaError_t err = launch_pdl(kernel_fn, grid, dim3(128), 0, stream, x, weight, kernel, conv_state, capture, y, span);
-  if (err != cudaSuccess || grid.y == 1) return err;
-  conv_state_kernel<<<static_cast<unsigned>((x.cols + 127) / 128), 128, 0, stream>>>(x, kernel, conv_state);
-  return cudaGetLastError();
+  auto* kernel_fn = x.rows <= 64 || capture ? conv_kernel<false> : conv_kernel<true>;
+  return launch_pdl(kernel_fn, grid, dim3(128), 0, stream, x, weight, kernel, conv_state, capture, y,
+                    static_cast<int>(span));
 }
 
 bool gdn_head_dim_supported(int d) { return d == 16 || d == 32 || d == 64 || d == 128 || d == 256 || d == 512; }
