@@ -53,6 +53,7 @@ struct AttnArgs {
   int chunk_tiles; // decode kernel: key tiles per split (a fixed slice of the capacity)
   float* part_o;   // [n_splits, n_kv, M, D]
   float* part_ml;  // [n_splits, n_kv, M, 2]
+  bool kv_major;   // decode kernels: grid (kv heads, splits, group blocks) instead of (group blocks, kv heads, splits)
 };
 
 template <int D>
@@ -191,9 +192,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
         s[jj] = expf(s[jj] - m_new);
         psum += s[jj];
       }
-    } else {
+    } else {  // every score masked or NaN (a NaN query): NaN weights keep the output NaN
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) s[jj] = 0.0f;
+      for (int jj = 0; jj < 4; ++jj) {
+        s[jj] = s[jj] == -INFINITY ? 0.0f : s[jj];
+        psum += s[jj];
+      }
     }
     for (int off = 4; off > 0; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
     l_run = l_run * alpha + psum;
@@ -216,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs a) {
 
   if (!valid_q) return;
   if (a.n_splits == 1) {
-    const float inv = l_run > 0.0f ? 1.0f / l_run : 0.0f;
+    const float inv = l_run != 0.0f ? 1.0f / l_run : 0.0f;  // NaN sums stay NaN
     float* dst = a.out.data + static_cast<int64_t>(row) * a.out.stride + static_cast<int64_t>(head) * D;
 #pragma unroll
     for (int j = 0; j < J; ++j)
@@ -250,7 +254,7 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
       const int64_t slot = (static_cast<int64_t>(z) * a.n_kv + kvh) * M + m;
       acc += expf(a.part_ml[slot * 2] - gmax) * a.part_o[slot * D + d];
     }
-    dst[d] = denom > 0.0f ? acc / denom : 0.0f;
+    dst[d] = denom != 0.0f ? acc / denom : 0.0f;
   }
 }
 
@@ -340,12 +344,15 @@ __device__ __forceinline__ void set_sync(int set) {
   }
 }
 
-// A decode block (query group blockIdx.x, kv head blockIdx.y, split blockIdx.z: the groups of one kv head
+// A decode block (query group block x, kv head y, split z of the grid (x, y, z): the groups of one kv head
 // and split are launched together, so a verify step's 2-9 groups read that split's K/V from DRAM once and
-// from L2 after; in kv-head-major order each group's wave re-read every split from DRAM, as the cache
-// at 16K outgrows L2): its M query vectors (local index m = global - q0) and the keys [k0, k1) of its split. Splits are fixed slices of the
-// capacity (chunk_tiles tiles each); n_eff of them reach into these queries' keys: the launch provides
-// for the capacity, and the others exit at once and take no part in the merge.
+// from L2 after; in kv-head-major order (kv head, split, group block), each group's wave re-read every
+// split from DRAM as an F16 cache at 16K outgrows L2: a 9B verify-16 step at depth 16384 6.09 -> 5.67 ms.
+// A Q8_0 cache (36 MB a layer at 16K) ran its verify steps 1.3% faster in kv-head-major order, so
+// a.kv_major keeps it there; H100, session 24): its M query vectors (local index m = global - q0) and the
+// keys [k0, k1) of its split. Splits are fixed slices of the capacity (chunk_tiles tiles each); n_eff of
+// them reach into these queries' keys: the launch provides for the capacity, and the others exit at once
+// and take no part in the merge.
 struct DecodeBlock {
   const AttnArgs* a;
   int kvh, group, split, q0, M, n_eff, k0, k1;
@@ -353,9 +360,11 @@ struct DecodeBlock {
   __device__ int head(int m) const { return kvh * a->group + (q0 + m) % a->group; }
   __device__ int limit(int m) const { return a->causal ? a->positions[row(m)] : a->positions[a->n - 1]; }  // last key seen
 };
+__device__ int group_block(const AttnArgs& a) { return static_cast<int>(a.kv_major ? blockIdx.z : blockIdx.x); }
 // Query group `group` (past the last group: M = 0 and no keys).
 __device__ DecodeBlock decode_block(const AttnArgs& a, int group) {
-  DecodeBlock b{&a, static_cast<int>(blockIdx.y), group, static_cast<int>(blockIdx.z), group * kDecodeQueries, 0, 0, 0, 0};
+  const int kvh = static_cast<int>(a.kv_major ? blockIdx.x : blockIdx.y), split = static_cast<int>(a.kv_major ? blockIdx.y : blockIdx.z);
+  DecodeBlock b{&a, kvh, group, split, group * kDecodeQueries, 0, 0, 0, 0};
   b.M = max(0, min(kDecodeQueries, a.n * a.group - b.q0));
   int kend = 0;
 #pragma unroll
@@ -392,7 +401,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   if (n_eff == 1) {
     for (int i = tid; i < M * D; i += kThreadsPerBlock) {
       const int m = i / D, d = i % D;
-      const float l = ml_s[Q + m], inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float l = ml_s[Q + m], inv = l != 0.0f ? 1.0f / l : 0.0f;  // a NaN query's NaN sum stays NaN
       out_of(m)[d] = o_s[i] * inv;
     }
     return;
@@ -433,7 +442,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    if (lane == 0) wl[Q * n_eff + m] = den > 0.0f ? 1.0f / den : 0.0f;
+    if (lane == 0) wl[Q * n_eff + m] = den != 0.0f ? 1.0f / den : 0.0f;
   }
   set_sync<kSets>(set);
   // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
@@ -496,7 +505,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   float* p_s = reinterpret_cast<float*>(sm + L::kP);           // [TK][Q] probabilities of the tile
   float* misc = reinterpret_cast<float*>(sm + L::kMisc);       // alpha[Q], m[Q], l[Q]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const DecodeBlock blk = decode_block(a, blockIdx.x);
+  const DecodeBlock blk = decode_block(a, group_block(a));
   if (blk.split >= blk.n_eff) return;
   const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
@@ -601,10 +610,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
       float mx = sv;
       for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       const float m_new = fmaxf(m_run[j], mx);
-      float p = 0.0f, alpha = 1.0f;
+      float p, alpha = 1.0f;
       if (m_new != -INFINITY) {
         p = sv == -INFINITY ? 0.0f : expf(sv - m_new);
         alpha = expf(m_run[j] - m_new);
+      } else {
+        p = sv == -INFINITY ? 0.0f : sv;  // masked, or NaN (a NaN query): its NaN weights keep the output NaN
       }
       float ps = p;
       for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
@@ -700,12 +711,13 @@ __device__ __forceinline__ void softmax_step(float (&s)[4], int ks, int t, int k
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   const float m_new = fmaxf(m_run, mx);
   float alpha = 1.0f;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) p[e] = 0.0f;
   if (m_new != -INFINITY) {
     alpha = expf(m_run - m_new);
 #pragma unroll
     for (int e = 0; e < 4; ++e) p[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - m_new);
+  } else {  // every score masked or NaN (a NaN query: fmaxf skips NaN): NaN weights keep the output NaN
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[e] = s[e] == -INFINITY ? 0.0f : s[e];
   }
   l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
   m_run = m_new;
@@ -982,10 +994,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode
   // a short context most blocks are such splits (they would otherwise hold an SM's shared memory until
   // the previous kernel ended).
   const int set = kSets == 1 ? 0 : static_cast<int>(threadIdx.x) / (kDecodeWarps * 32);
-  const DecodeBlock blk = decode_block(a, static_cast<int>(blockIdx.x) * kSets + set);
+  const DecodeBlock blk = decode_block(a, group_block(a) * kSets + set);
   int k1_all = blk.k1, n_eff_all = blk.n_eff;  // over the block's sets
   if constexpr (kSets == 2) {
-    const DecodeBlock other = decode_block(a, static_cast<int>(blockIdx.x) * 2 + 1 - set);
+    const DecodeBlock other = decode_block(a, group_block(a) * 2 + 1 - set);
     k1_all = max(k1_all, other.k1), n_eff_all = max(n_eff_all, other.n_eff);
   }
   if (blk.split >= n_eff_all) return;
@@ -1278,7 +1290,7 @@ __global__ void __launch_bounds__(kPromptWarps * 32, 1) attention_prompt_mma_ker
   const int m = m0 + g;
   if (m >= M) return;
   if (a.n_splits == 1) {
-    const float inv = l_run > 0.0f ? 1.0f / l_run : 0.0f;
+    const float inv = l_run != 0.0f ? 1.0f / l_run : 0.0f;  // NaN sums stay NaN
     float* dst = a.out.data + static_cast<int64_t>(row_of(m)) * a.out.stride + static_cast<int64_t>(head_of(m)) * D;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -1335,38 +1347,45 @@ int decode_stages_q8() {
   return v;
 }
 
+// The decode kernels' grid for `blocks` blocks of query groups (see DecodeBlock).
+dim3 decode_grid(const AttnArgs& a, int blocks) {
+  const auto kv = static_cast<unsigned>(a.n_kv), splits = static_cast<unsigned>(a.n_splits);
+  return a.kv_major ? dim3(kv, splits, static_cast<unsigned>(blocks)) : dim3(static_cast<unsigned>(blocks), kv, splits);
+}
+
 // The tensor-core decode kernel with S stages; cudaErrorNotSupported where the device does not grant its
 // shared memory or HYSPEC_ATTN_MMA=0. One launch: the kernel merges its own splits.
 template <int D, typename KV, int S, int kSets = 1>
-cudaError_t launch_mma_stages(const AttnArgs& a, dim3 grid, unsigned* counters, cudaStream_t stream) {
+cudaError_t launch_mma_stages(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream) {
   constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, S, kSets>::kBytes;
   static const bool usable = decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV, S, kSets>, smem);
   if (!usable) return cudaErrorNotSupported;
-  return launch_pdl(attention_decode_mma_kernel<D, KV, S, kSets>, grid, dim3(kDecodeWarps * 32 * kSets), smem, stream,
-                    a, counters);
+  return launch_pdl(attention_decode_mma_kernel<D, KV, S, kSets>, decode_grid(a, (groups + kSets - 1) / kSets),
+                    dim3(kDecodeWarps * 32 * kSets), smem, stream, a, counters);
 }
 
 // Paired blocks (two query groups each, attention_decode_mma_kernel) for launches of two or more groups
-// (verify steps), head dim 256 only (template instantiations), unless HYSPEC_ATTN_PAIRS=0.
+// (verify steps) with a 16-bit cache, head dim 256 only (template instantiations), unless
+// HYSPEC_ATTN_PAIRS=0. A 9B verify-16 step at depth 16384 with an F16 cache: 5.67 -> 5.28 ms; with a Q8_0
+// cache 5.32 -> 5.43 (H100, session 24), so Q8_0 caches keep one group per block.
 bool decode_pairs_enabled() {
   static const bool v = env_int("HYSPEC_ATTN_PAIRS", 1) != 0;
   return v;
 }
 
 template <int D, typename KV>
-cudaError_t launch_mma(const AttnArgs& a, dim3 grid, unsigned* counters, cudaStream_t stream) {
-  if constexpr (D == 256) {
-    if (grid.x >= 2 && decode_pairs_enabled())
-      if (const cudaError_t e = launch_mma_stages<D, KV, 3, 2>(a, dim3((grid.x + 1) / 2, grid.y, grid.z), counters, stream);
-          e != cudaErrorNotSupported)
+cudaError_t launch_mma(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream) {
+  if constexpr (D == 256 && !kIsQ8<KV>) {
+    if (groups >= 2 && decode_pairs_enabled())
+      if (const cudaError_t e = launch_mma_stages<D, KV, 3, 2>(a, groups, counters, stream); e != cudaErrorNotSupported)
         return e;
   }
   if constexpr (kIsQ8<KV>) {
-    if (grid.x == 1 && decode_stages_q8() == 4)
-      if (const cudaError_t e = launch_mma_stages<D, KV, 4>(a, grid, counters, stream); e != cudaErrorNotSupported)
+    if (groups == 1 && decode_stages_q8() == 4)
+      if (const cudaError_t e = launch_mma_stages<D, KV, 4>(a, groups, counters, stream); e != cudaErrorNotSupported)
         return e;
   }
-  return launch_mma_stages<D, KV, 3>(a, grid, counters, stream);
+  return launch_mma_stages<D, KV, 3>(a, groups, counters, stream);
 }
 
 template <int D, typename KV>
@@ -1380,14 +1399,17 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     static const cudaError_t dattr = cudaFuncSetAttribute(
         attention_decode_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (dattr != cudaSuccess) return dattr;
-    const dim3 grid((M + kDecodeQueries - 1) / kDecodeQueries, a.n_kv, a.n_splits);  // see DecodeBlock
+    const int groups = (M + kDecodeQueries - 1) / kDecodeQueries;
+    AttnArgs ad = a;
+    ad.kv_major = kIsQ8<KV> && groups >= 2;  // see DecodeBlock
     // The tensor-core kernel for F16/BF16/Q8_0 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
     if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) {
-      if (const cudaError_t e = launch_mma<D, KV>(a, grid, counters, stream); e != cudaErrorNotSupported)
+      if (const cudaError_t e = launch_mma<D, KV>(ad, groups, counters, stream); e != cudaErrorNotSupported)
         return e;
     }
-    return launch_pdl(attention_decode_kernel<D, KV>, grid, dim3(kDecodeWarps * 32), smem, stream, a, counters);
+    return launch_pdl(attention_decode_kernel<D, KV>, decode_grid(ad, groups), dim3(kDecodeWarps * 32), smem, stream, ad,
+                      counters);
   } else {
     cudaError_t e = cudaErrorNotSupported;
     if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) e = launch_prompt_mma<D, KV>(a, stream);
@@ -1458,7 +1480,7 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
   AttnArgs a{p.q, p.out, p.k, p.v, p.kv.capacity, p.kv.row_bytes, p.kv.head_bytes, p.positions,
              static_cast<int>(p.q.rows), p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
-             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr};
+             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false};
   switch (p.head_dim) {
     case 32: return launch<32>(a, p.kv.type, p.counters, stream);
     case 64: return launch<64>(a, p.kv.type, p.counters, stream);
