@@ -6,7 +6,8 @@ echo "-- CUDA tests"
 export HYSPEC_FIXTURES=$PWD/.device/fixtures
 for t in test_backend test_model test_engine; do
   [ -x .device/bin/$t ] || continue
-  HYSPEC_TEST_BACKEND=cuda timeout 300 .device/bin/$t --gtest_brief=1 2>&1 | grep -E "^\[  (PASSED|FAILED)|FAILED  \]|Failure|rel_err|Expected|Which is" | grep -v moe | sort -u | head -30
+  # A failure's lines up to its message (the case it names), in order.
+  HYSPEC_TEST_BACKEND=cuda timeout 300 .device/bin/$t --gtest_brief=1 2>&1 | grep -E -A5 "^\[  (PASSED|FAILED)|FAILED  \]|Failure" | grep -v moe | head -40
 done
 for v in ${PROBE_VARIANTS:--}; do
   echo "-- prompt-op, GDN and attention benches: $v"

@@ -712,7 +712,7 @@ TEST_F(CudaBackendTest, KvStoreWritesTheCacheLayoutOfEveryType) {
 TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
   const int H = 4, Hkv = 2;
   const int64_t cap = 40;
-  for (const int D : {64, 256}) {
+  for (const int D : {64, 128, 256}) {
     for (const int64_t n : {1, 17}) {
       for (const int q_mode : {0, 1, 2}) {  // gated query rows, plain (in place), keys only
         for (const GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::F32, GgmlType::Q8_0}) {
@@ -933,14 +933,19 @@ TEST_F(CudaBackendTest, CausalConvVerifyStepsEqualOneTokenSteps) {
     Tensor x = put(*gpu_, randn(n_max * C)), w = put(*gpu_, randn(C * K, 0.5f));
     const auto init = randn(W);
     Tensor st1 = put(*gpu_, init), y1 = poison(*gpu_, n_max * C), cap1 = poison(*gpu_, n_max * W);
-    for (int64_t t = 0; t < n_max; ++t)
+    // The kernel reads the state before waiting on the previous kernel (PDL), which in a model step is
+    // never the conv that wrote it; back to back here, so each step waits for the last.
+    for (int64_t t = 0; t < n_max; ++t) {
       gpu_->causal_conv_silu(x.rows(n_max, C).rows(t, 1), w.f(), K, st1.f(), cap1.f() + t * W,
                              y1.rows(n_max, C).rows(t, 1));
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+    }
     const auto want_y = get_gpu(y1), want_cap = get_gpu(cap1);
     for (int64_t n : {2, 5, 7, 9, 17, 33}) {
       // The one-token run's state after n tokens is its capture of token n-1.
       const std::vector<float> want_state(want_cap.begin() + (n - 1) * W, want_cap.begin() + n * W);
       Tensor st = put(*gpu_, init), y = poison(*gpu_, n * C), cap = poison(*gpu_, n * W);
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
       gpu_->causal_conv_silu(x.rows(n, C), w.f(), K, st.f(), cap.f(), y.rows(n, C));
       const auto got_y = get_gpu(y), got_cap = get_gpu(cap), got_state = get_gpu(st);
       const std::string what = fmt::format("K={} n={}", K, n);
