@@ -5,7 +5,8 @@
 # tests/ are taken from REF, the CUDA build is rebuilt incrementally (minutes when only a kernel file
 # differs) and the two binaries are stripped in; src/ and tests/ are back at HEAD afterwards. Needs them
 # clean. NAME=OTHER:VAR=VALUE adds no build (each costs ~7 MB of the 64 MiB carry) but two scripts running
-# variant OTHER's binaries (OTHER is built first) with VAR=VALUE set: a switch inside one build.
+# variant OTHER's binaries (OTHER is built first; "." is the packed build) with VAR=VALUE set: a switch
+# inside one build.
 #   scripts/device/pack_variants.sh pairs=next/verify-attention-pairs gm=pairs:HYSPEC_ATTN_PAIRS=0
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,8 +34,10 @@ for spec in "$@"; do
   case "$rest" in *:*=*) ;; *) continue ;; esac
   other=${rest%%:*} setting=${rest#*:}
   for b in hyspec test_backend; do
-    [ -f ".device/bin/${b}_$other" ] || { echo "no ${b}_$other for $name" >&2; exit 1; }
-    printf '#!/bin/sh\nexport %s\nexec "$(dirname "$0")/%s_%s" "$@"\n' "$setting" "$b" "$other" > ".device/bin/${b}_$name"
+    target=${b}_$other
+    [ "$other" = . ] && target=$b  # the packed build
+    [ -f ".device/bin/$target" ] || { echo "no $target for $name" >&2; exit 1; }
+    printf '#!/bin/sh\nexport %s\nexec "$(dirname "$0")/%s" "$@"\n' "$setting" "$target" > ".device/bin/${b}_$name"
     chmod +x ".device/bin/${b}_$name"
   done
 done

@@ -521,7 +521,12 @@ __global__ void gather_rows_kernel(Mat x, const int32_t* __restrict__ order, int
   }
 }
 
-int norm_threads_per_group(int64_t group) { return group > 512 ? 256 : 32; }
+// A warp per head-sized group, a block per larger one; rows over 2048 (a decode step's hidden-size norms)
+// take HYSPEC_NORM_THREADS (256 or 512) threads.
+int norm_threads_per_group(int64_t group) {
+  static const int wide = env_int("HYSPEC_NORM_THREADS", 256) == 512 ? 512 : 256;
+  return group > 2048 ? wide : group > 512 ? 256 : 32;
+}
 
 // The one-round-trip form's float4s per thread where every row, group and vector is whole, 16-byte
 // aligned float4s (else 0).
@@ -540,7 +545,8 @@ cudaError_t norm_launch(Mat x, const float* z, int64_t z_stride, const float* w,
   if (x.rows == 0) return cudaSuccess;
   NormArgs a{x, y, z, z_stride, w, group, x.cols / group, eps, norm_threads_per_group(group), 0, QuantizedX{}};
   a.vec4 = norm_vec4(x, y, z, z_stride, w, group);
-  const int64_t groups = x.rows * a.groups_per_row, groups_per_block = 256 / a.tpg;
+  const int threads = std::max(256, a.tpg);
+  const int64_t groups = x.rows * a.groups_per_row, groups_per_block = threads / a.tpg;
   // Quantizing for the int8 matvecs: a block's groups must be whole 256-blocks of one row (a warp
   // per group: 8 groups to a block, in one row), and the rows few enough for the matvecs.
   const int64_t span = groups_per_block * group;
@@ -550,7 +556,7 @@ cudaError_t norm_launch(Mat x, const float* z, int64_t z_stride, const float* w,
   if (quantize) a.qx = *qx;
   const unsigned blocks = a.tpg == 32 ? grid_for(groups, 8) : static_cast<unsigned>(groups);
   const size_t smem = quantize ? static_cast<size_t>(span) * sizeof(float) : 0;
-  return launch_pdl(rms_norm_kernel<kKind>, dim3(blocks), dim3(256), smem, stream, a);
+  return launch_pdl(rms_norm_kernel<kKind>, dim3(blocks), dim3(threads), smem, stream, a);
 }
 
 }  // namespace
