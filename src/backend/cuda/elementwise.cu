@@ -333,17 +333,13 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   const float* w = is_q ? a.q_norm : a.k_norm;
   const int vec4 = is_q ? a.vec4_q : a.vec4_k;
   const bool store_kv = !is_q && pos >= 0 && pos < a.kv.capacity;
-  // Every global load of the warp first (x, the norm weights, a key head's v row): one round trip. The
-  // v row as the store takes it: elements lane + 32 e, or for a Q8_0 cache the lane's D/32 consecutive
-  // elements (see below).
+  // Every global load of the warp first (x, the norm weights, a key head's v row): one round trip.
   float vr[kMaxPer];
-  const int per = D / 32;
-  const bool q8_lanes = kIsQ8<C> && 32 % per == 0;
   if (store_kv) {
     const float* v = a.v.data + t * a.v.stride + kh * D;
 #pragma unroll
     for (int e = 0; e < kMaxPer; ++e)
-      if (e < per) vr[e] = v[q8_lanes ? lane * per + e : lane + 32 * e];
+      if (lane + 32 * e < D) vr[e] = v[lane + 32 * e];
   }
   float* hs = head_s[warp];
   float ss = 0.0f;
@@ -384,25 +380,12 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   for (int c = lane; c < D; c += 32) y[c] = hs[c];
   if (!store_kv) return;
   const int64_t slot = pos * a.kv.row_bytes + kh * a.kv.head_bytes;
-  if constexpr (kIsQ8<C>) {
-    // D % 32 == 0. The lane quantizes D/32 consecutive elements, so a 32-value block is 32/per neighbouring
-    // lanes: its |max| takes log2(32/per) shuffles. With a lane per element of every block (store_q8_block)
-    // each of a head's D/32 blocks took 5, for K and for V: 9B Q8_0 decode, ncu, 12.6 us a call against
-    // 7.1 with an F16 cache. Same bytes (the max does not depend on the order).
-    if (q8_lanes) {
-      float kr[kMaxPer];
+  if constexpr (kIsQ8<C>) {  // D % 32 == 0: element e of the lane is in block e
 #pragma unroll
-      for (int e = 0; e < kMaxPer; ++e)
-        if (e < per) kr[e] = hs[lane * per + e];
-      store_q8_lane_values(kc + slot, D, kr, per, lane);
-      store_q8_lane_values(vc + slot, D, vr, per, lane);
-    } else {  // D / 32 not a power of two: element e of the lane is in block e
-#pragma unroll
-      for (int e = 0; e < kMaxPer; ++e) {
-        if (e >= per) break;
-        store_q8_block(kc + slot, D, e, hs[lane + 32 * e], lane);
-        store_q8_block(vc + slot, D, e, vr[e], lane);
-      }
+    for (int e = 0; e < kMaxPer; ++e) {
+      if (32 * e >= D) break;
+      store_q8_block(kc + slot, D, e, hs[lane + 32 * e], lane);
+      store_q8_block(vc + slot, D, e, vr[e], lane);
     }
   } else {
     C* kd = reinterpret_cast<C*>(kc + slot);
@@ -521,11 +504,13 @@ __global__ void gather_rows_kernel(Mat x, const int32_t* __restrict__ order, int
   }
 }
 
-// A warp per head-sized group, a block per larger one; rows over 2048 (a decode step's hidden-size norms)
-// take HYSPEC_NORM_THREADS (256 or 512) threads.
+// A warp per head-sized group, a block per larger one. Rows of a multiple of 2048 (a step's hidden-size
+// norms, where each thread then takes whole float4s) take 512 threads: each warp quantizes one 256-block
+// of a 4096 row for the int8 matvecs instead of two (9B Q4_K_M, H100, session 24: verify-16 4.335 ->
+// 4.256 ms, decode 2.794 -> 2.785). HYSPEC_NORM_THREADS=256 for the former split.
 int norm_threads_per_group(int64_t group) {
-  static const int wide = env_int("HYSPEC_NORM_THREADS", 256) == 512 ? 512 : 256;
-  return group > 2048 ? wide : group > 512 ? 256 : 32;
+  static const int wide = env_int("HYSPEC_NORM_THREADS", 512) == 256 ? 256 : 512;
+  return group > 2048 && group % 2048 == 0 ? wide : group > 512 ? 256 : 32;
 }
 
 // The one-round-trip form's float4s per thread where every row, group and vector is whole, 16-byte

@@ -82,25 +82,6 @@ __device__ __forceinline__ void store_q8_block(uint8_t* slot, int D, int block, 
   if (block == 0 && lane < pad) slot[pad_from + lane] = 0;
 }
 
-// The same bytes as store_q8_block over a whole head (D = 32 per, per a power of two <= N), from a warp
-// whose lane holds elements lane * per .. + per - 1 in x.
-template <int N>
-__device__ __forceinline__ void store_q8_lane_values(uint8_t* slot, int D, const float (&x)[N], int per, int lane) {
-  float amax = fabsf(x[0]);
-#pragma unroll
-  for (int e = 1; e < N; ++e)
-    if (e < per) amax = fmaxf(amax, fabsf(x[e]));
-  for (int o = 1; o < 32 / per; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-#pragma unroll
-  for (int e = 0; e < N; ++e)
-    if (e < per) slot[lane * per + e] = static_cast<uint8_t>(static_cast<int8_t>(roundf(x[e] * id)));
-  if (lane % (32 / per) == 0) reinterpret_cast<__half*>(slot + D)[lane * per / 32] = __float2half_rn(d);
-  const int pad_from = D + D / 16, pad = (pad_from + 15) / 16 * 16 - pad_from;
-  if (lane < pad) slot[pad_from + lane] = 0;
-}
-
 // Four int8 codes (a word, the first in the low byte) as two f16 pairs, exactly: the byte b = code + 128
 // is put under the exponent of 1024 (f16 ulp 1 there), then 1024 + 128 is taken off.
 __device__ __forceinline__ void codes_to_half2(uint32_t w, uint32_t& lo, uint32_t& hi) {
