@@ -18,7 +18,7 @@ struct EngineFlags {
   std::string capture_type = "f32";
   std::string spec = "none";
   std::string draft_model;
-  int draft_max = 16;
+  int draft_max = 15;  // EngineConfig::draft_max
   bool dequantize = false;
   bool no_graphs = false;
   bool f16_matvec = false;
