@@ -7,8 +7,8 @@
 // attention_decode_mma_kernel (tensor cores) for F16/BF16 KV where the device grants its shared memory,
 // else attention_decode_kernel (SIMT), whose result for a query is bit-identical whatever other
 // rows share the step: speculative decoding is lossless only if a verify row gets exactly the
-// decode step's logits. Their blocks take 8 query vectors each (grid.x = query groups) and one split of the key
-// range; the splits are fixed slices of the KV capacity (not of the step's keys), so a query sees
+// decode step's logits. Their blocks take 8 query vectors each (a query group; DecodeBlock gives the grid's
+// order) and one split of the key range; the splits are fixed slices of the KV capacity (not of the step's keys), so a query sees
 // the same tiles, in the same order, in a decode step and in any verify block: tiles and splits
 // past its own last key add exact zeros (p = 0, rescale factor e^0 = 1). Longer steps (prompts) run
 // attention_prompt_mma_kernel (tensor cores) for F16/BF16/Q8_0 KV, else attention_kernel (flash-attention
@@ -360,10 +360,12 @@ struct DecodeBlock {
   __device__ int head(int m) const { return kvh * a->group + (q0 + m) % a->group; }
   __device__ int limit(int m) const { return a->causal ? a->positions[row(m)] : a->positions[a->n - 1]; }  // last key seen
 };
+// The block's index among the blocks of query groups (a paired block holds two groups).
 __device__ int group_block(const AttnArgs& a) { return static_cast<int>(a.kv_major ? blockIdx.z : blockIdx.x); }
 // Query group `group` (past the last group: M = 0 and no keys).
 __device__ DecodeBlock decode_block(const AttnArgs& a, int group) {
-  const int kvh = static_cast<int>(a.kv_major ? blockIdx.x : blockIdx.y), split = static_cast<int>(a.kv_major ? blockIdx.y : blockIdx.z);
+  const int kvh = static_cast<int>(a.kv_major ? blockIdx.x : blockIdx.y);
+  const int split = static_cast<int>(a.kv_major ? blockIdx.y : blockIdx.z);
   DecodeBlock b{&a, kvh, group, split, group * kDecodeQueries, 0, 0, 0, 0};
   b.M = max(0, min(kDecodeQueries, a.n * a.group - b.q0));
   int kend = 0;
