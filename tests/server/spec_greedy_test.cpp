@@ -32,20 +32,27 @@ std::set<int32_t> end_tokens(const std::string& model) {
   return out;
 }
 
-// Plain greedy ids from `hyspec run --temp 0 --ids` (no speculation), without a final end token.
+// Plain greedy ids from `hyspec run --temp 0 --ids` (no speculation), without a final end token, on the
+// backend the server runs on (ServerProcess adds --backend cuda under HYSPEC_TEST_BACKEND=cuda), so that
+// both take the same defaults (the KV cache type among them).
 std::vector<int32_t> hyspec_run_greedy(const std::string& model, const std::vector<int32_t>& prompt, int max_tokens,
                                        const std::set<int32_t>& ends) {
   std::string list;
   for (int32_t t : prompt) list += (list.empty() ? "" : ",") + std::to_string(t);
+  const std::string bin = hyspec_binary(), n = std::to_string(max_tokens);
+  std::vector<std::string> args = {bin, "run", "-m", model, "--tokens", list, "-n", n, "--temp", "0", "--ids",
+                                   "--no-stats", "-t", "1"};
+  if (test_backend_kind() == BackendKind::Cuda) args.insert(args.end(), {"--backend", "cuda"});
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   int fds[2];
   EXPECT_EQ(pipe(fds), 0);
   const pid_t pid = fork();
   if (pid == 0) {
     dup2(fds[1], 1);
     close(fds[0]);
-    const std::string bin = hyspec_binary(), n = std::to_string(max_tokens);
-    execl(bin.c_str(), bin.c_str(), "run", "-m", model.c_str(), "--tokens", list.c_str(), "-n", n.c_str(), "--temp", "0",
-          "--ids", "--no-stats", "-t", "1", static_cast<char*>(nullptr));
+    execv(bin.c_str(), argv.data());
     _exit(127);
   }
   close(fds[1]);

@@ -1,0 +1,34 @@
+// The engine flags' defaults that depend on the backend (in-process: EngineFlags::to_config).
+#include <gtest/gtest.h>
+
+#include "cli/engine_options.h"
+
+namespace hyspec::cli {
+namespace {
+
+EngineConfig config_of(const std::string& backend, const std::string& kv_type) {
+  EngineFlags f;
+  f.model = "model.gguf";  // to_config does not open it
+  f.backend = backend;
+  f.kv_type = kv_type;
+  auto c = f.to_config();
+  EXPECT_TRUE(c.is_ok()) << (c.is_ok() ? "" : c.message());
+  return c.is_ok() ? *c : EngineConfig{};
+}
+
+TEST(EngineFlags, KvCacheDefaultsToF16OnCudaAndF32OnTheCpu) {
+  EXPECT_EQ(config_of("cuda", "").kv_type, GgmlType::F16);
+  EXPECT_EQ(config_of("cpu", "").kv_type, GgmlType::F32);
+  // A type given is kept on either backend.
+  EXPECT_EQ(config_of("cuda", "f32").kv_type, GgmlType::F32);
+  EXPECT_EQ(config_of("cpu", "f16").kv_type, GgmlType::F16);
+  EXPECT_EQ(config_of("cuda", "q8_0").kv_type, GgmlType::Q8_0);
+  EXPECT_EQ(config_of("cpu", "bf16").kv_type, GgmlType::BF16);
+}
+
+TEST(EngineFlags, DraftMaxDefaultKeepsVerifyStepsAtSixteenRows) {
+  EXPECT_EQ(config_of("cpu", "").draft_max, 15);
+}
+
+}  // namespace
+}  // namespace hyspec::cli
