@@ -11,8 +11,9 @@ cmake --preset cuda -DHYSPEC_TESTS=ON > /dev/null
 # (8.5 MB) too, e.g. HYSPEC_DEVICE_BINS="test_backend test_model test_server" with two fixture sets.
 BINS="${HYSPEC_DEVICE_BINS-test_backend test_model test_engine test_util test_server}"
 # shellcheck disable=SC2086
-cmake --build --preset cuda -j "$(nproc)" --target hyspec $BINS
+cmake --build --preset cuda -j "$(nproc)" --target hyspec gguf_skeleton $BINS
 strip -o .device/bin/hyspec build-cuda/hyspec
+strip -o .device/bin/gguf_skeleton build-cuda/gguf_skeleton  # probe_kernels.sh's PROBE_SYNTH
 for b in $BINS; do strip -o ".device/bin/$b" "build-cuda/tests/$b"; done
 # Libraries from Debian packages that an Ubuntu CUDA image does not have.
 for lib in libfmt.so.9 libpcre2-8.so.0 libcpp-httplib.so.0.11; do cp -L "/usr/lib/x86_64-linux-gnu/$lib" .device/lib/; done

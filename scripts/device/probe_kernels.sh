@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call for kernel work without building llama.cpp (carry [".device", ".anchor"]; ~6 min):
+# One device call for kernel work without building llama.cpp (carry [".device", ".anchor"]; ~6 min; with
+# PROBE_SYNTH=1 below, carry [".device"] and ~3 min):
 #   1. the anchor's random BF16 9B (ANCHOR_BF16_ONLY=1, ~110 s), quantized to Q4_K_M by the CPU-only
 #      llama-quantize carried as .anchor/llama-quantize (bench/build_llama_quantize.sh: ggml's own
 #      quantization, the file the anchor makes);
@@ -13,6 +14,14 @@ source "$(dirname "$0")/device_env.sh"
 W=/tmp/anchor H=.device/bin/hyspec M16=/tmp/anchor/9b-bf16.gguf M4=/tmp/anchor/9b-q4km.gguf
 export H M16 M4
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+# PROBE_SYNTH=1: the 9B Q4_K_M from the anchor file's skeleton in the repo (its exact header, random weights:
+# tools/gguf_skeleton) in ~20 s instead of ~190 s; for A/Bs of hyspec builds only (no BF16 file, $M16 unset).
+SK=bench/data/9b-q4km.skeleton.gguf.xz
+if [ "${PROBE_SYNTH:-0}" = 1 ] && [ ! -f "$M4" ]; then
+  [ -f "$SK" ] || { echo "PROBE_SYNTH=1 needs $SK"; exit 3; }
+  mkdir -p "$W" && xz -T0 -dc "$SK" > "$M4.tmp" && .device/bin/gguf_skeleton fill "$M4.tmp" && mv "$M4.tmp" "$M4"
+  echo "== synthetic Q4_K_M at ${SECONDS}s"; M16=
+fi
 if [ ! -f "$M4" ]; then
   [ -f "$M16" ] || ANCHOR_BF16_ONLY=1 bash bench/compare_llamacpp.sh start 9b
   setsid nohup bash -c "while [ ! -f $W/anchor.done ]; do sleep 2; done; \

@@ -1,0 +1,167 @@
+// A model file's skeleton, and random weights in it: device probes' A/B builds then need a 9B-shaped
+// Q4_K_M file in seconds instead of the anchor's ~190 s (transformers, llama.cpp's converter and
+// llama-quantize), with the exact header of the anchor's file (tensor names, shapes, types, metadata).
+//   gguf_skeleton skeleton IN.gguf OUT.gguf   IN's header, then a hole to IN's size (sparse; xz packs it
+//                                             to its header's size)
+//   gguf_skeleton fill FILE.gguf [SEED]       every tensor of FILE rewritten in place with random data
+//                                             of finite, model-like size (see fill_tensor)
+// Timing A/Bs only: the weights are noise, so the output text is too.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "format/gguf.h"
+#include "util/half.h"
+
+namespace hyspec {
+namespace {
+
+// xorshift64*: fast, and the same bytes for the same seed.
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed ? seed : 0x9e3779b97f4a7c15ull) {}
+  uint64_t next() {
+    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+    return s * 0x2545f4914f6cdd1dull;
+  }
+  float uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>(next() >> 40) / 16777216.0f; }
+};
+
+uint64_t hash(std::string_view s, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+void put_f16(uint8_t* p, float v) {
+  const uint16_t h = fp32_to_fp16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Byte offsets of the f16 scales in a block of each quantized type (ggml's block layouts); the rest of
+// the block (codes, sub-block scales) is random bits. d = 1e-4 keeps every weight below ~0.5.
+struct ScaleFields {
+  int n = 0;
+  int at[2] = {0, 0};
+};
+bool scale_fields(GgmlType t, ScaleFields& f) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
+      f = {1, {0, 0}};
+      return true;
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K:
+      f = {2, {0, 2}};
+      return true;
+    case GgmlType::Q2_K: f = {2, {80, 82}}; return true;
+    case GgmlType::Q3_K: f = {1, {108, 0}}; return true;
+    case GgmlType::Q6_K: f = {1, {208, 0}}; return true;
+    default: return false;
+  }
+}
+
+// F32 vectors by role, so that the recurrence and the norms stay finite: norm weights 1, the GDN decay
+// rates (ssm_a = -exp(A_log)) in [-2, -0.5], dt biases 0, everything else (conv taps) small.
+float f32_value(std::string_view name, Rng& r) {
+  if (name.find("norm") != std::string_view::npos) return 1.0f;
+  if (name.ends_with(".ssm_a")) return r.uniform(-2.0f, -0.5f);
+  if (name.find("ssm_dt") != std::string_view::npos) return 0.0f;
+  return r.uniform(-0.3f, 0.3f);
+}
+
+Status fill_tensor(const GgufTensorInfo& t, uint8_t* data, uint64_t seed) {
+  Rng r(hash(t.name, seed));
+  const size_t n = t.nbytes;
+  switch (t.type) {
+    case GgmlType::F32:
+      for (size_t i = 0; i + 4 <= n; i += 4) {
+        const float v = f32_value(t.name, r);
+        std::memcpy(data + i, &v, 4);
+      }
+      return Status::ok();
+    case GgmlType::F16:
+      for (size_t i = 0; i + 2 <= n; i += 2) put_f16(data + i, r.uniform(-0.05f, 0.05f));
+      return Status::ok();
+    case GgmlType::BF16:
+      for (size_t i = 0; i + 2 <= n; i += 2) {
+        const uint16_t b = fp32_to_bf16(r.uniform(-0.05f, 0.05f));
+        std::memcpy(data + i, &b, 2);
+      }
+      return Status::ok();
+    default: break;
+  }
+  ScaleFields f;
+  const size_t block = ggml_type_traits(t.type).type_size;
+  if (!scale_fields(t.type, f) || block == 0 || n % block != 0)
+    return Status::errorf("tensor '{}': no fill for type {}", t.name, ggml_type_name(t.type));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint64_t v = r.next();
+    std::memcpy(data + i, &v, 8);
+  }
+  for (; i < n; ++i) data[i] = static_cast<uint8_t>(r.next());
+  for (size_t b = 0; b < n; b += block)
+    for (int k = 0; k < f.n; ++k) put_f16(data + b + f.at[k], 1e-4f);
+  return Status::ok();
+}
+
+Status skeleton(const std::string& in, const std::string& out) {
+  HS_ASSIGN_OR_RETURN(MappedFile m, MappedFile::open(in));
+  HS_ASSIGN_OR_RETURN(auto file, GgufFile::parse(m.data(), m.size(), in));
+  size_t header = m.size();  // the data section's start: where the first tensor's bytes would be
+  for (const GgufTensorInfo& t : file->tensors())
+    header = std::min(header, static_cast<size_t>(t.data - m.data()) - static_cast<size_t>(t.offset));
+  const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::errorf("{}: cannot create: {}", out, std::strerror(errno));
+  bool ok = ::write(fd, m.data(), header) == static_cast<ssize_t>(header) && ::ftruncate(fd, static_cast<off_t>(m.size())) == 0;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok) return Status::errorf("{}: write failed: {}", out, std::strerror(errno));
+  std::fprintf(stderr, "%s: %zu header bytes of %zu (%zu tensors)\n", out.c_str(), header, m.size(), file->tensors().size());
+  return Status::ok();
+}
+
+Status fill(const std::string& path, uint64_t seed) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  if (fd < 0) return Status::errorf("{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+    ::close(fd);
+    return Status::errorf("{}: empty or unreadable", path);
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return Status::errorf("{}: mmap failed: {}", path, std::strerror(errno));
+  uint8_t* base = static_cast<uint8_t*>(p);
+  Status s = [&]() -> Status {
+    HS_ASSIGN_OR_RETURN(auto file, GgufFile::parse(base, size, path));
+    for (const GgufTensorInfo& t : file->tensors())
+      HS_RETURN_IF_ERROR(fill_tensor(t, const_cast<uint8_t*>(t.data), seed));  // a view of our writable map
+    std::fprintf(stderr, "%s: %zu tensors filled (seed %llu)\n", path.c_str(), file->tensors().size(),
+                 static_cast<unsigned long long>(seed));
+    return Status::ok();
+  }();
+  if (::munmap(p, size) != 0 && s.is_ok()) s = Status::errorf("{}: munmap failed", path);
+  return s;
+}
+
+}  // namespace
+}  // namespace hyspec
+
+int main(int argc, char** argv) {
+  using hyspec::Status;
+  const std::string mode = argc > 1 ? argv[1] : "";
+  Status s = Status::error("usage: gguf_skeleton skeleton IN.gguf OUT.gguf | fill FILE.gguf [SEED]");
+  if (mode == "skeleton" && argc == 4) s = hyspec::skeleton(argv[2], argv[3]);
+  if (mode == "fill" && (argc == 3 || argc == 4)) s = hyspec::fill(argv[2], argc == 4 ? std::strtoull(argv[3], nullptr, 10) : 1);
+  if (s.is_ok()) return 0;
+  std::fprintf(stderr, "error: %s\n", s.message().c_str());
+  return 1;
+}
