@@ -120,7 +120,13 @@ Status skeleton(const std::string& in, const std::string& out) {
     header = std::min(header, static_cast<size_t>(t.data - m.data()) - static_cast<size_t>(t.offset));
   const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Status::errorf("{}: cannot create: {}", out, std::strerror(errno));
-  bool ok = ::write(fd, m.data(), header) == static_cast<ssize_t>(header) && ::ftruncate(fd, static_cast<off_t>(m.size())) == 0;
+  bool ok = true;
+  for (size_t done = 0; ok && done < header;) {
+    const ssize_t k = ::write(fd, m.data() + done, header - done);
+    ok = k > 0;
+    done += ok ? static_cast<size_t>(k) : 0;
+  }
+  ok = ok && ::ftruncate(fd, static_cast<off_t>(m.size())) == 0;
   ok = ::close(fd) == 0 && ok;
   if (!ok) return Status::errorf("{}: write failed: {}", out, std::strerror(errno));
   std::fprintf(stderr, "%s: %zu header bytes of %zu (%zu tensors)\n", out.c_str(), header, m.size(), file->tensors().size());
