@@ -15,7 +15,7 @@ namespace {
 nlohmann::json run_bench_json(const std::string& args) {
   const std::string path = test::fixture_path("qwen35-tiny/qwen35-tiny-q8_0.gguf");
   const test::CommandResult r =
-      test::run_command("'" + test::hyspec_binary() + "' bench -m '" + path + "' -t 2 --json " + args + " 2>/dev/null");
+      test::run_command("'" + test::hyspec_binary() + "' bench -m '" + path + "' -t 2 --json " + args);  // stderr, joined, is empty unless it fails
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return nlohmann::json::parse(r.output, nullptr, false);
 }
@@ -26,19 +26,15 @@ std::vector<std::string> tests_of(const nlohmann::json& rows) {
   return names;
 }
 
-double step_ms(const nlohmann::json& rows, const std::string& test) {
+// Field `key` of the row named `test`.
+double field(const nlohmann::json& rows, const std::string& test, const char* key) {
   for (const auto& row : rows)
-    if (row["test"] == test) return row["ms_per_step"].get<double>();
+    if (row["test"] == test) return row[key].get<double>();
   ADD_FAILURE() << "no row " << test;
   return 0;
 }
-
-double ratio(const nlohmann::json& rows, const std::string& test) {
-  for (const auto& row : rows)
-    if (row["test"] == test) return row["ratio_to_tg"].get<double>();
-  ADD_FAILURE() << "no row " << test;
-  return 0;
-}
+double step_ms(const nlohmann::json& rows, const std::string& test) { return field(rows, test, "ms_per_step"); }
+double ratio(const nlohmann::json& rows, const std::string& test) { return field(rows, test, "ratio_to_tg"); }
 
 TEST(BenchCli, VerifyAtDepthRowsAreAgainstThatDepthsDecodeStep) {
   const nlohmann::json rows = run_bench_json("-p 0 -n 4 -d 0,48 --verify 1,3 --verify-at-depth -c 128");

@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "format/gguf.h"
 #include "format/gguf_writer.h"
 #include "format/quants.h"
@@ -23,11 +23,13 @@ std::vector<uint8_t> read_all(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
-int run(const std::string& args) { return std::system((std::string("'") + GGUF_SKELETON_BINARY + "' " + args).c_str()); }
+test::CommandResult run(const std::string& args) {
+  return test::run_command(std::string("'") + GGUF_SKELETON_BINARY + "' " + args);
+}
 
 TEST(GgufSkeleton, KeepsTheHeaderAndFillsEveryTensorWithFiniteWeights) {
   const std::string dir = testing::TempDir() + "/gguf_skeleton_" + std::to_string(getpid());
-  ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
+  ASSERT_EQ(test::run_command("mkdir -p '" + dir + "'").exit_code, 0);
   const std::string in = dir + "/in.gguf", sk = dir + "/sk.gguf";
   GgufWriter w;
   ASSERT_TRUE(w.set("general.architecture", GgufMetaValue::string("qwen35")).is_ok());
@@ -48,7 +50,8 @@ TEST(GgufSkeleton, KeepsTheHeaderAndFillsEveryTensorWithFiniteWeights) {
   }
   ASSERT_TRUE(w.write_file(in).is_ok());
 
-  ASSERT_EQ(run("skeleton '" + in + "' '" + sk + "'"), 0);
+  const auto made = run("skeleton '" + in + "' '" + sk + "'");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
   const auto in_bytes = read_all(in), sk_bytes = read_all(sk);
   ASSERT_EQ(sk_bytes.size(), in_bytes.size());
   auto file = GgufFile::parse(in_bytes.data(), in_bytes.size(), in);
@@ -59,9 +62,10 @@ TEST(GgufSkeleton, KeepsTheHeaderAndFillsEveryTensorWithFiniteWeights) {
   EXPECT_TRUE(std::all_of(sk_bytes.begin() + static_cast<std::ptrdiff_t>(data_start), sk_bytes.end(),
                           [](uint8_t b) { return b == 0; }));
 
-  ASSERT_EQ(run("fill '" + sk + "' 5"), 0);
+  const auto filled_once = run("fill '" + sk + "' 5");
+  ASSERT_EQ(filled_once.exit_code, 0) << filled_once.output;
   const auto once = read_all(sk);
-  ASSERT_EQ(run("fill '" + sk + "' 5"), 0);
+  ASSERT_EQ(run("fill '" + sk + "' 5").exit_code, 0);
   EXPECT_EQ(read_all(sk), once) << "same seed, same bytes";
   auto filled = GgufFile::open(sk);
   ASSERT_TRUE(filled.is_ok()) << filled.message();
@@ -79,7 +83,7 @@ TEST(GgufSkeleton, KeepsTheHeaderAndFillsEveryTensorWithFiniteWeights) {
     if (t.name == "blk.0.ssm_a")
       for (float x : v) EXPECT_TRUE(x >= -2.0f && x <= -0.5f) << x;
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  test::run_command("rm -rf '" + dir + "'");
 }
 
 }  // namespace

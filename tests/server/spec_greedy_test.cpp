@@ -2,12 +2,10 @@
 // equals `hyspec run --temp 0 --ids` (plain decoding) on the same model.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <set>
 #include <sstream>
 
+#include "common/process.h"
 #include "engine/engine_test_util.h"  // fixture_prompts (tests/engine)
 #include "format/gguf.h"
 #include "server_harness.h"
@@ -39,32 +37,13 @@ std::vector<int32_t> hyspec_run_greedy(const std::string& model, const std::vect
                                        const std::set<int32_t>& ends) {
   std::string list;
   for (int32_t t : prompt) list += (list.empty() ? "" : ",") + std::to_string(t);
-  const std::string bin = hyspec_binary(), n = std::to_string(max_tokens);
-  std::vector<std::string> args = {bin, "run", "-m", model, "--tokens", list, "-n", n, "--temp", "0", "--ids",
-                                   "--no-stats", "-t", "1"};
-  if (test_backend_kind() == BackendKind::Cuda) args.insert(args.end(), {"--backend", "cuda"});
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  int fds[2];
-  EXPECT_EQ(pipe(fds), 0);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    close(fds[0]);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[4096];
-  for (ssize_t k; (k = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(k));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "hyspec run failed: " << out;
+  std::string cmd = "'" + hyspec_binary() + "' run -m '" + model + "' --tokens " + list + " -n " +
+                    std::to_string(max_tokens) + " --temp 0 --ids --no-stats -t 1";
+  if (test_backend_kind() == BackendKind::Cuda) cmd += " --backend cuda";
+  const CommandResult r = run_command(cmd);  // stderr joined: empty unless the run fails
+  EXPECT_EQ(r.exit_code, 0) << "hyspec run failed: " << r.output;
   std::vector<int32_t> ids;
-  std::istringstream in(out);
+  std::istringstream in(r.output);
   for (int32_t id; in >> id;) ids.push_back(id);
   if (!ids.empty() && ends.count(ids.back())) ids.pop_back();
   return ids;

@@ -7,11 +7,11 @@
 // attention_decode_mma_kernel (tensor cores) for F16/BF16 KV where the device grants its shared memory,
 // else attention_decode_kernel (SIMT), whose result for a query is bit-identical whatever other
 // rows share the step: speculative decoding is lossless only if a verify row gets exactly the
-// decode step's logits. Their blocks take 8 query vectors each (a query group; DecodeBlock gives the grid's
-// order) and one split of the key range; the splits are fixed slices of the KV capacity (not of the step's keys), so a query sees
-// the same tiles, in the same order, in a decode step and in any verify block: tiles and splits
-// past its own last key add exact zeros (p = 0, rescale factor e^0 = 1). Longer steps (prompts) run
-// attention_prompt_mma_kernel (tensor cores) for F16/BF16/Q8_0 KV, else attention_kernel (flash-attention
+// decode step's logits. Their blocks take 8 query vectors each (a query group; DecodeBlock gives the
+// grid's order) and one split of the key range; the splits are fixed slices of the KV capacity (not of
+// the step's keys), so a query sees the same tiles, in the same order, in a decode step and in any
+// verify block: tiles and splits past its own last key add exact zeros (p = 0, rescale factor e^0 = 1).
+// Longer steps (prompts) run attention_prompt_mma_kernel (tensor cores) for F16/BF16/Q8_0 KV, else attention_kernel (flash-attention
 // style, online softmax, SIMT; F32 KV and devices without the shared memory): a block of 128 threads takes 16 query
 // vectors that share a kv head (the G heads of consecutive rows, so K/V tiles are read once for all
 // of them) and one split of the key range, loops over tiles of 32 keys staged in shared memory
@@ -259,8 +259,8 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
 }
 
 // Decode/verify attention (steps of up to kDecodeMaxRows rows). A block (4 warps) takes one kv
-// head, kDecodeQueries of its query vectors (grid.x: G*n / 8 groups; decode of every Qwen3.5 size is
-// one group) and one split of the key range (a fixed slice of the capacity, see the top of the
+// head, kDecodeQueries of its query vectors (G*n / 8 groups, see DecodeBlock; decode of every Qwen3.5
+// size is one group) and one split of the key range (a fixed slice of the capacity, see the top of the
 // file), and walks it in tiles of 32 keys: the K and V rows of the next tile are copied into shared
 // memory with cp.async (16-byte pieces, one load round per tile) while this one is computed.
 // Scores: warp w takes a quarter of the head dims, lane = key, q (f32, pre-scaled) read from shared
