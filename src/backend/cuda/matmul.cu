@@ -877,4 +877,35 @@ cudaError_t embed_launch(const WeightView& table, const int32_t* tokens, Mat out
   return err;
 }
 
+namespace {
+// One bulk prefetch of up to 64 KB per thread and round (a 9.4 MB weight: ~150), fire and forget: the
+// grid ends once they are issued and the HBM fills L2 behind it, so it costs the chain ~one launch.
+constexpr size_t kPrefetchChunk = size_t{64} << 10;
+__global__ void prefetch_l2_kernel(const char* p, size_t bytes) {
+  pdl_wait();  // the kernel before keeps the HBM to itself (and every kernel here triggers after its wait)
+  pdl_trigger();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const size_t step = size_t{gridDim.x} * blockDim.x * kPrefetchChunk;
+  for (size_t off = (size_t{blockIdx.x} * blockDim.x + threadIdx.x) * kPrefetchChunk; off < bytes; off += step) {
+    const uint32_t n = static_cast<uint32_t>(bytes - off < kPrefetchChunk ? bytes - off : kPrefetchChunk);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n) : "memory");
+  }
+#endif
+}
+}  // namespace
+
+cudaError_t prefetch_l2_launch(const void* p, size_t bytes, cudaStream_t stream) {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major >= 9;
+  }();
+  if (!sm90 || bytes < 16) return cudaSuccess;
+  const size_t chunks = (bytes + kPrefetchChunk - 1) / kPrefetchChunk;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((chunks + 31) / 32, 32));
+  return launch_pdl(prefetch_l2_kernel, dim3(blocks), dim3(32), 0, stream, static_cast<const char*>(p),
+                    bytes / 16 * 16);
+}
+
 }  // namespace hyspec::cuda
