@@ -13,7 +13,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
@@ -248,11 +247,6 @@ class Backend {
   virtual void moe_ffn(const MoeArgs& a) = 0;
   // out[r] = argmax of row r (first index on ties).
   virtual void argmax(Rows x, int32_t* out) = 0;
-
-  // A hint that the listed weights are read by an op soon after the next few (a decode or verify
-  // step's next matmuls): a backend may stage their bytes in a cache meanwhile (CUDA: L2, while the
-  // latency-bound ops between stream little). Changes no result; the default does nothing.
-  virtual void prefetch(std::initializer_list<const Weight*> weights) { (void)weights; }
 
   // Record `step` (a sequence of the ops above) for replay.
   virtual Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) = 0;

@@ -1,7 +1,6 @@
 // The Qwen3.5 forward pass (QWEN35.md "Block", "Gated DeltaNet mixer", "Full-attention mixer",
 // "MoE FFN", "MTP head"), top to bottom, as backend ops over the workspace.
 #include <cmath>
-#include <initializer_list>
 
 #include "model/qwen35.h"
 #include "model/qwen35_impl.h"
@@ -16,11 +15,6 @@ struct Ctx {
   Qwen35Model::Impl& I;
   int64_t n;
   Rows buf(float* p, int64_t cols) const { return Rows(p, n, cols); }
-  // Decode and verify steps stream each weight once (prompts' GEMMs are compute-bound): there the
-  // weights of the next matmuls are hinted to the backend before the small ops that precede them.
-  void prefetch(std::initializer_list<const Weight*> weights) const {
-    if (n <= 32) be.prefetch(weights);
-  }
 };
 
 // x [n, E] normed input -> out [n, E]
@@ -31,7 +25,6 @@ void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, float* conv_state, flo
   const int64_t C = hp.gdn_channels();
   Rows in = c.buf(c.I.t1, w.in_proj.width), conv = c.buf(c.I.t3, C), o = c.buf(c.I.t4, V);
   w.in_proj.matmul(c.be, x, in);
-  c.prefetch({&w.ssm_out});
   Rows qkv = w.in_proj.part(in, 0), z = w.in_proj.part(in, 1), beta = w.in_proj.part(in, 2),
        alpha = w.in_proj.part(in, 3);
   c.be.causal_conv_silu(qkv, w.ssm_conv1d.f32(), hp.conv_kernel, conv_state, conv_capture, conv);
@@ -66,7 +59,6 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   c.be.matmul(w.attn_q, x, qg);
   c.be.matmul(w.attn_k, x, k);
   c.be.matmul(w.attn_v, x, v);
-  c.prefetch({&w.attn_output});
   // attn_q rows hold, per head, D query values then D gate values.
   QkPrepArgs p = qk_prep_args(hp);
   p.q_in = qg;
@@ -144,7 +136,6 @@ void block(const Ctx& c, const Block& b, int layer, SequenceState& st, const int
   } else {
     attention_mixer(c, b.attn, h, kv_override ? *kv_override : st.kv[layer], positions, mix);
   }
-  c.prefetch({&b.ffn.ffn_gate, &b.ffn.ffn_up, &b.ffn.ffn_gate_shexp, &b.ffn.ffn_up_shexp});
   c.be.add_rms_norm(x, mix, b.post_attention_norm.f32(), E, c.hp.eps, h);
   ffn(c, b.ffn, h, mix);
 }
@@ -170,13 +161,7 @@ Status Qwen35Model::forward(const ForwardArgs& args, SequenceState& st) {
   for (int il = 0; il < hp_.n_layer; ++il) {
     tap(il);
     block(c, I.blocks[il], il, st, args.positions, args.gdn_chunked, args.capture, nullptr);
-    if (il + 1 == hp_.n_layer) break;
-    const Block& next = I.blocks[il + 1];
-    if (next.recurrent)
-      c.prefetch({&next.gdn.in_proj.weights.front()});
-    else
-      c.prefetch({&next.attn.attn_q, &next.attn.attn_k, &next.attn.attn_v});
-    backend_.add_rms_norm(x, mix, next.attn_norm.f32(), E, hp_.eps, h);
+    if (il + 1 < hp_.n_layer) backend_.add_rms_norm(x, mix, I.blocks[il + 1].attn_norm.f32(), E, hp_.eps, h);
   }
   // The last block's add, fused with the output norm on the rows that need it: all of them for
   // final_hidden, else the last nl (the logits rows); the others get the plain add (taps read x).

@@ -14,11 +14,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -230,19 +227,6 @@ class CudaBackend final : public Backend {
           "matmul_swiglu");
     matmul_wrote(y);
     return true;
-  }
-
-  // Weights staged in L2 in the order given, up to prefetch_budget_ bytes a call (L2 holds 50 MB on an
-  // H100, and the kernels between the hint and the read leave the HBM mostly idle).
-  void prefetch(std::initializer_list<const Weight*> weights) override {
-    auto prof = begin_op("prefetch", nullptr, /*reads_only_x=*/true);
-    size_t left = prefetch_budget_;
-    for (const Weight* w : weights) {
-      if (!w || !w->present() || left == 0 || skip_prefetch(w->name)) continue;
-      const size_t bytes = std::min(left, w->row_bytes * static_cast<size_t>(w->n_out * w->n_expert));
-      check(cuda::prefetch_l2_launch(w->data, bytes, stream_), "prefetch");
-      left -= bytes;
-    }
   }
 
   void rms_norm(Rows x, const float* w, int64_t group, float eps, Rows y) override {
@@ -732,23 +716,6 @@ class CudaBackend final : public Backend {
   // under it): 1 enqueues only the kernels of the matmul and matmul_swiglu ops (their quantize kernels
   // included; moe_ffn counts as the rest), 2 all but those. Results are meaningless then.
   int profile_skip_ = cuda::env_int("HYSPEC_PROFILE_SKIP", 0);
-  // HYSPEC_PREFETCH_MB: bytes of weights one prefetch hint stages in L2 (0: hints ignored);
-  // HYSPEC_PREFETCH_SKIP: comma-separated parts of weight names whose hints are ignored. To measure.
-  size_t prefetch_budget_ = static_cast<size_t>(std::max(cuda::env_int("HYSPEC_PREFETCH_MB", 24), 0)) << 20;
-  std::vector<std::string> prefetch_skip_ = [] {
-    std::vector<std::string> parts;
-    const char* v = std::getenv("HYSPEC_PREFETCH_SKIP");
-    for (std::string_view s = v ? v : ""; !s.empty();) {
-      const size_t comma = std::min(s.find(','), s.size());
-      if (comma > 0) parts.emplace_back(s.substr(0, comma));
-      s.remove_prefix(std::min(comma + 1, s.size()));
-    }
-    return parts;
-  }();
-  bool skip_prefetch(const std::string& name) const {
-    return std::any_of(prefetch_skip_.begin(), prefetch_skip_.end(),
-                       [&](const std::string& p) { return name.find(p) != std::string::npos; });
-  }
   int n_sm_ = 1;
   std::string name_;
   cudaStream_t stream_ = nullptr;

@@ -196,9 +196,6 @@ bool gdn_head_dim_supported(int head_dim);
 size_t gdn_scratch_bytes(const GdnParams& p);
 // q, k: 16-byte aligned rows (float4 loads); state and capture 16-byte aligned.
 cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream);
-// Stages [p, p + bytes) in L2 for a kernel a few launches later (sm_90 bulk prefetches, issued once the
-// kernel before this one has finished; nothing before sm_90). p and bytes: multiples of 16.
-cudaError_t prefetch_l2_launch(const void* p, size_t bytes, cudaStream_t stream);
 // dst[i] = src[i], n halves to floats.
 cudaError_t f16_to_f32_launch(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
 

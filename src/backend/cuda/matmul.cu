@@ -877,48 +877,4 @@ cudaError_t embed_launch(const WeightView& table, const int32_t* tokens, Mat out
   return err;
 }
 
-namespace {
-// Two forms, HYSPEC_PREFETCH_MODE (to measure): 0, one sm_90 bulk prefetch (TMA) of up to 64 KB per thread
-// and round; 1, one L2 prefetch per 128-byte line and thread, from a block per SM. Session 25 measured
-// mode 0 on the H100: its grid lasts until the bulk copies land (~1.3 TB/s from 32 SMs), which the next
-// kernel waits for.
-constexpr size_t kPrefetchChunk = size_t{64} << 10;
-__global__ void prefetch_l2_kernel(const char* p, size_t bytes, int mode) {
-  pdl_wait();  // the kernel before keeps the HBM to itself (and every kernel here triggers after its wait)
-  pdl_trigger();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const size_t thread = size_t{blockIdx.x} * blockDim.x + threadIdx.x, threads = size_t{gridDim.x} * blockDim.x;
-  if (mode == 0) {
-    for (size_t off = thread * kPrefetchChunk; off < bytes; off += threads * kPrefetchChunk) {
-      const uint32_t n = static_cast<uint32_t>(bytes - off < kPrefetchChunk ? bytes - off : kPrefetchChunk);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n) : "memory");
-    }
-  } else {
-    for (size_t off = thread * 128; off < bytes; off += threads * 128)
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + off));
-  }
-#endif
-}
-}  // namespace
-
-cudaError_t prefetch_l2_launch(const void* p, size_t bytes, cudaStream_t stream) {
-  static const bool sm90 = [] {
-    int dev = 0, major = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    return major >= 9;
-  }();
-  static const int mode = env_int("HYSPEC_PREFETCH_MODE", 1);
-  if (!sm90 || bytes < 16) return cudaSuccess;
-  unsigned blocks = 0, threads = 32;
-  if (mode == 0) {
-    blocks = static_cast<unsigned>(std::min<size_t>((bytes / kPrefetchChunk + 32) / 32, 32));
-  } else {
-    threads = 256;
-    blocks = static_cast<unsigned>(std::min<size_t>((bytes / 128 + 255) / 256, sm_count()));
-  }
-  return launch_pdl(prefetch_l2_kernel, dim3(blocks), dim3(threads), 0, stream, static_cast<const char*>(p),
-                    bytes / 16 * 16, mode);
-}
-
 }  // namespace hyspec::cuda
