@@ -335,12 +335,15 @@ __device__ __forceinline__ float2 kv_pair(const uint8_t* slot, int i) {
 }
 
 // A barrier of query set `set`'s 128 threads (named barriers 1 and 2 in a paired block), or of the block.
+// Not bar.sync: that is barrier.sync.aligned, whose every thread of the block must execute the same
+// barrier instruction, while a set finishes (and syncs) only when it has queries in this split.
+// compute-sanitizer's racecheck reported hazards across the aligned form (session 25).
 template <int kSets>
 __device__ __forceinline__ void set_sync(int set) {
   if constexpr (kSets == 1) {
     __syncthreads();
   } else {
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + set), "r"(kDecodeWarps * 32) : "memory");
+    asm volatile("barrier.sync %0, %1;" ::"r"(1 + set), "r"(kDecodeWarps * 32) : "memory");
   }
 }
 
@@ -984,8 +987,9 @@ struct MmaDecodeSmem {
 // once for 16 queries, and an SM holds 8 warps where an F16 one-set block (202 KB) leaves it 4. The
 // pair walks the keys of both groups' split ([k0, max k1)); a group's steps past its own k1 are masked
 // whole (exact no-ops: weight 0, rescale factor 1), as a verify block's earlier rows' are.
+// Unaligned (barrier.sync, see set_sync): the pairs' loops run different numbers of steps.
 __device__ __forceinline__ void pair_sync(int w) {
-  asm volatile("bar.sync %0, %1;" ::"r"(3 + w), "r"(64) : "memory");
+  asm volatile("barrier.sync %0, %1;" ::"r"(3 + w), "r"(64) : "memory");
 }
 
 template <int D, typename C, int kStages, int kSets>
