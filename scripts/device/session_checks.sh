@@ -28,14 +28,21 @@ if [ -x "$D/bin/test_backend" ]; then
   # verify-row test only (every decode kernel and KV type), so that a timeout there hides nothing else.
   MC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:CudaBackendTest.Attention*:CudaBackendTest.KvStore*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
   RC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
+  # The verify-row test's racecheck runs on one-set attention blocks (HYSPEC_ATTN_PAIRS=0): racecheck
+  # flags accesses in the paired ones that barriers order, as it does on the race-free kernel of
+  # racecheck_named_barriers.cu (run last here, where nvcc is installed); memcheck covers both forms.
   set -f  # the filters' * are gtest's
   for run in "memcheck $MC" "racecheck $RC" "racecheck CudaBackendTest.AttentionVerifyRows*"; do
     set -- $run
-    timeout 200 compute-sanitizer --tool "$1" --error-exitcode 9 "$D/bin/test_backend" --gtest_filter="$2" 2>&1 |
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | head -4
+    HYSPEC_ATTN_PAIRS=$([ "$1 $2" = "racecheck CudaBackendTest.AttentionVerifyRows*" ] && echo 0 || echo 1) timeout 200 compute-sanitizer --tool "$1" \
+      --error-exitcode 9 "$D/bin/test_backend" --gtest_filter="$2" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | head -4
     echo "$1 ${2:0:40}... rc=${PIPESTATUS[0]}"
   done
   set +f
+  if command -v nvcc > /dev/null && nvcc -O2 -arch=sm_90 -lineinfo -o /tmp/racecheck_nb scripts/device/racecheck_named_barriers.cu; then
+    echo "== racecheck on a race-free kernel with named barriers (a hazard here is the tool's)"
+    compute-sanitizer --tool racecheck /tmp/racecheck_nb 1 0 2>&1 | grep -E "RACECHECK SUMMARY"
+  fi
 fi
 # SC_BENCH=0: no kernel benches (perf_session.sh start, whose llama-bench must have the GPU alone).
 [ "${SC_BENCH:-1}" = 1 ] && bash scripts/device/kernel_benches.sh

@@ -337,7 +337,10 @@ __device__ __forceinline__ float2 kv_pair(const uint8_t* slot, int i) {
 // A barrier of query set `set`'s 128 threads (named barriers 1 and 2 in a paired block), or of the block.
 // Not bar.sync: that is barrier.sync.aligned, whose every thread of the block must execute the same
 // barrier instruction, while a set finishes (and syncs) only when it has queries in this split.
-// compute-sanitizer's racecheck reported hazards across the aligned form (session 25).
+// compute-sanitizer's racecheck reports hazards in the paired blocks, with either form, that are not
+// races: its model of barriers goes wrong once warps have run different numbers of named-barrier
+// instances (as the pairs' loops do), and it flags accesses that a __syncthreads orders
+// (scripts/device/racecheck_named_barriers.cu shows it on a race-free kernel).
 template <int kSets>
 __device__ __forceinline__ void set_sync(int set) {
   if constexpr (kSets == 1) {
