@@ -125,6 +125,10 @@ struct Int8MvArgs {
   int n;
   float* y;
   int64_t y_stride;
+  // Fused SwiGLU only: y's rows also quantized into qy (every XOrder, as a norm's quantize_into), by the
+  // last block to finish each 256-block of outputs (qy_counters: one per 256 outputs, left at zero).
+  QuantizedX qy{};
+  unsigned* qy_counters = nullptr;
 };
 
 // A warp's double-buffered ring of cp.async slots over the (tile, step) items of a persistent block:
@@ -260,6 +264,33 @@ __device__ __forceinline__ int dot8(const uint32_t (&w)[8], int4 x0, int4 x1) {
   return __dp4a(static_cast<int>(w[7]), x1.w, s);
 }
 
+// The fused SwiGLU's output quantized for the matvec that reads it (ffn_down), in place of a quantize
+// launch: every block counts the tiles it wrote into their 256-block (`chunk`) of outputs, and the
+// block that completes a chunk quantizes its n rows from L2, a warp per row, to the bits
+// quantize_q8k_kernel would make (quantize_lane). The fences order the other blocks' y stores before
+// their counts, and the count before this block's loads (the CUDA threadfence-reduction pattern).
+__device__ void quantize_finished_chunk(const Int8MvArgs& a, int64_t chunk, unsigned tiles_per_chunk) {
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();  // the block's y stores of this tile are issued and fenced
+  if (threadIdx.x == 0) s_last = atomicAdd(a.qy_counters + chunk, 1u) == tiles_per_chunk - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const int lane = threadIdx.x & 31, P = static_cast<int>(padded_tokens(a.n));
+  for (int c = threadIdx.x >> 5; c < a.n; c += kWarps) {
+    const float4* yr = reinterpret_cast<const float4*>(a.y + c * a.y_stride + chunk * 256) + 2 * lane;
+    const float4 v0 = __ldcg(yr), v1 = __ldcg(yr + 1);
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    const Q8KLane q = quantize_lane(v);
+    const int64_t b = chunk * P + c;
+#pragma unroll
+    for (int o = 0; o < 3; ++o) store_codes(q, lane, a.qy.q[o] + b * 256, static_cast<XOrder>(o));
+    store_sums(q, lane, reinterpret_cast<__half*>(a.qy.bs) + b * 16, a.qy.d + b);
+  }
+  if (threadIdx.x == 0) a.qy_counters[chunk] = 0;  // for the next call (a later kernel)
+}
+
 // Sum the warps' partials red[warp][token][row] in order and write the tile (SW: silu(gate) * up).
 template <int NMAX, bool SW>
 __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile) {
@@ -278,6 +309,9 @@ __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile) 
       v = v / (1.0f + expf(-v)) * u;  // the formula of the swiglu op (elementwise.cu)
     }
     a.y[c * a.y_stride + row] = v;
+  }
+  if constexpr (SW) {
+    if (a.qy.d) quantize_finished_chunk(a, tile * kOut / 256, 256 / kOut);
   }
 }
 
@@ -960,10 +994,17 @@ QuantizedX quantized_x_at(void* base) {
 }
 
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream, const QuantizedX* qx) {
+                               cudaStream_t stream, const QuantizedX* qx, const QuantizedY* qy) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
+  if (qy) *qy->done = false;
+  if (qy && up && w.n_out % 256 == 0 && w.n_out <= kQuantizedXMaxK && y.stride % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(y.data) % 16 == 0) {
+    a.qy = *qy->into;
+    a.qy_counters = qy->counters;
+    *qy->done = true;
+  }
   cudaError_t err = cudaErrorInvalidValue;
   with_int8_family(w.type, [&](auto family) {
     using Family = decltype(family);
