@@ -270,11 +270,13 @@ __device__ __forceinline__ int dot8(const uint32_t (&w)[8], int4 x0, int4 x1) {
 // quantize_q8k_kernel would make (quantize_lane). The fences order the other blocks' y stores before
 // their counts, and the count before this block's loads (the CUDA threadfence-reduction pattern).
 // Counting once per block, not per tile: a fence and two barriers per tile ran a 9B decode step 9%
-// slower (H100, session 25).
-__device__ void quantize_finished_chunks(const Int8MvArgs& a, int64_t my_tiles) {
+// slower (H100, session 25). Its bookkeeping lives in red (free after the last tile): static shared
+// memory beside the rings costs the tensor-core kernels their second block per SM.
+__device__ void quantize_finished_chunks(const Int8MvArgs& a, int64_t my_tiles, float* red) {
   constexpr int kTilesPerChunk = 256 / (kRows / 2);  // a SwiGLU tile writes kRows / 2 outputs
-  constexpr int kMaxChunks = static_cast<int>(kQuantizedXMaxK / 256);
-  __shared__ int s_chunks[kMaxChunks], s_count;
+  static_assert(kQuantizedXMaxK / 256 + 1 <= kWarps * kRows, "the chunk list fits in red");
+  int& s_count = *reinterpret_cast<int*>(red);
+  int* const s_chunks = reinterpret_cast<int*>(red) + 1;
   if (!a.qy.d) return;
   __threadfence();
   if (threadIdx.x == 0) s_count = 0;
@@ -459,7 +461,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
     write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
   }
   cp_async_wait<0>();
-  if constexpr (SW) quantize_finished_chunks(a, my_tiles);
+  if constexpr (SW) quantize_finished_chunks(a, my_tiles, red);
 }
 
 __device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2(__int2half_rn(v))); }
@@ -599,7 +601,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
     write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
-  if constexpr (SW) quantize_finished_chunks(a, my_tiles);
+  if constexpr (SW) quantize_finished_chunks(a, my_tiles, red);
 }
 
 // ---- Sub-blocks of 16 codes with int8 scales: Q6_K, Q3_K, IQ4_XS -------------------------------
@@ -787,7 +789,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) 
     write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
   }
   cp_async_wait<0>();
-  if constexpr (SW) quantize_finished_chunks(a, my_tiles);
+  if constexpr (SW) quantize_finished_chunks(a, my_tiles, red);
 }
 
 __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
@@ -880,7 +882,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
     write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
-  if constexpr (SW) quantize_finished_chunks(a, my_tiles);
+  if constexpr (SW) quantize_finished_chunks(a, my_tiles, red);
 }
 
 // Scratch: q, then d, then bs, each 256-byte aligned, for padded_tokens(n) rows.
