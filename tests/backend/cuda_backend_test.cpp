@@ -635,41 +635,6 @@ TEST_P(CudaMatmulTest, MatmulOfNormOutputReadsTheNormsQuantizedCopy) {
   }
 }
 
-// The fused SwiGLU quantizes its output for the matmul that reads it (the last block to finish each 256
-// outputs): that matmul gives the bits it gives the same rows quantized by itself, at every width, for
-// every type pair, and over repeated calls (the per-chunk counters reset themselves).
-TEST_P(CudaMatmulTest, MatmulOfSwigluOutputReadsItsQuantizedCopy) {
-  const int64_t K = 512, F = 768, N = 200;
-  for (GgmlType ffn : {GgmlType::Q4_K, GgmlType::Q6_K}) {
-    const auto gb = random_weight_bytes(ffn, K, F, rng_), ub = random_weight_bytes(ffn, K, F, rng_);
-    auto gg = gpu_->load_weight(tensor_info("gate", ffn, gb, K, F)), ug = gpu_->load_weight(tensor_info("up", ffn, ub, K, F));
-    ASSERT_TRUE(gg.is_ok() && ug.is_ok());
-    for (GgmlType down : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-      const auto db = random_weight_bytes(down, F, N, rng_);
-      auto dg = gpu_->load_weight(tensor_info("down", down, db, F, N));
-      ASSERT_TRUE(dg.is_ok());
-      const Tensor wn = put(*gpu_, randn(K));
-      for (int64_t n : {1, 2, 3, 8, 16, 24}) {
-        const std::string what = fmt::format("{} / {} n={}", ggml_type_name(ffn), ggml_type_name(down), n);
-        const Tensor x = put(*gpu_, randn(n * K, 3.0f)), h = poison(*gpu_, n * K), g = poison(*gpu_, n * F),
-                     g2 = poison(*gpu_, n * F), y = poison(*gpu_, n * N), y2 = poison(*gpu_, n * N),
-                     y3 = poison(*gpu_, n * N);
-        gpu_->rms_norm(x.rows(n, K), wn.f(), K, 1e-6f, h.rows(n, K));
-        if (!gpu_->matmul_swiglu(*gg, *ug, h.rows(n, K), g.rows(n, F))) continue;
-        gpu_->matmul(*dg, g.rows(n, F), y.rows(n, N));
-        gpu_->copy_rows(g.rows(n, F), g2.rows(n, F));  // the same values, not quantized by the SwiGLU
-        gpu_->matmul(*dg, g2.rows(n, F), y2.rows(n, N));
-        const auto ref = get_gpu(y2);
-        EXPECT_TRUE(same_bits(get_gpu(y), ref)) << what;
-        gpu_->rms_norm(x.rows(n, K), wn.f(), K, 1e-6f, h.rows(n, K));
-        ASSERT_TRUE(gpu_->matmul_swiglu(*gg, *ug, h.rows(n, K), g.rows(n, F)));
-        gpu_->matmul(*dg, g.rows(n, F), y3.rows(n, N));
-        EXPECT_TRUE(same_bits(get_gpu(y3), ref)) << what << ", second call";
-      }
-    }
-  }
-}
-
 TEST_F(CudaBackendTest, ElementwiseOpsMatchCpu) {
   const int64_t n = 7, C = 300, S = 310;
   const auto av = randn(n * S), bv = randn(n * S), yv = randn(n * C);

@@ -223,13 +223,9 @@ class CudaBackend final : public Backend {
       return true;
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(g, x.n_rows));
     if (!s) return true;
-    bool q = false;
-    const cuda::QuantizedY qy{&quantized_y_, swiglu_counters_, &q};
-    check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_, quantized(x),
-                                     quantized_y_.d ? &qy : nullptr),
+    check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_, quantized(x)),
           "matmul_swiglu");
     matmul_wrote(y);
-    if (q) quantized_rows_ = y, quantized_source_ = &quantized_y_;
     return true;
   }
 
@@ -604,21 +600,6 @@ class CudaBackend final : public Backend {
         return Status::error("cudaMalloc of the quantized activations failed");
       owned_.push_back(q);
       quantized_x_ = cuda::quantized_x_at(q);
-      // The fused SwiGLU's quantized output (the FFN down matmul's input), in a buffer of its own: the
-      // SwiGLU reads the norm's. HYSPEC_SWIGLU_QUANTIZE=0 leaves it to the down matmul (to measure).
-      if (cuda::env_int("HYSPEC_SWIGLU_QUANTIZE", 1) != 0) {
-        void* qy = nullptr;
-        void* counters = nullptr;
-        const size_t n_counters = cuda::kQuantizedXMaxK / 256;
-        if (cudaMalloc(&qy, bytes) != cudaSuccess || cudaMemset(qy, 0, bytes) != cudaSuccess ||
-            cudaMalloc(&counters, n_counters * sizeof(unsigned)) != cudaSuccess ||
-            cudaMemset(counters, 0, n_counters * sizeof(unsigned)) != cudaSuccess)
-          return Status::error("cudaMalloc of the SwiGLU's quantized output failed");
-        owned_.push_back(qy);
-        owned_.push_back(counters);
-        quantized_y_ = cuda::quantized_x_at(qy);
-        swiglu_counters_ = static_cast<unsigned*>(counters);
-      }
     }
     // Enough for every decode-width op of the real models; prefill grows them once.
     if (!arena(matmul_arena_, size_t(8) << 20) || !arena(op_arena_, size_t(32) << 20)) return synchronize();
@@ -659,13 +640,12 @@ class CudaBackend final : public Backend {
   const cuda::QuantizedX* quantize_into() const { return quantized_x_.d ? &quantized_x_ : nullptr; }
   void norm_wrote(Rows y, bool quantized) {
     quantized_rows_ = quantized ? y : Rows();
-    quantized_source_ = &quantized_x_;
   }
   const cuda::QuantizedX* quantized(Rows x) const {
     const Rows& q = quantized_rows_;
     const bool same =
         q.data && x.data == q.data && x.n_rows == q.n_rows && x.n_cols == q.n_cols && x.stride == q.stride;
-    return same ? quantized_source_ : nullptr;
+    return same ? &quantized_x_ : nullptr;
   }
   // After a matmul wrote y: the quantized rows are stale if y overlaps them.
   void matmul_wrote(Rows y) {
@@ -750,11 +730,6 @@ class CudaBackend final : public Backend {
   // its input. Every other op, memory op, capture and replay forgets them.
   cuda::QuantizedX quantized_x_;
   Rows quantized_rows_;
-  // Or the rows the last fused SwiGLU quantized as it wrote them (quantized_y_): quantized_source_ says
-  // which of the two holds quantized_rows_.
-  cuda::QuantizedX quantized_y_;
-  unsigned* swiglu_counters_ = nullptr;
-  const cuda::QuantizedX* quantized_source_ = &quantized_x_;
   std::vector<void*> owned_;
 };
 

@@ -57,14 +57,6 @@ struct QuantizedX {
 };
 size_t quantized_x_bytes();
 QuantizedX quantized_x_at(void* base);  // the layout in quantized_x_bytes() at base (256-byte aligned)
-// A fused SwiGLU's output quantized as it is written (the matvec that reads it skips its quantize
-// launch): into `into`, with `counters` (kQuantizedXMaxK / 256 of them, zero between calls); *done says
-// whether the launch did (int8 kernels, outputs a multiple of 256, y rows 16-byte aligned).
-struct QuantizedY {
-  const QuantizedX* into = nullptr;
-  unsigned* counters = nullptr;
-  bool* done = nullptr;
-};
 
 // y[t] = W x[t] for t < x.rows. Widths <= 32 read each weight byte once (tensor-core matvec); wider
 // inputs dequantise weight tiles to f16 and call cuBLAS. qx: x as a norm quantized it, or null.
@@ -77,7 +69,7 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
 constexpr int64_t kMmvSwiGluMaxWidth = 24;
 bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64_t n);
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
-                                 cudaStream_t stream, const QuantizedX* qx = nullptr, const QuantizedY* qy = nullptr);
+                                 cudaStream_t stream, const QuantizedX* qx = nullptr);
 
 // Q4_K, Q5_K and Q6_K at widths 1..kInt8MvMaxWidth (matvec_int8.cu): activations quantized to int8 per 256
 // elements, integer dot products (dp4a / int8 mma); matmul_launch and matmul_swiglu_launch route such
@@ -87,7 +79,7 @@ constexpr int64_t kInt8MvMaxWidth = 32;
 bool int8_matvec_supported(const WeightView& w, int64_t n);
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream, const QuantizedX* qx = nullptr, const QuantizedY* qy = nullptr);
+                               cudaStream_t stream, const QuantizedX* qx = nullptr);
 
 // Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div]; with `up` (same type
 // and shape as w = gate, not F32), y[b] = silu(Wg x) * (Wu x) in the same pass.

@@ -125,10 +125,6 @@ struct Int8MvArgs {
   int n;
   float* y;
   int64_t y_stride;
-  // Fused SwiGLU only: y's rows also quantized into qy (every XOrder, as a norm's quantize_into), by the
-  // last block to finish each 256-block of outputs (qy_counters: one per 256 outputs, left at zero).
-  QuantizedX qy{};
-  unsigned* qy_counters = nullptr;
 };
 
 // A warp's double-buffered ring of cp.async slots over the (tile, step) items of a persistent block:
@@ -262,46 +258,6 @@ __device__ __forceinline__ int dot8(const uint32_t (&w)[8], int4 x0, int4 x1) {
   s = __dp4a(static_cast<int>(w[5]), x1.y, s);
   s = __dp4a(static_cast<int>(w[6]), x1.z, s);
   return __dp4a(static_cast<int>(w[7]), x1.w, s);
-}
-
-// The fused SwiGLU's output quantized for the matvec that reads it (ffn_down), in place of a quantize
-// launch: at its end each block counts the tiles it wrote into their 256-block (chunk) of outputs, and
-// the block that completes a chunk quantizes its n rows from L2, a warp per row, to the bits
-// quantize_q8k_kernel would make (quantize_lane). The fences order the other blocks' y stores before
-// their counts, and the count before this block's loads (the CUDA threadfence-reduction pattern).
-// Counting once per block, not per tile: a fence and two barriers per tile ran a 9B decode step 9%
-// slower (H100, session 25). Its bookkeeping lives in red (free after the last tile): static shared
-// memory beside the rings costs the tensor-core kernels their second block per SM.
-__device__ void quantize_finished_chunks(const Int8MvArgs& a, int64_t my_tiles, float* red) {
-  constexpr int kTilesPerChunk = 256 / (kRows / 2);  // a SwiGLU tile writes kRows / 2 outputs
-  static_assert(kQuantizedXMaxK / 256 + 1 <= kWarps * kRows, "the chunk list fits in red");
-  int& s_count = *reinterpret_cast<int*>(red);
-  int* const s_chunks = reinterpret_cast<int*>(red) + 1;
-  if (!a.qy.d) return;
-  __threadfence();
-  if (threadIdx.x == 0) s_count = 0;
-  __syncthreads();  // every y store of the block is issued and fenced
-  for (int64_t j = threadIdx.x; j < my_tiles; j += blockDim.x) {
-    const int chunk = static_cast<int>((blockIdx.x + j * gridDim.x) / kTilesPerChunk);
-    if (atomicAdd(a.qy_counters + chunk, 1u) == kTilesPerChunk - 1) s_chunks[atomicAdd(&s_count, 1)] = chunk;
-  }
-  __syncthreads();
-  const int done = s_count;
-  if (done == 0) return;
-  __threadfence();
-  const int lane = threadIdx.x & 31, P = static_cast<int>(padded_tokens(a.n));
-  for (int i = threadIdx.x >> 5; i < done * a.n; i += kWarps) {
-    const int64_t chunk = s_chunks[i / a.n], c = i % a.n;
-    const float4* yr = reinterpret_cast<const float4*>(a.y + c * a.y_stride + chunk * 256) + 2 * lane;
-    const float4 v0 = __ldcg(yr), v1 = __ldcg(yr + 1);
-    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    const Q8KLane q = quantize_lane(v);
-    const int64_t b = chunk * P + c;
-#pragma unroll
-    for (int o = 0; o < 3; ++o) store_codes(q, lane, a.qy.q[o] + b * 256, static_cast<XOrder>(o));
-    store_sums(q, lane, reinterpret_cast<__half*>(a.qy.bs) + b * 16, a.qy.d + b);
-  }
-  if (threadIdx.x < done) a.qy_counters[s_chunks[threadIdx.x]] = 0;  // for the next call (a later kernel)
 }
 
 // Sum the warps' partials red[warp][token][row] in order and write the tile (SW: silu(gate) * up).
@@ -461,7 +417,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
     write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
   }
   cp_async_wait<0>();
-  if constexpr (SW) quantize_finished_chunks(a, my_tiles, red);
 }
 
 __device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2(__int2half_rn(v))); }
@@ -601,7 +556,6 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
     write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
-  if constexpr (SW) quantize_finished_chunks(a, my_tiles, red);
 }
 
 // ---- Sub-blocks of 16 codes with int8 scales: Q6_K, Q3_K, IQ4_XS -------------------------------
@@ -789,7 +743,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) 
     write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
   }
   cp_async_wait<0>();
-  if constexpr (SW) quantize_finished_chunks(a, my_tiles, red);
 }
 
 __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
@@ -882,7 +835,6 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
     write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
-  if constexpr (SW) quantize_finished_chunks(a, my_tiles, red);
 }
 
 // Scratch: q, then d, then bs, each 256-byte aligned, for padded_tokens(n) rows.
@@ -1008,17 +960,10 @@ QuantizedX quantized_x_at(void* base) {
 }
 
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream, const QuantizedX* qx, const QuantizedY* qy) {
+                               cudaStream_t stream, const QuantizedX* qx) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
-  if (qy) *qy->done = false;
-  if (qy && up && w.n_out % 256 == 0 && w.n_out <= kQuantizedXMaxK && y.stride % 4 == 0 &&
-      reinterpret_cast<uintptr_t>(y.data) % 16 == 0) {
-    a.qy = *qy->into;
-    a.qy_counters = qy->counters;
-    *qy->done = true;
-  }
   cudaError_t err = cudaErrorInvalidValue;
   with_int8_family(w.type, [&](auto family) {
     using Family = decltype(family);
