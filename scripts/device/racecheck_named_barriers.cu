@@ -45,6 +45,6 @@ int main(int argc, char** argv) {
   k<<<2, 256>>>(d, s0, sr);
   float h[256];
   cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
-  printf("named_barrier_rc4 steps %d/%d: out[0]=%g (%s)\n", s0, sr, h[0], cudaGetErrorString(cudaGetLastError()));
+  printf("racecheck_named_barriers: steps %d/%d: out[0]=%g (%s)\n", s0, sr, h[0], cudaGetErrorString(cudaGetLastError()));
   return 0;
 }
