@@ -26,6 +26,7 @@ if [ -x "$D/bin/test_backend" ]; then
   echo "== memcheck/racecheck: GDN, conv, norms, attention, matmul"
   # racecheck is ~50x slower than a plain run: the attention tests go in a run of their own, the
   # verify-row test only (every decode kernel and KV type), so that a timeout there hides nothing else.
+  # SC_SANITIZER_S: seconds per sanitizer run (200; the racecheck of $RC ran past 200 s in session 25).
   MC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:CudaBackendTest.Attention*:CudaBackendTest.KvStore*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
   RC='CudaBackendTest.GatedDelta*:CudaBackendTest.*Conv*:CudaBackendTest.*Norm*:Matvec/CudaMatmulTest.MatvecRows*:Matvec/CudaMatmulTest.MatmulOfNorm*'
   # The verify-row test's racecheck runs on one-set attention blocks (HYSPEC_ATTN_PAIRS=0): racecheck
@@ -34,7 +35,7 @@ if [ -x "$D/bin/test_backend" ]; then
   set -f  # the filters' * are gtest's
   for run in "memcheck $MC" "racecheck $RC" "racecheck CudaBackendTest.AttentionVerifyRows*"; do
     set -- $run
-    HYSPEC_ATTN_PAIRS=$([ "$1 $2" = "racecheck CudaBackendTest.AttentionVerifyRows*" ] && echo 0 || echo 1) timeout 200 compute-sanitizer --tool "$1" \
+    HYSPEC_ATTN_PAIRS=$([ "$1 $2" = "racecheck CudaBackendTest.AttentionVerifyRows*" ] && echo 0 || echo 1) timeout "${SC_SANITIZER_S:-200}" compute-sanitizer --tool "$1" \
       --error-exitcode 9 "$D/bin/test_backend" --gtest_filter="$2" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | head -4
     echo "$1 ${2:0:40}... rc=${PIPESTATUS[0]}"
   done
