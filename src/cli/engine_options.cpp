@@ -1,6 +1,7 @@
 #include "cli/engine_options.h"
 
 #include "cli/default_model.h"
+#include "model/hf_convert.h"
 
 #include <cstdio>
 
@@ -44,10 +45,7 @@ Result<EngineConfig> EngineFlags::to_config() const {
   // 512-token prompt after 16K cached: 11.5 ms a layer on the SIMT kernel, 1.5 on the tensor cores), so
   // CUDA defaults to F16, as llama.cpp does.
   const std::string kv = kv_type.empty() ? (c.backend == BackendKind::Cuda ? "f16" : "f32") : kv_type;
-  c.kv_type = kv == "f16"    ? GgmlType::F16
-              : kv == "bf16" ? GgmlType::BF16
-              : kv == "q8_0" ? GgmlType::Q8_0
-                             : GgmlType::F32;
+  HS_ASSIGN_OR_RETURN(c.kv_type, parse_convert_type(kv));  // the four names `convert --type` takes
   c.capture_type = capture_type == "f16" ? GgmlType::F16 : GgmlType::F32;
   const std::string suffix = "+ngram";
   c.add_ngram = spec.size() > suffix.size() && spec.ends_with(suffix);
