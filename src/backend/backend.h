@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -207,6 +208,16 @@ class Backend {
   virtual void embed(const Weight& table, const int32_t* tokens, int64_t n, Rows out) = 0;
   // y[t] = W x[t]   (x.n_cols == W.n_in, y.n_cols == W.n_out)
   virtual void matmul(const Weight& w, Rows x, Rows y) = 0;
+  // y_i = W_i x for several weights of one input (a layer's q/k/v, a stacked projection's runs): the
+  // bits of one matmul each, which is what this default does; CUDA runs such a set as one launch
+  // where its kernels allow. No y overlaps x.
+  struct MatmulPart {
+    const Weight* w;
+    Rows y;
+  };
+  virtual void matmul_many(Rows x, std::span<const MatmulPart> parts) {
+    for (const MatmulPart& p : parts) matmul(*p.w, x, p.y);
+  }
   // y = x / rms(x) * w over each group of `group` consecutive columns (w: [group] or null). In place ok.
   virtual void rms_norm(Rows x, const float* w, int64_t group, float eps, Rows y) = 0;
   // y = rms_norm(x per group) * w * silu(z)

@@ -88,11 +88,13 @@ StackedProjection Binder::get_stacked(std::initializer_list<std::pair<std::strin
 }
 
 void StackedProjection::matmul(Backend& backend, Rows x, Rows out) const {
+  std::vector<Backend::MatmulPart> parts;
   int64_t col = 0;
   for (const Weight& w : weights) {
-    backend.matmul(w, x, out.cols(col, w.n_out));
+    parts.push_back({&w, out.cols(col, w.n_out)});
     col += w.n_out;
   }
+  backend.matmul_many(x, parts);
 }
 
 std::string blk(int i, const char* name) { return fmt::format("blk.{}.{}", i, name); }

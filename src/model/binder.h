@@ -16,8 +16,8 @@ namespace hyspec {
 
 // Projections of one input, stacked row-wise: part i's outputs are columns [begin[i], begin[i] + n_out)
 // of one [n, width] result. Consecutive parts of one stored type share a backend weight, so they cost
-// one matmul (one launch, one pass over the input) instead of one each; a row's result does not depend
-// on the rows stacked with it.
+// one matmul (one pass over the input) instead of one each, and the runs go to the backend as one
+// matmul_many; a row's result does not depend on the rows stacked with it.
 struct StackedProjection {
   std::vector<Weight> weights;  // one per run of same-type parts
   std::vector<int64_t> begin;   // first output column of each part

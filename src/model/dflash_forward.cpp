@@ -41,8 +41,8 @@ Status DflashModel::inject(const DflashInjectArgs& args, DflashState& st) {
   Rows k(I.t1, n, Hkv * D), v(I.t2, n, Hkv * D);
   for (size_t il = 0; il < I.layers.size(); ++il) {
     const DflashLayer& l = I.layers[il];
-    be.matmul(l.attn_k, g, k);
-    be.matmul(l.attn_v, g, v);
+    const Backend::MatmulPart kv[] = {{&l.attn_k, k}, {&l.attn_v, v}};
+    be.matmul_many(g, kv);
     be.qk_norm_rope_store(qk_prep(hp_, l, Rows(), k, v, args.positions, st.kv[il]));
   }
   return Status::ok();
@@ -69,9 +69,8 @@ Status DflashModel::draft(const DflashDraftArgs& args, DflashState& st) {
     const DflashLayer& l = I.layers[il];
     // Attention of the block over [injected context ; the block itself].
     Rows q(I.t1, n, H * D), k(I.t2, n, Hkv * D), v(I.t3, n, Hkv * D), att(I.t4, n, H * D);
-    be.matmul(l.attn_q, h, q);
-    be.matmul(l.attn_k, h, k);
-    be.matmul(l.attn_v, h, v);
+    const Backend::MatmulPart qkv[] = {{&l.attn_q, q}, {&l.attn_k, k}, {&l.attn_v, v}};
+    be.matmul_many(h, qkv);
     be.qk_norm_rope_store(qk_prep(hp_, l, q, k, v, args.positions, st.kv[il]));
     AttentionArgs a;
     a.q = q;

@@ -56,9 +56,8 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   const int64_t D = hp.head_dim, H = hp.n_head, Hkv = hp.n_head_kv, n = c.n;
   Rows qg = c.buf(c.I.t1, 2 * H * D), q = c.buf(c.I.t2, H * D), k = c.buf(c.I.t3, Hkv * D),
        v = c.buf(c.I.t3 + n * Hkv * D, Hkv * D), att = c.buf(c.I.t4, H * D);
-  c.be.matmul(w.attn_q, x, qg);
-  c.be.matmul(w.attn_k, x, k);
-  c.be.matmul(w.attn_v, x, v);
+  const Backend::MatmulPart qkv[] = {{&w.attn_q, qg}, {&w.attn_k, k}, {&w.attn_v, v}};
+  c.be.matmul_many(x, qkv);
   // attn_q rows hold, per head, D query values then D gate values.
   QkPrepArgs p = qk_prep_args(hp);
   p.q_in = qg;

@@ -412,6 +412,60 @@ TEST_P(CudaMatmulTest, MatvecRowsAreBitIdenticalAcrossWidths) {
   }
 }
 
+// Several weights of one input in one call (a layer's q/k/v, a stacked projection's runs: outputs
+// that are column views of one buffer): every part's rows are the bits of its own matmul, at every
+// width, for Q4_K and Q6_K parts (one launch where the int8 matvecs allow: x quantized in-block, K <=
+// 8192, or by the norm that wrote it) and for sets with other types (one matmul each).
+TEST_P(CudaMatmulTest, MatmulManyEqualsOneMatmulEach) {
+  struct Part {
+    GgmlType type;
+    int64_t n_out;
+  };
+  const std::vector<std::vector<Part>> sets = {
+      {{GgmlType::Q4_K, 200}, {GgmlType::Q4_K, 40}, {GgmlType::Q6_K, 72}},
+      {{GgmlType::Q6_K, 520}, {GgmlType::Q4_K, 8}},
+      {{GgmlType::Q4_K, 33}, {GgmlType::Q6_K, 16}, {GgmlType::Q6_K, 1}, {GgmlType::Q4_K, 300}},
+      {{GgmlType::Q8_0, 64}, {GgmlType::Q4_K, 64}},
+  };
+  for (const int64_t K : {2304, 8448}) {
+    const Tensor wn = put(*gpu_, randn(K));
+    for (const auto& set : sets) {
+      std::vector<Weight> ws;
+      std::vector<std::vector<uint8_t>> bytes;
+      int64_t total = 0;
+      for (const Part& p : set) {
+        bytes.push_back(random_weight_bytes(p.type, K, p.n_out, rng_));
+        auto w = gpu_->load_weight(tensor_info("w", p.type, bytes.back(), K, p.n_out));
+        ASSERT_TRUE(w.is_ok()) << w.message();
+        ws.push_back(std::move(w).value());
+        total += p.n_out;
+      }
+      for (const int64_t n : {1, 2, 3, 8, 9, 16, 17, 24, 25}) {
+        const Tensor x = put(*gpu_, randn(n * K, 2.0f)), h = poison(*gpu_, n * K);
+        for (const bool normed : {false, true}) {
+          const std::string what = fmt::format("K={} parts={} n={} normed={}", K, set.size(), n, normed);
+          const Tensor ref = poison(*gpu_, n * total), got = poison(*gpu_, n * total);
+          const Tensor& in = normed ? h : x;
+          if (normed) gpu_->rms_norm(x.rows(n, K), wn.f(), K, 1e-6f, h.rows(n, K));
+          std::vector<Backend::MatmulPart> parts;
+          int64_t col = 0;
+          for (const Weight& w : ws) {
+            gpu_->matmul(w, in.rows(n, K), ref.rows(n, total).cols(col, w.n_out));
+            parts.push_back({&w, got.rows(n, total).cols(col, w.n_out)});
+            col += w.n_out;
+          }
+          gpu_->matmul_many(in.rows(n, K), parts);
+          const auto r = get_gpu(ref), g = get_gpu(got);
+          for (size_t i = 0; i < r.size(); ++i) {
+            ASSERT_TRUE(std::isfinite(r[i])) << what << " at " << i;
+            ASSERT_EQ(std::memcmp(&g[i], &r[i], 4), 0) << what << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, MatmulRowsNotMultipleOf32UseExactFallback) {
   for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
     const int64_t K = 40, N = 9, n = 5;

@@ -213,6 +213,29 @@ class CudaBackend final : public Backend {
     matmul_wrote(y);
   }
 
+  void matmul_many(Rows x, std::span<const MatmulPart> parts) override {
+    const int count = static_cast<int>(parts.size());
+    if (count >= 2 && count <= cuda::kInt8MvMaxParts) {
+      cuda::WeightView v[cuda::kInt8MvMaxParts];
+      cuda::Mat y[cuda::kInt8MvMaxParts];
+      bool shapes = true;
+      for (int i = 0; i < count; ++i) {
+        const Weight& w = *parts[i].w;
+        const Rows& yi = parts[i].y;
+        shapes = shapes && w.present() && x.n_cols == w.n_in && yi.n_cols == w.n_out && yi.n_rows == x.n_rows;
+        v[i] = view(w);
+        y[i] = mat(yi);
+      }
+      if (shapes && cuda::int8_matvec_multi_supported(v, count, x.n_rows, quantized(x))) {
+        auto prof = begin_op("matmul_many", parts[0].w, /*reads_only_x=*/true);
+        check(cuda::int8_matvec_multi_launch(v, y, count, mat(x), stream_, quantized(x)), "matmul_many");
+        for (const MatmulPart& p : parts) matmul_wrote(p.y);
+        return;
+      }
+    }
+    Backend::matmul_many(x, parts);  // one matmul each (and their shape errors)
+  }
+
   bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) override {
     const cuda::WeightView g = view(gate), u = view(up);
     if (!gate.present() || !up.present() || !cuda::matmul_swiglu_supported(g, u, x.n_rows)) return false;

@@ -81,6 +81,15 @@ size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx = nullptr);
 
+// y[i] = W[i] x for several Q4_K / Q6_K weights of one input in one launch (the blocks shared out by
+// bytes), the bits of one int8_matvec_launch each: widths 1..24 whose x the dp4a kernels quantize
+// in-block or a norm quantized (qx); int8_matvec_multi_supported says which (none with
+// HYSPEC_MATMUL_MANY=0), and the launch returns cudaErrorNotSupported for the others.
+constexpr int kInt8MvMaxParts = 4;
+bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx);
+cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
+                                     const QuantizedX* qx);
+
 // Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div]; with `up` (same type
 // and shape as w = gate, not F32), y[b] = silu(Wg x) * (Wu x) in the same pass.
 cudaError_t matmul_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_batch,

@@ -22,7 +22,9 @@
 // SwiGLU); warp ks takes the super-blocks (steps) ks, ks + 8, ... of the tile's rows, streamed
 // through a private double-buffered cp.async ring of 16 rows' blocks (Q4KLayout, Q6KLayout). The
 // warps are summed in a fixed order, so a row's result is the same bits whatever the number of
-// tokens, and the same in the fused SwiGLU as in a plain call.
+// tokens, and the same in the fused SwiGLU as in a plain call. Several matvecs of one input (a
+// layer's q/k/v, a Q6_K and a Q4_K run of stacked projections) may share one launch (multi_kernel):
+// each gets a share of the blocks by its bytes, and its rows the bits of a launch of its own.
 // Bytes per call: W once + n*K*(1 + 1/8 + 1/64) (int8 x, 16-element sums, scales: in shared memory for
 // dp4a, from L1/L2 per tile for mma) + n*n_out*4. Instructions per Q4_K super-block and 16 rows
 // (ncu, SASS executed per warp-step, 4096 x 12288): ~356 at one token, ~567 at 17 tokens. H100, one
@@ -127,8 +129,14 @@ struct Int8MvArgs {
   int64_t y_stride;
 };
 
+// The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
+// them when one launch runs several matvecs (multi_kernel).
+struct BlockSlot {
+  int idx, count;
+};
+
 // A warp's double-buffered ring of cp.async slots over the (tile, step) items of a persistent block:
-// warp ks takes steps ks, ks + 8, ... of tiles blockIdx.x, + gridDim.x, ...; a slot holds the 16 rows'
+// warp ks takes steps ks, ks + 8, ... of tiles slot.idx, + slot.count, ...; a slot holds the 16 rows'
 // blocks of one step (16 x L::kSlotBytes) and one step is in flight while the other is read (deeper
 // rings measured the same or slower on an H100: one token, 4096 x 12288, 1.97 TB/s at 2 slots, 1.88
 // at 4, 1.72 at 6). A copy instruction of the warp moves whole blocks of kRowsPerCopy rows (lane l:
@@ -147,7 +155,7 @@ struct StepRing {
   uint8_t* ring;
   float* red;  // after the rings: [warps][NMAX][16] partial sums
   int lane, ks, cnt;
-  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile;
+  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid;
   int i_m = 0;
   int q, p;  // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
   uint32_t lane_row, group_stride;  // q * row_bytes, kRowsPerCopy * row_bytes
@@ -155,12 +163,12 @@ struct StepRing {
   const uint8_t* up;    // SW: the up weights' first row of the tile, 8 rows back (slot rows 8..15)
   uint32_t copies;      // bit c: copy c holds a row of the issuing tile (rows past the matrix are not copied)
 
-  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem)
-      : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(blockIdx.x) {
+  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot)
+      : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count) {
     ring = smem + ks * kStages * kRows * L::kSlotBytes;
     red = reinterpret_cast<float*>(smem + kWarps * kStages * kRows * L::kSlotBytes);
     const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
-    my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    my_tiles = slot.idx < tiles ? (tiles - 1 - slot.idx) / slot.count + 1 : 0;
     cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
     total = my_tiles * cnt;
     q = lane / kPieces, p = lane - q * kPieces;
@@ -209,7 +217,7 @@ struct StepRing {
         }
       }
       ++issued;
-      if (++i_m == cnt) i_m = 0, i_tile += gridDim.x, start_tile();
+      if (++i_m == cnt) i_m = 0, i_tile += grid, start_tile();
     }
     cp_async_commit();  // one group per call, empty or not, so wait_group counts items
   }
@@ -344,13 +352,12 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // runs first and the blocks copy its output.
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
 template <int NMAX, bool SW, bool Q5 = false>
-__global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) {
+__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
-  extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<L, SW> ring(a, smem);
+  StepRing<L, SW> ring(a, smem, slot);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
@@ -359,7 +366,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
   const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
-    const int64_t tile = blockIdx.x + j * gridDim.x;
+    const int64_t tile = slot.idx + j * slot.count;
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -472,14 +479,13 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
 // block, so sum_k A B = sum_i m_i bsum_i, exactly. The k order inside a sub-block is permuted (lane
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
-template <int NT, bool SW, bool Q5 = false, int MB = (NT >= 4 ? 1 : 2)>
-__global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) {
+template <int NT, bool SW, bool Q5 = false>
+__device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
-  extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  StepRing<L, SW> ring(a, smem);
+  StepRing<L, SW> ring(a, smem, slot);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
   ring.prime();
@@ -487,7 +493,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
   pdl_trigger();
 
   for (int64_t j = 0; j < my_tiles; ++j) {
-    const int64_t tile = blockIdx.x + j * gridDim.x;
+    const int64_t tile = slot.idx + j * slot.count;
     float acc[NT][4];  // [n-tile][(row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)]
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -674,12 +680,11 @@ struct Iq4XsCodes {
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
 template <class C, int NMAX, bool SW>
-__global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
+__device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
-  extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<L, SW> ring(a, smem);
+  StepRing<L, SW> ring(a, smem, slot);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
@@ -688,7 +693,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) 
   const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
-    const int64_t tile = blockIdx.x + j * gridDim.x;
+    const int64_t tile = slot.idx + j * slot.count;
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -755,13 +760,12 @@ __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k16 per 16-code sub-block and 8 tokens
 // (lane t's fragment columns 4t..4t+3 = the sub-block's elements 4t..4t+3); msum is one f16
 // mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
-template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
-__global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) {
+template <class C, int NT, bool SW>
+__device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
-  extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
-  StepRing<L, SW> ring(a, smem);
+  StepRing<L, SW> ring(a, smem, slot);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
   ring.prime();
@@ -769,7 +773,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
   pdl_trigger();
 
   for (int64_t j = 0; j < my_tiles; ++j) {
-    const int64_t tile = blockIdx.x + j * gridDim.x;
+    const int64_t tile = slot.idx + j * slot.count;
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -835,6 +839,56 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
     write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
+}
+
+// The kernels of one matvec: every block of the launch serves it.
+__device__ __forceinline__ BlockSlot launch_slot() {
+  return BlockSlot{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x)};
+}
+template <int NMAX, bool SW, bool Q5 = false>
+__global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  q4k_dp4a_body<NMAX, SW, Q5>(a, smem, launch_slot());
+}
+template <int NT, bool SW, bool Q5 = false, int MB = (NT >= 4 ? 1 : 2)>
+__global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
+}
+template <class C, int NMAX, bool SW>
+__global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  s16_dp4a_body<C, NMAX, SW>(a, smem, launch_slot());
+}
+template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
+__global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  s16_mma_body<C, NT, SW>(a, smem, launch_slot());
+}
+
+// Several matvecs of one input in one launch (int8_matvec_multi_launch): blocks first[i] ..
+// first[i + 1] - 1 serve part i (Q4_K, or Q6_K where s16[i]) as a launch of their own would, so each
+// row gets the bits of its own matmul. W: the dp4a kernels' NMAX, or the tensor-core kernels' NT.
+struct Int8MvParts {
+  Int8MvArgs a[kInt8MvMaxParts];
+  int first[kInt8MvMaxParts + 1];
+  bool s16[kInt8MvMaxParts];
+  int n;
+};
+template <int W, bool kDp4a>
+__global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_constant__ Int8MvParts p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int b = static_cast<int>(blockIdx.x);
+  int i = 0;
+  while (i + 1 < p.n && b >= p.first[i + 1]) ++i;
+  const BlockSlot slot{b - p.first[i], p.first[i + 1] - p.first[i]};
+  if constexpr (kDp4a) {
+    if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false>(p.a[i], smem, slot);
+    else q4k_dp4a_body<W, false>(p.a[i], smem, slot);
+  } else {
+    if (p.s16[i]) s16_mma_body<Q6KCodes, W, false>(p.a[i], smem, slot);
+    else q4k_mma_body<W, false>(p.a[i], smem, slot);
+  }
 }
 
 // Scratch: q, then d, then bs, each 256-byte aligned, for padded_tokens(n) rows.
@@ -935,6 +989,47 @@ bool with_int8_family(GgmlType t, F&& f) {
   }
 }
 
+// Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
+template <class L>
+bool use_dp4a(int64_t n, int64_t K) {
+  static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 2);
+  return n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX && dp4a_fits<L>();
+}
+
+// Blocks per part of a multi launch: the fewest that finish every part within the smallest makespan
+// (whole 16-row tiles per block, tile_cost each), with at most `grid` blocks in all. Returns the
+// blocks of each part in g, or false when even one block each does not fit.
+bool share_blocks(const int64_t* tiles, const int64_t* tile_cost, int parts, int64_t grid, int64_t* g) {
+  auto blocks_for = [&](int64_t span, int64_t* out) {  // no block's tiles cost more than span
+    int64_t total = 0;
+    for (int i = 0; i < parts; ++i) {
+      const int64_t per_block = span / tile_cost[i];
+      if (per_block == 0) return false;
+      out[i] = (tiles[i] + per_block - 1) / per_block;
+      total += out[i];
+    }
+    return total <= grid;
+  };
+  int64_t lo = 0, hi = 0;
+  for (int i = 0; i < parts; ++i) hi = std::max(hi, tiles[i] * tile_cost[i]);
+  if (!blocks_for(hi, g)) return false;
+  while (hi - lo > 1) {  // blocks_for(hi) holds, blocks_for(lo) does not
+    const int64_t mid = lo + (hi - lo) / 2;
+    int64_t tmp[kInt8MvMaxParts];
+    (blocks_for(mid, tmp) ? hi : lo) = mid;
+  }
+  return blocks_for(hi, g);
+}
+
+template <int W, bool kDp4a>
+cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStream_t stream) {
+  const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a));
+  static const cudaError_t attr_err = cudaFuncSetAttribute(multi_kernel<W, kDp4a>,
+                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr_err != cudaSuccess) return attr_err;
+  return launch_pdl(multi_kernel<W, kDp4a>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream, p);
+}
+
 }  // namespace
 
 bool int8_matvec_supported(const WeightView& w, int64_t n) {
@@ -967,9 +1062,7 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
   cudaError_t err = cudaErrorInvalidValue;
   with_int8_family(w.type, [&](auto family) {
     using Family = decltype(family);
-    // Widths up to HYSPEC_MV8_DP4A (default 2) take the dp4a kernel where x fits in its shared memory.
-    static const int dp4a_max = env_int("HYSPEC_MV8_DP4A", 2);
-    const bool dp4a = n <= dp4a_max && n <= 2 && staged_x_bytes(n, K) <= kMaxStagedX && dp4a_fits<typename Family::L>();
+    const bool dp4a = use_dp4a<typename Family::L>(n, K);
     const XOrder order = dp4a ? XOrder::kNatural : Family::kOrder;
     if (qx && K <= kQuantizedXMaxK) {  // the norm that wrote x quantized it too
       a.x = Q8K{qx->q[static_cast<int>(order)], qx->d, reinterpret_cast<__half*>(qx->bs)};
@@ -988,6 +1081,72 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
     err = Family::launch(a, up != nullptr, dp4a, stream);
   });
   return err;
+}
+
+
+namespace {
+
+// The launch of int8_matvec_multi_launch (p, its grid, dp4a or not), or false where it is not supported.
+bool plan_multi(const WeightView* w, const Mat* y, int parts, Mat x, const QuantizedX* qx, Int8MvParts& p,
+                int64_t& grid, bool& dp4a) {
+  static const bool on = env_int("HYSPEC_MATMUL_MANY", 1) != 0;
+  const int64_t n = x.rows, K = parts > 0 ? w[0].n_in : 0;
+  if (!on || parts < 2 || parts > kInt8MvMaxParts || n > 24) return false;
+  for (int i = 0; i < parts; ++i)
+    if (!int8_matvec_supported(w[i], n) || w[i].n_in != K || (y && y[i].rows != n) ||
+        (w[i].type != GgmlType::Q4_K && w[i].type != GgmlType::Q6_K))
+      return false;
+  dp4a = use_dp4a<Q4KLayout>(n, K) && use_dp4a<Q6KLayout>(n, K);
+  const bool norm_rows = qx && K <= kQuantizedXMaxK;
+  // Without the norm's copy, the tensor-core kernels (and the dp4a kernels past kInBlockMaxK) need a
+  // quantize launch per code order: one matmul each costs the same.
+  if (!norm_rows && !(dp4a && K <= kInBlockMaxK)) return false;
+  p = Int8MvParts{};
+  p.n = parts;
+  int64_t tiles[kInt8MvMaxParts], tile_cost[kInt8MvMaxParts], g[kInt8MvMaxParts];
+  for (int i = 0; i < parts; ++i) {
+    const bool s16 = w[i].type == GgmlType::Q6_K;
+    const XOrder order = dp4a ? XOrder::kNatural : s16 ? XOrder::kFragQ6 : XOrder::kFragQ4;
+    Int8MvArgs& a = p.a[i];
+    a = Int8MvArgs{w[i].data, nullptr, w[i].row_bytes, w[i].n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n),
+                   y ? y[i].data : nullptr, y ? y[i].stride : 0};
+    if (norm_rows) {
+      a.x = Q8K{qx->q[static_cast<int>(order)], qx->d, reinterpret_cast<__half*>(qx->bs)};
+      a.xf = nullptr;
+    }
+    p.s16[i] = s16;
+    tiles[i] = (w[i].n_out + kRows - 1) / kRows;
+    // A tile's cost: its bytes. (At 4-16 rows, weighting Q6_K tiles by their tensor-core instructions,
+    // ~1.84x a Q4_K tile's against 1.46x its bytes, measured 0.5-1% slower on the 9B in session 26.)
+    tile_cost[i] = kRows * static_cast<int64_t>(w[i].row_bytes);
+  }
+  if (!share_blocks(tiles, tile_cost, parts, 2 * int64_t{sm_count()}, g)) return false;
+  grid = 0;
+  for (int i = 0; i < parts; ++i) p.first[i] = static_cast<int>(grid), grid += g[i];
+  p.first[parts] = static_cast<int>(grid);
+  return true;
+}
+
+}  // namespace
+
+bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
+  Int8MvParts p;
+  int64_t grid = 0;
+  bool dp4a = false;
+  return plan_multi(w, nullptr, parts, Mat{nullptr, n, parts > 0 ? w[0].n_in : 0, 0}, qx, p, grid, dp4a);
+}
+
+cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
+                                     const QuantizedX* qx) {
+  Int8MvParts p;
+  int64_t grid = 0;
+  bool dp4a = false;
+  if (!plan_multi(w, y, parts, x, qx, p, grid, dp4a)) return cudaErrorNotSupported;
+  const int64_t n = x.rows;
+  if (dp4a) return n == 1 ? launch_multi<1, true>(p, grid, 1, stream) : launch_multi<2, true>(p, grid, 2, stream);
+  if (n <= 8) return launch_multi<1, false>(p, grid, 8, stream);
+  if (n <= 16) return launch_multi<2, false>(p, grid, 16, stream);
+  return launch_multi<3, false>(p, grid, 24, stream);
 }
 
 }  // namespace hyspec::cuda
