@@ -235,13 +235,6 @@ class Backend {
     (void)gate, (void)up, (void)x, (void)y;
     return false;
   }
-  // The whole FFN, y = down (silu(gate x) * (up x)), where the backend runs it as one kernel (CUDA:
-  // one or two rows of Q4_K gate/up and Q4_K/Q6_K down); g [n, n_ff] receives the product. The bits
-  // of matmul_swiglu then matmul. Returns false, having done nothing, otherwise.
-  virtual bool ffn_swiglu(const Weight& gate, const Weight& up, const Weight& down, Rows x, Rows g, Rows y) {
-    (void)gate, (void)up, (void)down, (void)x, (void)g, (void)y;
-    return false;
-  }
   virtual void sigmoid_mul(Rows x, Rows gate, Rows y) = 0;            // y = x * sigmoid(gate)
   // y[r] += sigmoid(g[r][0]) * x[r]   (g: one column)
   virtual void add_sigmoid_scaled(Rows x, Rows g, Rows y) = 0;

@@ -90,7 +90,6 @@ void ffn(const Ctx& c, const FfnWeights& w, Rows x, Rows out) {
   const Qwen35Hparams& hp = c.hp;
   if (!hp.moe) {
     Rows g = c.buf(c.I.t1, hp.n_ff), u = c.buf(c.I.t2, hp.n_ff);
-    if (c.be.ffn_swiglu(w.ffn_gate, w.ffn_up, w.ffn_down, x, g, out)) return;
     if (!c.be.matmul_swiglu(w.ffn_gate, w.ffn_up, x, g)) {
       c.be.matmul(w.ffn_gate, x, g);
       c.be.matmul(w.ffn_up, x, u);

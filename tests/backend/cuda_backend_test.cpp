@@ -689,43 +689,6 @@ TEST_P(CudaMatmulTest, MatmulOfNormOutputReadsTheNormsQuantizedCopy) {
   }
 }
 
-// The FFN as one launch (one or two rows, Q4_K gate/up, Q4_K or Q6_K down; grid barriers between its
-// parts): g and the output are the bits of matmul_swiglu then matmul, whether x was quantized by a
-// norm or not and whether the down matvec's input fits its in-block quantizing (n_ff <= 8192) or not.
-TEST_P(CudaMatmulTest, FfnSwiGluEqualsMatmulSwiGluThenMatmul) {
-  for (const int64_t K : {2304, 8448})
-    for (const int64_t F : {2304, 8448})
-      for (const GgmlType down_type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
-        const int64_t E = 520;  // outputs of the down matmul: not a multiple of 16 rows
-        const auto gb = random_weight_bytes(GgmlType::Q4_K, K, F, rng_), ub = random_weight_bytes(GgmlType::Q4_K, K, F, rng_),
-                   db = random_weight_bytes(down_type, F, E, rng_);
-        auto gate = gpu_->load_weight(tensor_info("gate", GgmlType::Q4_K, gb, K, F));
-        auto up = gpu_->load_weight(tensor_info("up", GgmlType::Q4_K, ub, K, F));
-        auto down = gpu_->load_weight(tensor_info("down", down_type, db, F, E));
-        ASSERT_TRUE(gate.is_ok() && up.is_ok() && down.is_ok());
-        const Tensor wn = put(*gpu_, randn(K));
-        for (const int64_t n : {1, 2, 3}) {
-          const Tensor x = put(*gpu_, randn(n * K, 2.0f)), h = poison(*gpu_, n * K);
-          for (const bool normed : {false, true}) {
-            const std::string what = fmt::format("K={} F={} down={} n={} normed={}", K, F, ggml_type_name(down_type), n, normed);
-            const Tensor g_ref = poison(*gpu_, n * F), y_ref = poison(*gpu_, n * E), g = poison(*gpu_, n * F),
-                         y = poison(*gpu_, n * E);
-            const Tensor& in = normed ? h : x;
-            if (normed) gpu_->rms_norm(x.rows(n, K), wn.f(), K, 1e-6f, h.rows(n, K));
-            ASSERT_TRUE(gpu_->matmul_swiglu(*gate, *up, in.rows(n, K), g_ref.rows(n, F))) << what;
-            gpu_->matmul(*down, g_ref.rows(n, F), y_ref.rows(n, E));
-            const bool fused = gpu_->ffn_swiglu(*gate, *up, *down, in.rows(n, K), g.rows(n, F), y.rows(n, E));
-            EXPECT_EQ(fused, options_.int8_matvec && n <= 2 && (K <= 8192 || normed)) << what;
-            if (!fused) continue;
-            EXPECT_TRUE(same_bits(get_gpu(g), get_gpu(g_ref))) << what << ": g";
-            const auto got = get_gpu(y), ref = get_gpu(y_ref);
-            for (size_t i = 0; i < ref.size(); ++i) ASSERT_TRUE(std::isfinite(ref[i])) << what;
-            EXPECT_TRUE(same_bits(got, ref)) << what << ": output";
-          }
-        }
-      }
-}
-
 TEST_F(CudaBackendTest, ElementwiseOpsMatchCpu) {
   const int64_t n = 7, C = 300, S = 310;
   const auto av = randn(n * S), bv = randn(n * S), yv = randn(n * C);

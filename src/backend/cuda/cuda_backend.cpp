@@ -236,26 +236,6 @@ class CudaBackend final : public Backend {
     Backend::matmul_many(x, parts);  // one matmul each (and their shape errors)
   }
 
-  bool ffn_swiglu(const Weight& gate, const Weight& up, const Weight& down, Rows x, Rows g, Rows y) override {
-    const cuda::WeightView gv = view(gate), uv = view(up), dv = view(down);
-    if (!gate.present() || !up.present() || !down.present() ||
-        !cuda::ffn_swiglu_supported(gv, uv, dv, x.n_rows, quantized(x)))
-      return false;
-    auto prof = begin_op("matmul_ffn", &gate, /*reads_only_x=*/true);
-    if (!expect(x.n_cols == gate.n_in && g.n_cols == gate.n_out && y.n_cols == down.n_out && x.n_rows == g.n_rows &&
-                    x.n_rows == y.n_rows,
-                "ffn_swiglu '{}' [{} -> {} -> {}]: x [{}, {}], g [{}, {}], y [{}, {}]", gate.name, gate.n_in,
-                gate.n_out, down.n_out, x.n_rows, x.n_cols, g.n_rows, g.n_cols, y.n_rows, y.n_cols))
-      return true;
-    void* s = arena(matmul_arena_, cuda::ffn_swiglu_scratch_bytes(x.n_rows, gate.n_out));
-    if (!s) return true;
-    check(cuda::ffn_swiglu_launch(gv, uv, dv, mat(x), mat(g), mat(y), s, grid_barrier_, stream_, quantized(x)),
-          "ffn_swiglu");
-    matmul_wrote(g);
-    matmul_wrote(y);
-    return true;
-  }
-
   bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) override {
     const cuda::WeightView g = view(gate), u = view(up);
     if (!gate.present() || !up.present() || !cuda::matmul_swiglu_supported(g, u, x.n_rows)) return false;
@@ -634,12 +614,6 @@ class CudaBackend final : public Backend {
       return Status::error("cudaMalloc of the attention counters failed");
     owned_.push_back(counters);
     attention_counters_ = static_cast<unsigned*>(counters);
-    void* barrier = nullptr;
-    if (cudaMalloc(&barrier, sizeof(unsigned long long)) != cudaSuccess ||
-        cudaMemset(barrier, 0, sizeof(unsigned long long)) != cudaSuccess)
-      return Status::error("cudaMalloc of the grid barrier counter failed");
-    owned_.push_back(barrier);
-    grid_barrier_ = static_cast<unsigned long long*>(barrier);
     // HYSPEC_NORM_QUANTIZE=0 leaves the quantizing to the matvecs (to measure what it saves).
     if (int8_matvec_ && cuda::env_int("HYSPEC_NORM_QUANTIZE", 1) != 0) {
       // Zeroed: the rows past a norm's are the padding of the matvecs' 8-token tiles.
@@ -774,7 +748,6 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::OpProfiler> profiler_;  // HYSPEC_CUDA_PROFILE only
   Arena matmul_arena_, op_arena_;
   unsigned* attention_counters_ = nullptr;
-  unsigned long long* grid_barrier_ = nullptr;  // the fused FFN kernels' grid barriers (cuda::ffn_swiglu_launch)
   // The rows the last norm also quantized for the int8 matvecs (into quantized_x_), while no op since
   // may have rewritten them: a matmul of exactly these rows reads quantized_x_ instead of quantizing
   // its input. Every other op, memory op, capture and replay forgets them.

@@ -85,16 +85,6 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
 // bytes), the bits of one int8_matvec_launch each: widths 1..24 whose x the dp4a kernels quantize
 // in-block or a norm quantized (qx); int8_matvec_multi_supported says which (none with
 // HYSPEC_MATMUL_MANY=0), and the launch returns cudaErrorNotSupported for the others.
-// out = down (silu(gate x) * (up x)) for one or two tokens in one launch with grid barriers (matvec_int8.cu):
-// Q4_K gate/up, Q4_K or Q6_K down; g [n, n_ff] receives the product (f32), scratch
-// (ffn_swiglu_scratch_bytes) its Q8K, and `barrier` is a zeroed device counter that every launch of this
-// device shares. The bits of matmul_swiglu_launch then matmul_launch. Off with HYSPEC_FFN_FUSED=0.
-bool ffn_swiglu_supported(const WeightView& gate, const WeightView& up, const WeightView& down, int64_t n,
-                          const QuantizedX* qx);
-size_t ffn_swiglu_scratch_bytes(int64_t n, int64_t n_ff);
-cudaError_t ffn_swiglu_launch(const WeightView& gate, const WeightView& up, const WeightView& down, Mat x, Mat g, Mat y,
-                              void* scratch, unsigned long long* barrier, cudaStream_t stream, const QuantizedX* qx);
-
 constexpr int kInt8MvMaxParts = 4;
 bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx);
 cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,

@@ -135,15 +135,6 @@ struct BlockSlot {
   int idx, count;
 };
 
-// What a matvec body does between priming its weight ring and reading its activations: wait for the
-// kernel that wrote them (and let the next kernel's blocks start), unless a fused kernel says otherwise.
-struct PdlWait {
-  __device__ void operator()() const {
-    pdl_wait();
-    pdl_trigger();
-  }
-};
-
 // A warp's double-buffered ring of cp.async slots over the (tile, step) items of a persistent block:
 // warp ks takes steps ks, ks + 8, ... of tiles slot.idx, + slot.count, ...; a slot holds the 16 rows'
 // blocks of one step (16 x L::kSlotBytes) and one step is in flight while the other is read (deeper
@@ -310,11 +301,7 @@ __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
 // the [warps][NMAX][16] partial sums at red: quantized here from a.xf, or copied from what
 // quantize_q8k_kernel wrote (a.x); either way the same bits (quantize_block). Call after the previous
 // kernel is done (pdl_wait).
-template <class T>
-__device__ __forceinline__ T load_x(const T* p, bool fresh) {  // fresh: written earlier in this launch
-  return fresh ? *p : __ldg(p);
-}
-template <int NMAX, bool kFresh = false>
+template <int NMAX>
 __device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
   static_assert(NMAX <= 2, "one or two rows: the source pitch is padded_tokens(n) = 8");
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
@@ -330,11 +317,11 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
     const int blocks = static_cast<int>(n * nb);
     for (int i = threadIdx.x; i < 16 * blocks; i += kWarps * 32)  // 16 x 16 bytes of codes per block
       reinterpret_cast<uint4*>(x.q)[i] =
-          load_x(reinterpret_cast<const uint4*>(a.x.q + src_block(i >> 4) * 256) + (i & 15), kFresh);
+          __ldg(reinterpret_cast<const uint4*>(a.x.q + src_block(i >> 4) * 256) + (i & 15));
     for (int i = threadIdx.x; i < 2 * blocks; i += kWarps * 32)  // 2 x 16 bytes of sums
       reinterpret_cast<uint4*>(x.bs)[i] =
-          load_x(reinterpret_cast<const uint4*>(a.x.bs + src_block(i >> 1) * 16) + (i & 1), kFresh);
-    for (int b = threadIdx.x; b < blocks; b += kWarps * 32) x.d[b] = load_x(a.x.d + src_block(b), kFresh);
+          __ldg(reinterpret_cast<const uint4*>(a.x.bs + src_block(i >> 1) * 16) + (i & 1));
+    for (int b = threadIdx.x; b < blocks; b += kWarps * 32) x.d[b] = __ldg(a.x.d + src_block(b));
   }
   __syncthreads();
   return x;
@@ -364,8 +351,8 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // f32 from L2 cost more than the launch (12288 x 4096: 1.19 vs 1.89 TB/s), so quantize_q8k_kernel
 // runs first and the blocks copy its output.
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
-template <int NMAX, bool SW, bool Q5 = false, bool kFresh = false, class Wait = PdlWait>
-__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, Wait wait = {}) {
+template <int NMAX, bool SW, bool Q5 = false>
+__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
@@ -374,8 +361,9 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
-  wait();  // the activations belong to the previous kernel
-  const Q8K x = stage_x<NMAX, kFresh>(a, red);
+  pdl_wait();  // the activations belong to the previous kernel
+  pdl_trigger();
+  const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = slot.idx + j * slot.count;
@@ -691,8 +679,8 @@ struct Iq4XsCodes {
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
-template <class C, int NMAX, bool SW, bool kFresh = false, class Wait = PdlWait>
-__device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, Wait wait = {}) {
+template <class C, int NMAX, bool SW>
+__device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
@@ -700,8 +688,9 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
-  wait();
-  const Q8K x = stage_x<NMAX, kFresh>(a, red);
+  pdl_wait();
+  pdl_trigger();
+  const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = slot.idx + j * slot.count;
@@ -899,57 +888,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_cons
   } else {
     if (p.s16[i]) s16_mma_body<Q6KCodes, W, false>(p.a[i], smem, slot);
     else q4k_mma_body<W, false>(p.a[i], smem, slot);
-  }
-}
-
-// Every block of the launch arrives, then leaves once all have: what any block wrote before is visible
-// to every block after. The counter only grows (64 bits: no wrap), so launches of the same grid size
-// share it without resets; all the grid's blocks must be resident (a cooperative launch).
-__device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned long long blocks = gridDim.x;
-    __threadfence();
-    const unsigned long long target = (atomicAdd(counter, 1ull) / blocks + 1) * blocks;
-    unsigned long long seen = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(seen) : "l"(counter) : "memory");
-    } while (seen < target);
-    __threadfence();
-  }
-  __syncthreads();
-}
-
-// The FFN of one or two tokens in one launch (ffn_swiglu_launch): g = silu(gate x) * (up x) (the fused
-// SwiGLU body, f32 to g), a grid barrier, g quantized to Q8K by every warp of the grid (quantize_x_block,
-// the bits of quantize_q8k_kernel; real rows only, which are all the dp4a kernels read), a barrier, then
-// out = down g (its ring primed before the first barrier). Each part is the code of its own launch,
-// so the bits are those of matmul_swiglu then matmul.
-struct FfnArgs {
-  Int8MvArgs up;    // the gate/up SwiGLU; y = g
-  Int8MvArgs down;  // x: the Q8K of g (pitch padded_tokens(n)), xf null
-  bool down_s16;    // Q6_K down weights (else Q4_K)
-  unsigned long long* barrier;
-};
-template <int NMAX>
-__global__ void __launch_bounds__(kWarps * 32, 2) ffn_kernel(const __grid_constant__ FfnArgs f) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  const BlockSlot slot = launch_slot();
-  q4k_dp4a_body<NMAX, true>(f.up, smem, slot);
-  auto quantize_g = [&] {
-    grid_barrier(f.barrier);
-    const int n = f.up.n, P = static_cast<int>(padded_tokens(n)), nb = static_cast<int>(f.down.K / 256);
-    const int warps = gridDim.x * kWarps, lane = threadIdx.x & 31;
-    for (int i = blockIdx.x * kWarps + (threadIdx.x >> 5); i < n * nb; i += warps) {
-      const int s = i / n, t = i - s * n;
-      quantize_x_block(f.up.y, f.up.y_stride, P, s * P + t, lane, f.down.x);
-    }
-    grid_barrier(f.barrier);
-  };
-  if (f.down_s16) {
-    s16_dp4a_body<Q6KCodes, NMAX, false, true>(f.down, smem, slot, quantize_g);
-  } else {
-    q4k_dp4a_body<NMAX, false, false, true>(f.down, smem, slot, quantize_g);
   }
 }
 
@@ -1190,71 +1128,6 @@ bool plan_multi(const WeightView* w, const Mat* y, int parts, Mat x, const Quant
 }
 
 }  // namespace
-
-namespace {
-// Whether the fused FFN kernels run two blocks per SM (their grid, all resident).
-bool ffn_fits() {
-  static const bool fits = [] {
-    const size_t smem = std::max(smem_bytes<Q4KLayout>(2, true), smem_bytes<Q6KLayout>(2, true));
-    for (auto kernel : {ffn_kernel<1>, ffn_kernel<2>}) {
-      int per_sm = 0;
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess ||
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem) != cudaSuccess || per_sm < 2) {
-        cudaGetLastError();
-        return false;
-      }
-    }
-    return true;
-  }();
-  return fits;
-}
-}  // namespace
-
-bool ffn_swiglu_supported(const WeightView& gate, const WeightView& up, const WeightView& down, int64_t n,
-                          const QuantizedX* qx) {
-  static const bool on = env_int("HYSPEC_FFN_FUSED", 1) != 0;
-  const int64_t K = gate.n_in, F = gate.n_out;
-  return on && ffn_fits() && (K <= kInBlockMaxK || (qx && K <= kQuantizedXMaxK)) && gate.type == GgmlType::Q4_K && up.type == GgmlType::Q4_K && up.n_in == K && up.n_out == F &&
-         (down.type == GgmlType::Q4_K || down.type == GgmlType::Q6_K) && down.n_in == F &&
-         int8_matvec_supported(gate, n) && int8_matvec_supported(down, n) && F <= kQuantizedXMaxK &&
-         use_dp4a<Q4KLayout>(n, K) && (down.type == GgmlType::Q4_K ? use_dp4a<Q4KLayout>(n, F) : use_dp4a<Q6KLayout>(n, F));
-}
-
-size_t ffn_swiglu_scratch_bytes(int64_t n, int64_t F) { return q_bytes(n, F) + d_bytes(n, F) + bs_bytes(n, F); }
-
-cudaError_t ffn_swiglu_launch(const WeightView& gate, const WeightView& up, const WeightView& down, Mat x, Mat g, Mat y,
-                              void* scratch, unsigned long long* barrier, cudaStream_t stream, const QuantizedX* qx) {
-  if (!ffn_swiglu_supported(gate, up, down, x.rows, qx)) return cudaErrorNotSupported;
-  const int64_t n = x.rows, K = gate.n_in, F = gate.n_out;
-  FfnArgs f{};
-  f.up = Int8MvArgs{gate.data, up.data, gate.row_bytes, F, K, Q8K{}, x.data, x.stride, static_cast<int>(n), g.data, g.stride};
-  if (qx && K <= kQuantizedXMaxK) {
-    f.up.x = Q8K{qx->q[static_cast<int>(XOrder::kNatural)], qx->d, reinterpret_cast<__half*>(qx->bs)};
-    f.up.xf = nullptr;
-  }
-  char* base = static_cast<char*>(scratch);
-  const Q8K gq{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + q_bytes(n, F)),
-               reinterpret_cast<__half*>(base + q_bytes(n, F) + d_bytes(n, F))};
-  f.down = Int8MvArgs{down.data, nullptr, down.row_bytes, down.n_out, F, gq, nullptr, 0, static_cast<int>(n), y.data, y.stride};
-  f.down_s16 = down.type == GgmlType::Q6_K;
-  f.barrier = barrier;
-  const size_t smem = std::max(smem_bytes<Q4KLayout>(2, true), smem_bytes<Q6KLayout>(2, true));
-  if (skip_launches()) return cudaSuccess;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(2 * sm_count()));
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeCooperative;  // every block resident: the grid barriers need it
-  attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  static const bool coop = env_int("HYSPEC_FFN_COOP", 1) != 0;
-  cfg.attrs = coop ? attr : attr + 1;
-  cfg.numAttrs = (coop ? 1 : 0) + (use_pdl() ? 1 : 0);
-  return n == 1 ? cudaLaunchKernelEx(&cfg, ffn_kernel<1>, f) : cudaLaunchKernelEx(&cfg, ffn_kernel<2>, f);
-}
 
 bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
   Int8MvParts p;
