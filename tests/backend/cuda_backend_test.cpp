@@ -854,6 +854,35 @@ TEST_F(CudaBackendTest, ArgmaxFirstIndexOnTies) {
   EXPECT_EQ(g[2], 100);
 }
 
+// Rows of a Qwen3.5 vocabulary (the GPU's first pass splits them into many chunks), strided: the first
+// index of the largest value, as the CPU gives, with ties across chunks, the winner in the last partial
+// chunk or at 0, and a row of -inf only (0); NaN never wins.
+TEST_F(CudaBackendTest, ArgmaxOfVocabularyRowsAcrossChunks) {
+  const int64_t n = 5, C = 248320, S = C + 64;
+  auto xv = randn(n * S);
+  xv[0 * S + 4096 * 3 + 7] = 60.0f, xv[0 * S + 4096 * 50 + 1] = 60.0f;
+  xv[1 * S + C - 1] = 70.0f;
+  xv[2 * S] = 80.0f;
+  for (int64_t c = 0; c < C; c += 997) xv[3 * S + c] = std::numeric_limits<float>::quiet_NaN();
+  xv[3 * S + 1000] = 90.0f;
+  std::fill(xv.begin() + 4 * S, xv.begin() + 4 * S + C, -std::numeric_limits<float>::infinity());
+  Pair x = both(xv);
+  std::vector<int32_t> init(n, -7);
+  Buffer oc = put_i32(*cpu_, init), og = put_i32(*gpu_, init);
+  cpu_->argmax(x.c.rows(n, C, S), oc.as<int32_t>());
+  gpu_->argmax(x.g.rows(n, C, S), og.as<int32_t>());
+  std::vector<int32_t> c(n), g(n);
+  cpu_->download(c.data(), oc.data(), n * 4);
+  gpu_->download(g.data(), og.data(), n * 4);
+  ASSERT_TRUE(gpu_->synchronize().is_ok());
+  EXPECT_EQ(g[0], 4096 * 3 + 7);
+  EXPECT_EQ(g[1], C - 1);
+  EXPECT_EQ(g[2], 0);
+  EXPECT_EQ(g[3], 1000);
+  EXPECT_EQ(g[4], 0);
+  for (int r : {0, 1, 2, 4}) EXPECT_EQ(g[r], c[r]) << "row " << r;
+}
+
 TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
   const AttnCase cases[] = {{4, 2, 64, 37}, {8, 2, 256, 700}, {6, 2, 128, 1500}, {2, 2, 32, 0}};
   for (const AttnCase& ac : cases)
@@ -1342,6 +1371,19 @@ TEST_F(CudaBench, CopyBandwidth) {
   b.fill_zero(src.data(), bytes);
   const double s = time_graph([&] { for (int i = 0; i < 4; ++i) b.copy(dst.data(), src.data(), bytes); }, 4);
   std::printf("BENCH copy 256 MiB %8.2f us %6.0f GB/s (read + write)\n", s * 1e6, 2.0 * bytes / s / 1e9);
+}
+
+// The greedy pick over a Qwen3.5 vocabulary (248320 logits a row) for a decode step and a 16-row verify step.
+TEST_F(CudaBench, Argmax) {
+  Backend& b = *gpu_;
+  const int64_t V = 248320;
+  for (const int64_t rows : {1, 16}) {
+    const Tensor x = put(b, randn(rows * V));
+    Buffer ids = b.alloc(rows * sizeof(int32_t)).value();
+    const double s = time_graph([&] { for (int i = 0; i < 8; ++i) b.argmax(x.rows(rows, V), ids.as<int32_t>()); }, 8);
+    std::printf("BENCH argmax %lld x %lld %8.2f us %6.0f GB/s\n", static_cast<long long>(rows), static_cast<long long>(V),
+                s * 1e6, rows * V * 4.0 / s / 1e9);
+  }
 }
 
 // MoE expert FFN (qwen35moe-like: 2048 wide, 128 experts of 768, top-8, Q4_K experts) at decode,

@@ -529,7 +529,9 @@ class CudaBackend final : public Backend {
   void argmax(Rows x, int32_t* out) override {
     auto prof = begin_op("argmax");
     if (!expect(x.n_cols > 0, "argmax: empty rows")) return;
-    check(cuda::argmax_launch(mat(x), out, stream_), "argmax");
+    void* s = arena(op_arena_, cuda::argmax_scratch_bytes(x.n_rows, x.n_cols));
+    if (!s) return;
+    check(cuda::argmax_launch(mat(x), out, s, stream_), "argmax");
   }
 
   // ---- graphs ----

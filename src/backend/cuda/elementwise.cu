@@ -405,20 +405,53 @@ __device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
   if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
 }
 
-__global__ void argmax_kernel(Mat x, int32_t* out) {
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  const float* row = x.data + blockIdx.x * x.stride;
+// Argmax of each row (first index on ties; NaN never wins; a row without a winner gives 0) in two
+// passes, so that a 248K-logit row is read by ~60 SMs instead of one (one block per row took 50 us on
+// an H100): argmax_chunks_kernel takes kArgmaxChunk logits per block, 16 per thread, all loaded before
+// the comparisons (one round trip); argmax_merge_kernel takes a row's chunk winners in a warp. The
+// winner does not depend on the order of comparisons (value, then index, is a total order).
+constexpr int kArgmaxThreads = 256, kArgmaxPerThread = 16, kArgmaxChunk = kArgmaxThreads * kArgmaxPerThread;
+constexpr int kNoIndex = 0x7fffffff;
+
+__device__ __forceinline__ void warp_arg_best(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) arg_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_chunks_kernel(Mat x, float* part_v, int* part_i) {
+  pdl_wait();  // the logits belong to the previous kernel
+  pdl_trigger();
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int si[kArgmaxThreads / 32];
+  const float* row = x.data + static_cast<int64_t>(blockIdx.y) * x.stride;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk + threadIdx.x;
+  float e[kArgmaxPerThread];
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j) {
+    const int64_t c = c0 + int64_t{kArgmaxThreads} * j;
+    e[j] = c < x.cols ? row[c] : __int_as_float(0x7fffffff);  // NaN: never the winner
+  }
   float v = -FLT_MAX;
-  int idx = 0x7fffffff;
-  for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) arg_better(v, idx, row[c], static_cast<int>(c));
-  for (int o = 16; o > 0; o >>= 1)
-    arg_better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+  int idx = kNoIndex;
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j) arg_better(v, idx, e[j], static_cast<int>(c0 + int64_t{kArgmaxThreads} * j));
+  warp_arg_best(v, idx);
   if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = v, si[threadIdx.x >> 5] = idx;
   __syncthreads();
   if (threadIdx.x != 0) return;
-  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) arg_better(v, idx, sv[w], si[w]);
-  out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
+  for (int w = 1; w < kArgmaxThreads / 32; ++w) arg_better(v, idx, sv[w], si[w]);
+  const int64_t slot = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  part_v[slot] = v, part_i[slot] = idx;
+}
+
+__global__ void argmax_merge_kernel(const float* part_v, const int* part_i, int chunks, int32_t* out) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * chunks;
+  float v = -FLT_MAX;
+  int idx = kNoIndex;
+  for (int c = threadIdx.x; c < chunks; c += 32) arg_better(v, idx, part_v[base + c], part_i[base + c]);
+  warp_arg_best(v, idx);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx == kNoIndex ? 0 : idx;
 }
 
 // One warp per token: p_e = exp(l_e - max) (the softmax normaliser cancels in the renormalisation),
@@ -614,10 +647,21 @@ cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, cudaStr
   });
 }
 
-cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream) {
+size_t argmax_scratch_bytes(int64_t rows, int64_t cols) {
+  return static_cast<size_t>(rows * ((cols + kArgmaxChunk - 1) / kArgmaxChunk)) * (sizeof(float) + sizeof(int));
+}
+
+cudaError_t argmax_launch(Mat x, int32_t* out, void* scratch, cudaStream_t stream) {
   if (x.rows == 0) return cudaSuccess;
-  argmax_kernel<<<static_cast<unsigned>(x.rows), 1024, 0, stream>>>(x, out);
-  return cudaGetLastError();
+  if (x.rows > 65535 || x.cols >= kNoIndex) return cudaErrorInvalidValue;
+  const int chunks = static_cast<int>((x.cols + kArgmaxChunk - 1) / kArgmaxChunk);
+  float* part_v = static_cast<float*>(scratch);
+  int* part_i = reinterpret_cast<int*>(part_v + x.rows * chunks);
+  cudaError_t e = launch_pdl(argmax_chunks_kernel, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(x.rows)),
+                             dim3(kArgmaxThreads), 0, stream, x, part_v, part_i);
+  if (e != cudaSuccess) return e;
+  return launch_pdl(argmax_merge_kernel, dim3(static_cast<unsigned>(x.rows)), dim3(32), 0, stream,
+                    static_cast<const float*>(part_v), static_cast<const int*>(part_i), chunks, out);
 }
 
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream) {

@@ -150,7 +150,8 @@ struct QkPrepParams {
   int vec4_q, vec4_k;  // set by the launcher
 };
 cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, cudaStream_t stream);
-cudaError_t argmax_launch(Mat x, int32_t* out, cudaStream_t stream);
+size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
+cudaError_t argmax_launch(Mat x, int32_t* out, void* scratch, cudaStream_t stream);  // scratch: argmax_scratch_bytes
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
 // out[t] = sum_s weights[t][s] * expert_out[t*k + s]
