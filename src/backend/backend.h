@@ -9,12 +9,12 @@
 // - Ops are asynchronous on CUDA (one stream, in order); `download` and `synchronize` wait.
 // - Weights keep their GGML type: `matmul` reads them as stored (f32, f16, bf16, every quant; CUDA
 //   stores the types it has no kernels for as Q8_0, see load_weight).
+// - C++17 only: CUDA test sources (nvcc at C++17, see CMakeLists.txt) include it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <span>
 #include <string>
 #include <utility>
 
@@ -215,8 +215,8 @@ class Backend {
     const Weight* w;
     Rows y;
   };
-  virtual void matmul_many(Rows x, std::span<const MatmulPart> parts) {
-    for (const MatmulPart& p : parts) matmul(*p.w, x, p.y);
+  virtual void matmul_many(Rows x, const MatmulPart* parts, size_t count) {
+    for (size_t i = 0; i < count; ++i) matmul(*parts[i].w, x, parts[i].y);
   }
   // y = x / rms(x) * w over each group of `group` consecutive columns (w: [group] or null). In place ok.
   virtual void rms_norm(Rows x, const float* w, int64_t group, float eps, Rows y) = 0;

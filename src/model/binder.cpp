@@ -94,7 +94,7 @@ void StackedProjection::matmul(Backend& backend, Rows x, Rows out) const {
     parts.push_back({&w, out.cols(col, w.n_out)});
     col += w.n_out;
   }
-  backend.matmul_many(x, parts);
+  backend.matmul_many(x, parts.data(), parts.size());
 }
 
 std::string blk(int i, const char* name) { return fmt::format("blk.{}.{}", i, name); }

@@ -42,7 +42,7 @@ Status DflashModel::inject(const DflashInjectArgs& args, DflashState& st) {
   for (size_t il = 0; il < I.layers.size(); ++il) {
     const DflashLayer& l = I.layers[il];
     const Backend::MatmulPart kv[] = {{&l.attn_k, k}, {&l.attn_v, v}};
-    be.matmul_many(g, kv);
+    be.matmul_many(g, kv, 2);
     be.qk_norm_rope_store(qk_prep(hp_, l, Rows(), k, v, args.positions, st.kv[il]));
   }
   return Status::ok();
@@ -70,7 +70,7 @@ Status DflashModel::draft(const DflashDraftArgs& args, DflashState& st) {
     // Attention of the block over [injected context ; the block itself].
     Rows q(I.t1, n, H * D), k(I.t2, n, Hkv * D), v(I.t3, n, Hkv * D), att(I.t4, n, H * D);
     const Backend::MatmulPart qkv[] = {{&l.attn_q, q}, {&l.attn_k, k}, {&l.attn_v, v}};
-    be.matmul_many(h, qkv);
+    be.matmul_many(h, qkv, 3);
     be.qk_norm_rope_store(qk_prep(hp_, l, q, k, v, args.positions, st.kv[il]));
     AttentionArgs a;
     a.q = q;

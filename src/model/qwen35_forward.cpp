@@ -57,7 +57,7 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   Rows qg = c.buf(c.I.t1, 2 * H * D), q = c.buf(c.I.t2, H * D), k = c.buf(c.I.t3, Hkv * D),
        v = c.buf(c.I.t3 + n * Hkv * D, Hkv * D), att = c.buf(c.I.t4, H * D);
   const Backend::MatmulPart qkv[] = {{&w.attn_q, qg}, {&w.attn_k, k}, {&w.attn_v, v}};
-  c.be.matmul_many(x, qkv);
+  c.be.matmul_many(x, qkv, 3);
   // attn_q rows hold, per head, D query values then D gate values.
   QkPrepArgs p = qk_prep_args(hp);
   p.q_in = qg;

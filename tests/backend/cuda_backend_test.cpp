@@ -454,7 +454,7 @@ TEST_P(CudaMatmulTest, MatmulManyEqualsOneMatmulEach) {
             parts.push_back({&w, got.rows(n, total).cols(col, w.n_out)});
             col += w.n_out;
           }
-          gpu_->matmul_many(in.rows(n, K), parts);
+          gpu_->matmul_many(in.rows(n, K), parts.data(), parts.size());
           const auto r = get_gpu(ref), g = get_gpu(got);
           for (size_t i = 0; i < r.size(); ++i) {
             ASSERT_TRUE(std::isfinite(r[i])) << what << " at " << i;

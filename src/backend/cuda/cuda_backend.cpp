@@ -213,9 +213,9 @@ class CudaBackend final : public Backend {
     matmul_wrote(y);
   }
 
-  void matmul_many(Rows x, std::span<const MatmulPart> parts) override {
-    const int count = static_cast<int>(parts.size());
-    if (count >= 2 && count <= cuda::kInt8MvMaxParts) {
+  void matmul_many(Rows x, const MatmulPart* parts, size_t n_parts) override {
+    const int count = static_cast<int>(n_parts);
+    if (n_parts >= 2 && n_parts <= static_cast<size_t>(cuda::kInt8MvMaxParts)) {
       cuda::WeightView v[cuda::kInt8MvMaxParts];
       cuda::Mat y[cuda::kInt8MvMaxParts];
       bool shapes = true;
@@ -229,11 +229,11 @@ class CudaBackend final : public Backend {
       if (shapes && cuda::int8_matvec_multi_supported(v, count, x.n_rows, quantized(x))) {
         auto prof = begin_op("matmul_many", parts[0].w, /*reads_only_x=*/true);
         check(cuda::int8_matvec_multi_launch(v, y, count, mat(x), stream_, quantized(x)), "matmul_many");
-        for (const MatmulPart& p : parts) matmul_wrote(p.y);
+        for (int i = 0; i < count; ++i) matmul_wrote(parts[i].y);
         return;
       }
     }
-    Backend::matmul_many(x, parts);  // one matmul each (and their shape errors)
+    Backend::matmul_many(x, parts, n_parts);  // one matmul each (and their shape errors)
   }
 
   bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) override {
