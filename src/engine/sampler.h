@@ -49,8 +49,9 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
   const SamplingParams& params() const { return params_; }
 
-  // The next-token distribution after every transform, as (id, p) sorted by p descending, p > 0,
-  // summing to 1. Greedy: a single entry with p = 1. `history`: the sequence so far.
+  // The next-token distribution after every transform, as (id, p) with p > 0 summing to 1: sorted
+  // by logit descending (ties by id) when top-k or top-p truncates, else in no set order. Greedy: a
+  // single entry with p = 1. `history`: the sequence so far.
   void distribution(const float* logits, int n_vocab, std::span<const int32_t> history,
                     std::vector<TokenProb>& out) const;
   // Draw from distribution() with this sampler's RNG.
