@@ -410,6 +410,7 @@ __device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
 // an H100): argmax_chunks_kernel takes kArgmaxChunk logits per block, 16 per thread, all loaded before
 // the comparisons (one round trip); argmax_merge_kernel takes a row's chunk winners in a warp. The
 // winner does not depend on the order of comparisons (value, then index, is a total order).
+// Bytes: the logits once (4 per element), 8 per chunk written and read back; no FLOPs to speak of.
 constexpr int kArgmaxThreads = 256, kArgmaxPerThread = 16, kArgmaxChunk = kArgmaxThreads * kArgmaxPerThread;
 constexpr int kNoIndex = 0x7fffffff;
 
