@@ -443,11 +443,20 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   // 3. accept: the emitted tokens are the accepted drafts plus one token from the target
   std::vector<int32_t> emitted;
   const bool plain_greedy = options_.sampling.greedy() && !options_.sampling.has_penalties();
-  std::vector<float> logits;  // [n, V] on the host, when sampling or logprobs need them
-  if (!plain_greedy || options_.logprobs >= 0) {
-    logits.resize(static_cast<size_t>(n * V));
-    be.download(logits.data(), a.logits.data, logits.size() * sizeof(float));
-  }
+  // [n, V] on the host, when sampling or logprobs need them: only the rows they reach, in order (a
+  // 16-row verify step holds 16 MB of logits for a 248K vocabulary, and sampling stops at the first
+  // rejected draft).
+  std::vector<float> logits;
+  int64_t have = 0;  // rows downloaded
+  if (!plain_greedy || options_.logprobs >= 0) logits.resize(static_cast<size_t>(n * V));
+  auto row = [&](int64_t r) {
+    if (r >= have) {
+      be.download(logits.data() + have * V, a.logits.data + have * V,
+                  static_cast<size_t>((r + 1 - have) * V) * sizeof(float));
+      have = r + 1;
+    }
+    return &logits[static_cast<size_t>(r * V)];
+  };
   if (plain_greedy) {
     std::vector<int32_t> best(n);
     be.argmax(a.logits, arg_dev);
@@ -460,7 +469,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     std::vector<TokenProb> dist;
     int i = 0;
     for (;; ++i) {
-      sampler_.distribution(&logits[i * V], static_cast<int>(V), history, dist);
+      sampler_.distribution(row(i), static_cast<int>(V), history, dist);
       if (i == k) {  // every draft accepted: the bonus token comes straight from the target
         emitted.push_back(sampler_.draw(dist));
         break;
@@ -488,7 +497,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const double t2 = now_s();
   int kept = 0;
   for (int32_t t : emitted) {
-    emit(t, out, logits.empty() ? nullptr : &logits[static_cast<size_t>(kept) * V]);
+    emit(t, out, logits.empty() ? nullptr : row(kept));
     ++kept;
     if (done()) break;
   }
