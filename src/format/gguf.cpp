@@ -261,6 +261,7 @@ Status GgufFile::parse_all() {
   }
 
   const size_t data_start = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
+  data_offset_ = data_start;
   if (n_tensors > 0 && data_start > size_)
     return Status::errorf("{}: truncated before the tensor data section", fn);
   for (GgufTensorInfo& ti : tensors_) {

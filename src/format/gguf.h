@@ -64,6 +64,9 @@ class GgufFile {
   uint32_t version() const { return version_; }
   size_t alignment() const { return alignment_; }
   size_t file_size() const { return size_; }
+  // Where the data section begins (tensor offsets count from it); past file_size() when a file without
+  // tensors ends before its alignment padding.
+  size_t data_offset() const { return data_offset_; }
 
   // Metadata in file order and by key.
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
@@ -94,6 +97,7 @@ class GgufFile {
   std::string name_;
   uint32_t version_ = 0;
   size_t alignment_ = 32;
+  size_t data_offset_ = 0;
   std::vector<std::pair<std::string, GgufValue>> kv_;
   std::map<std::string, size_t, std::less<>> kv_index_;
   std::vector<GgufTensorInfo> tensors_;

@@ -56,8 +56,8 @@ TEST(GgufSkeleton, KeepsTheHeaderAndFillsEveryTensorWithFiniteWeights) {
   ASSERT_EQ(sk_bytes.size(), in_bytes.size());
   auto file = GgufFile::parse(in_bytes.data(), in_bytes.size(), in);
   ASSERT_TRUE(file.is_ok()) << file.message();
-  const GgufTensorInfo& first = (*file)->tensors()[0];
-  const size_t data_start = static_cast<size_t>(first.data - in_bytes.data()) - first.offset;
+  const size_t data_start = (*file)->data_offset();
+  ASSERT_EQ((*file)->tensors()[0].data, in_bytes.data() + data_start + (*file)->tensors()[0].offset);
   EXPECT_TRUE(std::equal(sk_bytes.begin(), sk_bytes.begin() + static_cast<std::ptrdiff_t>(data_start), in_bytes.begin()));
   EXPECT_TRUE(std::all_of(sk_bytes.begin() + static_cast<std::ptrdiff_t>(data_start), sk_bytes.end(),
                           [](uint8_t b) { return b == 0; }));

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -114,10 +115,7 @@ Status fill_tensor(const GgufTensorInfo& t, uint8_t* data, uint64_t seed) {
 Status skeleton(const std::string& in, const std::string& out) {
   HS_ASSIGN_OR_RETURN(MappedFile m, MappedFile::open(in));
   HS_ASSIGN_OR_RETURN(auto file, GgufFile::parse(m.data(), m.size(), in));
-  // The data section's start (every tensor's bytes are at it plus their offset).
-  const auto& tensors = file->tensors();
-  const size_t header =
-      tensors.empty() ? m.size() : static_cast<size_t>(tensors[0].data - m.data()) - static_cast<size_t>(tensors[0].offset);
+  const size_t header = std::min(file->data_offset(), m.size());
   const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Status::errorf("{}: cannot create: {}", out, std::strerror(errno));
   bool ok = true;
