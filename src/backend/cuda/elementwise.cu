@@ -470,10 +470,9 @@ __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* wei
   float total = 0.0f;
   for (int s = 0; s < top_k; ++s) {
     float v = -1.0f;
-    int idx = 0x7fffffff;
+    int idx = kNoIndex;
     for (int e = lane; e < n; e += 32) arg_better(v, idx, p[e], e);
-    for (int o = 16; o > 0; o >>= 1)
-      arg_better(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+    warp_arg_best(v, idx);
     total += v;
     if (lane == 0) {
       ids[blockIdx.x * top_k + s] = idx;
