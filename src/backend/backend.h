@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/logit_summary.h"
 #include "format/ggml_types.h"
 #include "format/gguf.h"
 #include "util/status.h"
@@ -258,6 +259,12 @@ class Backend {
   virtual void moe_ffn(const MoeArgs& a) = 0;
   // out[r] = argmax of row r (first index on ties).
   virtual void argmax(Rows x, int32_t* out) = 0;
+  // LogitSummary::floats(x.n_cols) floats per row of x into out, row after row.
+  virtual void logit_summary(Rows x, float inv_t, float* out) = 0;
+  // The tokens of row `row` of x whose logit is >= threshold (NaN never), in no set order: how many
+  // into *count, the first min(*count, cap) of them as ids and logits.
+  virtual void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
+                             int32_t* count) = 0;
 
   // Record `step` (a sequence of the ops above) for replay.
   virtual Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) = 0;

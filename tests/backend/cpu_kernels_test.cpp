@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -367,6 +368,56 @@ TEST(CpuOps, GatedDeltaNetMatchesTheRecurrenceInEveryFormWithCapture) {
 }
 
 // The row ops split across threads exactly as they run alone, on both paths.
+// The sampler's row summary against its definition in doubles (logit_summary.h), on strided rows with
+// a partial last chunk, NaN and -inf; select_logits against a scan.
+TEST(CpuOps, LogitSummaryAndSelectMatchTheirDefinitions) {
+  using S = LogitSummary;
+  std::mt19937 rng(9);
+  const int64_t n = 3, C = 3 * S::kChunk + 123, stride = C + 7;
+  std::vector<float> x = randn(n * stride, rng);
+  for (float& v : x) v *= 4.0f;
+  x[1 * stride + 10] = std::nanf(""), x[1 * stride + 11] = -INFINITY, x[2 * stride + C - 1] = 30.0f;
+  const float inv_t = 1.0f / 0.7f;
+  std::vector<float> out(n * S::floats(C), -1.0f);
+  ThreadPool pool(2);
+  logit_summary(pool, Rows(x.data(), n, C, stride), inv_t, out.data());
+  for (int64_t r = 0; r < n; ++r) {
+    const float* l = x.data() + r * stride;
+    const float* o = out.data() + r * S::floats(C);
+    float m = -FLT_MAX;
+    for (int64_t c = 0; c < C; ++c)
+      if (l[c] > m) m = l[c];
+    ASSERT_EQ(o[0], m) << r;
+    std::vector<double> chunk(S::chunks(C)), count(S::kBuckets), mass(S::kBuckets);
+    for (int64_t c = 0; c < C; ++c) {
+      if (!(l[c] > -INFINITY)) continue;
+      const double e = std::exp(double(l[c] - m) * inv_t);
+      const float d = (m - l[c]) * (inv_t * S::kPerNat);
+      const int64_t b = std::min<int64_t>(S::kBuckets - 1, static_cast<int64_t>(d));
+      chunk[c / S::kChunk] += e, count[b] += 1, mass[b] += e;
+    }
+    for (int64_t c = 0; c < S::chunks(C); ++c) EXPECT_CLOSE(o[S::chunk_at() + c], chunk[c], 1e-5) << r << " chunk " << c;
+    for (int64_t b = 0; b < S::kBuckets; ++b) {
+      ASSERT_EQ(o[S::count_at(C) + b], count[b]) << r << " bucket " << b;
+      EXPECT_CLOSE(o[S::mass_at(C) + b], mass[b], 1e-5) << r << " bucket " << b;
+    }
+  }
+  const float threshold = 5.0f;
+  std::vector<int32_t> ids(8);
+  std::vector<float> vals(8);
+  int32_t count = -1;
+  select_logits(Rows(x.data(), n, C, stride), 2, threshold, 8, ids.data(), vals.data(), &count);
+  std::vector<int32_t> want;
+  for (int64_t c = 0; c < C; ++c)
+    if (x[2 * stride + c] >= threshold) want.push_back(static_cast<int32_t>(c));
+  ASSERT_EQ(count, static_cast<int32_t>(want.size()));
+  ASSERT_GT(count, 8);  // more than fit: the first 8
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(ids[i], want[i]);
+    EXPECT_EQ(vals[i], x[2 * stride + want[i]]);
+  }
+}
+
 TEST(CpuOps, RowOpsGiveTheSameResultWithOneOrFourThreads) {
   std::mt19937 rng(5);
   const int64_t n = 300, cols = 256;  // big enough to be split

@@ -883,6 +883,63 @@ TEST_F(CudaBackendTest, ArgmaxOfVocabularyRowsAcrossChunks) {
   for (int r : {0, 1, 2, 4}) EXPECT_EQ(g[r], c[r]) << "row " << r;
 }
 
+// The sampler's row summaries and candidate selection: the max and the bucket counts exact, the f32
+// sums within rounding of the CPU's (another order), the selected set the same. Strided 248K rows with
+// NaN, -inf, and a row of -inf only.
+TEST_F(CudaBackendTest, LogitSummaryAndSelectMatchCpu) {
+  using S = LogitSummary;
+  const int64_t n = 4, C = 248320, stride = C + 64, F = S::floats(C);
+  auto xv = randn(n * stride, 3.0f);
+  for (int64_t c = 0; c < C; c += 991) xv[1 * stride + c] = kNaN;
+  xv[1 * stride + 12] = -std::numeric_limits<float>::infinity();
+  xv[2 * stride + C - 1] = 40.0f;
+  std::fill(xv.begin() + 3 * stride, xv.begin() + 3 * stride + C, -std::numeric_limits<float>::infinity());
+  Pair x = both(xv);
+  for (const float inv_t : {1.0f, 1.0f / 0.6f}) {
+    Pair o = both_poison(static_cast<size_t>(n * F));
+    cpu_->logit_summary(x.c.rows(n, C, stride), inv_t, o.c.f());
+    gpu_->logit_summary(x.g.rows(n, C, stride), inv_t, o.g.f());
+    const auto c = get(*cpu_, o.c), g = get_gpu(o.g);
+    for (int64_t r = 0; r < n; ++r) {
+      const float* cr = c.data() + r * F;
+      const float* gr = g.data() + r * F;
+      ASSERT_EQ(gr[0], cr[0]) << "max, row " << r;
+      for (int64_t i = 1; i < F; ++i) {
+        const bool is_count = i >= S::count_at(C) && i < S::mass_at(C);
+        // Chunk sums are a tree of f32 adds, bucket masses f32 atomics in any order (the CPU's sum in doubles).
+        const float tol = i < S::count_at(C) ? 2e-5f : 1e-4f;
+        if (is_count) ASSERT_EQ(gr[i], cr[i]) << "row " << r << " float " << i;
+        else ASSERT_NEAR(gr[i], cr[i], tol * std::max(1.0f, std::fabs(cr[i]))) << "row " << r << " float " << i;
+      }
+    }
+  }
+  for (const float threshold : {7.0f, 30.0f}) {
+    const int32_t cap = 64;
+    Buffer ic = cpu_->alloc(cap * 4).value(), ig = gpu_->alloc(cap * 4).value();
+    Tensor vc = poison(*cpu_, cap), vg = poison(*gpu_, cap);
+    Buffer nc = put_i32(*cpu_, {-1}), ng = put_i32(*gpu_, {-1});
+    cpu_->select_logits(x.c.rows(n, C, stride), 2, threshold, cap, ic.as<int32_t>(), vc.f(), nc.as<int32_t>());
+    gpu_->select_logits(x.g.rows(n, C, stride), 2, threshold, cap, ig.as<int32_t>(), vg.f(), ng.as<int32_t>());
+    int32_t count_c = 0, count_g = 0;
+    cpu_->download(&count_c, nc.data(), 4);
+    gpu_->download(&count_g, ng.data(), 4);
+    ASSERT_EQ(count_g, count_c) << threshold;
+    ASSERT_GT(count_c, 0);
+    ASSERT_LE(count_c, cap) << "the test wants every selected token";
+    std::vector<int32_t> idc(count_c), idg(count_g);
+    std::vector<float> lc(count_c), lg(count_g);
+    cpu_->download(idc.data(), ic.data(), count_c * 4);
+    gpu_->download(idg.data(), ig.data(), count_g * 4);
+    cpu_->download(lc.data(), vc.f(), count_c * 4);
+    gpu_->download(lg.data(), vg.f(), count_g * 4);
+    std::vector<std::pair<int32_t, float>> pc, pg;
+    for (int32_t i = 0; i < count_c; ++i) pc.push_back({idc[i], lc[i]}), pg.push_back({idg[i], lg[i]});
+    std::sort(pc.begin(), pc.end());
+    std::sort(pg.begin(), pg.end());
+    EXPECT_EQ(pg, pc) << threshold;
+  }
+}
+
 TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
   const AttnCase cases[] = {{4, 2, 64, 37}, {8, 2, 256, 700}, {6, 2, 128, 1500}, {2, 2, 32, 0}};
   for (const AttnCase& ac : cases)

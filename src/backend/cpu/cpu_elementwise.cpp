@@ -1,6 +1,8 @@
 // Row-wise float ops of the CPU backend: norms, residual adds, gates, RoPE. Each row goes through
 // one SIMD kernel call (f32_kernels.h); rows are split across threads only when the whole op is
 // worth a hand-off (parallel_for_cost), which for a single token of a small model it never is.
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -114,6 +116,49 @@ void rope_neox(Rows x, int head_dim, int n_rot, const int32_t* positions, float 
       }
     }
   }
+}
+
+void logit_summary(ThreadPool& pool, Rows x, float inv_t, float* out) {
+  using S = LogitSummary;
+  const int64_t C = x.n_cols, chunks = S::chunks(C), per_row = S::floats(C);
+  const float scale = inv_t * S::kPerNat;
+  parallel_for_cost(pool, x.n_rows, 3.0 * static_cast<double>(C), [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* l = x.row(r);
+      float* o = out + r * per_row;
+      float m = -FLT_MAX;
+      for (int64_t c = 0; c < C; ++c) m = l[c] > m ? l[c] : m;  // NaN never
+      o[0] = m;
+      std::vector<double> count(S::kBuckets, 0.0), mass(S::kBuckets, 0.0);  // the reference: sums in double
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        double sum = 0;
+        for (int64_t c = ch * S::kChunk; c < std::min(C, (ch + 1) * S::kChunk); ++c) {
+          if (!(l[c] > -INFINITY)) continue;  // NaN, -inf
+          const float e = std::exp((l[c] - m) * inv_t), d = (m - l[c]) * scale;
+          const int64_t b = d < static_cast<float>(S::kBuckets) ? static_cast<int64_t>(d) : S::kBuckets - 1;
+          sum += e;
+          count[b] += 1.0;
+          mass[b] += e;
+        }
+        o[S::chunk_at() + ch] = static_cast<float>(sum);
+      }
+      for (int64_t b = 0; b < S::kBuckets; ++b) {
+        o[S::count_at(C) + b] = static_cast<float>(count[b]);
+        o[S::mass_at(C) + b] = static_cast<float>(mass[b]);
+      }
+    }
+  });
+}
+
+void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits, int32_t* count) {
+  const float* l = x.row(row);
+  int32_t n = 0;
+  for (int64_t c = 0; c < x.n_cols; ++c) {
+    if (!(l[c] >= threshold)) continue;
+    if (n < cap) ids[n] = static_cast<int32_t>(c), logits[n] = l[c];
+    ++n;
+  }
+  *count = n;
 }
 
 }  // namespace hyspec::cpu

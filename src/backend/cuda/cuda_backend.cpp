@@ -534,6 +534,19 @@ class CudaBackend final : public Backend {
     check(cuda::argmax_launch(mat(x), out, s, stream_), "argmax");
   }
 
+  void logit_summary(Rows x, float inv_t, float* out) override {
+    auto prof = begin_op("logit_summary");
+    if (!expect(x.n_cols > 0, "logit_summary: empty rows")) return;
+    void* s = arena(op_arena_, cuda::argmax_scratch_bytes(x.n_rows, x.n_cols));
+    if (!s) return;
+    check(cuda::logit_summary_launch(mat(x), inv_t, out, s, stream_), "logit_summary");
+  }
+  void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
+                     int32_t* count) override {
+    auto prof = begin_op("select_logits");
+    check(cuda::select_logits_launch(mat(x), row, threshold, cap, ids, logits, count, stream_), "select_logits");
+  }
+
   // ---- graphs ----
   Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) override {
     if (!error_.is_ok()) return synchronize().with_context("before capture");

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/async_copy.cuh"
+#include "backend/logit_summary.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
@@ -455,6 +456,89 @@ __global__ void argmax_merge_kernel(const float* part_v, const int* part_i, int 
   if (threadIdx.x == 0) out[blockIdx.x] = idx == kNoIndex ? 0 : idx;
 }
 
+// The sampler's row summaries (backend/logit_summary.h), after argmax_chunks_kernel has left each
+// kArgmaxChunk-token chunk's largest logit in part_v (LogitSummary::kChunk is the same span): one block
+// per chunk takes the row's max from those, sums its chunk's exp((l - m) * inv_t) in a fixed order, and
+// adds its bucket histogram (shared-memory atomics) to the row's, which the launcher zeroed. Bytes: the
+// logits once; per block up to 2 x 512 global atomics (the buckets it touched).
+static_assert(LogitSummary::kChunk == kArgmaxChunk, "one chunk per argmax_chunks_kernel block");
+constexpr int kSumBuckets = static_cast<int>(LogitSummary::kBuckets);
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    logit_summary_kernel(Mat x, const float* part_v, float inv_t, float scale, float* out, int64_t out_stride) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ float count[kSumBuckets], mass[kSumBuckets], warp_sum[kArgmaxThreads / 32];
+  __shared__ float row_max;
+  const int chunks = gridDim.x;
+  for (int b = threadIdx.x; b < kSumBuckets; b += kArgmaxThreads) count[b] = 0.0f, mass[b] = 0.0f;
+  if (threadIdx.x < 32) {
+    float m = -FLT_MAX;
+    for (int c = threadIdx.x; c < chunks; c += 32) m = fmaxf(m, part_v[static_cast<int64_t>(blockIdx.y) * chunks + c]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0) row_max = m;
+  }
+  __syncthreads();
+  const float m = row_max;
+  const float* row = x.data + static_cast<int64_t>(blockIdx.y) * x.stride;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk + threadIdx.x;
+  float l[kArgmaxPerThread];
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j) {
+    const int64_t c = c0 + int64_t{kArgmaxThreads} * j;
+    l[j] = c < x.cols ? row[c] : -INFINITY;
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j) {
+    if (!(l[j] > -INFINITY)) continue;  // NaN, -inf, past the row
+    const float e = expf((l[j] - m) * inv_t), d = (m - l[j]) * scale;
+    const int b = d < static_cast<float>(kSumBuckets) ? static_cast<int>(d) : kSumBuckets - 1;
+    sum += e;
+    atomicAdd(&count[b], 1.0f);
+    atomicAdd(&mass[b], e);
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  float* o = out + static_cast<int64_t>(blockIdx.y) * out_stride;
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kArgmaxThreads / 32; ++w) total += warp_sum[w];
+    o[LogitSummary::chunk_at() + blockIdx.x] = total;
+    if (blockIdx.x == 0) o[0] = m;
+  }
+  float* o_count = o + 1 + chunks;
+  for (int b = threadIdx.x; b < kSumBuckets; b += kArgmaxThreads) {
+    if (count[b] == 0.0f) continue;
+    atomicAdd(&o_count[b], count[b]);
+    atomicAdd(&o_count[kSumBuckets + b], mass[b]);
+  }
+}
+
+// Row `row`'s logits >= threshold, compacted by warp: one atomic per warp for its slots. Bytes: the row
+// once, 8 per selected token.
+__global__ void __launch_bounds__(kArgmaxThreads)
+    select_logits_kernel(Mat x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits, int32_t* count) {
+  pdl_wait();
+  pdl_trigger();
+  const float* r = x.data + row * x.stride;
+  const int lane = threadIdx.x & 31;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk + threadIdx.x;
+  for (int j = 0; j < kArgmaxPerThread; ++j) {
+    const int64_t c = c0 + int64_t{kArgmaxThreads} * j;
+    const float l = c < x.cols ? r[c] : -INFINITY;
+    const bool keep = c < x.cols && l >= threshold;
+    const unsigned ballot = __ballot_sync(0xffffffffu, keep);
+    if (ballot == 0) continue;
+    int base = 0;
+    if (lane == 0) base = atomicAdd(count, __popc(ballot));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    const int slot = base + __popc(ballot & ((1u << lane) - 1u));
+    if (keep && slot < cap) ids[slot] = static_cast<int32_t>(c), logits[slot] = l;
+  }
+}
+
 // One warp per token: p_e = exp(l_e - max) (the softmax normaliser cancels in the renormalisation),
 // k rounds of argmax (first index on ties), weights p_sel / sum(p_sel).
 __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* weights) {
@@ -662,6 +746,33 @@ cudaError_t argmax_launch(Mat x, int32_t* out, void* scratch, cudaStream_t strea
   if (e != cudaSuccess) return e;
   return launch_pdl(argmax_merge_kernel, dim3(static_cast<unsigned>(x.rows)), dim3(32), 0, stream,
                     static_cast<const float*>(part_v), static_cast<const int*>(part_i), chunks, out);
+}
+
+cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream) {
+  if (x.rows == 0) return cudaSuccess;
+  if (x.rows > 65535 || x.cols >= kNoIndex) return cudaErrorInvalidValue;
+  const int chunks = static_cast<int>((x.cols + kArgmaxChunk - 1) / kArgmaxChunk);
+  const int64_t per_row = LogitSummary::floats(x.cols);
+  float* part_v = static_cast<float*>(scratch);
+  int* part_i = reinterpret_cast<int*>(part_v + x.rows * chunks);
+  cudaError_t e = cudaMemsetAsync(out, 0, static_cast<size_t>(x.rows * per_row) * sizeof(float), stream);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(x.rows));
+  e = launch_pdl(argmax_chunks_kernel, grid, dim3(kArgmaxThreads), 0, stream, x, part_v, part_i);
+  if (e != cudaSuccess) return e;
+  return launch_pdl(logit_summary_kernel, grid, dim3(kArgmaxThreads), 0, stream, x, static_cast<const float*>(part_v),
+                    inv_t, inv_t * LogitSummary::kPerNat, out, per_row);
+}
+
+cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
+                                 int32_t* count, cudaStream_t stream) {
+  if (x.cols == 0) return cudaMemsetAsync(count, 0, sizeof(int32_t), stream);
+  if (x.cols >= kNoIndex) return cudaErrorInvalidValue;
+  cudaError_t e = cudaMemsetAsync(count, 0, sizeof(int32_t), stream);
+  if (e != cudaSuccess) return e;
+  const unsigned chunks = static_cast<unsigned>((x.cols + kArgmaxChunk - 1) / kArgmaxChunk);
+  return launch_pdl(select_logits_kernel, dim3(chunks), dim3(kArgmaxThreads), 0, stream, x, row, threshold, cap, ids,
+                    logits, count);
 }
 
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream) {

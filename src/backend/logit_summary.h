@@ -1,0 +1,28 @@
+// The layout of Backend::logit_summary's output, shared with the CUDA kernels (no other includes).
+// C++17.
+#pragma once
+#include <cstdint>
+
+namespace hyspec {
+
+// What logit_summary writes for each row of C logits at inverse temperature inv_t (the sampler's
+// view of a row it does not read back whole; engine/logit_rows.h), in floats:
+//   [0]                        m: the row's largest logit (at least -FLT_MAX)
+//   [chunk_at() + c]           sum of exp((l - m) * inv_t) over tokens c*kChunk .. (c+1)*kChunk - 1
+//   [count_at(C) + b]          how many tokens fall in bucket b = min(kBuckets - 1, floor((m - l) * scale)),
+//                              scale = inv_t * kPerNat: their probability is within exp(-b/8) ..
+//                              exp(-(b+1)/8) of the best token's (counts are whole numbers in floats)
+//   [mass_at(C) + b]           their sum of exp((l - m) * inv_t)
+// Tokens whose logit is NaN or -inf count nowhere (probability 0). Sums are stored as f32, added in an
+// order (and a precision) of the backend's choosing.
+struct LogitSummary {
+  static constexpr int64_t kChunk = 4096, kBuckets = 512;
+  static constexpr float kPerNat = 8.0f;
+  static constexpr int64_t chunks(int64_t cols) { return (cols + kChunk - 1) / kChunk; }
+  static constexpr int64_t chunk_at() { return 1; }
+  static constexpr int64_t count_at(int64_t cols) { return 1 + chunks(cols); }
+  static constexpr int64_t mass_at(int64_t cols) { return 1 + chunks(cols) + kBuckets; }
+  static constexpr int64_t floats(int64_t cols) { return 1 + chunks(cols) + 2 * kBuckets; }
+};
+
+}  // namespace hyspec
