@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "engine/logit_rows.h"
 #include "engine/spec/dflash_drafter.h"
 #include "engine/spec/mtp_drafter.h"
 #include "engine/spec/ngram_drafter.h"
@@ -91,6 +92,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   e->feature_width_ = static_cast<int64_t>(e->needs_.taps.size()) * E;
   HS_ASSIGN_OR_RETURN(e->ints_, be.alloc(static_cast<size_t>(3 * rows + 8) * sizeof(int32_t)));
   HS_ASSIGN_OR_RETURN(e->logits_, be.alloc(static_cast<size_t>(e->max_verify_ * V) * sizeof(float)));
+  HS_ASSIGN_OR_RETURN(e->sampling_, be.alloc(LogitRows::scratch_bytes(e->max_verify_, V)));
   if (e->needs_.final_hidden) {
     HS_ASSIGN_OR_RETURN(e->hidden_, be.alloc(static_cast<size_t>(rows * E) * sizeof(float)));
   }
@@ -335,11 +337,12 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
   prefilled_ += n;
   committed_ = prefilled_;
   int32_t next = -1;
-  std::vector<float> logits;
+  std::vector<float> logprobs_row;
   if (last) {
-    logits.resize(V);
-    be.download(logits.data(), e.logits_.data(), V * sizeof(float));
-    next = sampler_.sample(logits.data(), static_cast<int>(V), tokens_);
+    LogitRows rows(be, a.logits, e.sampling_.data(), sampler_);
+    rows.select(0, tokens_);
+    next = rows.draw();
+    if (options_.logprobs >= 0) logprobs_row.assign(rows.host_row(0), rows.host_row(0) + V);  // before the drafter's steps
   }
   if (drafter_) {
     CommittedRows rows;
@@ -353,7 +356,7 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
     HS_RETURN_IF_ERROR(drafter_->observe(rows));
   }
   stats_.prefill_s += now_s() - t0;
-  if (last) emit(next, out, logits.data());
+  if (last) emit(next, out, logprobs_row.empty() ? nullptr : logprobs_row.data());
   return Status::ok();
 }
 
@@ -443,20 +446,10 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   // 3. accept: the emitted tokens are the accepted drafts plus one token from the target
   std::vector<int32_t> emitted;
   const bool plain_greedy = options_.sampling.greedy() && !options_.sampling.has_penalties();
-  // [n, V] on the host, when sampling or logprobs need them: only the rows they reach, in order (a
-  // 16-row verify step holds 16 MB of logits for a 248K vocabulary, and sampling stops at the first
+  // The rows stay on the device; sampling and logprobs read back what they need of the rows they reach
+  // (a 16-row verify step holds 16 MB of logits for a 248K vocabulary, and sampling stops at the first
   // rejected draft).
-  std::vector<float> logits;
-  int64_t have = 0;  // rows downloaded
-  if (!plain_greedy || options_.logprobs >= 0) logits.resize(static_cast<size_t>(n * V));
-  auto row = [&](int64_t r) {
-    if (r >= have) {
-      be.download(logits.data() + have * V, a.logits.data + have * V,
-                  static_cast<size_t>((r + 1 - have) * V) * sizeof(float));
-      have = r + 1;
-    }
-    return &logits[static_cast<size_t>(r * V)];
-  };
+  LogitRows rows(be, a.logits, e.sampling_.data(), sampler_);
   if (plain_greedy) {
     std::vector<int32_t> best(n);
     be.argmax(a.logits, arg_dev);
@@ -465,28 +458,25 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     while (i < k && best[i] == drafts[i]) emitted.push_back(drafts[i++]);
     emitted.push_back(best[i]);
   } else {
-    std::vector<int32_t> history = tokens_;
-    std::vector<TokenProb> dist;
+    std::vector<int32_t> history;  // what the penalties see
+    if (options_.sampling.has_penalties()) history = tokens_;
     int i = 0;
     for (;; ++i) {
-      sampler_.distribution(row(i), static_cast<int>(V), history, dist);
+      rows.select(i, history);
       if (i == k) {  // every draft accepted: the bonus token comes straight from the target
-        emitted.push_back(sampler_.draw(dist));
+        emitted.push_back(rows.draw());
         break;
       }
       // Deterministic draft (q one-hot): accept with probability p(d); otherwise draw from the
       // residual (p - q)+ normalised, i.e. p without d.
       const int32_t d = drafts[i];
-      float pd = 0;
-      for (const auto& t : dist) if (t.id == d) pd = t.p;
+      const float pd = rows.p(d);
       if (pd > 0 && (pd >= 1.0f || sampler_.uniform() < pd)) {
         emitted.push_back(d);
-        history.push_back(d);
+        if (!history.empty()) history.push_back(d);
         continue;
       }
-      std::vector<TokenProb> residual;
-      for (const auto& t : dist) if (t.id != d) residual.push_back(t);
-      emitted.push_back(residual.empty() ? d : sampler_.draw(residual));
+      emitted.push_back(rows.draw(d));
       break;
     }
   }
@@ -497,7 +487,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const double t2 = now_s();
   int kept = 0;
   for (int32_t t : emitted) {
-    emit(t, out, logits.empty() ? nullptr : row(kept));
+    emit(t, out, options_.logprobs >= 0 ? rows.host_row(kept) : nullptr);
     ++kept;
     if (done()) break;
   }

@@ -172,6 +172,7 @@ class Engine {
   int max_verify_ = 1;
   // Backend buffers shared by sessions (they step one at a time).
   Buffer ints_, logits_, hidden_, features_;
+  Buffer sampling_;  // LogitRows' scratch for max_verify_ rows
   int64_t feature_width_ = 0;
   DrafterNeeds needs_;
 };

@@ -37,21 +37,41 @@ void Sampler::distribution(const float* logits, int n_vocab, std::span<const int
     out.push_back({static_cast<int32_t>(std::max_element(l, l + n_vocab) - l), 1.0f});
     return;
   }
+  out.resize(static_cast<size_t>(n_vocab));
+  for (int i = 0; i < n_vocab; ++i) out[i] = {i, l[i]};
+  truncate(out, n_vocab, false, 0.0, l);
+}
+
+void Sampler::distribution_of_best(std::vector<TokenProb>& cand, int n_vocab, double rest) const {
+  if (cand.empty()) return;
+  if (params_.greedy()) {
+    cand.erase(cand.begin() + 1, cand.end());
+    cand[0].p = 1.0f;
+    return;
+  }
+  truncate(cand, n_vocab, true, rest, nullptr);
+}
+
+void Sampler::truncate(std::vector<TokenProb>& out, int n_vocab, bool best_first, double rest, const float* l) const {
+  const SamplingParams& sp = params_;
   // Token order: by logit descending, ties by id. Only the truncations need it, and only for the
   // tokens they keep: a full sort of a 248K vocabulary took ~38 ms a token on a small CPU. While
   // out[i].p still holds the logit, partial_sort selects the best (each other token costs one compare).
   const auto by_logit = [](const TokenProb& a, const TokenProb& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); };
-  out.resize(static_cast<size_t>(n_vocab));
-  for (int i = 0; i < n_vocab; ++i) out[i] = {i, l[i]};
-  bool sorted = false;  // all of out in token order
+  bool sorted = best_first;  // else all of out in token order
+  bool top_k_cut = false;
   if (sp.top_k > 0 && sp.top_k < n_vocab) {
-    std::partial_sort(out.begin(), out.begin() + sp.top_k, out.end(), by_logit);
-    out.resize(static_cast<size_t>(sp.top_k));
-    sorted = true;
+    const size_t k = std::min(out.size(), static_cast<size_t>(sp.top_k));
+    if (!sorted) std::partial_sort(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k), out.end(), by_logit);
+    out.resize(k);
+    sorted = top_k_cut = true;
   }
-  // Softmax with temperature over the candidates.
-  const float mx = sorted ? out[0].p : *std::max_element(l, l + n_vocab);
-  double sum = 0;
+  // Softmax with temperature over the candidates (and the mass of the row's other tokens, unless
+  // top-k has cut them).
+  float mx = -INFINITY;
+  if (sorted) mx = out[0].p;
+  else for (const auto& t : out) mx = std::max(mx, t.p);
+  double sum = top_k_cut ? 0.0 : rest;
   for (auto& t : out) {
     t.p = std::exp((t.p - mx) / sp.temperature);
     sum += t.p;

@@ -54,6 +54,13 @@ class Sampler {
   // single entry with p = 1. `history`: the sequence so far.
   void distribution(const float* logits, int n_vocab, std::span<const int32_t> history,
                     std::vector<TokenProb>& out) const;
+  // distribution() of a row known by its best tokens alone: `cand` holds (id, logit) best-first (logit
+  // descending, ties by id), a best-first prefix of the row's n_vocab tokens, and `rest` is the sum of
+  // exp((l - max) / T) over the tokens not in it. No penalties (they need the whole row). The result
+  // is distribution()'s when `cand` is the whole row; with top-k, when `cand` holds at least k tokens;
+  // without, when the result is shorter than `cand` (every truncation keeps a best-first prefix, so a
+  // cut inside the candidates is the cut of the row).
+  void distribution_of_best(std::vector<TokenProb>& cand, int n_vocab, double rest) const;
   // Draw from distribution() with this sampler's RNG.
   int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history);
   // Draw from an explicit distribution (speculative residuals).
@@ -62,6 +69,10 @@ class Sampler {
   void reseed(uint64_t seed);
 
  private:
+  // Temperature and truncations on out = (id, logit): best_first says out is sorted so; `l` (the row,
+  // indexed by id) is needed otherwise; rest as in distribution_of_best.
+  void truncate(std::vector<TokenProb>& out, int n_vocab, bool best_first, double rest, const float* l) const;
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   mutable std::vector<float> scratch_;

@@ -1,0 +1,202 @@
+#include "engine/logit_rows.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace hyspec {
+
+namespace {
+using S = LogitSummary;
+
+size_t summary_floats(int64_t rows, int64_t n_vocab) { return static_cast<size_t>(rows * S::floats(n_vocab)); }
+}  // namespace
+
+size_t LogitRows::scratch_bytes(int64_t rows, int64_t n_vocab) {
+  return summary_floats(rows, n_vocab) * sizeof(float) + sizeof(int32_t) +
+         static_cast<size_t>(kMaxCandidates) * (sizeof(int32_t) + sizeof(float));
+}
+
+LogitRows::LogitRows(Backend& be, Rows logits, void* scratch, Sampler& sampler)
+    : be_(be), logits_(logits), sampler_(sampler), V_(logits.n_cols) {
+  summary_dev_ = static_cast<float*>(scratch);
+  count_dev_ = reinterpret_cast<int32_t*>(summary_dev_ + summary_floats(logits.n_rows, V_));
+  ids_dev_ = count_dev_ + 1;
+  cand_dev_ = reinterpret_cast<float*>(ids_dev_ + kMaxCandidates);
+  host_rows_.resize(static_cast<size_t>(logits.n_rows));
+}
+
+const float* LogitRows::host_row(int64_t r) {
+  std::vector<float>& h = host_rows_[static_cast<size_t>(r)];
+  if (h.empty()) {
+    h.resize(static_cast<size_t>(V_));
+    be_.download(h.data(), logits_.row(r), h.size() * sizeof(float));
+  }
+  return h.data();
+}
+
+const float* LogitRows::summary(int64_t r) {
+  if (summaries_.empty()) {  // every row at once: a verify round reads them in order
+    be_.logit_summary(logits_, 1.0f / sampler_.params().temperature, summary_dev_);
+    summaries_.resize(summary_floats(logits_.n_rows, V_));
+    be_.download(summaries_.data(), summary_dev_, summaries_.size() * sizeof(float));
+  }
+  return summaries_.data() + r * S::floats(V_);
+}
+
+void LogitRows::select(int64_t r, std::span<const int32_t> history) {
+  row_ = r;
+  chunks_.clear();
+  dist_.clear();
+  const SamplingParams& sp = sampler_.params();
+  const int n_vocab = static_cast<int>(V_);
+  auto whole_row = [&] {
+    path_ = Path::Explicit;
+    sampler_.distribution(host_row(r), n_vocab, history, dist_);
+  };
+  if (sp.greedy() || (sp.has_penalties() && !history.empty())) return whole_row();
+  const float* s = summary(r);
+  const float m = s[0];
+  double z = 0;
+  for (int64_t c = 0; c < S::chunks(V_); ++c) z += s[S::chunk_at() + c];
+  if (!std::isfinite(m) || !std::isfinite(z) || !(z > 0)) return whole_row();
+  const bool top_k = sp.top_k > 0 && sp.top_k < n_vocab;
+  if (!top_k && sp.top_p >= 1.0f && sp.min_p <= 0.0f) {  // temperature alone: draws by chunk
+    path_ = Path::Chunks;
+    m_ = m;
+    z_ = z;
+    chunk_mass_ = s + S::chunk_at();
+    chunks_.resize(static_cast<size_t>(S::chunks(V_)));
+    return;
+  }
+  // The bucket whose tokens (and all better ones) surely hold the cut; one bucket of margin where the
+  // summary's float sums or the bucket edges could mislead. With top-k, its k tokens: the softmax
+  // that min-p and top-p read is over them.
+  const float* count = s + S::count_at(V_);
+  const float* mass = s + S::mass_at(V_);
+  int64_t cut = S::kBuckets - 1;
+  double cum_count = 0, cum_mass = 0;
+  for (int64_t b = 0; b < S::kBuckets; ++b) {
+    cum_count += count[b];
+    cum_mass += mass[b];
+    if (top_k && cum_count >= sp.top_k) cut = std::min(cut, b);
+    if (!top_k && sp.top_p < 1.0f && cum_mass >= sp.top_p * z) cut = std::min(cut, b + 1);
+  }
+  if (!top_k && sp.min_p > 0.0f)
+    cut = std::min(cut, static_cast<int64_t>(-std::log(sp.min_p) * S::kPerNat) + 1);
+  double selected = 0;
+  for (int64_t b = 0; b <= std::min(cut + 1, S::kBuckets - 1); ++b) selected += count[b];
+  if (cut >= S::kBuckets - 1 || selected > kMaxCandidates) return whole_row();
+  // Bucket b holds (m - l) * scale in [b, b + 1); the threshold sits a bucket lower, so rounding in
+  // either computation cannot drop a token of bucket `cut`.
+  const float scale = (1.0f / sp.temperature) * S::kPerNat;
+  const float threshold = m - static_cast<float>(cut + 2) / scale;
+  int32_t n = 0;
+  be_.select_logits(logits_, r, threshold, kMaxCandidates, ids_dev_, cand_dev_, count_dev_);
+  be_.download(&n, count_dev_, sizeof(n));
+  if (n > kMaxCandidates || n <= 0) return whole_row();
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::vector<float> l(static_cast<size_t>(n));
+  be_.download(ids.data(), ids_dev_, ids.size() * sizeof(int32_t));
+  be_.download(l.data(), cand_dev_, l.size() * sizeof(float));
+  dist_.resize(static_cast<size_t>(n));
+  double inside = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    dist_[i] = {ids[i], l[i]};
+    inside += std::exp((l[i] - m) / sp.temperature);
+  }
+  std::sort(dist_.begin(), dist_.end(),
+            [](const TokenProb& a, const TokenProb& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); });
+  sampler_.distribution_of_best(dist_, n_vocab, std::max(0.0, z - inside));
+  // Top-k: the candidates hold its k tokens, so the cuts after it are the row's. Otherwise a cut inside
+  // the candidates is the row's cut, and a distribution that kept them all may be missing tokens below
+  // the threshold.
+  const bool decided = n == n_vocab || (top_k ? n >= sp.top_k : dist_.size() < static_cast<size_t>(n));
+  if (!decided) return whole_row();
+  path_ = Path::Candidates;
+}
+
+const std::vector<float>& LogitRows::chunk(int64_t c) {
+  std::vector<float>& h = chunks_[static_cast<size_t>(c)];
+  if (h.empty()) {
+    h.resize(static_cast<size_t>(std::min(S::kChunk, V_ - c * S::kChunk)));
+    be_.download(h.data(), logits_.row(row_) + c * S::kChunk, h.size() * sizeof(float));
+  }
+  return h;
+}
+
+float LogitRows::chunk_logit(int32_t id) {  // its chunk, which a draw may read next (one round trip either way)
+  return chunk(id / S::kChunk)[static_cast<size_t>(id % S::kChunk)];
+}
+
+float LogitRows::p(int32_t id) {
+  if (path_ != Path::Chunks) {
+    for (const TokenProb& t : dist_)
+      if (t.id == id) return t.p;
+    return 0.0f;
+  }
+  if (id < 0 || id >= V_) return 0.0f;
+  const float l = chunk_logit(id);
+  if (!(l > -INFINITY)) return 0.0f;
+  return static_cast<float>(std::exp((l - m_) / sampler_.params().temperature) / z_);
+}
+
+int32_t LogitRows::draw(int32_t exclude) {
+  if (path_ == Path::Chunks) {
+    const int32_t t = draw_by_chunk(exclude);
+    if (t >= 0) return t;
+    // The device's masses and the host's exps disagree on whether anything is left (underflow at the
+    // edge): the row's distribution as the host computes it decides.
+    path_ = Path::Explicit;
+    sampler_.distribution(host_row(row_), static_cast<int>(V_), {}, dist_);
+  }
+  if (exclude < 0) return sampler_.draw(dist_);
+  std::vector<TokenProb> residual;
+  for (const TokenProb& t : dist_)
+    if (t.id != exclude) residual.push_back(t);
+  return residual.empty() ? exclude : sampler_.draw(residual);
+}
+
+int32_t LogitRows::draw_by_chunk(int32_t exclude) {
+  // Inverse CDF in token order: the device's chunk masses find the chunk, the host's exps of that
+  // chunk's logits the token (the chunk's share of u rescaled to the host's sum of it).
+  const float T = sampler_.params().temperature;
+  auto mass_of = [&](float l) { return l > -INFINITY ? static_cast<double>(std::exp((l - m_) / T)) : 0.0; };
+  const bool excluding = exclude >= 0 && exclude < V_;
+  const double e_x = excluding ? mass_of(chunk_logit(exclude)) : 0.0;
+  const int64_t c_x = excluding ? exclude / S::kChunk : -1;
+  const double total = z_ - e_x;
+  if (!(total > 0)) return -1;
+  double target = sampler_.uniform() * total;
+  int64_t c = -1, last = -1;
+  double chunk_total = 0;
+  for (int64_t ch = 0; ch < S::chunks(V_); ++ch) {
+    const double s = chunk_mass_[ch] - (ch == c_x ? e_x : 0.0);
+    if (!(s > 0)) continue;
+    last = ch;
+    chunk_total = s;
+    if (target < s) {
+      c = ch;
+      break;
+    }
+    target -= s;
+  }
+  if (last < 0) return -1;
+  if (c < 0) c = last, target = chunk_total;  // past the end by rounding: the last token that can be drawn
+  const std::vector<float>& l = chunk(c);
+  double host_total = 0;
+  for (size_t i = 0; i < l.size(); ++i)
+    if (static_cast<int64_t>(c * S::kChunk + i) != exclude) host_total += mass_of(l[i]);
+  double t = target / chunk_total * host_total;
+  int32_t best = -1;
+  for (size_t i = 0; i < l.size(); ++i) {
+    const int32_t id = static_cast<int32_t>(c * S::kChunk + static_cast<int64_t>(i));
+    const double e = id == exclude ? 0.0 : mass_of(l[i]);
+    if (!(e > 0)) continue;
+    best = id;
+    t -= e;
+    if (t < 0) return id;
+  }
+  return best;
+}
+
+}  // namespace hyspec
