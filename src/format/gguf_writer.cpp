@@ -6,6 +6,8 @@
 #include <cstring>
 #include <set>
 
+#include <unistd.h>
+
 #include "format/quants.h"
 
 namespace hyspec {
@@ -128,6 +130,26 @@ GgufMetaValue GgufMetaValue::f32_array(const std::vector<float>& xs) {
   return array(GgufValueType::FLOAT32, std::move(e));
 }
 
+GgufMetaValue GgufMetaValue::from(const GgufValue& v) {
+  switch (v.type) {
+    case GgufValueType::INT8:
+    case GgufValueType::INT16:
+    case GgufValueType::INT32:
+    case GgufValueType::INT64: return signed_scalar(v.type, v.scalar.i);
+    case GgufValueType::FLOAT32: return f32(static_cast<float>(v.scalar.f));
+    case GgufValueType::FLOAT64: return f64(v.scalar.f);
+    case GgufValueType::BOOL: return boolean(v.scalar.b);
+    case GgufValueType::STRING: return string(std::string(v.str));
+    case GgufValueType::ARRAY: {
+      std::vector<GgufMetaValue> e;
+      e.reserve(v.array.size());
+      for (const GgufValue& x : v.array) e.push_back(from(x));
+      return array(v.elem_type, std::move(e));
+    }
+    default: return scalar(v.type, v.scalar.u);
+  }
+}
+
 Status GgufWriter::set(std::string key, GgufMetaValue value) {
   // Element types must match the declared one, recursively; depth as the reader allows (8).
   struct Checker {
@@ -172,7 +194,8 @@ Status GgufWriter::set_alignment(uint32_t alignment) {
   return set("general.alignment", GgufMetaValue::u32(alignment));
 }
 
-Status GgufWriter::add_tensor(std::string name, GgmlType type, std::vector<int64_t> ne, std::span<const uint8_t> data) {
+Status GgufWriter::check_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                                size_t& nbytes) const {
   if (name.empty()) return Status::error("tensor with an empty name");
   for (const Tensor& t : tensors_)
     if (t.name == name) return Status::errorf("tensor '{}' is already added", name);
@@ -184,11 +207,24 @@ Status GgufWriter::add_tensor(std::string name, GgmlType type, std::vector<int64
   }
   Result<size_t> row = ggml_row_bytes(type, ne[0]);
   if (!row) return row.status().with_context(fmt::format("tensor '{}'", name));
-  const size_t expected = *row * static_cast<size_t>(rows);
+  nbytes = *row * static_cast<size_t>(rows);
+  return Status::ok();
+}
+
+Status GgufWriter::add_tensor(std::string name, GgmlType type, std::vector<int64_t> ne, std::span<const uint8_t> data) {
+  size_t expected = 0;
+  HS_RETURN_IF_ERROR(check_tensor(name, type, ne, expected));
   if (data.size() != expected)
     return Status::errorf("tensor '{}': {} bytes given, {} data of this shape needs {}", name, data.size(),
                           ggml_type_name(type), expected);
-  tensors_.push_back(Tensor{std::move(name), type, std::move(ne), std::vector<uint8_t>(data.begin(), data.end())});
+  tensors_.push_back(Tensor{std::move(name), type, std::move(ne), std::vector<uint8_t>(data.begin(), data.end()), expected});
+  return Status::ok();
+}
+
+Status GgufWriter::add_tensor_shape(std::string name, GgmlType type, std::vector<int64_t> ne) {
+  size_t nbytes = 0;
+  HS_RETURN_IF_ERROR(check_tensor(name, type, ne, nbytes));
+  tensors_.push_back(Tensor{std::move(name), type, std::move(ne), {}, nbytes});
   return Status::ok();
 }
 
@@ -209,8 +245,7 @@ Status GgufWriter::add_tensor_f32(std::string name, GgmlType type, std::vector<i
   return add_tensor(std::move(name), type, std::move(ne), bytes);
 }
 
-template <typename Sink>
-Status GgufWriter::serialize(Sink& sink) const {
+std::vector<uint8_t> GgufWriter::header_bytes() const {
   struct ValueWriter {
     VectorSink& s;
     void put(const GgufMetaValue& v) {
@@ -245,14 +280,24 @@ Status GgufWriter::serialize(Sink& sink) const {
     for (int64_t d : t.ne) put_pod<VectorSink, uint64_t>(hs, static_cast<uint64_t>(d));
     put_pod<VectorSink, uint32_t>(hs, static_cast<uint32_t>(t.type));
     put_pod<VectorSink, uint64_t>(hs, offset);
-    offset = align_up(offset + t.data.size(), alignment_);
+    offset = align_up(offset + t.nbytes, alignment_);
   }
+  return header;
+}
+
+template <typename Sink>
+Status GgufWriter::serialize(Sink& sink) const {
+  const std::vector<uint8_t> header = header_bytes();
   sink.put(header.data(), header.size());
   size_t pos = header.size();  // bytes written so far, for the alignment padding
   if (!tensors_.empty()) put_padding(sink, pos, alignment_);
+  static const uint8_t zeros[4096] = {};
   for (const Tensor& t : tensors_) {
-    sink.put(t.data.data(), t.data.size());
-    pos += t.data.size();
+    if (t.data.empty())  // added by shape
+      for (size_t done = 0; done < t.nbytes; done += sizeof(zeros)) sink.put(zeros, std::min(sizeof(zeros), t.nbytes - done));
+    else
+      sink.put(t.data.data(), t.data.size());
+    pos += t.nbytes;
     put_padding(sink, pos, alignment_);
   }
   return sink.status();
@@ -263,6 +308,21 @@ Result<std::vector<uint8_t>> GgufWriter::to_bytes() const {
   VectorSink sink(out);
   HS_RETURN_IF_ERROR(serialize(sink));
   return out;
+}
+
+Status GgufWriter::write_skeleton(const std::string& path) const {
+  std::vector<uint8_t> header = header_bytes();
+  size_t size = tensors_.empty() ? header.size() : align_up(header.size(), alignment_);
+  header.resize(size, 0);  // the padding before the data section
+  for (const Tensor& t : tensors_) size = align_up(size + t.nbytes, alignment_);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return Status::errorf("{}: cannot create: {}", path, std::strerror(errno));
+  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  ok = std::fflush(f) == 0 && ok;
+  ok = ok && ::ftruncate(::fileno(f), static_cast<off_t>(size)) == 0;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) return Status::errorf("{}: write failed: {}", path, std::strerror(errno));
+  return Status::ok();
 }
 
 Status GgufWriter::write_file(const std::string& path) const {

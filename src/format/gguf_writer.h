@@ -34,6 +34,9 @@ class GgufMetaValue {
   static GgufMetaValue i32_array(const std::vector<int32_t>& v);
   static GgufMetaValue f32_array(const std::vector<float>& v);
 
+  // A copy of a value read from a file.
+  static GgufMetaValue from(const GgufValue& v);
+
   GgufValueType type() const { return type_; }
 
  private:
@@ -61,18 +64,27 @@ class GgufWriter {
   // Quantizes f32 data [ne[1]..., ne[0]] to `type` (see quantize_row) and adds it.
   Status add_tensor_f32(std::string name, GgmlType type, std::vector<int64_t> ne, std::span<const float> data);
 
+  // A tensor known by its shape alone: the file holds zeros for it (write_skeleton: a hole).
+  Status add_tensor_shape(std::string name, GgmlType type, std::vector<int64_t> ne);
+
   size_t alignment() const { return alignment_; }
   Result<std::vector<uint8_t>> to_bytes() const;
   // Writes to `path` (replaced if present); the error names the path.
   Status write_file(const std::string& path) const;
+  // The header, then the data section as a hole to the file's full size (a sparse file: tensors read
+  // as zeros); for files whose tensors were added by shape, as tools/gguf_skeleton makes them.
+  Status write_skeleton(const std::string& path) const;
 
  private:
   struct Tensor {
     std::string name;
     GgmlType type;
     std::vector<int64_t> ne;
-    std::vector<uint8_t> data;
+    std::vector<uint8_t> data;  // empty for a tensor added by shape
+    size_t nbytes;
   };
+  Status check_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, size_t& nbytes) const;
+  std::vector<uint8_t> header_bytes() const;
   template <typename Sink>
   Status serialize(Sink& sink) const;
 

@@ -86,5 +86,74 @@ TEST(GgufSkeleton, KeepsTheHeaderAndFillsEveryTensorWithFiniteWeights) {
   test::run_command("rm -rf '" + dir + "'");
 }
 
+// add-nextn: the same metadata and tensors (data offsets kept), block_count + 1, nextn_predict_layers 1,
+// the last full-attention block's tensors copied as the new block's with the nextn tensors, the file as
+// long as its tensors; fill then makes it a model file.
+TEST(GgufSkeleton, AddNextnAppendsAnMtpBlock) {
+  const std::string dir = testing::TempDir() + "/gguf_nextn_" + std::to_string(getpid());
+  ASSERT_EQ(test::run_command("mkdir -p '" + dir + "'").exit_code, 0);
+  const std::string in = dir + "/in.gguf", out = dir + "/out.gguf";
+  GgufWriter w;
+  ASSERT_TRUE(w.set("general.architecture", GgufMetaValue::string("qwen35")).is_ok());
+  ASSERT_TRUE(w.set("qwen35.block_count", GgufMetaValue::u32(2)).is_ok());
+  ASSERT_TRUE(w.set("qwen35.embedding_length", GgufMetaValue::u32(256)).is_ok());
+  ASSERT_TRUE(w.set("qwen35.rope.freq_base", GgufMetaValue::f32(1e7f)).is_ok());
+  ASSERT_TRUE(w.set("qwen35.attention.recurrent_layers", GgufMetaValue::array(GgufValueType::BOOL,
+                    {GgufMetaValue::boolean(true), GgufMetaValue::boolean(false)})).is_ok());
+  ASSERT_TRUE(w.set("tokenizer.ggml.tokens", GgufMetaValue::string_array({"a", "b"})).is_ok());
+  struct T {
+    const char* name;
+    GgmlType type;
+    int64_t n_in, n_out;
+  };
+  const T tensors[] = {{"token_embd.weight", GgmlType::Q8_0, 256, 2}, {"blk.0.attn_qkv.weight", GgmlType::Q4_K, 256, 3},
+                       {"blk.1.attn_norm.weight", GgmlType::F32, 256, 1}, {"blk.1.attn_q.weight", GgmlType::Q4_K, 256, 4},
+                       {"blk.1.attn_output.weight", GgmlType::Q5_K, 512, 256}, {"output.weight", GgmlType::Q6_K, 256, 2}};
+  for (const T& t : tensors) {
+    const size_t bytes = ggml_row_bytes(t.type, t.n_in).value() * static_cast<size_t>(t.n_out);
+    ASSERT_TRUE(w.add_tensor(t.name, t.type, {t.n_in, t.n_out}, std::vector<uint8_t>(bytes, 1)).is_ok());
+  }
+  ASSERT_TRUE(w.write_file(in).is_ok());
+
+  const auto made = run("add-nextn '" + in + "' '" + out + "'");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto a = GgufFile::open(in), b = GgufFile::open(out);
+  ASSERT_TRUE(a.is_ok()) << a.message();
+  ASSERT_TRUE(b.is_ok()) << b.message();
+  EXPECT_EQ((*b)->get_int("qwen35.block_count").value(), 3);
+  EXPECT_EQ((*b)->get_int("qwen35.nextn_predict_layers").value(), 1);
+  EXPECT_EQ((*b)->get_float("qwen35.rope.freq_base").value(), 1e7f);
+  EXPECT_EQ((*b)->get_string_array("tokenizer.ggml.tokens").value(), (std::vector<std::string_view>{"a", "b"}));
+  EXPECT_EQ((*b)->metadata().size(), (*a)->metadata().size() + 1);
+  ASSERT_EQ((*b)->tensors().size(), (*a)->tensors().size() + 3 + 3);
+  for (size_t i = 0; i < (*a)->tensors().size(); ++i) {
+    const GgufTensorInfo &x = (*a)->tensors()[i], &y = (*b)->tensors()[i];
+    EXPECT_EQ(y.name, x.name);
+    EXPECT_EQ(y.type, x.type);
+    EXPECT_EQ(y.shape_string(), x.shape_string());
+    EXPECT_EQ(y.offset, x.offset) << x.name;
+  }
+  for (const char* name : {"attn_norm.weight", "attn_q.weight", "attn_output.weight"}) {
+    const GgufTensorInfo* x = (*a)->find_tensor(std::string("blk.1.") + name);
+    const GgufTensorInfo* y = (*b)->find_tensor(std::string("blk.2.") + name);
+    ASSERT_TRUE(y) << name;
+    EXPECT_EQ(y->type, x->type);
+    EXPECT_EQ(y->shape_string(), x->shape_string());
+  }
+  const GgufTensorInfo* eh = (*b)->find_tensor("blk.2.nextn.eh_proj.weight");
+  ASSERT_TRUE(eh);
+  EXPECT_EQ(eh->shape_string(), "[512, 256]");
+  EXPECT_EQ(eh->type, GgmlType::Q5_K);
+  ASSERT_TRUE((*b)->find_tensor("blk.2.nextn.enorm.weight") && (*b)->find_tensor("blk.2.nextn.hnorm.weight"));
+  const GgufTensorInfo& end = (*b)->tensors().back();
+  EXPECT_EQ((*b)->file_size(), (*b)->data_offset() + (end.offset + end.nbytes + 31) / 32 * 32);
+  const auto filled = run("fill '" + out + "' 3");
+  EXPECT_EQ(filled.exit_code, 0) << filled.output;
+  const auto again = run("add-nextn '" + out + "' '" + dir + "/twice.gguf'");
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.output.find("nextn block(s) already"), std::string::npos) << again.output;
+  test::run_command("rm -rf '" + dir + "'");
+}
+
 }  // namespace
 }  // namespace hyspec

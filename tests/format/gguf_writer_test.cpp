@@ -2,11 +2,14 @@
 #include "format/gguf_writer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <numbers>
 
 #include "format/quants.h"
@@ -104,6 +107,29 @@ TEST(GgufWriter, EveryValueTypeRoundTrips) {
   ASSERT_EQ(nested.array[2].array.size(), 1u);
   EXPECT_EQ(nested.array[2].array[0].elem_type, GgufValueType::BOOL);
   EXPECT_FALSE(nested.array[2].array[0].array[0].scalar.b);
+}
+
+// A file's metadata copied value by value (GgufMetaValue::from) and its tensors added by shape give
+// the file's bytes again when the tensors hold zeros, from to_bytes and write_skeleton alike.
+TEST(GgufWriter, CopiedValuesAndShapeTensorsWriteTheSameBytes) {
+  GgufWriter w = writer_with_every_value_type();
+  ASSERT_TRUE(w.add_tensor("a", GgmlType::F32, {3, 2}, std::vector<uint8_t>(24, 0)).is_ok());
+  ASSERT_TRUE(w.add_tensor("b", GgmlType::Q4_K, {256, 1}, std::vector<uint8_t>(144, 0)).is_ok());
+  auto bytes = w.to_bytes();
+  ASSERT_TRUE(bytes.is_ok()) << bytes.message();
+  auto f = parse_ok(*bytes);
+  ASSERT_TRUE(f);
+  GgufWriter copy;
+  for (const auto& [key, value] : f->metadata()) ASSERT_TRUE(copy.set(key, GgufMetaValue::from(value)).is_ok()) << key;
+  for (const GgufTensorInfo& t : f->tensors())
+    ASSERT_TRUE(copy.add_tensor_shape(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims)).is_ok());
+  EXPECT_EQ(copy.to_bytes().value(), *bytes);
+  const std::string path = testing::TempDir() + "/gguf_writer_skeleton_" + std::to_string(::getpid()) + ".gguf";
+  ASSERT_TRUE(copy.write_skeleton(path).is_ok());
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<uint8_t> written{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  EXPECT_EQ(written, *bytes);
+  std::remove(path.c_str());
 }
 
 class GgufWriterAlignment : public ::testing::TestWithParam<uint32_t> {};

@@ -5,6 +5,11 @@
 //                                             to its header's size)
 //   gguf_skeleton fill FILE.gguf [SEED]       every tensor of FILE rewritten in place with random data
 //                                             of finite, model-like size (see fill_tensor)
+//   gguf_skeleton add-nextn IN.gguf OUT.gguf  IN's header (a Qwen3.5 target) with one MTP block added as
+//                                             the converters lay it out, as a skeleton to fill: blk.N.* in
+//                                             the shapes and types of the last full-attention block's, the
+//                                             nextn.eh_proj / enorm / hnorm, block_count N + 1 and
+//                                             nextn_predict_layers 1 (the anchor's files have no MTP head)
 // Timing A/Bs only: the weights are noise, so the output text is too.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -18,7 +23,10 @@
 #include <string>
 #include <string_view>
 
+#include <fmt/format.h>
+
 #include "format/gguf.h"
+#include "format/gguf_writer.h"
 #include "util/half.h"
 
 namespace hyspec {
@@ -131,6 +139,44 @@ Status skeleton(const std::string& in, const std::string& out) {
   return Status::ok();
 }
 
+Status add_nextn(const std::string& in, const std::string& out) {
+  HS_ASSIGN_OR_RETURN(auto file, GgufFile::open(in));
+  HS_ASSIGN_OR_RETURN(std::string_view arch_view, file->get_string("general.architecture"));
+  const std::string arch(arch_view);
+  HS_ASSIGN_OR_RETURN(int64_t blocks, file->get_int(arch + ".block_count"));
+  HS_ASSIGN_OR_RETURN(int64_t E, file->get_int(arch + ".embedding_length"));
+  HS_ASSIGN_OR_RETURN(int64_t nextn, file->get_int_or(arch + ".nextn_predict_layers", 0));
+  if (nextn != 0) return Status::errorf("{}: has {} nextn block(s) already", in, nextn);
+  int64_t last = -1;
+  for (int64_t i = 0; i < blocks; ++i)
+    if (file->find_tensor(fmt::format("blk.{}.attn_q.weight", i))) last = i;
+  if (last < 0) return Status::errorf("{}: no full-attention block to copy", in);
+  const GgufTensorInfo* out_proj = file->find_tensor(fmt::format("blk.{}.attn_output.weight", last));
+  if (!out_proj) return Status::errorf("{}: blk.{}.attn_output.weight missing", in, last);
+
+  GgufWriter w;
+  for (const auto& [key, value] : file->metadata())
+    HS_RETURN_IF_ERROR(w.set(key, key == arch + ".block_count" ? GgufMetaValue::u32(static_cast<uint32_t>(blocks + 1))
+                                                              : GgufMetaValue::from(value)));
+  HS_RETURN_IF_ERROR(w.set(arch + ".nextn_predict_layers", GgufMetaValue::u32(1)));
+  auto dims = [](const GgufTensorInfo& t) { return std::vector<int64_t>(t.ne, t.ne + t.n_dims); };
+  for (const GgufTensorInfo& t : file->tensors()) HS_RETURN_IF_ERROR(w.add_tensor_shape(t.name, t.type, dims(t)));
+  const std::string from = fmt::format("blk.{}.", last), to = fmt::format("blk.{}.", blocks);
+  int copied = 0;
+  for (const GgufTensorInfo& t : file->tensors()) {
+    if (!t.name.starts_with(from)) continue;
+    HS_RETURN_IF_ERROR(w.add_tensor_shape(to + t.name.substr(from.size()), t.type, dims(t)));
+    ++copied;
+  }
+  HS_RETURN_IF_ERROR(w.add_tensor_shape(to + "nextn.eh_proj.weight", out_proj->type, {2 * E, E}));
+  HS_RETURN_IF_ERROR(w.add_tensor_shape(to + "nextn.enorm.weight", GgmlType::F32, {E}));
+  HS_RETURN_IF_ERROR(w.add_tensor_shape(to + "nextn.hnorm.weight", GgmlType::F32, {E}));
+  HS_RETURN_IF_ERROR(w.write_skeleton(out));
+  std::fprintf(stderr, "%s: blk.%lld as block %lld's copy (%d tensors) and its nextn tensors\n", out.c_str(),
+               static_cast<long long>(blocks), static_cast<long long>(last), copied);
+  return Status::ok();
+}
+
 Status fill(const std::string& path, uint64_t seed) {
   const int fd = ::open(path.c_str(), O_RDWR);
   if (fd < 0) return Status::errorf("{}: cannot open: {}", path, std::strerror(errno));
@@ -162,8 +208,10 @@ Status fill(const std::string& path, uint64_t seed) {
 int main(int argc, char** argv) {
   using hyspec::Status;
   const std::string mode = argc > 1 ? argv[1] : "";
-  Status s = Status::error("usage: gguf_skeleton skeleton IN.gguf OUT.gguf | fill FILE.gguf [SEED]");
+  Status s = Status::error(
+      "usage: gguf_skeleton skeleton IN.gguf OUT.gguf | fill FILE.gguf [SEED] | add-nextn IN.gguf OUT.gguf");
   if (mode == "skeleton" && argc == 4) s = hyspec::skeleton(argv[2], argv[3]);
+  if (mode == "add-nextn" && argc == 4) s = hyspec::add_nextn(argv[2], argv[3]);
   if (mode == "fill" && (argc == 3 || argc == 4)) s = hyspec::fill(argv[2], argc == 4 ? std::strtoull(argv[3], nullptr, 10) : 1);
   if (s.is_ok()) return 0;
   std::fprintf(stderr, "error: %s\n", s.message().c_str());
