@@ -195,6 +195,16 @@ class Backend {
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;          // host -> backend
   virtual void download(void* dst, const void* src, size_t bytes) = 0;        // backend -> host, waits
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;            // backend -> backend
+  // Several copies at once (none overlapping another): what copy() does for each, which this default
+  // runs; CUDA moves them in one launch where they are 16-byte aligned (a rollback's per-layer states).
+  struct CopyPart {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  virtual void copy_many(const CopyPart* parts, size_t count) {
+    for (size_t i = 0; i < count; ++i) copy(parts[i].dst, parts[i].src, parts[i].bytes);
+  }
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual Status synchronize() = 0;
 

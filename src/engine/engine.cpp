@@ -105,14 +105,14 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
 Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
   if (config_.add_ngram && (config_.spec == SpecMethod::Mtp || config_.spec == SpecMethod::Dflash)) {
     HS_ASSIGN_OR_RETURN(auto model, config_.spec == SpecMethod::Mtp
-                                        ? make_mtp_drafter(*model_, config_.n_batch)
+                                        ? make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs)
                                         : make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_));
     return make_longest_of(std::move(model), make_ngram_drafter());
   }
   switch (config_.spec) {
     case SpecMethod::None: return std::unique_ptr<Drafter>();
     case SpecMethod::Ngram: return make_ngram_drafter();
-    case SpecMethod::Mtp: return make_mtp_drafter(*model_, config_.n_batch);
+    case SpecMethod::Mtp: return make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs);
     case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_);
   }
   return Status::error("unknown speculative method");

@@ -940,6 +940,32 @@ TEST_F(CudaBackendTest, LogitSummaryAndSelectMatchCpu) {
   }
 }
 
+// copy_many: every part lands, the aligned ones in one launch per 64 (70 of them here: two launches),
+// the others (odd offsets, sizes not a multiple of 16 bytes) by plain copies; nothing else is touched.
+TEST_F(CudaBackendTest, CopyManyCopiesEveryPart) {
+  const size_t n = 6 << 20;
+  const auto src_host = randn(n);
+  Tensor src = put(*gpu_, src_host), dst = poison(*gpu_, n);
+  std::vector<Backend::CopyPart> parts;
+  std::vector<float> want(n, kNaN);
+  size_t at = 0;
+  for (int i = 0; i < 140; ++i) {
+    const bool aligned = i % 2 == 0;
+    const size_t floats = i == 3 ? 0 : aligned ? size_t{256} << (i % 6) : 4099 + static_cast<size_t>(i);
+    if (aligned) at = (at + 3) / 4 * 4;
+    const size_t from = aligned ? (static_cast<size_t>(i) * 4100) % (n - floats) / 4 * 4 : (at * 7 + 1) % (n - floats - 1);
+    parts.push_back({dst.f() + at, src.f() + from, floats * sizeof(float)});
+    for (size_t k = 0; k < floats; ++k) want[at + k] = src_host[from + k];
+    at += floats + 5;
+    ASSERT_LT(at, n);
+  }
+  gpu_->copy_many(parts.data(), parts.size());
+  const auto got = get_gpu(dst);
+  for (size_t k = 0; k < n; ++k)
+    if (std::isnan(want[k])) ASSERT_TRUE(std::isnan(got[k])) << k;
+    else ASSERT_EQ(got[k], want[k]) << k;
+}
+
 TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
   const AttnCase cases[] = {{4, 2, 64, 37}, {8, 2, 256, 700}, {6, 2, 128, 1500}, {2, 2, 32, 0}};
   for (const AttnCase& ac : cases)

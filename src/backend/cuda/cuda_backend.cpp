@@ -109,6 +109,26 @@ class CudaBackend final : public Backend {
     forget_quantized();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
+  void copy_many(const CopyPart* parts, size_t count) override {
+    auto prof = begin_op("copy_many");
+    forget_quantized();
+    cuda::CopyList list;
+    auto flush = [&] {
+      check(cuda::copy_many_launch(list, stream_), "copy_many");
+      list.count = 0;
+    };
+    for (size_t i = 0; i < count; ++i) {
+      const CopyPart& c = parts[i];
+      if (c.bytes == 0) continue;
+      if (!cuda::copy_many_supported(c.dst, c.src, c.bytes)) {
+        check(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream_), "copy_many");
+        continue;
+      }
+      list.dst[list.count] = c.dst, list.src[list.count] = c.src, list.bytes[list.count] = c.bytes;
+      if (++list.count == cuda::kCopyParts) flush();
+    }
+    if (list.count > 0) flush();
+  }
   void fill_zero(void* dst, size_t bytes) override {
     forget_quantized();
     check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");

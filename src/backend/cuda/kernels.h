@@ -212,5 +212,17 @@ size_t gdn_scratch_bytes(const GdnParams& p);
 cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream);
 // dst[i] = src[i], n halves to floats.
 cudaError_t f16_to_f32_launch(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
+// Copies of whole 16-byte words in one launch (recurrent.cu): up to kCopyParts of them, each 16-byte
+// aligned at both ends with bytes a multiple of 16 (copy_many_supported).
+constexpr int kCopyParts = 64;
+struct CopyList {
+  int count = 0;
+  unsigned first_block[kCopyParts + 1] = {};  // set by the launcher
+  void* dst[kCopyParts] = {};
+  const void* src[kCopyParts] = {};
+  size_t bytes[kCopyParts] = {};
+};
+bool copy_many_supported(const void* dst, const void* src, size_t bytes);
+cudaError_t copy_many_launch(CopyList list, cudaStream_t stream);
 
 }  // namespace hyspec::cuda

@@ -721,6 +721,49 @@ __global__ void f16_to_f32_kernel(const __half* __restrict__ src, float* __restr
 }
 }  // namespace
 
+namespace {
+// Each block moves one kCopyChunk-word slice of one part. Bytes: every part read and written once.
+constexpr int kCopyThreads = 256, kCopyChunk = 4 * kCopyThreads;  // 16 KB a block
+
+__global__ void __launch_bounds__(kCopyThreads) copy_many_kernel(CopyList l) {
+  pdl_wait();  // the copied states belong to the previous kernels
+  pdl_trigger();
+  int p = 0;
+  while (p + 1 < l.count && blockIdx.x >= l.first_block[p + 1]) ++p;
+  const uint4* src = static_cast<const uint4*>(l.src[p]);
+  uint4* dst = static_cast<uint4*>(l.dst[p]);
+  const size_t words = l.bytes[p] / 16, begin = size_t{blockIdx.x - l.first_block[p]} * kCopyChunk;
+  const size_t end = begin + kCopyChunk < words ? begin + kCopyChunk : words;
+  uint4 v[kCopyChunk / kCopyThreads];
+#pragma unroll
+  for (int j = 0; j < kCopyChunk / kCopyThreads; ++j) {  // all loads in flight before the stores
+    const size_t i = begin + threadIdx.x + size_t{kCopyThreads} * j;
+    if (i < end) v[j] = src[i];
+  }
+#pragma unroll
+  for (int j = 0; j < kCopyChunk / kCopyThreads; ++j) {
+    const size_t i = begin + threadIdx.x + size_t{kCopyThreads} * j;
+    if (i < end) dst[i] = v[j];
+  }
+}
+}  // namespace
+
+bool copy_many_supported(const void* dst, const void* src, size_t bytes) {
+  return (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) % 16 == 0;
+}
+
+cudaError_t copy_many_launch(CopyList l, cudaStream_t stream) {
+  if (l.count <= 0 || l.count > kCopyParts) return l.count == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  unsigned blocks = 0;
+  for (int p = 0; p < l.count; ++p) {
+    l.first_block[p] = blocks;
+    blocks += static_cast<unsigned>((l.bytes[p] / 16 + kCopyChunk - 1) / kCopyChunk);
+  }
+  l.first_block[l.count] = blocks;
+  if (blocks == 0) return cudaSuccess;
+  return launch_pdl(copy_many_kernel, dim3(blocks), dim3(kCopyThreads), 0, stream, l);
+}
+
 cudaError_t f16_to_f32_launch(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 2048));

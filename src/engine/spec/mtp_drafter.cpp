@@ -1,17 +1,27 @@
 #include "engine/spec/mtp_drafter.h"
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <vector>
 
 namespace hyspec {
 namespace {
 
+// Each draft token stays on the device: a step reads the previous step's argmax as its token, so a
+// proposal of k tokens runs its steps back to back and reads the k ids back once (a step used to upload
+// its token and read its argmax, a round trip per token). With graphs, each chained step (one row) is
+// recorded once per step index and replayed.
 class MtpDrafter final : public Drafter {
  public:
-  MtpDrafter(Qwen35Model& m, int max_rows) : model_(m), be_(m.backend()), max_rows_(max_rows) {}
+  static constexpr int kMaxSteps = 64;  // Drafter::max_draft()
+
+  MtpDrafter(Qwen35Model& m, int max_rows, bool use_graphs)
+      : model_(m), be_(m.backend()), max_rows_(max_rows), use_graphs_(use_graphs && be_.kind() == BackendKind::Cuda) {}
 
   Status init() {
     const int64_t E = model_.hparams().n_embd, V = model_.hparams().n_vocab;
-    HS_ASSIGN_OR_RETURN(ints_, be_.alloc(static_cast<size_t>(3 * max_rows_ + 8) * sizeof(int32_t)));
+    HS_ASSIGN_OR_RETURN(ints_, be_.alloc(static_cast<size_t>(2 * max_rows_ + 2 * kMaxSteps + 8) * sizeof(int32_t)));
     HS_ASSIGN_OR_RETURN(hidden_, be_.alloc(static_cast<size_t>((max_rows_ + 2) * E) * sizeof(float)));
     HS_ASSIGN_OR_RETURN(logits_, be_.alloc(static_cast<size_t>(V) * sizeof(float)));
     return Status::ok();
@@ -19,7 +29,9 @@ class MtpDrafter final : public Drafter {
 
   std::string name() const override { return "mtp"; }
   DrafterNeeds needs() const override { return {true, {}}; }
+  int max_draft() const override { return kMaxSteps; }
   Status reset(SequenceState& state) override {
+    if (state_ != &state) steps_.clear();  // recorded against the old state's KV
     state_ = &state;
     have_first_ = false;
     return Status::ok();
@@ -43,10 +55,9 @@ class MtpDrafter final : public Drafter {
       HS_RETURN_IF_ERROR(model_.forward_mtp(a, *state_));
       last_pos_ = pos[n - 1];
       if (s + n == rows.n) {
-        // The last row's head output is the first draft; its hidden seeds the chain.
+        // The last row's head output is the first draft (left on the device); its hidden seeds the chain.
         be_.copy(chain(0), hidden_.as<float>() + (n - 1) * E, E * sizeof(float));
-        be_.argmax(a.logits, out_id());
-        be_.download(&first_draft_, out_id(), sizeof(int32_t));
+        be_.argmax(a.logits, ids());
         have_first_ = true;
       }
     }
@@ -56,50 +67,73 @@ class MtpDrafter final : public Drafter {
   Result<std::vector<int32_t>> propose(int max_k) override {
     std::vector<int32_t> drafts;
     if (!have_first_ || max_k <= 0) return drafts;
-    const int64_t E = model_.hparams().n_embd, V = model_.hparams().n_vocab;
-    drafts.push_back(first_draft_);
-    for (int i = 1; i < max_k; ++i) {
-      const int32_t pos = static_cast<int32_t>(last_pos_ + i);
-      be_.upload(tok(), &drafts.back(), sizeof(int32_t));
-      be_.upload(positions(), &pos, sizeof(int32_t));
-      MtpArgs a;
-      a.n = 1;
-      a.hidden = Rows(chain((i - 1) % 2), 1, E);
-      a.tokens = tok();
-      a.positions = positions();
-      a.logits = Rows(logits_.as<float>(), 1, V);
-      a.out_hidden = Rows(chain(i % 2), 1, E);
-      HS_RETURN_IF_ERROR(model_.forward_mtp(a, *state_));
-      be_.argmax(a.logits, out_id());
-      int32_t next = 0;
-      be_.download(&next, out_id(), sizeof(int32_t));
-      drafts.push_back(next);
+    const int k = std::min(max_k, kMaxSteps);
+    if (k > 1) {
+      std::vector<int32_t> pos(static_cast<size_t>(k - 1));
+      for (int i = 1; i < k; ++i) pos[i - 1] = static_cast<int32_t>(last_pos_ + i);
+      be_.upload(step_positions(), pos.data(), pos.size() * sizeof(int32_t));
+      for (int i = 1; i < k; ++i) HS_RETURN_IF_ERROR(run_step(i));
     }
+    drafts.resize(static_cast<size_t>(k));
+    be_.download(drafts.data(), ids(), drafts.size() * sizeof(int32_t));
     return drafts;
   }
 
  private:
+  // Chained step i (1 ..): token ids()[i-1] at step_positions()[i-1], hidden chain((i-1) % 2) ->
+  // chain(i % 2), argmax into ids()[i].
+  Status step(int i) {
+    const int64_t E = model_.hparams().n_embd, V = model_.hparams().n_vocab;
+    MtpArgs a;
+    a.n = 1;
+    a.hidden = Rows(chain((i - 1) % 2), 1, E);
+    a.tokens = ids() + (i - 1);
+    a.positions = step_positions() + (i - 1);
+    a.logits = Rows(logits_.as<float>(), 1, V);
+    a.out_hidden = Rows(chain(i % 2), 1, E);
+    HS_RETURN_IF_ERROR(model_.forward_mtp(a, *state_));
+    be_.argmax(a.logits, ids() + i);
+    return Status::ok();
+  }
+  Status run_step(int i) {
+    if (!use_graphs_) return step(i);
+    std::unique_ptr<StepGraph>& g = steps_[i];
+    if (!g) {
+      Status recorded;
+      auto captured = be_.capture([&] { recorded = step(i); });
+      if (!captured || !recorded.is_ok()) {  // a step that cannot be recorded still runs, unrecorded
+        use_graphs_ = false;
+        steps_.clear();
+        return step(i);
+      }
+      g = std::move(captured).value();
+    }
+    return g->replay();
+  }
+
   int32_t* tok() const { return ints_.as<int32_t>(); }
   int32_t* positions() const { return ints_.as<int32_t>() + max_rows_; }
-  int32_t* out_id() const { return ints_.as<int32_t>() + 2 * max_rows_; }
+  int32_t* ids() const { return ints_.as<int32_t>() + 2 * max_rows_; }  // [kMaxSteps]: the drafts
+  int32_t* step_positions() const { return ids() + kMaxSteps; }          // [kMaxSteps - 1]
   // Two ping-pong rows after the observe rows hold the chained hidden state.
   float* chain(int i) const { return hidden_.as<float>() + (max_rows_ + i) * model_.hparams().n_embd; }
 
   Qwen35Model& model_;
   Backend& be_;
   int max_rows_;
+  bool use_graphs_;
   SequenceState* state_ = nullptr;
   Buffer ints_, hidden_, logits_;
-  int32_t first_draft_ = 0;
+  std::map<int, std::unique_ptr<StepGraph>> steps_;
   int64_t last_pos_ = 0;
   bool have_first_ = false;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Drafter>> make_mtp_drafter(Qwen35Model& model, int max_rows) {
+Result<std::unique_ptr<Drafter>> make_mtp_drafter(Qwen35Model& model, int max_rows, bool use_graphs) {
   if (!model.has_mtp()) return Status::error("--spec mtp: this model has no MTP (nextn) head");
-  auto d = std::make_unique<MtpDrafter>(model, max_rows);
+  auto d = std::make_unique<MtpDrafter>(model, max_rows, use_graphs);
   HS_RETURN_IF_ERROR(d->init());
   return std::unique_ptr<Drafter>(std::move(d));
 }

@@ -6,7 +6,8 @@
 
 namespace hyspec {
 
-// The model must have an MTP head (Qwen35Model::has_mtp()).
-Result<std::unique_ptr<Drafter>> make_mtp_drafter(Qwen35Model& model, int max_rows);
+// The model must have an MTP head (Qwen35Model::has_mtp()). use_graphs: record the chained draft steps
+// as graphs where the backend can (CUDA).
+Result<std::unique_ptr<Drafter>> make_mtp_drafter(Qwen35Model& model, int max_rows, bool use_graphs);
 
 }  // namespace hyspec
