@@ -29,6 +29,9 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
         ->check(CLI::IsMember({"none", "ngram", "mtp", "dflash", "mtp+ngram", "dflash+ngram"}));
     cmd.add_option("--draft-model", draft_model, "DFlash drafter: GGUF file or HF directory");
     cmd.add_option("--draft-max", draft_max, "Most drafted tokens per round (0..64)");
+    cmd.add_option("--draft-vocab", draft_vocab,
+                   "MTP/DFlash drafts from the first N token ids only (a cheaper draft head; 0: all)")
+        ->check(CLI::NonNegativeNumber);
   }
 }
 
@@ -53,6 +56,7 @@ Result<EngineConfig> EngineFlags::to_config() const {
   c.draft_model = draft_model;
   if (c.draft_model.empty() && model.empty() && c.spec == SpecMethod::Dflash) c.draft_model = default_draft_model_path();
   c.draft_max = draft_max;
+  c.draft_vocab = draft_vocab;
   c.dequantize = dequantize;
   c.use_graphs = !no_graphs;
   c.int8_matvec = !f16_matvec;

@@ -19,6 +19,7 @@ struct EngineFlags {
   std::string spec = "none";
   std::string draft_model;
   int draft_max = 15;  // EngineConfig::draft_max
+  int64_t draft_vocab = 0;  // EngineConfig::draft_vocab
   bool dequantize = false;
   bool no_graphs = false;
   bool f16_matvec = false;

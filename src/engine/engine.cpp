@@ -75,10 +75,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (config.draft_max < 0 || config.draft_max > 64)
     return Status::errorf("--draft-max {} is out of range (0..64)", config.draft_max);
   if (config.n_batch < 0) return Status::errorf("batch size {} is invalid", config.n_batch);
+  if (config.draft_vocab < 0) return Status::errorf("--draft-vocab {} is invalid", config.draft_vocab);
+  // Rounded up to whole 256-row tiles (the matvec kernels' fast path); the whole vocabulary is 0.
+  e->config_.draft_vocab = (config.draft_vocab + 255) / 256 * 256;
+  if (e->config_.draft_vocab >= hp.n_vocab) e->config_.draft_vocab = 0;
   e->max_verify_ = config.spec == SpecMethod::None ? 1 : config.draft_max + 1;
   if (config.spec == SpecMethod::Dflash) {
     if (config.draft_model.empty()) return Status::error("--spec dflash needs --draft-model (GGUF or HF directory)");
-    HS_ASSIGN_OR_RETURN(e->dflash_, load_dflash_weights(*e->model_, config.draft_model, e->config_.n_batch));
+    HS_ASSIGN_OR_RETURN(e->dflash_, load_dflash_weights(*e->model_, config.draft_model, e->config_.n_batch,
+                                                              e->config_.draft_vocab));
   }
   // What the drafter needs from every committed row decides the per-step outputs.
   {
@@ -105,14 +110,14 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
 Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
   if (config_.add_ngram && (config_.spec == SpecMethod::Mtp || config_.spec == SpecMethod::Dflash)) {
     HS_ASSIGN_OR_RETURN(auto model, config_.spec == SpecMethod::Mtp
-                                        ? make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs)
+                                        ? make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs, config_.draft_vocab)
                                         : make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_));
     return make_longest_of(std::move(model), make_ngram_drafter());
   }
   switch (config_.spec) {
     case SpecMethod::None: return std::unique_ptr<Drafter>();
     case SpecMethod::Ngram: return make_ngram_drafter();
-    case SpecMethod::Mtp: return make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs);
+    case SpecMethod::Mtp: return make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs, config_.draft_vocab);
     case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_);
   }
   return Status::error("unknown speculative method");

@@ -45,6 +45,12 @@ struct EngineConfig {
   // tile of the int8 matvecs (9B Q4_K_M, H100: 16 rows 3.91 ms, 17 rows 4.29), more than a 16th draft,
   // accepted only after 15 others, brings back. DFlash drafts block_size - 1 = 15 anyway.
   int draft_max = 15;
+  // The model drafters' (MTP, DFlash on the target's head) output head cut to the first draft_vocab
+  // token ids, rounded up to a multiple of 256 (0: the whole vocabulary). An MTP draft step of a 9B
+  // reads its 834 MB head; Qwen's ids follow the tokenizer's merge order, so the first ids are the
+  // frequent ones (docs/PERFORMANCE.md, session 27: ids < 151643 held every token of English, code,
+  // Chinese and European sample texts). Lossless either way: a draft outside it is a rejected draft.
+  int64_t draft_vocab = 0;
   bool add_ngram = false;   // compose n-gram lookup with the model drafter (the longer draft wins)
   bool int8_matvec = true;  // CUDA: BackendOptions::int8_matvec
   bool use_graphs = true;   // CUDA: replay recorded decode/verify steps

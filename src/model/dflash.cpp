@@ -216,11 +216,13 @@ Result<std::unique_ptr<DflashModel>> DflashLoader::build(Backend& backend, const
   if (!d2t.empty() && !own_head) return Status::errorf("{}: a d2t map without the drafter's own output.weight", source);
   if (own_head) {
     I.output = b.get("output.weight", {E, I.n_vocab_draft});
-  } else if (!target.output.present() || target.output.n_in != E || target.output.n_out != Vt) {
+  } else if (!target.output.present() || target.output.n_in != E || target.output.n_out > Vt ||
+             target.output.n_out <= 0) {
     return Status::errorf("{}: the drafter borrows the target's LM head, which must be [{}, {}] (have [{}, {}])",
                           source, E, Vt, target.output.n_in, target.output.n_out);
   } else {
-    I.output = target.output;
+    I.output = target.output;  // all of it, or its first rows (a reduced draft vocabulary)
+    I.n_vocab_draft = target.output.n_out;
   }
   HS_RETURN_IF_ERROR(b.status());
 

@@ -37,7 +37,7 @@ struct DflashHparams : AttentionHparams {
 // must outlive the drafter.
 struct DflashTarget {
   Weight token_embd;  // [n_embd, n_vocab]
-  Weight output;      // [n_embd, n_vocab] LM head (the target's token_embd when tied)
+  Weight output;      // [n_embd, n_vocab] LM head (the target's token_embd when tied), or its first rows
   int n_layer = 0;    // target trunk layers: tap ids must lie in 0..n_layer
 
   static DflashTarget of(const Qwen35Model& target);

@@ -44,7 +44,9 @@ struct MtpArgs {
   // backend memory [n]: the hidden row's own position (its KV slot). llama.cpp ropes at position+1;
   // RoPE is relative, so the logits are the same and the slots stay dense from 0.
   const int32_t* positions = nullptr;
-  Rows logits;                         // logits of the last logits.n_rows rows
+  // logits of the last logits.n_rows rows, over the vocabulary's first logits.n_cols ids (all of it, or a
+  // reduced draft vocabulary: the head's first rows)
+  Rows logits;
   Rows out_hidden;                     // optional [n, n_embd]: the head's normed output hidden (for chaining)
 };
 

@@ -205,7 +205,13 @@ Status Qwen35Model::forward_mtp(const MtpArgs& args, SequenceState& st) {
   Rows normed = args.out_hidden.data ? args.out_hidden : h;
   backend_.add_rms_norm(x, mix, norm.f32(), E, hp_.eps, normed);  // the block's last add
   const int64_t nl = args.logits.n_rows;
-  if (nl > 0) backend_.matmul(head, normed.rows(n - nl, nl), args.logits);
+  if (nl > 0) {
+    if (args.logits.n_cols <= 0 || args.logits.n_cols > head.n_out)
+      return Status::errorf("MTP logits of {} columns for a head of {} rows", args.logits.n_cols, head.n_out);
+    Weight rows = head;  // the head's first logits.n_cols rows: a reduced draft vocabulary
+    rows.n_out = args.logits.n_cols;
+    backend_.matmul(rows, normed.rows(n - nl, nl), args.logits);
+  }
   return Status::ok();
 }
 

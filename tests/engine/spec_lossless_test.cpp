@@ -13,6 +13,7 @@ struct Case {
   std::string draft_model;  // relative to the fixtures
   bool add_ngram = false;
   GgmlType kv_type = GgmlType::F32;  // both engines' target caches (the DFlash drafter keeps F32)
+  int64_t draft_vocab = 0;           // EngineConfig::draft_vocab of the speculative engine
 };
 
 class SpecLossless : public ::testing::TestWithParam<Case> {};
@@ -21,7 +22,8 @@ TEST_P(SpecLossless, GreedySpeculativeOutputEqualsPlainGreedyOver200Tokens) {
   const Case c = GetParam();
   auto plain = test::make_engine(c.fixture, SpecMethod::None, 8, 512, "", false, c.kv_type);
   auto spec = test::make_engine(c.fixture, c.spec, 8, 512,
-                               c.draft_model.empty() ? "" : test::fixture_path(c.draft_model), c.add_ngram, c.kv_type);
+                               c.draft_model.empty() ? "" : test::fixture_path(c.draft_model), c.add_ngram, c.kv_type,
+                               c.draft_vocab);
   ASSERT_TRUE(plain && spec);
   GenerateOptions o;
   o.max_tokens = 200;
@@ -49,13 +51,18 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                            Case{"qwen35moe-tiny", SpecMethod::Mtp, "", true},
                                            Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::Q8_0},
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
-                                                false, GgmlType::Q8_0}),
+                                                false, GgmlType::Q8_0},
+                                           // drafts among the first 256 of the 512 ids
+                                           Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::F32, 256},
+                                           Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
+                                                false, GgmlType::F32, 256}),
                          [](const auto& info) {
                            std::string f = info.param.fixture == "qwen35-tiny" ? "dense" : "moe";
                            std::string hf = info.param.draft_model.ends_with("hf") ? "_hf" : "";
                            return f + "_" + spec_method_name(info.param.spec) + hf +
                                   (info.param.add_ngram ? "_ngram" : "") +
-                                  (info.param.kv_type == GgmlType::Q8_0 ? "_kv_q8_0" : "");
+                                  (info.param.kv_type == GgmlType::Q8_0 ? "_kv_q8_0" : "") +
+                                  (info.param.draft_vocab ? "_vocab" + std::to_string(info.param.draft_vocab) : "");
                          });
 
 TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {

@@ -96,9 +96,12 @@ class DflashDrafter final : public Drafter {
 
 }  // namespace
 
-Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model& target, const std::string& path, int max_rows) {
+Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model& target, const std::string& path, int max_rows,
+                                                  int64_t draft_vocab) {
   auto w = std::make_shared<DflashWeights>();
-  const DflashTarget t = DflashTarget::of(target);
+  DflashTarget t = DflashTarget::of(target);
+  const bool reduced = draft_vocab > 0 && draft_vocab < t.output.n_out;
+  if (reduced) t.output.n_out = draft_vocab;  // the head's first rows
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     HS_ASSIGN_OR_RETURN(w->model, DflashModel::load_hf(target.backend(), path, t));
@@ -106,6 +109,9 @@ Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model& target, const std
     HS_ASSIGN_OR_RETURN(w->file, GgufFile::open(path));
     HS_ASSIGN_OR_RETURN(w->model, DflashModel::load(target.backend(), *w->file, t));
   }
+  if (reduced && w->model->n_vocab_draft() != draft_vocab)
+    return Status::errorf("{}: --draft-vocab: this drafter has its own head of {} rows", path,
+                          w->model->n_vocab_draft());
   if (w->model->hparams().n_embd_target != target.hparams().n_embd)
     return Status::errorf("{}: drafter expects target hidden size {}, the target has {}", path,
                           w->model->hparams().n_embd_target, target.hparams().n_embd);

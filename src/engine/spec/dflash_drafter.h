@@ -8,7 +8,10 @@ namespace hyspec {
 
 // Load the drafter (llama.cpp-converted GGUF, or a z-lab HF directory) against the target model.
 // The weights are shared by every session's drafter.
-Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model& target, const std::string& path, int max_rows);
+// draft_vocab > 0: a drafter that borrows the target's head drafts among the first draft_vocab ids
+// (EngineConfig::draft_vocab); one with its own head refuses it.
+Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model& target, const std::string& path, int max_rows,
+                                                  int64_t draft_vocab = 0);
 Result<std::unique_ptr<Drafter>> make_dflash_drafter(Qwen35Model& target, const std::shared_ptr<void>& weights,
                                                      int max_rows, int64_t n_ctx);
 

@@ -16,11 +16,15 @@ class MtpDrafter final : public Drafter {
  public:
   static constexpr int kMaxSteps = 64;  // Drafter::max_draft()
 
-  MtpDrafter(Qwen35Model& m, int max_rows, bool use_graphs)
-      : model_(m), be_(m.backend()), max_rows_(max_rows), use_graphs_(use_graphs && be_.kind() == BackendKind::Cuda) {}
+  MtpDrafter(Qwen35Model& m, int max_rows, bool use_graphs, int64_t draft_vocab)
+      : model_(m),
+        be_(m.backend()),
+        max_rows_(max_rows),
+        use_graphs_(use_graphs && be_.kind() == BackendKind::Cuda),
+        V_(draft_vocab > 0 && draft_vocab < m.hparams().n_vocab ? draft_vocab : m.hparams().n_vocab) {}
 
   Status init() {
-    const int64_t E = model_.hparams().n_embd, V = model_.hparams().n_vocab;
+    const int64_t E = model_.hparams().n_embd, V = V_;
     HS_ASSIGN_OR_RETURN(ints_, be_.alloc(static_cast<size_t>(2 * max_rows_ + 2 * kMaxSteps + 8) * sizeof(int32_t)));
     HS_ASSIGN_OR_RETURN(hidden_, be_.alloc(static_cast<size_t>((max_rows_ + 2) * E) * sizeof(float)));
     HS_ASSIGN_OR_RETURN(logits_, be_.alloc(static_cast<size_t>(V) * sizeof(float)));
@@ -38,7 +42,7 @@ class MtpDrafter final : public Drafter {
   }
 
   Status observe(const CommittedRows& rows) override {
-    const int64_t E = model_.hparams().n_embd, V = model_.hparams().n_vocab;
+    const int64_t E = model_.hparams().n_embd, V = V_;
     for (int64_t s = 0; s < rows.n; s += max_rows_) {
       const int64_t n = std::min<int64_t>(max_rows_, rows.n - s);
       std::vector<int32_t> pos(n);
@@ -83,7 +87,7 @@ class MtpDrafter final : public Drafter {
   // Chained step i (1 ..): token ids()[i-1] at step_positions()[i-1], hidden chain((i-1) % 2) ->
   // chain(i % 2), argmax into ids()[i].
   Status step(int i) {
-    const int64_t E = model_.hparams().n_embd, V = model_.hparams().n_vocab;
+    const int64_t E = model_.hparams().n_embd, V = V_;
     MtpArgs a;
     a.n = 1;
     a.hidden = Rows(chain((i - 1) % 2), 1, E);
@@ -122,6 +126,7 @@ class MtpDrafter final : public Drafter {
   Backend& be_;
   int max_rows_;
   bool use_graphs_;
+  int64_t V_;  // logits per draft: the head's first V_ rows
   SequenceState* state_ = nullptr;
   Buffer ints_, hidden_, logits_;
   std::map<int, std::unique_ptr<StepGraph>> steps_;
@@ -131,9 +136,10 @@ class MtpDrafter final : public Drafter {
 
 }  // namespace
 
-Result<std::unique_ptr<Drafter>> make_mtp_drafter(Qwen35Model& model, int max_rows, bool use_graphs) {
+Result<std::unique_ptr<Drafter>> make_mtp_drafter(Qwen35Model& model, int max_rows, bool use_graphs,
+                                                  int64_t draft_vocab) {
   if (!model.has_mtp()) return Status::error("--spec mtp: this model has no MTP (nextn) head");
-  auto d = std::make_unique<MtpDrafter>(model, max_rows, use_graphs);
+  auto d = std::make_unique<MtpDrafter>(model, max_rows, use_graphs, draft_vocab);
   HS_RETURN_IF_ERROR(d->init());
   return std::unique_ptr<Drafter>(std::move(d));
 }

@@ -7,7 +7,9 @@
 namespace hyspec {
 
 // The model must have an MTP head (Qwen35Model::has_mtp()). use_graphs: record the chained draft steps
-// as graphs where the backend can (CUDA).
-Result<std::unique_ptr<Drafter>> make_mtp_drafter(Qwen35Model& model, int max_rows, bool use_graphs);
+// as graphs where the backend can (CUDA). draft_vocab > 0: drafts among the first draft_vocab ids only
+// (the head's first rows; EngineConfig::draft_vocab).
+Result<std::unique_ptr<Drafter>> make_mtp_drafter(Qwen35Model& model, int max_rows, bool use_graphs,
+                                                  int64_t draft_vocab = 0);
 
 }  // namespace hyspec
