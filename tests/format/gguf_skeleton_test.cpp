@@ -155,5 +155,36 @@ TEST(GgufSkeleton, AddNextnAppendsAnMtpBlock) {
   test::run_command("rm -rf '" + dir + "'");
 }
 
+// dflash-for: a drafter's header for a target's width (the layout DflashModel::load reads: fc over 5 taps,
+// 11 tensors a layer, output_norm; the target's head borrowed), a skeleton that fill makes a file of.
+TEST(GgufSkeleton, DflashForWritesADrafterOfTheTargetsWidth) {
+  const std::string dir = testing::TempDir() + "/gguf_dflash_" + std::to_string(getpid());
+  ASSERT_EQ(test::run_command("mkdir -p '" + dir + "'").exit_code, 0);
+  const std::string target = dir + "/target.gguf", out = dir + "/drafter.gguf";
+  GgufWriter w;
+  ASSERT_TRUE(w.set("general.architecture", GgufMetaValue::string("qwen35")).is_ok());
+  ASSERT_TRUE(w.set("qwen35.block_count", GgufMetaValue::u32(8)).is_ok());
+  ASSERT_TRUE(w.set("qwen35.embedding_length", GgufMetaValue::u32(256)).is_ok());
+  ASSERT_TRUE(w.set("qwen35.feed_forward_length", GgufMetaValue::u32(512)).is_ok());
+  ASSERT_TRUE(w.set("tokenizer.ggml.eos_token_id", GgufMetaValue::u32(7)).is_ok());
+  ASSERT_TRUE(w.write_file(target).is_ok());
+  const auto made = run("dflash-for '" + target + "' '" + out + "' 2");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto f = GgufFile::open(out);
+  ASSERT_TRUE(f.is_ok()) << f.message();
+  EXPECT_EQ((*f)->get_string("general.architecture").value(), "dflash");
+  EXPECT_EQ((*f)->get_int("dflash.block_count").value(), 2);
+  EXPECT_EQ((*f)->get_int("tokenizer.ggml.mask_token_id").value(), 7);
+  const auto taps = (*f)->get_int_array("dflash.target_layers").value();
+  ASSERT_EQ(taps.size(), 5u);
+  EXPECT_TRUE(std::is_sorted(taps.begin(), taps.end()) && taps.front() >= 1 && taps.back() <= 8);
+  EXPECT_EQ((*f)->tensors().size(), 2u + 2 * 11 + 1);
+  EXPECT_EQ((*f)->find_tensor("fc.weight")->shape_string(), "[1280, 256]");
+  EXPECT_EQ((*f)->find_tensor("blk.1.ffn_down.weight")->shape_string(), "[512, 256]");
+  EXPECT_EQ((*f)->find_tensor("blk.0.attn_k.weight")->shape_string(), "[256, 1024]");
+  EXPECT_EQ(run("fill '" + out + "'").exit_code, 0);
+  test::run_command("rm -rf '" + dir + "'");
+}
+
 }  // namespace
 }  // namespace hyspec

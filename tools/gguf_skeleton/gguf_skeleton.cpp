@@ -10,6 +10,11 @@
 //                                             the shapes and types of the last full-attention block's, the
 //                                             nextn.eh_proj / enorm / hnorm, block_count N + 1 and
 //                                             nextn_predict_layers 1 (the anchor's files have no MTP head)
+//   gguf_skeleton dflash-for TARGET.gguf OUT.gguf [LAYERS]
+//                                             a DFlash drafter for TARGET as a skeleton to fill: LAYERS
+//                                             (5) Qwen3-style layers of TARGET's width and FFN (32 heads,
+//                                             8 kv heads of 128), Q8_0 matrices, 5 taps, block 16, the
+//                                             target's head borrowed (no 9B-shaped drafter is at hand)
 // Timing A/Bs only: the weights are noise, so the output text is too.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -177,6 +182,61 @@ Status add_nextn(const std::string& in, const std::string& out) {
   return Status::ok();
 }
 
+Status dflash_for(const std::string& target_path, const std::string& out, int layers) {
+  HS_ASSIGN_OR_RETURN(auto target, GgufFile::open(target_path));
+  HS_ASSIGN_OR_RETURN(std::string_view arch_view, target->get_string("general.architecture"));
+  const std::string arch(arch_view);
+  HS_ASSIGN_OR_RETURN(int64_t E, target->get_int(arch + ".embedding_length"));
+  HS_ASSIGN_OR_RETURN(int64_t F, target->get_int(arch + ".feed_forward_length"));
+  HS_ASSIGN_OR_RETURN(int64_t blocks, target->get_int(arch + ".block_count"));
+  HS_ASSIGN_OR_RETURN(int64_t nextn, target->get_int_or(arch + ".nextn_predict_layers", 0));
+  HS_ASSIGN_OR_RETURN(int64_t eos, target->get_int_or("tokenizer.ggml.eos_token_id", 0));
+  const int64_t H = 32, Hkv = 8, D = 128, taps = 5, trunk = blocks - nextn;
+  if (layers <= 0 || E % D != 0 || trunk < taps) return Status::errorf("{}: no DFlash shape for this target", target_path);
+  std::vector<int32_t> tap_ids;  // inputs of layers spread over the trunk
+  for (int64_t t = 0; t < taps; ++t) tap_ids.push_back(static_cast<int32_t>(1 + t * (trunk - 2) / (taps - 1)));
+  GgufWriter w;
+  auto u32 = [](int64_t v) { return GgufMetaValue::u32(static_cast<uint32_t>(v)); };
+  HS_RETURN_IF_ERROR(w.set("general.architecture", GgufMetaValue::string("dflash")));
+  HS_RETURN_IF_ERROR(w.set("dflash.block_count", u32(layers)));
+  HS_RETURN_IF_ERROR(w.set("dflash.context_length", u32(32768)));
+  HS_RETURN_IF_ERROR(w.set("dflash.embedding_length", u32(E)));
+  HS_RETURN_IF_ERROR(w.set("dflash.feed_forward_length", u32(F)));
+  HS_RETURN_IF_ERROR(w.set("dflash.attention.head_count", u32(H)));
+  HS_RETURN_IF_ERROR(w.set("dflash.attention.head_count_kv", u32(Hkv)));
+  HS_RETURN_IF_ERROR(w.set("dflash.attention.key_length", u32(D)));
+  HS_RETURN_IF_ERROR(w.set("dflash.attention.value_length", u32(D)));
+  HS_RETURN_IF_ERROR(w.set("dflash.rope.freq_base", GgufMetaValue::f32(1e7f)));
+  HS_RETURN_IF_ERROR(w.set("dflash.attention.layer_norm_rms_epsilon", GgufMetaValue::f32(1e-6f)));
+  HS_RETURN_IF_ERROR(w.set("dflash.block_size", u32(16)));
+  HS_RETURN_IF_ERROR(w.set("dflash.target_layers", GgufMetaValue::i32_array(tap_ids)));
+  HS_RETURN_IF_ERROR(w.set("dflash.rope.dimension_sections", GgufMetaValue::i32_array({static_cast<int32_t>(D / 2), 0, 0, 0})));
+  HS_RETURN_IF_ERROR(w.set("tokenizer.ggml.mask_token_id", u32(eos)));
+  const GgmlType q = GgmlType::Q8_0, f = GgmlType::F32;
+  HS_RETURN_IF_ERROR(w.add_tensor_shape("fc.weight", q, {taps * E, E}));
+  HS_RETURN_IF_ERROR(w.add_tensor_shape("enc.output_norm.weight", f, {E}));
+  for (int i = 0; i < layers; ++i) {
+    auto t = [&](const char* name, GgmlType type, std::vector<int64_t> ne) {
+      return w.add_tensor_shape(fmt::format("blk.{}.{}.weight", i, name), type, std::move(ne));
+    };
+    HS_RETURN_IF_ERROR(t("attn_norm", f, {E}));
+    HS_RETURN_IF_ERROR(t("attn_q", q, {E, H * D}));
+    HS_RETURN_IF_ERROR(t("attn_k", q, {E, Hkv * D}));
+    HS_RETURN_IF_ERROR(t("attn_v", q, {E, Hkv * D}));
+    HS_RETURN_IF_ERROR(t("attn_output", q, {H * D, E}));
+    HS_RETURN_IF_ERROR(t("attn_q_norm", f, {D}));
+    HS_RETURN_IF_ERROR(t("attn_k_norm", f, {D}));
+    HS_RETURN_IF_ERROR(t("ffn_norm", f, {E}));
+    HS_RETURN_IF_ERROR(t("ffn_gate", q, {E, F}));
+    HS_RETURN_IF_ERROR(t("ffn_up", q, {E, F}));
+    HS_RETURN_IF_ERROR(t("ffn_down", q, {F, E}));
+  }
+  HS_RETURN_IF_ERROR(w.add_tensor_shape("output_norm.weight", f, {E}));
+  HS_RETURN_IF_ERROR(w.write_skeleton(out));
+  std::fprintf(stderr, "%s: a %d-layer DFlash drafter for %s\n", out.c_str(), layers, target_path.c_str());
+  return Status::ok();
+}
+
 Status fill(const std::string& path, uint64_t seed) {
   const int fd = ::open(path.c_str(), O_RDWR);
   if (fd < 0) return Status::errorf("{}: cannot open: {}", path, std::strerror(errno));
@@ -209,9 +269,11 @@ int main(int argc, char** argv) {
   using hyspec::Status;
   const std::string mode = argc > 1 ? argv[1] : "";
   Status s = Status::error(
-      "usage: gguf_skeleton skeleton IN.gguf OUT.gguf | fill FILE.gguf [SEED] | add-nextn IN.gguf OUT.gguf");
+      "usage: gguf_skeleton skeleton IN.gguf OUT.gguf | fill FILE.gguf [SEED] | add-nextn IN.gguf OUT.gguf | "
+      "dflash-for TARGET.gguf OUT.gguf [LAYERS]");
   if (mode == "skeleton" && argc == 4) s = hyspec::skeleton(argv[2], argv[3]);
   if (mode == "add-nextn" && argc == 4) s = hyspec::add_nextn(argv[2], argv[3]);
+  if (mode == "dflash-for" && (argc == 4 || argc == 5)) s = hyspec::dflash_for(argv[2], argv[3], argc == 5 ? std::atoi(argv[4]) : 5);
   if (mode == "fill" && (argc == 3 || argc == 4)) s = hyspec::fill(argv[2], argc == 4 ? std::strtoull(argv[3], nullptr, 10) : 1);
   if (s.is_ok()) return 0;
   std::fprintf(stderr, "error: %s\n", s.message().c_str());
