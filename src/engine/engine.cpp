@@ -55,6 +55,7 @@ const char* spec_method_name(SpecMethod m) {
 }
 
 Engine::~Engine() = default;
+Session::Session(Engine& engine) : engine_(engine), graphs_(*engine.backend_, engine.config_.use_graphs) {}
 Session::~Session() = default;
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
@@ -111,14 +112,14 @@ Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
   if (config_.add_ngram && (config_.spec == SpecMethod::Mtp || config_.spec == SpecMethod::Dflash)) {
     HS_ASSIGN_OR_RETURN(auto model, config_.spec == SpecMethod::Mtp
                                         ? make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs, config_.draft_vocab)
-                                        : make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_));
+                                        : make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_, config_.use_graphs));
     return make_longest_of(std::move(model), make_ngram_drafter());
   }
   switch (config_.spec) {
     case SpecMethod::None: return std::unique_ptr<Drafter>();
     case SpecMethod::Ngram: return make_ngram_drafter();
     case SpecMethod::Mtp: return make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs, config_.draft_vocab);
-    case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_);
+    case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_, config_.use_graphs);
   }
   return Status::error("unknown speculative method");
 }
@@ -549,24 +550,9 @@ Status Session::decode_round(std::vector<int32_t>& out) {
 }
 
 Status Session::run_step(const ForwardArgs& args) {
-  Engine& e = engine_;
-  if (!e.config_.use_graphs || graphs_failed_ || e.backend_->kind() != BackendKind::Cuda)
-    return e.run_forward(args, state_);
-  const auto key = std::make_tuple(args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
-                                   args.features.data != nullptr);
-  std::unique_ptr<StepGraph>& graph = graphs_[key];
-  if (!graph) {
-    Status recorded;
-    auto g = e.backend_->capture([this, args, &recorded] { recorded = engine_.run_forward(args, state_); });
-    if (!g || !recorded.is_ok()) {  // a step that cannot be recorded still runs, unrecorded
-      graphs_.erase(key);
-      graphs_failed_ = true;
-      return e.run_forward(args, state_);
-    }
-    graph = std::move(g).value();
-    recorded_graph_ = true;
-  }
-  return graph->replay();
+  const StepGraphs::Key key = {args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
+                               args.features.data != nullptr};
+  return graphs_.run(key, [this, args] { return engine_.run_forward(args, state_); }, &recorded_graph_);
 }
 
 Result<std::vector<float>> Session::probe_next_logits() {

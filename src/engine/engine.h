@@ -11,8 +11,6 @@
 #include <array>
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <tuple>
 #include <memory>
 #include <set>
 #include <string>
@@ -21,6 +19,7 @@
 #include "backend/backend.h"
 #include "engine/sampler.h"
 #include "engine/spec/drafter.h"
+#include "engine/step_graphs.h"
 #include "model/qwen35.h"
 
 namespace hyspec {
@@ -108,7 +107,7 @@ class Session {
 
  private:
   friend class Engine;
-  explicit Session(Engine& engine) : engine_(engine) {}
+  explicit Session(Engine& engine);
   Status prefill_chunk(std::vector<int32_t>& out);
   // A decode/verify forward: recorded once per shape as a backend graph and replayed (CUDA), so a
   // step costs one launch; every per-step input lives in the engine's fixed device buffers.
@@ -129,8 +128,7 @@ class Session {
   FinishReason finish_ = FinishReason::None;
   SessionStats stats_;
   std::vector<EmittedLogprobs> logprobs_;
-  std::map<std::tuple<int64_t, bool, int64_t, bool, bool>, std::unique_ptr<StepGraph>> graphs_;
-  bool graphs_failed_ = false;
+  StepGraphs graphs_;  // decode and verify steps
   // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
   double ema_accept_ = 2.0, ema_spec_rate_ = 0, ema_plain_rate_ = 0;
   int plain_rounds_left_ = 0;  // plain rounds before the next probe

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "engine/step_graphs.h"
 #include "model/dflash.h"
 
 namespace hyspec {
@@ -15,8 +16,8 @@ struct DflashWeights {
 
 class DflashDrafter final : public Drafter {
  public:
-  DflashDrafter(DflashWeights& w, std::shared_ptr<void> keep, int max_rows)
-      : w_(w), keep_(std::move(keep)), m_(*w.model), be_(m_.backend()), max_rows_(max_rows) {}
+  DflashDrafter(DflashWeights& w, std::shared_ptr<void> keep, int max_rows, bool use_graphs)
+      : w_(w), keep_(std::move(keep)), m_(*w.model), be_(m_.backend()), max_rows_(max_rows), steps_(be_, use_graphs) {}
 
   Status init(int64_t n_ctx) {
     const auto& hp = m_.hparams();
@@ -46,7 +47,8 @@ class DflashDrafter final : public Drafter {
       a.n = n;
       a.features = rows.features.rows(s, n);
       a.positions = positions();
-      HS_RETURN_IF_ERROR(m_.inject(a, state_));
+      const StepGraphs::Key key = {kInject, n, reinterpret_cast<int64_t>(a.features.data)};
+      HS_RETURN_IF_ERROR(steps_.run(key, [this, a] { return m_.inject(a, state_); }));
     }
     context_ = rows.first_pos + rows.n;
     pending_ = rows.next_tokens.back();
@@ -69,9 +71,12 @@ class DflashDrafter final : public Drafter {
     a.tokens = tokens();
     a.positions = positions();
     a.logits = Rows(logits_.as<float>(), B - 1, m_.n_vocab_draft());  // block rows 1..B-1 are the drafts
-    HS_RETURN_IF_ERROR(m_.draft(a, state_));
+    HS_RETURN_IF_ERROR(steps_.run({kDraft, B}, [this, a] {
+      HS_RETURN_IF_ERROR(m_.draft(a, state_));
+      be_.argmax(a.logits, out_ids());
+      return Status::ok();
+    }));
     std::vector<int32_t> ids(a.logits.n_rows);
-    be_.argmax(a.logits, out_ids());
     be_.download(ids.data(), out_ids(), ids.size() * sizeof(int32_t));
     std::vector<int32_t> drafts;
     for (int i = 0; i < k; ++i) drafts.push_back(m_.target_token(ids[i]));
@@ -90,6 +95,9 @@ class DflashDrafter final : public Drafter {
   int max_rows_;
   DflashState state_;
   Buffer ints_, logits_;
+  // The block's draft (by block length) and the context injections (by rows and feature buffer).
+  static constexpr int64_t kDraft = 0, kInject = 1;
+  StepGraphs steps_;
   int64_t context_ = 0;
   int32_t pending_ = 0;
 };
@@ -120,10 +128,10 @@ Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model& target, const std
 }
 
 Result<std::unique_ptr<Drafter>> make_dflash_drafter(Qwen35Model&, const std::shared_ptr<void>& weights,
-                                                     int max_rows, int64_t n_ctx) {
+                                                     int max_rows, int64_t n_ctx, bool use_graphs) {
   if (!weights) return Status::error("no DFlash drafter loaded");
   auto& w = *static_cast<DflashWeights*>(weights.get());
-  auto d = std::make_unique<DflashDrafter>(w, weights, max_rows);
+  auto d = std::make_unique<DflashDrafter>(w, weights, max_rows, use_graphs);
   HS_RETURN_IF_ERROR(d->init(n_ctx));
   return std::unique_ptr<Drafter>(std::move(d));
 }

@@ -12,7 +12,8 @@ namespace hyspec {
 // (EngineConfig::draft_vocab); one with its own head refuses it.
 Result<std::shared_ptr<void>> load_dflash_weights(Qwen35Model& target, const std::string& path, int max_rows,
                                                   int64_t draft_vocab = 0);
+// use_graphs: record the block's draft and the context injections as graphs where the backend can (CUDA).
 Result<std::unique_ptr<Drafter>> make_dflash_drafter(Qwen35Model& target, const std::shared_ptr<void>& weights,
-                                                     int max_rows, int64_t n_ctx);
+                                                     int max_rows, int64_t n_ctx, bool use_graphs = false);
 
 }  // namespace hyspec

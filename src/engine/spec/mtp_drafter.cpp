@@ -1,9 +1,10 @@
 #include "engine/spec/mtp_drafter.h"
 
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <vector>
+
+#include "engine/step_graphs.h"
 
 namespace hyspec {
 namespace {
@@ -20,7 +21,7 @@ class MtpDrafter final : public Drafter {
       : model_(m),
         be_(m.backend()),
         max_rows_(max_rows),
-        use_graphs_(use_graphs && be_.kind() == BackendKind::Cuda),
+        steps_(be_, use_graphs),
         V_(draft_vocab > 0 && draft_vocab < m.hparams().n_vocab ? draft_vocab : m.hparams().n_vocab) {}
 
   Status init() {
@@ -99,21 +100,7 @@ class MtpDrafter final : public Drafter {
     be_.argmax(a.logits, ids() + i);
     return Status::ok();
   }
-  Status run_step(int i) {
-    if (!use_graphs_) return step(i);
-    std::unique_ptr<StepGraph>& g = steps_[i];
-    if (!g) {
-      Status recorded;
-      auto captured = be_.capture([&] { recorded = step(i); });
-      if (!captured || !recorded.is_ok()) {  // a step that cannot be recorded still runs, unrecorded
-        use_graphs_ = false;
-        steps_.clear();
-        return step(i);
-      }
-      g = std::move(captured).value();
-    }
-    return g->replay();
-  }
+  Status run_step(int i) { return steps_.run({i}, [this, i] { return step(i); }); }
 
   int32_t* tok() const { return ints_.as<int32_t>(); }
   int32_t* positions() const { return ints_.as<int32_t>() + max_rows_; }
@@ -125,11 +112,10 @@ class MtpDrafter final : public Drafter {
   Qwen35Model& model_;
   Backend& be_;
   int max_rows_;
-  bool use_graphs_;
+  StepGraphs steps_;  // the chained steps, by step index
   int64_t V_;  // logits per draft: the head's first V_ rows
   SequenceState* state_ = nullptr;
   Buffer ints_, hidden_, logits_;
-  std::map<int, std::unique_ptr<StepGraph>> steps_;
   int64_t last_pos_ = 0;
   bool have_first_ = false;
 };

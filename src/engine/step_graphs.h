@@ -1,0 +1,31 @@
+// Steps recorded once as backend graphs and replayed (CUDA graphs; per-step values live in backend
+// memory the graph reads), keyed by what shapes their launches: widths, and the buffers a step reads
+// when those vary. A step that cannot be recorded runs unrecorded, and so does every later one.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace hyspec {
+
+class StepGraphs {
+ public:
+  using Key = std::array<int64_t, 5>;
+  // enabled: record at all (the caller's --no-graphs); only backends that replay graphs (CUDA) do.
+  StepGraphs(Backend& be, bool enabled) : be_(be), enabled_(enabled && be.kind() == BackendKind::Cuda) {}
+
+  // Run `step` as the graph recorded for `key` (recording it first: *recorded = true then).
+  Status run(const Key& key, const std::function<Status()>& step, bool* recorded = nullptr);
+  void clear() { graphs_.clear(); }
+
+ private:
+  Backend& be_;
+  bool enabled_;
+  std::map<Key, std::unique_ptr<StepGraph>> graphs_;
+};
+
+}  // namespace hyspec
