@@ -109,17 +109,19 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
 }
 
 Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
-  if (config_.add_ngram && (config_.spec == SpecMethod::Mtp || config_.spec == SpecMethod::Dflash)) {
-    HS_ASSIGN_OR_RETURN(auto model, config_.spec == SpecMethod::Mtp
-                                        ? make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs, config_.draft_vocab)
-                                        : make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_, config_.use_graphs));
-    return make_longest_of(std::move(model), make_ngram_drafter());
-  }
   switch (config_.spec) {
     case SpecMethod::None: return std::unique_ptr<Drafter>();
     case SpecMethod::Ngram: return make_ngram_drafter();
-    case SpecMethod::Mtp: return make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs, config_.draft_vocab);
-    case SpecMethod::Dflash: return make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_, config_.use_graphs);
+    case SpecMethod::Mtp:
+    case SpecMethod::Dflash: {
+      HS_ASSIGN_OR_RETURN(auto model, config_.spec == SpecMethod::Mtp
+                                          ? make_mtp_drafter(*model_, config_.n_batch, config_.use_graphs,
+                                                             config_.draft_vocab)
+                                          : make_dflash_drafter(*model_, dflash_, config_.n_batch, n_ctx_,
+                                                                config_.use_graphs));
+      if (!config_.add_ngram) return model;
+      return make_longest_of(std::move(model), make_ngram_drafter());
+    }
   }
   return Status::error("unknown speculative method");
 }
@@ -348,7 +350,8 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
     LogitRows rows(be, a.logits, e.sampling_.data(), sampler_);
     rows.select(0, tokens_);
     next = rows.draw();
-    if (options_.logprobs >= 0) logprobs_row.assign(rows.host_row(0), rows.host_row(0) + V);  // before the drafter's steps
+    // Read before the drafter's steps.
+    if (options_.logprobs >= 0) logprobs_row.assign(rows.host_row(0), rows.host_row(0) + V);
   }
   if (drafter_) {
     CommittedRows rows;

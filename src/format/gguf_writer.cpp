@@ -217,7 +217,8 @@ Status GgufWriter::add_tensor(std::string name, GgmlType type, std::vector<int64
   if (data.size() != expected)
     return Status::errorf("tensor '{}': {} bytes given, {} data of this shape needs {}", name, data.size(),
                           ggml_type_name(type), expected);
-  tensors_.push_back(Tensor{std::move(name), type, std::move(ne), std::vector<uint8_t>(data.begin(), data.end()), expected});
+  tensors_.push_back(
+      Tensor{std::move(name), type, std::move(ne), std::vector<uint8_t>(data.begin(), data.end()), expected});
   return Status::ok();
 }
 
@@ -294,7 +295,8 @@ Status GgufWriter::serialize(Sink& sink) const {
   static const uint8_t zeros[4096] = {};
   for (const Tensor& t : tensors_) {
     if (t.data.empty())  // added by shape
-      for (size_t done = 0; done < t.nbytes; done += sizeof(zeros)) sink.put(zeros, std::min(sizeof(zeros), t.nbytes - done));
+      for (size_t done = 0; done < t.nbytes; done += sizeof(zeros))
+        sink.put(zeros, std::min(sizeof(zeros), t.nbytes - done));
     else
       sink.put(t.data.data(), t.data.size());
     pos += t.nbytes;

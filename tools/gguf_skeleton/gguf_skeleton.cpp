@@ -192,7 +192,8 @@ Status dflash_for(const std::string& target_path, const std::string& out, int la
   HS_ASSIGN_OR_RETURN(int64_t nextn, target->get_int_or(arch + ".nextn_predict_layers", 0));
   HS_ASSIGN_OR_RETURN(int64_t eos, target->get_int_or("tokenizer.ggml.eos_token_id", 0));
   const int64_t H = 32, Hkv = 8, D = 128, taps = 5, trunk = blocks - nextn;
-  if (layers <= 0 || E % D != 0 || trunk < taps) return Status::errorf("{}: no DFlash shape for this target", target_path);
+  if (layers <= 0 || E % D != 0 || trunk < taps)
+    return Status::errorf("{}: no DFlash shape for this target", target_path);
   std::vector<int32_t> tap_ids;  // inputs of layers spread over the trunk
   for (int64_t t = 0; t < taps; ++t) tap_ids.push_back(static_cast<int32_t>(1 + t * (trunk - 2) / (taps - 1)));
   GgufWriter w;
@@ -210,7 +211,8 @@ Status dflash_for(const std::string& target_path, const std::string& out, int la
   HS_RETURN_IF_ERROR(w.set("dflash.attention.layer_norm_rms_epsilon", GgufMetaValue::f32(1e-6f)));
   HS_RETURN_IF_ERROR(w.set("dflash.block_size", u32(16)));
   HS_RETURN_IF_ERROR(w.set("dflash.target_layers", GgufMetaValue::i32_array(tap_ids)));
-  HS_RETURN_IF_ERROR(w.set("dflash.rope.dimension_sections", GgufMetaValue::i32_array({static_cast<int32_t>(D / 2), 0, 0, 0})));
+  const int32_t half = static_cast<int32_t>(D / 2);  // plain positions (DFLASH.md)
+  HS_RETURN_IF_ERROR(w.set("dflash.rope.dimension_sections", GgufMetaValue::i32_array({half, 0, 0, 0})));
   HS_RETURN_IF_ERROR(w.set("tokenizer.ggml.mask_token_id", u32(eos)));
   const GgmlType q = GgmlType::Q8_0, f = GgmlType::F32;
   HS_RETURN_IF_ERROR(w.add_tensor_shape("fc.weight", q, {taps * E, E}));
@@ -273,7 +275,8 @@ int main(int argc, char** argv) {
       "dflash-for TARGET.gguf OUT.gguf [LAYERS]");
   if (mode == "skeleton" && argc == 4) s = hyspec::skeleton(argv[2], argv[3]);
   if (mode == "add-nextn" && argc == 4) s = hyspec::add_nextn(argv[2], argv[3]);
-  if (mode == "dflash-for" && (argc == 4 || argc == 5)) s = hyspec::dflash_for(argv[2], argv[3], argc == 5 ? std::atoi(argv[4]) : 5);
+  if (mode == "dflash-for" && (argc == 4 || argc == 5))
+    s = hyspec::dflash_for(argv[2], argv[3], argc == 5 ? std::atoi(argv[4]) : 5);
   if (mode == "fill" && (argc == 3 || argc == 4)) s = hyspec::fill(argv[2], argc == 4 ? std::strtoull(argv[3], nullptr, 10) : 1);
   if (s.is_ok()) return 0;
   std::fprintf(stderr, "error: %s\n", s.message().c_str());

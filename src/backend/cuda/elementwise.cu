@@ -419,23 +419,28 @@ __device__ __forceinline__ void warp_arg_best(float& v, int& i) {
   for (int o = 16; o > 0; o >>= 1) arg_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
 }
 
+// The column of a thread's j-th logit in its block's chunk (blockIdx.x), and the chunk of row `row`
+// loaded (all loads before any use: one round trip), `pad` past the row's end.
+__device__ __forceinline__ int64_t chunk_col(int j) {
+  return int64_t{blockIdx.x} * kArgmaxChunk + threadIdx.x + int64_t{kArgmaxThreads} * j;
+}
+__device__ __forceinline__ void load_chunk(const Mat& x, int64_t row, float pad, float (&v)[kArgmaxPerThread]) {
+  const float* r = x.data + row * x.stride;
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j) v[j] = chunk_col(j) < x.cols ? r[chunk_col(j)] : pad;
+}
+
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_chunks_kernel(Mat x, float* part_v, int* part_i) {
   pdl_wait();  // the logits belong to the previous kernel
   pdl_trigger();
   __shared__ float sv[kArgmaxThreads / 32];
   __shared__ int si[kArgmaxThreads / 32];
-  const float* row = x.data + static_cast<int64_t>(blockIdx.y) * x.stride;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk + threadIdx.x;
   float e[kArgmaxPerThread];
-#pragma unroll
-  for (int j = 0; j < kArgmaxPerThread; ++j) {
-    const int64_t c = c0 + int64_t{kArgmaxThreads} * j;
-    e[j] = c < x.cols ? row[c] : __int_as_float(0x7fffffff);  // NaN: never the winner
-  }
+  load_chunk(x, blockIdx.y, __int_as_float(0x7fffffff), e);  // NaN: never the winner
   float v = -FLT_MAX;
   int idx = kNoIndex;
 #pragma unroll
-  for (int j = 0; j < kArgmaxPerThread; ++j) arg_better(v, idx, e[j], static_cast<int>(c0 + int64_t{kArgmaxThreads} * j));
+  for (int j = 0; j < kArgmaxPerThread; ++j) arg_better(v, idx, e[j], static_cast<int>(chunk_col(j)));
   warp_arg_best(v, idx);
   if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = v, si[threadIdx.x >> 5] = idx;
   __syncthreads();
@@ -480,14 +485,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
   __syncthreads();
   const float m = row_max;
-  const float* row = x.data + static_cast<int64_t>(blockIdx.y) * x.stride;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk + threadIdx.x;
   float l[kArgmaxPerThread];
-#pragma unroll
-  for (int j = 0; j < kArgmaxPerThread; ++j) {
-    const int64_t c = c0 + int64_t{kArgmaxThreads} * j;
-    l[j] = c < x.cols ? row[c] : -INFINITY;
-  }
+  load_chunk(x, blockIdx.y, -INFINITY, l);
   float sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < kArgmaxPerThread; ++j) {
@@ -519,23 +518,24 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 // Row `row`'s logits >= threshold, compacted by warp: one atomic per warp for its slots. Bytes: the row
 // once, 8 per selected token.
 __global__ void __launch_bounds__(kArgmaxThreads)
-    select_logits_kernel(Mat x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits, int32_t* count) {
+    select_logits_kernel(Mat x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
+                         int32_t* count) {
   pdl_wait();
   pdl_trigger();
-  const float* r = x.data + row * x.stride;
   const int lane = threadIdx.x & 31;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk + threadIdx.x;
+  float l[kArgmaxPerThread];
+  load_chunk(x, row, -INFINITY, l);
+#pragma unroll
   for (int j = 0; j < kArgmaxPerThread; ++j) {
-    const int64_t c = c0 + int64_t{kArgmaxThreads} * j;
-    const float l = c < x.cols ? r[c] : -INFINITY;
-    const bool keep = c < x.cols && l >= threshold;
+    const int64_t c = chunk_col(j);
+    const bool keep = c < x.cols && l[j] >= threshold;
     const unsigned ballot = __ballot_sync(0xffffffffu, keep);
     if (ballot == 0) continue;
     int base = 0;
     if (lane == 0) base = atomicAdd(count, __popc(ballot));
     base = __shfl_sync(0xffffffffu, base, 0);
     const int slot = base + __popc(ballot & ((1u << lane) - 1u));
-    if (keep && slot < cap) ids[slot] = static_cast<int32_t>(c), logits[slot] = l;
+    if (keep && slot < cap) ids[slot] = static_cast<int32_t>(c), logits[slot] = l[j];
   }
 }
 
