@@ -47,8 +47,14 @@ class DflashDrafter final : public Drafter {
       a.n = n;
       a.features = rows.features.rows(s, n);
       a.positions = positions();
-      const StepGraphs::Key key = {kInject, n, reinterpret_cast<int64_t>(a.features.data)};
-      HS_RETURN_IF_ERROR(steps_.run(key, [this, a] { return m_.inject(a, state_); }));
+      // A verify round's rows are recorded (at most block_size of them); a prompt's chunks, of any
+      // length, run as they come.
+      if (n > m_.hparams().block_size) {
+        HS_RETURN_IF_ERROR(m_.inject(a, state_));
+      } else {
+        const StepGraphs::Key key = {kInject, n, reinterpret_cast<int64_t>(a.features.data)};
+        HS_RETURN_IF_ERROR(steps_.run(key, [this, a] { return m_.inject(a, state_); }));
+      }
     }
     context_ = rows.first_pos + rows.n;
     pending_ = rows.next_tokens.back();
