@@ -32,9 +32,11 @@ class ServerProcess {
   // `args` follow "serve"; "--port 0" is added. Waits until /health answers 200.
   explicit ServerProcess(std::vector<std::string> args, double ready_timeout_s = 60) {
     log_path_ = testing::TempDir() + "hyspec_serve_" + std::to_string(getpid()) + "_" + std::to_string(counter()++) + ".log";
+    // Emptied before the fork: a log left by an earlier process with this pid must not be read for this
+    // server's port before the child gets to truncate it.
+    const int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     pid_ = fork();
     if (pid_ == 0) {
-      const int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       dup2(fd, 1);
       dup2(fd, 2);
       const std::string bin = hyspec_binary();
@@ -49,6 +51,7 @@ class ServerProcess {
       execv(bin.c_str(), argv.data());
       _exit(127);
     }
+    if (fd >= 0) close(fd);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(ready_timeout_s);
     const std::regex listening(R"(listening on http://[^:]+:(\d+))");
     std::string last_health = "never asked";  // for the failure message
