@@ -272,9 +272,9 @@ class Backend {
   // LogitSummary::floats(x.n_cols) floats per row of x into out, row after row.
   virtual void logit_summary(Rows x, float inv_t, float* out) = 0;
   // The tokens of row `row` of x whose logit is >= threshold (NaN never), in no set order: how many
-  // into *count, the first min(*count, cap) of them as ids and logits.
-  virtual void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
-                             int32_t* count) = 0;
+  // into *count, the first min(*count, cap) of them into picked.
+  virtual void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
+                             SelectedLogit* picked) = 0;
 
   // Record `step` (a sequence of the ops above) for replay.
   virtual Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) = 0;

@@ -1,4 +1,5 @@
-// The layout of Backend::logit_summary's output, shared with the CUDA kernels (no other includes).
+// The layout of Backend::logit_summary's and select_logits' outputs, shared with the CUDA kernels (no other
+// includes).
 // C++17.
 #pragma once
 #include <cstdint>
@@ -23,6 +24,12 @@ struct LogitSummary {
   static constexpr int64_t count_at(int64_t cols) { return 1 + chunks(cols); }
   static constexpr int64_t mass_at(int64_t cols) { return 1 + chunks(cols) + kBuckets; }
   static constexpr int64_t floats(int64_t cols) { return 1 + chunks(cols) + 2 * kBuckets; }
+};
+
+// A token select_logits picked: its id and its logit.
+struct SelectedLogit {
+  int32_t id;
+  float logit;
 };
 
 }  // namespace hyspec

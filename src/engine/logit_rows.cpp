@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace hyspec {
 
@@ -9,19 +10,23 @@ namespace {
 using S = LogitSummary;
 
 size_t summary_floats(int64_t rows, int64_t n_vocab) { return static_cast<size_t>(rows * S::floats(n_vocab)); }
+// Where the selection's count starts: after the summaries, 8-byte aligned (the picks follow it).
+size_t selection_at(int64_t rows, int64_t n_vocab) {
+  return (summary_floats(rows, n_vocab) * sizeof(float) + 7) / 8 * 8;
+}
 }  // namespace
 
+// Scratch: the summaries, then the selection's count (and a pad) right before its picks, so that one
+// read-back fetches both.
 size_t LogitRows::scratch_bytes(int64_t rows, int64_t n_vocab) {
-  return summary_floats(rows, n_vocab) * sizeof(float) + sizeof(int32_t) +
-         static_cast<size_t>(kMaxCandidates) * (sizeof(int32_t) + sizeof(float));
+  return selection_at(rows, n_vocab) + (1 + static_cast<size_t>(kMaxCandidates)) * sizeof(SelectedLogit);
 }
 
 LogitRows::LogitRows(Backend& be, Rows logits, void* scratch, Sampler& sampler)
     : be_(be), logits_(logits), sampler_(sampler), V_(logits.n_cols) {
   summary_dev_ = static_cast<float*>(scratch);
-  count_dev_ = reinterpret_cast<int32_t*>(summary_dev_ + summary_floats(logits.n_rows, V_));
-  ids_dev_ = count_dev_ + 1;
-  cand_dev_ = reinterpret_cast<float*>(ids_dev_ + kMaxCandidates);
+  count_dev_ = reinterpret_cast<int32_t*>(static_cast<char*>(scratch) + selection_at(logits.n_rows, V_));
+  picked_dev_ = reinterpret_cast<SelectedLogit*>(count_dev_) + 1;
   host_rows_.resize(static_cast<size_t>(logits.n_rows));
 }
 
@@ -83,26 +88,34 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
   }
   if (!top_k && sp.min_p > 0.0f)
     cut = std::min(cut, static_cast<int64_t>(-std::log(sp.min_p) * S::kPerNat) + 1);
-  double selected = 0;
+  double selected = 0;  // the tokens the threshold below takes, but for rounding at its edge
   for (int64_t b = 0; b <= std::min(cut + 1, S::kBuckets - 1); ++b) selected += count[b];
   if (cut >= S::kBuckets - 1 || selected > kMaxCandidates) return whole_row();
   // Bucket b holds (m - l) * scale in [b, b + 1); the threshold sits a bucket lower, so rounding in
   // either computation cannot drop a token of bucket `cut`.
   const float scale = (1.0f / sp.temperature) * S::kPerNat;
   const float threshold = m - static_cast<float>(cut + 2) / scale;
+  be_.select_logits(logits_, r, threshold, kMaxCandidates, count_dev_, picked_dev_);
+  // The count and the picks the histogram expects in one read-back; more only when rounding at the
+  // threshold took more.
+  const int32_t expected = static_cast<int32_t>(std::min<double>(selected + 16, kMaxCandidates));
+  std::vector<SelectedLogit> got(static_cast<size_t>(expected) + 1);  // [0]: the count (and a pad)
+  be_.download(got.data(), count_dev_, got.size() * sizeof(SelectedLogit));
   int32_t n = 0;
-  be_.select_logits(logits_, r, threshold, kMaxCandidates, ids_dev_, cand_dev_, count_dev_);
-  be_.download(&n, count_dev_, sizeof(n));
+  std::memcpy(&n, got.data(), sizeof(n));
   if (n > kMaxCandidates || n <= 0) return whole_row();
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  std::vector<float> l(static_cast<size_t>(n));
-  be_.download(ids.data(), ids_dev_, ids.size() * sizeof(int32_t));
-  be_.download(l.data(), cand_dev_, l.size() * sizeof(float));
+  got.erase(got.begin());
+  if (n > expected) {
+    got.resize(static_cast<size_t>(n));
+    be_.download(got.data() + expected, picked_dev_ + expected,
+                 static_cast<size_t>(n - expected) * sizeof(SelectedLogit));
+  }
+  got.resize(static_cast<size_t>(n));
   dist_.resize(static_cast<size_t>(n));
   double inside = 0;
   for (int32_t i = 0; i < n; ++i) {
-    dist_[i] = {ids[i], l[i]};
-    inside += std::exp((l[i] - m) / sp.temperature);
+    dist_[i] = {got[i].id, got[i].logit};
+    inside += std::exp((got[i].logit - m) / sp.temperature);
   }
   std::sort(dist_.begin(), dist_.end(),
             [](const TokenProb& a, const TokenProb& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); });

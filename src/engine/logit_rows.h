@@ -53,9 +53,8 @@ class LogitRows {
   Sampler& sampler_;
   int64_t V_;
   float* summary_dev_;
-  int32_t* count_dev_;
-  int32_t* ids_dev_;
-  float* cand_dev_;
+  int32_t* count_dev_;          // select_logits' count, then (a pad and) its picks
+  SelectedLogit* picked_dev_;
 
   std::vector<std::vector<float>> host_rows_;  // [r] empty until read
   std::vector<float> summaries_;               // rows [0, summarized_) on the host

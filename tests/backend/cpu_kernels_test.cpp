@@ -403,18 +403,17 @@ TEST(CpuOps, LogitSummaryAndSelectMatchTheirDefinitions) {
     }
   }
   const float threshold = 5.0f;
-  std::vector<int32_t> ids(8);
-  std::vector<float> vals(8);
+  std::vector<SelectedLogit> picked(8);
   int32_t count = -1;
-  select_logits(Rows(x.data(), n, C, stride), 2, threshold, 8, ids.data(), vals.data(), &count);
+  select_logits(Rows(x.data(), n, C, stride), 2, threshold, 8, &count, picked.data());
   std::vector<int32_t> want;
   for (int64_t c = 0; c < C; ++c)
     if (x[2 * stride + c] >= threshold) want.push_back(static_cast<int32_t>(c));
   ASSERT_EQ(count, static_cast<int32_t>(want.size()));
   ASSERT_GT(count, 8);  // more than fit: the first 8
   for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(ids[i], want[i]);
-    EXPECT_EQ(vals[i], x[2 * stride + want[i]]);
+    EXPECT_EQ(picked[i].id, want[i]);
+    EXPECT_EQ(picked[i].logit, x[2 * stride + want[i]]);
   }
 }
 

@@ -915,28 +915,24 @@ TEST_F(CudaBackendTest, LogitSummaryAndSelectMatchCpu) {
   }
   for (const float threshold : {12.0f, 30.0f}) {  // ~8 tokens of 248K random normals (sd 3), then the one at 40
     const int32_t cap = 64;
-    Buffer ic = cpu_->alloc(cap * 4).value(), ig = gpu_->alloc(cap * 4).value();
-    Tensor vc = poison(*cpu_, cap), vg = poison(*gpu_, cap);
-    Buffer nc = put_i32(*cpu_, {-1}), ng = put_i32(*gpu_, {-1});
-    cpu_->select_logits(x.c.rows(n, C, stride), 2, threshold, cap, ic.as<int32_t>(), vc.f(), nc.as<int32_t>());
-    gpu_->select_logits(x.g.rows(n, C, stride), 2, threshold, cap, ig.as<int32_t>(), vg.f(), ng.as<int32_t>());
-    int32_t count_c = 0, count_g = 0;
-    cpu_->download(&count_c, nc.data(), 4);
-    gpu_->download(&count_g, ng.data(), 4);
-    ASSERT_EQ(count_g, count_c) << threshold;
-    ASSERT_GT(count_c, 0);
-    ASSERT_LE(count_c, cap) << "the test wants every selected token";
-    std::vector<int32_t> idc(count_c), idg(count_g);
-    std::vector<float> lc(count_c), lg(count_g);
-    cpu_->download(idc.data(), ic.data(), count_c * 4);
-    gpu_->download(idg.data(), ig.data(), count_g * 4);
-    cpu_->download(lc.data(), vc.f(), count_c * 4);
-    gpu_->download(lg.data(), vg.f(), count_g * 4);
-    std::vector<std::pair<int32_t, float>> pc, pg;
-    for (int32_t i = 0; i < count_c; ++i) pc.push_back({idc[i], lc[i]}), pg.push_back({idg[i], lg[i]});
-    std::sort(pc.begin(), pc.end());
-    std::sort(pg.begin(), pg.end());
-    EXPECT_EQ(pg, pc) << threshold;
+    auto select = [&](Backend& be, Tensor& x_) {
+      Buffer out = be.alloc((cap + 1) * sizeof(SelectedLogit)).value();
+      be.fill_zero(out.data(), out.size);
+      be.select_logits(x_.rows(n, C, stride), 2, threshold, cap, out.as<int32_t>(),
+                       out.as<SelectedLogit>() + 1);
+      std::vector<SelectedLogit> got(cap + 1);
+      be.download(got.data(), out.data(), got.size() * sizeof(SelectedLogit));
+      const int32_t count = got[0].id;
+      std::vector<std::pair<int32_t, float>> picked;
+      for (int32_t i = 0; i < std::min(count, cap); ++i) picked.push_back({got[1 + i].id, got[1 + i].logit});
+      std::sort(picked.begin(), picked.end());
+      return std::make_pair(count, picked);
+    };
+    const auto c = select(*cpu_, x.c), g = select(*gpu_, x.g);
+    ASSERT_EQ(g.first, c.first) << threshold;
+    ASSERT_GT(c.first, 0);
+    ASSERT_LE(c.first, cap) << "the test wants every selected token";
+    EXPECT_EQ(g.second, c.second) << threshold;
   }
 }
 

@@ -156,9 +156,9 @@ class CpuBackend final : public Backend {
   }
 
   void logit_summary(Rows x, float inv_t, float* out) override { cpu::logit_summary(pool_, x, inv_t, out); }
-  void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
-                     int32_t* count) override {
-    cpu::select_logits(x, row, threshold, cap, ids, logits, count);
+  void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
+                     SelectedLogit* picked) override {
+    cpu::select_logits(x, row, threshold, cap, count, picked);
   }
 
   Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) override {

@@ -150,12 +150,12 @@ void logit_summary(ThreadPool& pool, Rows x, float inv_t, float* out) {
   });
 }
 
-void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits, int32_t* count) {
+void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count, SelectedLogit* picked) {
   const float* l = x.row(row);
   int32_t n = 0;
   for (int64_t c = 0; c < x.n_cols; ++c) {
     if (!(l[c] >= threshold)) continue;
-    if (n < cap) ids[n] = static_cast<int32_t>(c), logits[n] = l[c];
+    if (n < cap) picked[n] = {static_cast<int32_t>(c), l[c]};
     ++n;
   }
   *count = n;

@@ -59,7 +59,7 @@ void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k = f
 void moe_ffn(ThreadPool& pool, const MoeArgs& a);
 // The sampler's row summaries and candidate selection (backend.h semantics), cpu_elementwise.cpp.
 void logit_summary(ThreadPool& pool, Rows x, float inv_t, float* out);
-void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits, int32_t* count);
+void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count, SelectedLogit* picked);
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }

@@ -561,10 +561,10 @@ class CudaBackend final : public Backend {
     if (!s) return;
     check(cuda::logit_summary_launch(mat(x), inv_t, out, s, stream_), "logit_summary");
   }
-  void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
-                     int32_t* count) override {
+  void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
+                     SelectedLogit* picked) override {
     auto prof = begin_op("select_logits");
-    check(cuda::select_logits_launch(mat(x), row, threshold, cap, ids, logits, count, stream_), "select_logits");
+    check(cuda::select_logits_launch(mat(x), row, threshold, cap, count, picked, stream_), "select_logits");
   }
 
   // ---- graphs ----

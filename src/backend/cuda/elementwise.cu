@@ -518,8 +518,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 // Row `row`'s logits >= threshold, compacted by warp: one atomic per warp for its slots. Bytes: the row
 // once, 8 per selected token.
 __global__ void __launch_bounds__(kArgmaxThreads)
-    select_logits_kernel(Mat x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
-                         int32_t* count) {
+    select_logits_kernel(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count, SelectedLogit* picked) {
   pdl_wait();
   pdl_trigger();
   const int lane = threadIdx.x & 31;
@@ -535,7 +534,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     if (lane == 0) base = atomicAdd(count, __popc(ballot));
     base = __shfl_sync(0xffffffffu, base, 0);
     const int slot = base + __popc(ballot & ((1u << lane) - 1u));
-    if (keep && slot < cap) ids[slot] = static_cast<int32_t>(c), logits[slot] = l[j];
+    if (keep && slot < cap) picked[slot] = {static_cast<int32_t>(c), l[j]};
   }
 }
 
@@ -764,15 +763,15 @@ cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, 
                     inv_t, inv_t * LogitSummary::kPerNat, out, per_row);
 }
 
-cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
-                                 int32_t* count, cudaStream_t stream) {
+cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count,
+                                 SelectedLogit* picked, cudaStream_t stream) {
   if (x.cols == 0) return cudaMemsetAsync(count, 0, sizeof(int32_t), stream);
   if (x.cols >= kNoIndex) return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(count, 0, sizeof(int32_t), stream);
   if (e != cudaSuccess) return e;
   const unsigned chunks = static_cast<unsigned>((x.cols + kArgmaxChunk - 1) / kArgmaxChunk);
-  return launch_pdl(select_logits_kernel, dim3(chunks), dim3(kArgmaxThreads), 0, stream, x, row, threshold, cap, ids,
-                    logits, count);
+  return launch_pdl(select_logits_kernel, dim3(chunks), dim3(kArgmaxThreads), 0, stream, x, row, threshold, cap, count,
+                    picked);
 }
 
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/logit_summary.h"
 #include "format/ggml_types.h"
 
 namespace hyspec::cuda {
@@ -154,8 +155,8 @@ size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 cudaError_t argmax_launch(Mat x, int32_t* out, void* scratch, cudaStream_t stream);  // scratch: argmax_scratch_bytes
 // Backend::logit_summary (scratch: argmax_scratch_bytes) and Backend::select_logits.
 cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream);
-cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* ids, float* logits,
-                                 int32_t* count, cudaStream_t stream);
+cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count,
+                                 SelectedLogit* picked, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
 // out[t] = sum_s weights[t][s] * expert_out[t*k + s]
