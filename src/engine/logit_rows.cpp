@@ -58,7 +58,16 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
     path_ = Path::Explicit;
     sampler_.distribution(host_row(r), n_vocab, history, dist_);
   };
-  if (sp.greedy() || (sp.has_penalties() && !history.empty())) return whole_row();
+  const bool penalties = sp.has_penalties() && !history.empty();
+  if (sp.greedy() && !penalties) {  // the row's argmax (first on ties), on the backend: 4 bytes read back
+    int32_t best = 0;
+    be_.argmax(logits_.rows(r, 1), count_dev_);
+    be_.download(&best, count_dev_, sizeof(best));
+    path_ = Path::Explicit;
+    dist_.push_back({best, 1.0f});
+    return;
+  }
+  if (sp.greedy() || penalties) return whole_row();
   const float* s = summary(r);
   const float m = s[0];
   double z = 0;

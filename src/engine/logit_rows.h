@@ -7,7 +7,8 @@
 //   says covers the cut (Backend::select_logits), then Sampler::distribution_of_best;
 // - temperature alone: the summary's chunk masses pick the chunk a draw lands in, and only that chunk
 //   is read (inverse CDF in token order, as Sampler::draw walks such a distribution);
-// - penalties, greedy with penalties, or a summary that cannot decide: the whole row, as before.
+// - greedy: the backend's argmax;
+// - penalties, or a summary that cannot decide: the whole row, as before.
 // Every path draws from Sampler::distribution's distribution with the sampler's RNG, one uniform per
 // draw.
 #pragma once
