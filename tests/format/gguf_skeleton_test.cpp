@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -23,13 +24,26 @@ std::vector<uint8_t> read_all(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+// A directory for one test's files, removed when the test ends (after a failed ASSERT too).
+struct ScratchDir {
+  std::string path;
+  explicit ScratchDir(const std::string& name)
+      : path(testing::TempDir() + "/" + name + "_" + std::to_string(getpid())) {
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
 test::CommandResult run(const std::string& args) {
   return test::run_command(std::string("'") + GGUF_SKELETON_BINARY + "' " + args);
 }
 
 TEST(GgufSkeleton, KeepsTheHeaderAndFillsEveryTensorWithFiniteWeights) {
-  const std::string dir = testing::TempDir() + "/gguf_skeleton_" + std::to_string(getpid());
-  ASSERT_EQ(test::run_command("mkdir -p '" + dir + "'").exit_code, 0);
+  const ScratchDir scratch("gguf_skeleton");
+  const std::string& dir = scratch.path;
   const std::string in = dir + "/in.gguf", sk = dir + "/sk.gguf";
   GgufWriter w;
   ASSERT_TRUE(w.set("general.architecture", GgufMetaValue::string("qwen35")).is_ok());
@@ -83,15 +97,14 @@ TEST(GgufSkeleton, KeepsTheHeaderAndFillsEveryTensorWithFiniteWeights) {
     if (t.name == "blk.0.ssm_a")
       for (float x : v) EXPECT_TRUE(x >= -2.0f && x <= -0.5f) << x;
   }
-  test::run_command("rm -rf '" + dir + "'");
 }
 
 // add-nextn: the same metadata and tensors (data offsets kept), block_count + 1, nextn_predict_layers 1,
 // the last full-attention block's tensors copied as the new block's with the nextn tensors, the file as
 // long as its tensors; fill then makes it a model file.
 TEST(GgufSkeleton, AddNextnAppendsAnMtpBlock) {
-  const std::string dir = testing::TempDir() + "/gguf_nextn_" + std::to_string(getpid());
-  ASSERT_EQ(test::run_command("mkdir -p '" + dir + "'").exit_code, 0);
+  const ScratchDir scratch("gguf_nextn");
+  const std::string& dir = scratch.path;
   const std::string in = dir + "/in.gguf", out = dir + "/out.gguf";
   GgufWriter w;
   ASSERT_TRUE(w.set("general.architecture", GgufMetaValue::string("qwen35")).is_ok());
@@ -152,14 +165,13 @@ TEST(GgufSkeleton, AddNextnAppendsAnMtpBlock) {
   const auto again = run("add-nextn '" + out + "' '" + dir + "/twice.gguf'");
   EXPECT_NE(again.exit_code, 0);
   EXPECT_NE(again.output.find("nextn block(s) already"), std::string::npos) << again.output;
-  test::run_command("rm -rf '" + dir + "'");
 }
 
 // dflash-for: a drafter's header for a target's width (the layout DflashModel::load reads: fc over 5 taps,
 // 11 tensors a layer, output_norm; the target's head borrowed), a skeleton that fill makes a file of.
 TEST(GgufSkeleton, DflashForWritesADrafterOfTheTargetsWidth) {
-  const std::string dir = testing::TempDir() + "/gguf_dflash_" + std::to_string(getpid());
-  ASSERT_EQ(test::run_command("mkdir -p '" + dir + "'").exit_code, 0);
+  const ScratchDir scratch("gguf_dflash");
+  const std::string& dir = scratch.path;
   const std::string target = dir + "/target.gguf", out = dir + "/drafter.gguf";
   GgufWriter w;
   ASSERT_TRUE(w.set("general.architecture", GgufMetaValue::string("qwen35")).is_ok());
@@ -183,7 +195,6 @@ TEST(GgufSkeleton, DflashForWritesADrafterOfTheTargetsWidth) {
   EXPECT_EQ((*f)->find_tensor("blk.1.ffn_down.weight")->shape_string(), "[512, 256]");
   EXPECT_EQ((*f)->find_tensor("blk.0.attn_k.weight")->shape_string(), "[256, 1024]");
   EXPECT_EQ(run("fill '" + out + "'").exit_code, 0);
-  test::run_command("rm -rf '" + dir + "'");
 }
 
 }  // namespace
