@@ -113,18 +113,17 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
   int32_t n = 0;
   std::memcpy(&n, got.data(), sizeof(n));
   if (n > kMaxCandidates || n <= 0) return whole_row();
-  got.erase(got.begin());
   if (n > expected) {
-    got.resize(static_cast<size_t>(n));
-    be_.download(got.data() + expected, picked_dev_ + expected,
+    got.resize(static_cast<size_t>(n) + 1);
+    be_.download(got.data() + 1 + expected, picked_dev_ + expected,
                  static_cast<size_t>(n - expected) * sizeof(SelectedLogit));
   }
-  got.resize(static_cast<size_t>(n));
+  const SelectedLogit* picked = got.data() + 1;
   dist_.resize(static_cast<size_t>(n));
   double inside = 0;
   for (int32_t i = 0; i < n; ++i) {
-    dist_[i] = {got[i].id, got[i].logit};
-    inside += std::exp((got[i].logit - m) / sp.temperature);
+    dist_[i] = {picked[i].id, picked[i].logit};
+    inside += std::exp((picked[i].logit - m) / sp.temperature);
   }
   std::sort(dist_.begin(), dist_.end(),
             [](const TokenProb& a, const TokenProb& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); });

@@ -172,14 +172,16 @@ void Qwen35Model::reset_state(SequenceState& s) const {
 void Qwen35Model::restore_captured(SequenceState& s, int slot) const {
   const int64_t conv_size = int64_t{hp_.gdn_channels()} * (hp_.conv_kernel - 1);
   const int64_t ssm_size = int64_t{hp_.ssm_v_heads} * hp_.ssm_d * hp_.ssm_d;
+  const size_t conv_bytes = static_cast<size_t>(conv_size) * sizeof(float);
+  const size_t ssm_bytes = static_cast<size_t>(ssm_size) * sizeof(float);
   std::vector<Backend::CopyPart> copies;  // every layer's in one op (48 copies for a 9B)
   for (int i = 0; i < hp_.n_layer; ++i) {
     if (!s.conv[i] || !s.conv_capture[i]) continue;
-    copies.push_back({s.conv[i], s.conv_capture[i] + slot * conv_size, static_cast<size_t>(conv_size) * sizeof(float)});
+    copies.push_back({s.conv[i], s.conv_capture[i] + slot * conv_size, conv_bytes});
     if (s.ssm_capture_f16[i]) {
       backend_.f16_to_f32(s.ssm_capture_f16[i] + slot * ssm_size, s.ssm[i], ssm_size);
     } else {
-      copies.push_back({s.ssm[i], s.ssm_capture[i] + slot * ssm_size, static_cast<size_t>(ssm_size) * sizeof(float)});
+      copies.push_back({s.ssm[i], s.ssm_capture[i] + slot * ssm_size, ssm_bytes});
     }
   }
   backend_.copy_many(copies.data(), copies.size());
