@@ -142,10 +142,20 @@ struct GdnArgs {
   float eps = 1e-6f;               // for the L2 normalisation of q and k
   float* state = nullptr;          // [n_v_heads, d, d] in/out: final state written in place
   float* capture = nullptr;        // optional [n, n_v_heads, d, d]: state after each token
-  uint16_t* capture_f16 = nullptr; // or the same as IEEE halves (at most one of the two is set)
+  uint16_t* capture_f16 = nullptr; // or the same as IEEE halves
+  // Or [n, gdn_update_floats(..)]: each token's rank-1 update of the state, in the backend's own form,
+  // and the state is left as it was: gdn_replay then applies a prefix of the updates (at most one of
+  // capture, capture_f16 and updates is set).
+  float* updates = nullptr;
   bool chunked = false;            // chunked (prompt) form; must equal the recurrent form
   Rows out;                        // [n, n_v_heads*d]
 };
+
+// Floats per token of a GdnArgs::updates record: one key per k-head, and per v-head one coefficient per
+// state column and the decay, rounded up to whole 16-byte vectors. ~1/d of a captured state.
+constexpr int64_t gdn_update_floats(int n_k_heads, int n_v_heads, int head_dim) {
+  return (int64_t{n_k_heads} * head_dim + int64_t{n_v_heads} * (head_dim + 1) + 3) / 4 * 4;
+}
 
 // The query/key preparation of attention (QWEN35.md "Full-attention mixer", DFLASH.md), for n tokens:
 //   q[t] = rope(rms_norm(query values of q_in[t], per head) * q_norm)
@@ -252,6 +262,15 @@ class Backend {
   virtual void copy_rows(Rows src, Rows dst) = 0;                     // dst = src (strided)
   // dst[i] = src[i] for n IEEE halves (a state captured as F16 restored to F32).
   virtual void f16_to_f32(const uint16_t* src, float* dst, int64_t n) = 0;
+  // Rollback by updates: each part's state (the one a gated_delta_net call with GdnArgs::updates
+  // started from) takes that call's first n_tokens updates, in order. The result is bit-identical to
+  // what the same call with an F32 capture captured after token n_tokens - 1.
+  struct GdnReplayPart {
+    float* state;
+    const float* updates;
+  };
+  virtual void gdn_replay(const GdnReplayPart* parts, size_t count, int64_t n_tokens, int n_k_heads, int n_v_heads,
+                          int head_dim) = 0;
   // NeoX RoPE, in place, on the first n_rot dims of each head_dim-wide head; theta_i = base^(-2i/n_rot).
   virtual void rope_neox(Rows x, int head_dim, int n_rot, const int32_t* positions, float freq_base) = 0;
   // Write k, v rows into the cache at positions[t].

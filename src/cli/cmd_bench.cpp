@@ -65,6 +65,7 @@ int bench(BenchFlags f) {
     int64_t ref_depth = 0;   // "x tg step" divides by the tg step at this depth (none timed: 0)
   };
   auto weight_gbps = [&](const Row& r) { return weight_bytes * static_cast<double>(r.forwards) / r.seconds / 1e9; };
+  auto per_s = [](double x) { return x > 0 ? fmt::format("{:.2f}", x) : std::string("-"); };
   std::vector<Row> rows;
   std::map<int64_t, double> tg_at;  // tg step by depth
   if (f.pp > 0) {
@@ -101,6 +102,13 @@ int bench(BenchFlags f) {
                       static_cast<double>(k + 1), 1, depth});
     }
   }
+  // What a verify round adds after the step: the rollback to its second-last row (a copy of captured
+  // states, or a replay of the kept updates with --capture-type updates). No tokens, no weights.
+  for (int64_t k : ks) {
+    auto t = e.time_rollback(k + 1, std::max(f.reps, 8));
+    if (!t) return fail(t.status());
+    rows.push_back({fmt::format("rollback-{}", k), *t, 0.0, 0});
+  }
 
   auto ratio = [&](const Row& r) {
     const auto ref = tg_at.find(r.ref_depth);
@@ -118,9 +126,9 @@ int bench(BenchFlags f) {
   std::printf("| model | backend | test | t/s | ms/step | x tg step | weights GB/s |\n"
               "| --- | --- | --- | ---: | ---: | ---: | ---: |\n");
   for (const Row& r : rows)
-    std::printf("| %s | %s | %s | %.2f | %.3f | %.2f | %.0f |\n", model.c_str(), e.backend().name().c_str(),
-                r.test.c_str(), r.tokens / r.seconds, r.seconds * 1e3, ratio(r),
-                weight_gbps(r));
+    std::printf("| %s | %s | %s | %s | %.3f | %.2f | %s |\n", model.c_str(), e.backend().name().c_str(),
+                r.test.c_str(), per_s(r.tokens / r.seconds).c_str(), r.seconds * 1e3, ratio(r),
+                r.forwards ? fmt::format("{:.0f}", weight_gbps(r)).c_str() : "-");
   return 0;
 }
 

@@ -18,8 +18,9 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
                  "default f16 on CUDA, f32 on the CPU")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   cmd.add_option("--capture-type", capture_type,
-                 "Per-token GDN states of a verify step: f32 (lossless) or f16 (half the bytes, rollback rounds)")
-      ->check(CLI::IsMember({"f32", "f16"}));
+                 "What a verify step keeps of each token's GDN state: f32 states (lossless), f16 states (half the "
+                 "bytes, rollback rounds) or updates (lossless, ~1/128 of a state's bytes, replayed on rollback)")
+      ->check(CLI::IsMember({"f32", "f16", "updates"}));
   cmd.add_flag("--dequantize", dequantize, "Convert every weight to F32 at load (kernel parity checks)");
   cmd.add_flag("--no-graphs", no_graphs, "CUDA: do not record/replay steps as CUDA graphs");
   cmd.add_flag("--f16-matvec", f16_matvec,
@@ -49,7 +50,7 @@ Result<EngineConfig> EngineFlags::to_config() const {
   // CUDA defaults to F16, as llama.cpp does.
   const std::string kv = kv_type.empty() ? (c.backend == BackendKind::Cuda ? "f16" : "f32") : kv_type;
   HS_ASSIGN_OR_RETURN(c.kv_type, parse_convert_type(kv));  // the four names `convert --type` takes
-  c.capture_type = capture_type == "f16" ? GgmlType::F16 : GgmlType::F32;
+  HS_ASSIGN_OR_RETURN(c.capture, parse_state_capture(capture_type));
   const std::string suffix = "+ngram";
   c.add_ngram = spec.size() > suffix.size() && spec.ends_with(suffix);
   HS_ASSIGN_OR_RETURN(c.spec, parse_spec_method(c.add_ngram ? spec.substr(0, spec.size() - suffix.size()) : spec));

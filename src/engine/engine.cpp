@@ -128,7 +128,7 @@ Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
 
 Result<std::unique_ptr<Session>> Engine::new_session() {
   std::unique_ptr<Session> s(new Session(*this));
-  HS_ASSIGN_OR_RETURN(s->state_, model_->create_state(n_ctx_, max_verify_, config_.kv_type, config_.capture_type));
+  HS_ASSIGN_OR_RETURN(s->state_, model_->create_state(n_ctx_, max_verify_, config_.kv_type, config_.capture));
   HS_ASSIGN_OR_RETURN(s->drafter_, make_drafter());
   return s;
 }
@@ -174,7 +174,7 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
   HS_RETURN_IF_ERROR(model_->reserve(std::max<int64_t>(n, config_.n_batch)));
   // The state a session gets: the engine's context as KV capacity (attention splits follow it).
   HS_ASSIGN_OR_RETURN(SequenceState st, model_->create_state(n_ctx_, capture ? static_cast<int>(n) : 0, config_.kv_type,
-                                                                     config_.capture_type));
+                                                                     config_.capture));
   HS_ASSIGN_OR_RETURN(Buffer ints, backend_->alloc(static_cast<size_t>(2 * std::max<int64_t>(n, config_.n_batch)) * sizeof(int32_t)));
   HS_ASSIGN_OR_RETURN(Buffer logits, backend_->alloc(static_cast<size_t>(n * hp.n_vocab) * sizeof(float)));
   const int64_t cap = std::max<int64_t>(n, config_.n_batch);
@@ -238,6 +238,34 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
       std::fprintf(stderr, "time_forward n=%lld depth=%lld%s: enqueued in %.3f ms of %.3f ms\n",
                    static_cast<long long>(n), static_cast<long long>(depth), graph ? " (graph)" : "",
                    (enqueued - t0) * 1e3, times.back() * 1e3);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+Result<double> Engine::time_rollback(int64_t n, int reps) {
+  const Qwen35Hparams& hp = model_->hparams();
+  if (n < 2 || reps <= 0 || n > n_ctx_) return Status::error("time_rollback: nothing to time");
+  HS_RETURN_IF_ERROR(model_->reserve(std::max<int64_t>(n, config_.n_batch)));
+  HS_ASSIGN_OR_RETURN(SequenceState st,
+                      model_->create_state(n_ctx_, static_cast<int>(n), config_.kv_type, config_.capture));
+  HS_ASSIGN_OR_RETURN(Buffer ints, backend_->alloc(static_cast<size_t>(2 * n) * sizeof(int32_t)));
+  std::vector<int32_t> host(2 * n);
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<int32_t>(i * 7919 % hp.n_vocab), host[n + i] = static_cast<int32_t>(i);
+  backend_->upload(ints.data(), host.data(), host.size() * sizeof(int32_t));
+  ForwardArgs a;
+  a.n = n;
+  a.tokens = ints.as<int32_t>();
+  a.positions = a.tokens + n;
+  a.capture = true;
+  HS_RETURN_IF_ERROR(run_forward(a, st));  // captures to roll back from (the timing repeats the same rollback)
+  std::vector<double> times;
+  for (int r = 0; r < reps + 1; ++r) {
+    HS_RETURN_IF_ERROR(backend_->synchronize());
+    const double t0 = now_s();
+    model_->restore_captured(st, static_cast<int>(n - 2), static_cast<int>(n));
+    HS_RETURN_IF_ERROR(backend_->synchronize());
+    if (r > 0) times.push_back(now_s() - t0);
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
@@ -501,7 +529,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     if (done()) break;
   }
   // Rows 0..kept-1 of the window are now committed; the state after row kept-1 is capture slot kept-1.
-  if (k > 0 && kept - 1 < k) e.model_->restore_captured(state_, kept - 1);
+  if (k > 0) e.model_->restore_captured(state_, kept - 1, static_cast<int>(n));
   const int64_t first = committed_;
   committed_ += kept;
   if (drafter_) {

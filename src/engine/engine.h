@@ -4,7 +4,8 @@
 //   drafts  = drafter.propose(k)                        (none: plain decoding)
 //   verify  = target.forward([pending] + drafts)        one pass, GDN states captured per token
 //   n       = accept(verify logits, drafts, sampler)    greedy prefix / speculative-sampling rule
-//   commit  : GDN/conv state = capture[n], KV length follows positions, drafter observes rows 0..n
+//   commit  : GDN/conv state = the one after row n (captured, or replayed from captured updates),
+//             KV length follows positions, drafter observes rows 0..n
 //
 // Engine layer only sees token ids; text lives in src/text and is joined in the CLI and server.
 #pragma once
@@ -19,6 +20,7 @@
 #include "backend/backend.h"
 #include "engine/sampler.h"
 #include "engine/spec/drafter.h"
+#include "model/qwen35.h"
 #include "engine/step_graphs.h"
 #include "model/qwen35.h"
 
@@ -34,9 +36,10 @@ struct EngineConfig {
   // CPU 256).
   int n_batch = 0;
   GgmlType kv_type = GgmlType::F32;
-  // Per-token GDN states of a verify step: F32 (lossless rollback) or F16 (half the bytes; a rollback
-  // restores rounded states, so speculative output may part from plain decoding).
-  GgmlType capture_type = GgmlType::F32;
+  // What a verify step keeps of each token's GDN state for the rollback (model/qwen35.h StateCapture):
+  // F32 states (lossless), F16 states (half the bytes; a rollback restores rounded states, so
+  // speculative output may part from plain decoding), or Updates (lossless, ~1/d of a state's bytes).
+  StateCapture capture = StateCapture::F32;
   bool dequantize = false;  // every weight to F32 at load
   SpecMethod spec = SpecMethod::None;
   std::string draft_model;  // DFlash drafter: GGUF file or HF directory
@@ -155,6 +158,9 @@ class Engine {
   // Benchmark support: median seconds of one target forward of n tokens at KV depth `depth` (after a
   // prefill of `depth` tokens), over `reps` runs; capture = verify mode (per-token GDN states).
   Result<double> time_forward(int64_t n, int64_t depth, bool capture, int reps);
+  // Median seconds of the rollback after a verify step of n tokens that keeps n - 1 of them (the
+  // state becomes the one after row n - 2: a copy of captured states, or a replay of n - 1 updates).
+  Result<double> time_rollback(int64_t n, int reps);
 
   // Convenience: run a whole generation, calling on_tokens after each step (return false to stop).
   Result<SessionStats> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,

@@ -98,15 +98,21 @@ Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(Backend& backend, const G
   return m;
 }
 
+Result<StateCapture> parse_state_capture(const std::string& name) {
+  if (name == "f32") return StateCapture::F32;
+  if (name == "f16") return StateCapture::F16;
+  if (name == "updates") return StateCapture::Updates;
+  return Status::errorf("state capture '{}' is not supported (f32, f16 or updates)", name);
+}
+
 Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, GgmlType kv_type,
-                                                GgmlType capture_type) const {
+                                                StateCapture capture) const {
   HS_RETURN_IF_ERROR(check_kv_cache_type(kv_type, hp_.head_dim));
-  if (capture_type != GgmlType::F32 && capture_type != GgmlType::F16)
-    return Status::errorf("state capture type {} is not supported (F32 or F16)", ggml_type_name(capture_type));
   if (n_ctx <= 0) return Status::errorf("context length {} is invalid", n_ctx);
   SequenceState s;
   s.n_ctx = n_ctx;
   s.max_capture = std::max(0, max_capture);
+  s.capture = capture;
   const int64_t kv_width = int64_t{hp_.n_head_kv} * hp_.head_dim;
   const int64_t C = hp_.gdn_channels(), hist = hp_.conv_kernel - 1;
   const int64_t ssm_size = int64_t{hp_.ssm_v_heads} * hp_.ssm_d * hp_.ssm_d;
@@ -132,6 +138,8 @@ Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, 
   s.conv_capture.assign(hp_.n_layer, nullptr);
   s.ssm_capture.assign(hp_.n_layer, nullptr);
   s.ssm_capture_f16.assign(hp_.n_layer, nullptr);
+  s.ssm_updates.assign(hp_.n_layer, nullptr);
+  const int64_t update_size = gdn_update_floats(hp_.ssm_k_heads, hp_.ssm_v_heads, hp_.ssm_d);
   for (int i = 0; i < hp_.n_layer; ++i) {
     if (!hp_.recurrent[i]) {
       HS_ASSIGN_OR_RETURN(s.kv[i], make_kv());
@@ -143,13 +151,24 @@ Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, 
     s.ssm[i] = static_cast<float*>(ssm);
     if (s.max_capture > 0) {
       HS_ASSIGN_OR_RETURN(void* cc, alloc(static_cast<size_t>(s.max_capture * hist * C) * sizeof(float)));
-      const size_t elem = capture_type == GgmlType::F16 ? 2 : 4;
-      HS_ASSIGN_OR_RETURN(void* sc, alloc(static_cast<size_t>(s.max_capture * ssm_size) * elem));
       s.conv_capture[i] = static_cast<float*>(cc);
-      if (capture_type == GgmlType::F16) {
-        s.ssm_capture_f16[i] = static_cast<uint16_t*>(sc);
-      } else {
-        s.ssm_capture[i] = static_cast<float*>(sc);
+      const size_t slots = static_cast<size_t>(s.max_capture);
+      switch (capture) {
+        case StateCapture::F32: {
+          HS_ASSIGN_OR_RETURN(void* sc, alloc(slots * ssm_size * sizeof(float)));
+          s.ssm_capture[i] = static_cast<float*>(sc);
+          break;
+        }
+        case StateCapture::F16: {
+          HS_ASSIGN_OR_RETURN(void* sc, alloc(slots * ssm_size * sizeof(uint16_t)));
+          s.ssm_capture_f16[i] = static_cast<uint16_t*>(sc);
+          break;
+        }
+        case StateCapture::Updates: {
+          HS_ASSIGN_OR_RETURN(void* su, alloc(slots * update_size * sizeof(float)));
+          s.ssm_updates[i] = static_cast<float*>(su);
+          break;
+        }
       }
     }
   }
@@ -169,22 +188,29 @@ void Qwen35Model::reset_state(SequenceState& s) const {
   }
 }
 
-void Qwen35Model::restore_captured(SequenceState& s, int slot) const {
+void Qwen35Model::restore_captured(SequenceState& s, int slot, int verified) const {
+  if (slot == verified - 1 && s.capture != StateCapture::Updates) return;  // the step's own final state
   const int64_t conv_size = int64_t{hp_.gdn_channels()} * (hp_.conv_kernel - 1);
   const int64_t ssm_size = int64_t{hp_.ssm_v_heads} * hp_.ssm_d * hp_.ssm_d;
   const size_t conv_bytes = static_cast<size_t>(conv_size) * sizeof(float);
   const size_t ssm_bytes = static_cast<size_t>(ssm_size) * sizeof(float);
   std::vector<Backend::CopyPart> copies;  // every layer's in one op (48 copies for a 9B)
+  std::vector<Backend::GdnReplayPart> replays;
+  const bool conv_final = slot == verified - 1;  // Updates after a whole accepted step: the conv is current
   for (int i = 0; i < hp_.n_layer; ++i) {
     if (!s.conv[i] || !s.conv_capture[i]) continue;
-    copies.push_back({s.conv[i], s.conv_capture[i] + slot * conv_size, conv_bytes});
-    if (s.ssm_capture_f16[i]) {
+    if (!conv_final) copies.push_back({s.conv[i], s.conv_capture[i] + slot * conv_size, conv_bytes});
+    if (s.ssm_updates[i]) {
+      replays.push_back({s.ssm[i], s.ssm_updates[i]});
+    } else if (s.ssm_capture_f16[i]) {
       backend_.f16_to_f32(s.ssm_capture_f16[i] + slot * ssm_size, s.ssm[i], ssm_size);
     } else {
       copies.push_back({s.ssm[i], s.ssm_capture[i] + slot * ssm_size, ssm_bytes});
     }
   }
   backend_.copy_many(copies.data(), copies.size());
+  if (!replays.empty())
+    backend_.gdn_replay(replays.data(), replays.size(), slot + 1, hp_.ssm_k_heads, hp_.ssm_v_heads, hp_.ssm_d);
 }
 
 Status Qwen35Model::reserve(int64_t max_tokens) {

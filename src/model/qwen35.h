@@ -12,15 +12,26 @@
 
 namespace hyspec {
 
+// What a verify step keeps of each token's GDN state, for the rollback to the accepted prefix:
+//   F32      the state itself (lossless; d*d floats per v-head and token);
+//   F16      the state as halves (half the bytes; a rollback restores rounded states);
+//   Updates  the token's rank-1 update (its key, a coefficient per state column, its decay: ~1/d of a
+//            state), the state left as it was; the rollback replays the kept updates, bit-identical
+//            to an F32 capture, so lossless too.
+enum class StateCapture { F32, F16, Updates };
+Result<StateCapture> parse_state_capture(const std::string& name);  // "f32" | "f16" | "updates"
+
 // Everything one sequence carries between steps, in backend memory.
 struct SequenceState {
   int64_t n_ctx = 0;
   int max_capture = 0;                 // verify width the capture buffers hold
+  StateCapture capture = StateCapture::F32;
   std::vector<KvLayer> kv;             // per trunk layer (empty for GDN layers)
   std::vector<float*> conv, ssm;       // per trunk layer (null for attention layers)
   std::vector<float*> conv_capture;    // per GDN layer: [max_capture, K-1, C] state after token i
   std::vector<float*> ssm_capture;     // per GDN layer: [max_capture, Hv, d, d] (F32 capture)
   std::vector<uint16_t*> ssm_capture_f16;  // the same as halves (F16 capture: half the bytes, lossy rollback)
+  std::vector<float*> ssm_updates;     // or [max_capture, gdn_update_floats(..)] (Updates capture)
   KvLayer mtp_kv;                      // the MTP block's own cache (when the model has one)
   std::vector<Buffer> storage;
 };
@@ -68,14 +79,14 @@ class Qwen35Model {
   const Weight& output() const;
 
   // Allocate state for one sequence of up to n_ctx tokens, with capture room for verify steps of
-  // up to max_capture tokens. KV type F32, F16, BF16 or Q8_0. capture_type F32, or F16: verify writes the per-token
-  // GDN states as halves (half the bytes and memory), and a rollback restores rounded states, so
-  // speculative output is no longer bit-identical to plain decoding.
+  // up to max_capture tokens. KV type F32, F16, BF16 or Q8_0. With an F16 capture a rollback restores
+  // rounded states, so speculative output is no longer bit-identical to plain decoding.
   Result<SequenceState> create_state(int64_t n_ctx, int max_capture, GgmlType kv_type,
-                                     GgmlType capture_type = GgmlType::F32) const;
+                                     StateCapture capture = StateCapture::F32) const;
   void reset_state(SequenceState& s) const;  // empty sequence: zero conv and recurrent state
-  // Rollback after a verify: the GDN/conv state becomes the one captured after token `slot`.
-  void restore_captured(SequenceState& s, int slot) const;
+  // After a verify of `verified` tokens: the GDN/conv state becomes the one after token `slot` (the
+  // last kept). Nothing to do when F32 or F16 states keep the last token; Updates always replays.
+  void restore_captured(SequenceState& s, int slot, int verified) const;
 
   // Activation workspace for steps of up to max_tokens tokens (allocated once; pointers stable).
   Status reserve(int64_t max_tokens);

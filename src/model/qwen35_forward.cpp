@@ -18,8 +18,11 @@ struct Ctx {
 };
 
 // x [n, E] normed input -> out [n, E]
-void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, float* conv_state, float* ssm_state, float* conv_capture,
-               float* ssm_capture, uint16_t* ssm_capture_f16, bool chunked, Rows out) {
+// capture: each token's conv window and GDN state (or update) into the state's capture slots.
+void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, SequenceState& st, int layer, bool capture, bool chunked,
+               Rows out) {
+  float* conv_state = st.conv[layer];
+  float* conv_capture = capture ? st.conv_capture[layer] : nullptr;
   const Qwen35Hparams& hp = c.hp;
   const int64_t d = hp.ssm_d, K = int64_t{hp.ssm_k_heads} * d, V = int64_t{hp.ssm_v_heads} * d;
   const int64_t C = hp.gdn_channels();
@@ -40,9 +43,12 @@ void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, float* conv_state, flo
   g.n_v_heads = hp.ssm_v_heads;
   g.head_dim = hp.ssm_d;
   g.eps = hp.eps;
-  g.state = ssm_state;
-  g.capture = ssm_capture;
-  g.capture_f16 = ssm_capture_f16;
+  g.state = st.ssm[layer];
+  if (capture) {
+    g.capture = st.ssm_capture[layer];
+    g.capture_f16 = st.ssm_capture_f16[layer];
+    g.updates = st.ssm_updates[layer];
+  }
   g.chunked = chunked;
   g.out = o;
   c.be.gated_delta_net(g);
@@ -130,8 +136,7 @@ void block(const Ctx& c, const Block& b, int layer, SequenceState& st, const int
   const int64_t E = c.hp.n_embd;
   Rows x = c.buf(c.I.x, E), h = c.buf(c.I.h, E), mix = c.buf(c.I.mix, E);
   if (b.recurrent) {
-    gdn_mixer(c, b.gdn, h, st.conv[layer], st.ssm[layer], capture ? st.conv_capture[layer] : nullptr,
-              capture ? st.ssm_capture[layer] : nullptr, capture ? st.ssm_capture_f16[layer] : nullptr, chunked, mix);
+    gdn_mixer(c, b.gdn, h, st, layer, capture, chunked, mix);
   } else {
     attention_mixer(c, b.attn, h, kv_override ? *kv_override : st.kv[layer], positions, mix);
   }

@@ -367,6 +367,60 @@ TEST(CpuOps, GatedDeltaNetMatchesTheRecurrenceInEveryFormWithCapture) {
   }
 }
 
+// Updates capture: the same outputs as an F32 capture, the state left as it was, and gdn_replay of the
+// first m updates reaches exactly the state captured after token m - 1 (the row kernel, and the scalar
+// form at d = 12).
+TEST(CpuOps, GatedDeltaNetUpdatesReplayToTheCapturedStates) {
+  struct Shape {
+    int hk, hv, d, n;
+  };
+  std::mt19937 rng(23);
+  ThreadPool pool(2);
+  for (const Shape sh : {Shape{2, 4, 32, 17}, Shape{2, 2, 12, 9}, Shape{1, 1, 8, 1}}) {
+    const int n = sh.n, d = sh.d, K = sh.hk * d, V = sh.hv * d;
+    const size_t S = static_cast<size_t>(sh.hv) * d * d;
+    const std::vector<float> q = randn(n * K, rng), k = randn(n * K, rng), v = randn(n * V, rng),
+                             b = randn(n * sh.hv, rng), al = randn(n * sh.hv, rng), dt = randn(sh.hv, rng),
+                             init = randn(S, rng, 0.1f);
+    std::vector<float> a_neg = randn(sh.hv, rng, 0.5f);
+    for (float& x : a_neg) x = -std::fabs(x);
+    for (DotIsa isa : isas()) {
+      auto run = [&](std::vector<float>& state, std::vector<float>& out, float* capture, float* updates) {
+        GdnArgs g;
+        g.q = Rows(const_cast<float*>(q.data()), n, K);
+        g.k = Rows(const_cast<float*>(k.data()), n, K);
+        g.v = Rows(const_cast<float*>(v.data()), n, V);
+        g.beta_logit = Rows(const_cast<float*>(b.data()), n, sh.hv);
+        g.alpha = Rows(const_cast<float*>(al.data()), n, sh.hv);
+        g.ssm_a = a_neg.data();
+        g.dt_bias = dt.data();
+        g.n_k_heads = sh.hk;
+        g.n_v_heads = sh.hv;
+        g.head_dim = d;
+        g.state = state.data();
+        g.capture = capture;
+        g.updates = updates;
+        g.out = Rows(out.data(), n, V);
+        gated_delta_net(pool, g, f32_kernels(isa));
+      };
+      std::vector<float> s_cap = init, out_cap(n * V), cap(n * S);
+      run(s_cap, out_cap, cap.data(), nullptr);
+      std::vector<float> s_upd = init, out_upd(n * V), upd(n * gdn_update_floats(sh.hk, sh.hv, d));
+      run(s_upd, out_upd, nullptr, upd.data());
+      EXPECT_EQ(out_upd, out_cap) << name(isa) << " d=" << d;
+      EXPECT_EQ(s_upd, init) << name(isa) << " d=" << d << ": the state stays as it was";
+      for (int m = 1; m <= n; ++m) {
+        std::vector<float> s = init, s2 = init;
+        const Backend::GdnReplayPart parts[2] = {{s.data(), upd.data()}, {s2.data(), upd.data()}};
+        gdn_replay(pool, parts, 2, m, sh.hk, sh.hv, d, f32_kernels(isa));
+        const std::vector<float> want(cap.begin() + (m - 1) * S, cap.begin() + m * S);
+        ASSERT_EQ(s, want) << name(isa) << " d=" << d << " after " << m << " updates";
+        ASSERT_EQ(s2, want) << name(isa) << " d=" << d << " second part";
+      }
+    }
+  }
+}
+
 // The row ops split across threads exactly as they run alone, on both paths.
 // The sampler's row summary against its definition in doubles (logit_summary.h), on strided rows with
 // a partial last chunk, NaN and -inf; select_logits against a scan.

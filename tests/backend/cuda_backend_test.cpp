@@ -1142,6 +1142,59 @@ TEST_F(CudaBackendTest, GatedDeltaNetMatchesCpuRecurrentAndChunked) {
   }
 }
 
+// Updates capture on CUDA: the outputs of an F32-capture run, bit for bit, the state untouched, and
+// gdn_replay of the first m updates (several layers' parts in one launch) lands exactly on the state
+// captured after token m - 1, so a rollback by updates is as lossless as one by captured states.
+TEST_F(CudaBackendTest, GatedDeltaNetUpdatesReplayToTheCapturedStates) {
+  struct Case {
+    int n_k, n_v, d;
+  };
+  for (const Case cs : {Case{2, 4, 32}, Case{16, 32, 128}}) {
+    const int64_t n = 17, Kc = int64_t{cs.n_k} * cs.d, Vc = int64_t{cs.n_v} * cs.d, S = int64_t{cs.n_v} * cs.d * cs.d;
+    const int64_t R = gdn_update_floats(cs.n_k, cs.n_v, cs.d);
+    const std::vector<float> init = randn(S, 0.1f);
+    std::vector<float> a_log = randn(cs.n_v), ssm_a(cs.n_v);
+    for (int h = 0; h < cs.n_v; ++h) ssm_a[h] = -std::exp(0.5f * a_log[h]);
+    Tensor qkv = put(*gpu_, randn(n * (2 * Kc + Vc))), beta = put(*gpu_, randn(n * cs.n_v)),
+           alpha = put(*gpu_, randn(n * cs.n_v)), A = put(*gpu_, ssm_a), dt = put(*gpu_, randn(cs.n_v));
+    auto run = [&](Tensor& state, Tensor& out, float* capture, float* updates) {
+      Rows X = qkv.rows(n, 2 * Kc + Vc);
+      GdnArgs a;
+      a.q = X.cols(0, Kc);
+      a.k = X.cols(Kc, Kc);
+      a.v = X.cols(2 * Kc, Vc);
+      a.beta_logit = beta.rows(n, cs.n_v);
+      a.alpha = alpha.rows(n, cs.n_v);
+      a.ssm_a = A.f();
+      a.dt_bias = dt.f();
+      a.n_k_heads = cs.n_k;
+      a.n_v_heads = cs.n_v;
+      a.head_dim = cs.d;
+      a.state = state.f();
+      a.capture = capture;
+      a.updates = updates;
+      a.out = out.rows(n, Vc);
+      gpu_->gated_delta_net(a);
+    };
+    Tensor s_cap = put(*gpu_, init), out_cap = poison(*gpu_, n * Vc), cap = poison(*gpu_, n * S);
+    Tensor s_upd = put(*gpu_, init), out_upd = poison(*gpu_, n * Vc), upd = poison(*gpu_, n * R);
+    run(s_cap, out_cap, cap.f(), nullptr);
+    run(s_upd, out_upd, nullptr, upd.f());
+    const std::string what = fmt::format("n_k={} n_v={} d={}", cs.n_k, cs.n_v, cs.d);
+    EXPECT_EQ(get_gpu(out_upd), get_gpu(out_cap)) << what << " out";
+    EXPECT_EQ(get_gpu(s_upd), init) << what << ": the state stays as it was";
+    const auto want_cap = get_gpu(cap);
+    for (int64_t m : {1, 2, 9, 16, 17}) {
+      Tensor s1 = put(*gpu_, init), s2 = put(*gpu_, init);
+      const Backend::GdnReplayPart parts[2] = {{s1.f(), upd.f()}, {s2.f(), upd.f()}};
+      gpu_->gdn_replay(parts, 2, m, cs.n_k, cs.n_v, cs.d);
+      const std::vector<float> want(want_cap.begin() + (m - 1) * S, want_cap.begin() + m * S);
+      EXPECT_EQ(get_gpu(s1), want) << what << " after " << m << " updates";
+      EXPECT_EQ(get_gpu(s2), want) << what << " after " << m << " updates, second part";
+    }
+  }
+}
+
 // Prompts of >= 64 tokens with head_dim 32..128 (multiples of 32) run the chunked kernels (chunks
 // of 64: W/U by forward substitution, then a scan over the chunks); the CPU, at these head dims,
 // runs its recurrent row kernel, so this compares the two forms, state included, from a nonzero

@@ -13,7 +13,8 @@ namespace hyspec::test {
 inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecMethod spec, int draft_max = 8,
                                            int64_t n_ctx = 512, std::string draft_model = "",
                                            bool add_ngram = false, GgmlType kv_type = GgmlType::F32,
-                                           int64_t draft_vocab = 0) {
+                                           int64_t draft_vocab = 0,
+                                           StateCapture capture = StateCapture::F32) {
   EngineConfig c;
   c.model_path = fixture_path(fixture_dir + "/" + fixture_dir + "-f32.gguf");
   c.spec = spec;
@@ -26,6 +27,7 @@ inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecM
   c.add_ngram = add_ngram;
   c.kv_type = kv_type;
   c.draft_vocab = draft_vocab;
+  c.capture = capture;
   auto e = Engine::create(c);
   EXPECT_TRUE(e.is_ok()) << e.message();
   return e.is_ok() ? std::move(e).value() : nullptr;

@@ -14,6 +14,7 @@ struct Case {
   bool add_ngram = false;
   GgmlType kv_type = GgmlType::F32;  // both engines' target caches (the DFlash drafter keeps F32)
   int64_t draft_vocab = 0;           // EngineConfig::draft_vocab of the speculative engine
+  StateCapture capture = StateCapture::F32;  // the speculative engine's rollback
 };
 
 class SpecLossless : public ::testing::TestWithParam<Case> {};
@@ -23,7 +24,7 @@ TEST_P(SpecLossless, GreedySpeculativeOutputEqualsPlainGreedyOver200Tokens) {
   auto plain = test::make_engine(c.fixture, SpecMethod::None, 8, 512, "", false, c.kv_type);
   auto spec = test::make_engine(c.fixture, c.spec, 8, 512,
                                c.draft_model.empty() ? "" : test::fixture_path(c.draft_model), c.add_ngram, c.kv_type,
-                               c.draft_vocab);
+                               c.draft_vocab, c.capture);
   ASSERT_TRUE(plain && spec);
   GenerateOptions o;
   o.max_tokens = 200;
@@ -55,14 +56,22 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                            // drafts among the first 256 of the 512 ids
                                            Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::F32, 256},
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
-                                                false, GgmlType::F32, 256}),
+                                                false, GgmlType::F32, 256},
+                                           // rollback by replayed updates
+                                           Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::F32, 0,
+                                                StateCapture::Updates},
+                                           Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
+                                                false, GgmlType::F32, 0, StateCapture::Updates},
+                                           Case{"qwen35moe-tiny", SpecMethod::Mtp, "", true, GgmlType::F32, 0,
+                                                StateCapture::Updates}),
                          [](const auto& info) {
                            std::string f = info.param.fixture == "qwen35-tiny" ? "dense" : "moe";
                            std::string hf = info.param.draft_model.ends_with("hf") ? "_hf" : "";
                            return f + "_" + spec_method_name(info.param.spec) + hf +
                                   (info.param.add_ngram ? "_ngram" : "") +
                                   (info.param.kv_type == GgmlType::Q8_0 ? "_kv_q8_0" : "") +
-                                  (info.param.draft_vocab ? "_vocab" + std::to_string(info.param.draft_vocab) : "");
+                                  (info.param.draft_vocab ? "_vocab" + std::to_string(info.param.draft_vocab) : "") +
+                                  (info.param.capture == StateCapture::Updates ? "_updates" : "");
                          });
 
 TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {

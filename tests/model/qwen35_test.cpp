@@ -66,7 +66,7 @@ std::vector<float> run_logits(Loaded& l, const std::vector<int32_t>& tokens, int
     a.logits = io.rows(m, V);
     Status r = l.model->forward(a, *st);
     EXPECT_TRUE(r.is_ok()) << r.message();
-    if (a.capture) l.model->restore_captured(*st, static_cast<int>(m - 1));
+    if (a.capture) l.model->restore_captured(*st, static_cast<int>(m - 1), static_cast<int>(m));
     const auto part = io.get(a.logits);
     logits.insert(logits.end(), part.begin(), part.end());
   }
@@ -222,8 +222,8 @@ TEST_P(Qwen35Fixture, F16CaptureRestoresTheRoundedF32State) {
   const int32_t* tok_dev = io.put(tokens);
   const int32_t* pos_dev = io.positions(n);
   ASSERT_TRUE(l.model->reserve(n).is_ok());
-  auto s32 = l.model->create_state(n, static_cast<int>(n), GgmlType::F32, GgmlType::F32);
-  auto s16 = l.model->create_state(n, static_cast<int>(n), GgmlType::F32, GgmlType::F16);
+  auto s32 = l.model->create_state(n, static_cast<int>(n), GgmlType::F32, StateCapture::F32);
+  auto s16 = l.model->create_state(n, static_cast<int>(n), GgmlType::F32, StateCapture::F16);
   ASSERT_TRUE(s32.is_ok() && s16.is_ok());
   float* logits = io.alloc<float>(static_cast<size_t>(n * V));
   std::vector<float> lg32(n * V), lg16(n * V);
@@ -238,8 +238,8 @@ TEST_P(Qwen35Fixture, F16CaptureRestoresTheRoundedF32State) {
     l.backend->download((st == &*s32 ? lg32 : lg16).data(), logits, n * V * sizeof(float));
   }
   EXPECT_EQ(lg32, lg16);
-  for (int slot : {0, 7, 16}) {
-    l.model->restore_captured(*s16, slot);
+  for (int slot : {0, 7, 15}) {
+    l.model->restore_captured(*s16, slot, static_cast<int>(n));
     for (int layer = 0; layer < hp.n_layer; ++layer) {
       if (!hp.recurrent[layer]) continue;
       std::vector<float> want(ssm), got(ssm);
@@ -247,6 +247,78 @@ TEST_P(Qwen35Fixture, F16CaptureRestoresTheRoundedF32State) {
       l.backend->download(got.data(), s16->ssm[layer], ssm * sizeof(float));
       for (int64_t i = 0; i < ssm; ++i)
         ASSERT_EQ(got[i], fp16_to_fp32(fp32_to_fp16(want[i]))) << "layer " << layer << " slot " << slot << " at " << i;
+    }
+  }
+}
+
+// Updates capture: the same forward, the state untouched by it, and a rollback to slot t (one per
+// verify, on a fresh verify each) leaves exactly the state and conv window the F32 capture holds there.
+TEST_P(Qwen35Fixture, UpdatesCaptureReplaysTheF32CapturedState) {
+  const std::string dir = GetParam();
+  const auto manifest = test::read_json_file(test::fixture_path(dir + "/manifest.json"));
+  Loaded l = load(dir + "/" + dir + "-f32.gguf");
+  const Qwen35Hparams& hp = l.model->hparams();
+  const int64_t ssm = int64_t{hp.ssm_v_heads} * hp.ssm_d * hp.ssm_d, V = hp.n_vocab;
+  const int64_t conv = int64_t{hp.conv_kernel - 1} * hp.gdn_channels();
+  auto tokens = ids(manifest["cases"][1]["tokens"]);
+  tokens.resize(21);
+  const int64_t n0 = 4, n = 17;  // a 4-token prefix, then a 16-draft verify step
+  test::BackendArena io(*l.backend);
+  const int32_t* tok_dev = io.put(tokens);
+  const int32_t* pos_dev = io.positions(n0 + n);
+  ASSERT_TRUE(l.model->reserve(n).is_ok());
+  float* logits = io.alloc<float>(static_cast<size_t>(n * V));
+  auto run = [&](SequenceState& st, std::vector<float>* lg) {
+    ForwardArgs a;
+    a.n = n0;
+    a.tokens = tok_dev;
+    a.positions = pos_dev;
+    ASSERT_TRUE(l.model->forward(a, st).is_ok());
+    a.n = n;
+    a.tokens = tok_dev + n0;
+    a.positions = pos_dev + n0;
+    a.capture = true;
+    a.logits = Rows(logits, n, V);
+    ASSERT_TRUE(l.model->forward(a, st).is_ok());
+    if (lg) {
+      lg->resize(n * V);
+      l.backend->download(lg->data(), logits, n * V * sizeof(float));
+    }
+  };
+  auto s32 = l.model->create_state(n0 + n, static_cast<int>(n), GgmlType::F32, StateCapture::F32);
+  ASSERT_TRUE(s32.is_ok());
+  std::vector<float> lg32, lgu;
+  run(*s32, &lg32);
+  for (int slot : {0, 7, 16}) {
+    auto su = l.model->create_state(n0 + n, static_cast<int>(n), GgmlType::F32, StateCapture::Updates);
+    ASSERT_TRUE(su.is_ok());
+    auto before = l.model->create_state(n0 + n, 0, GgmlType::F32);  // the prefix's state
+    ASSERT_TRUE(before.is_ok());
+    ForwardArgs a;
+    a.n = n0;
+    a.tokens = tok_dev;
+    a.positions = pos_dev;
+    ASSERT_TRUE(l.model->forward(a, *before).is_ok());
+    run(*su, &lgu);
+    EXPECT_EQ(lgu, lg32) << "slot " << slot;
+    for (int layer = 0; layer < hp.n_layer; ++layer) {
+      if (!hp.recurrent[layer]) continue;
+      std::vector<float> want(ssm), got(ssm);
+      l.backend->download(want.data(), before->ssm[layer], ssm * sizeof(float));
+      l.backend->download(got.data(), su->ssm[layer], ssm * sizeof(float));
+      ASSERT_EQ(got, want) << "the verify left layer " << layer << "'s state as it was";
+    }
+    l.model->restore_captured(*su, slot, static_cast<int>(n));
+    for (int layer = 0; layer < hp.n_layer; ++layer) {
+      if (!hp.recurrent[layer]) continue;
+      std::vector<float> want(ssm), got(ssm), want_c(conv), got_c(conv);
+      l.backend->download(want.data(), s32->ssm_capture[layer] + slot * ssm, ssm * sizeof(float));
+      l.backend->download(got.data(), su->ssm[layer], ssm * sizeof(float));
+      l.backend->download(want_c.data(), s32->conv_capture[layer] + slot * conv, conv * sizeof(float));
+      l.backend->download(got_c.data(), su->conv[layer], conv * sizeof(float));
+      for (int64_t i = 0; i < ssm; ++i)
+        ASSERT_EQ(got[i], want[i]) << "layer " << layer << " slot " << slot << " at " << i;
+      EXPECT_EQ(got_c, want_c) << "conv window, layer " << layer << " slot " << slot;
     }
   }
 }

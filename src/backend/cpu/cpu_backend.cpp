@@ -143,6 +143,10 @@ class CpuBackend final : public Backend {
       for (int64_t i = b; i < e; ++i) a.capture_f16[i] = fp32_to_fp16(capture_scratch_[i]);
     }, 4096);
   }
+  void gdn_replay(const GdnReplayPart* parts, size_t count, int64_t n_tokens, int n_k_heads, int n_v_heads,
+                  int head_dim) override {
+    cpu::gdn_replay(pool_, parts, count, n_tokens, n_k_heads, n_v_heads, head_dim);
+  }
   void f16_to_f32(const uint16_t* src, float* dst, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
   }

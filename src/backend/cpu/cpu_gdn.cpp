@@ -63,18 +63,50 @@ inline float gate_log_decay(const GdnArgs& a, int64_t t, int h) {
   return softplus(a.alpha.row(t)[h] + a.dt_bias[h]) * a.ssm_a[h];
 }
 
+// An updates record's parts for token t (GdnArgs::updates; the CPU's form): the normalised key of
+// each k-head, delta_j of each v-head's rows, and each v-head's decay.
+struct UpdateRecord {
+  float* base;
+  int64_t stride;
+  int hk, hv, d;
+  UpdateRecord(float* u, int hk_, int hv_, int d_)
+      : base(u), stride(gdn_update_floats(hk_, hv_, d_)), hk(hk_), hv(hv_), d(d_) {}
+  float* key(int64_t t, int kh) const { return base + t * stride + int64_t{kh} * d; }
+  float* deltas(int64_t t, int h) const { return base + t * stride + int64_t{hk} * d + int64_t{h} * d; }
+  float* decay(int64_t t, int h) const { return base + t * stride + int64_t{hk + hv} * d + h; }
+};
+
+// The scalar form's state update of one row and token, shared with its replay: the same bits.
+inline void decay_row(float* row, int d, float decay) {
+  for (int i = 0; i < d; ++i) row[i] *= decay;
+}
+inline void add_delta_row(float* row, const float* k, int d, float delta) {
+  for (int i = 0; i < d; ++i) row[i] += delta * k[i];
+}
+
 void recurrent(ThreadPool& pool, const GdnArgs& a, const std::vector<float>& qn, const std::vector<float>& kn) {
   const int64_t n = a.q.n_rows;
   const int d = a.head_dim, hv = a.n_v_heads, hk = a.n_k_heads;
   constexpr int kRowsPerItem = 16;
   const int items_per_head = (d + kRowsPerItem - 1) / kRowsPerItem;
+  const UpdateRecord rec(a.updates, hk, hv, d);
+  if (a.updates)
+    for (int64_t t = 0; t < n; ++t) {
+      for (int kh = 0; kh < hk; ++kh) std::memcpy(rec.key(t, kh), &kn[(t * hk + kh) * d], sizeof(float) * d);
+      for (int h = 0; h < hv; ++h) *rec.decay(t, h) = std::exp(gate_log_decay(a, t, h));
+    }
   auto work = [&](int64_t b, int64_t e, int) {
+    std::vector<float> rows;  // updates: the item's rows, worked on a copy (the state stays as it was)
     for (int64_t item = b; item < e; ++item) {
       const int h = static_cast<int>(item / items_per_head);
       const int j0 = static_cast<int>(item % items_per_head) * kRowsPerItem;
       const int j1 = std::min(d, j0 + kRowsPerItem);
       const int kh = h % hk;
       float* S = a.state + static_cast<int64_t>(h) * d * d;
+      if (a.updates) {
+        rows.assign(S + int64_t{j0} * d, S + int64_t{j1} * d);
+        S = rows.data() - int64_t{j0} * d;  // rows j0..j1 only are addressed through it
+      }
       for (int64_t t = 0; t < n; ++t) {
         const float* k = &kn[(t * hk + kh) * d];
         const float* q = &qn[(t * hk + kh) * d];
@@ -84,18 +116,11 @@ void recurrent(ThreadPool& pool, const GdnArgs& a, const std::vector<float>& qn,
         float* o = a.out.row(t) + static_cast<int64_t>(h) * d;
         for (int j = j0; j < j1; ++j) {
           float* row = S + static_cast<int64_t>(j) * d;
-          float u = 0;
-          for (int i = 0; i < d; ++i) {
-            row[i] *= decay;
-            u += row[i] * k[i];
-          }
-          const float delta = beta * (v[j] - u);
-          float acc = 0;
-          for (int i = 0; i < d; ++i) {
-            row[i] += delta * k[i];
-            acc += row[i] * q[i];
-          }
-          o[j] = acc;
+          decay_row(row, d, decay);
+          const float delta = beta * (v[j] - dot(row, k, d));
+          add_delta_row(row, k, d, delta);
+          o[j] = dot(row, q, d);
+          if (a.updates) rec.deltas(t, h)[j] = delta;
           if (a.capture)
             std::memcpy(a.capture + ((t * hv + h) * d + j) * static_cast<int64_t>(d), row,
                         static_cast<size_t>(d) * sizeof(float));
@@ -239,10 +264,11 @@ void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k) {
   if (n <= 0) return;
   // HYSPEC_CPU_GDN_CHUNKED=1 runs prompts through the chunked form (model-level tests compare it
   // with the recurrent one).
-  const bool force_chunked = a.chunked && !a.capture && std::getenv("HYSPEC_CPU_GDN_CHUNKED") != nullptr;
+  const bool recorded = a.capture || a.updates;
+  const bool force_chunked = a.chunked && !recorded && std::getenv("HYSPEC_CPU_GDN_CHUNKED") != nullptr;
   if (d % 8 != 0 || force_chunked) {
     normalise_qk(a, qn, kn);
-    if (a.chunked && !a.capture) {
+    if (a.chunked && !recorded) {
       pool.parallel_for(a.n_v_heads, [&](int64_t b, int64_t e, int) {
         for (int64_t h = b; h < e; ++h) chunked_head(a, static_cast<int>(h), qn, kn);
       });
@@ -277,16 +303,29 @@ void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k) {
         decay[h * n + t] = std::exp(gate_log_decay(a, t, h));
         beta[h * n + t] = sigmoid(a.beta_logit.row(t)[h]);
       }
+      if (a.updates) {
+        const UpdateRecord rec(a.updates, hk, hv, d);
+        std::memcpy(rec.key(t, 0), &kn[t * hk * d], sizeof(float) * hk * d);
+        for (int h = 0; h < hv; ++h) *rec.decay(t, h) = decay[h * n + t];
+      }
     }
   }, 8);
   const int blocks = d / 8;
+  const UpdateRecord rec(a.updates, hk, hv, d);
   auto work = [&](int64_t b, int64_t e, int) {
+    std::vector<float> rows;  // updates: the block's 8 rows, worked on a copy (the state stays as it was)
     for (int64_t item = b; item < e; ++item) {
       const int h = static_cast<int>(item / blocks), j0 = static_cast<int>(item % blocks) * 8, kh = h % hk;
       GdnRowBlock rb;
       rb.n = n;
       rb.d = d;
       rb.state = a.state + (static_cast<int64_t>(h) * d + j0) * d;
+      if (a.updates) {
+        rows.assign(rb.state, rb.state + 8 * d);
+        rb.state = rows.data();
+        rb.deltas = rec.deltas(0, h) + j0;
+        rb.deltas_stride = rec.stride;
+      }
       rb.k = &kn[kh * d];
       rb.q = &qn[kh * d];
       rb.qk_stride = static_cast<int64_t>(hk) * d;
@@ -306,6 +345,41 @@ void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k) {
   };
   // ~1 ns per token and state column for 8 rows (3 FMAs per element, 8 lanes, plus the reductions).
   parallel_for_cost(pool, static_cast<int64_t>(hv) * blocks, static_cast<double>(n) * d * 1.0, work);
+}
+
+void gdn_replay(ThreadPool& pool, const Backend::GdnReplayPart* parts, size_t count, int64_t n, int hk, int hv, int d,
+                const F32Kernels& k) {
+  if (n <= 0 || count == 0) return;
+  // The form that recorded the updates: the row kernel where d % 8 == 0, else the scalar rows.
+  const int rows_per_item = d % 8 == 0 ? 8 : 1, items_per_head = d / rows_per_item;
+  const int64_t items = static_cast<int64_t>(count) * hv * items_per_head;
+  auto work = [&](int64_t b, int64_t e, int) {
+    for (int64_t item = b; item < e; ++item) {
+      const Backend::GdnReplayPart& p = parts[item / (int64_t{hv} * items_per_head)];
+      const int h = static_cast<int>(item / items_per_head % hv), j0 = static_cast<int>(item % items_per_head) * rows_per_item;
+      const UpdateRecord rec(const_cast<float*>(p.updates), hk, hv, d);
+      float* row = p.state + (static_cast<int64_t>(h) * d + j0) * d;
+      if (rows_per_item == 1) {
+        for (int64_t t = 0; t < n; ++t) {
+          decay_row(row, d, *rec.decay(t, h));
+          add_delta_row(row, rec.key(t, h % hk), d, rec.deltas(t, h)[j0]);
+        }
+        continue;
+      }
+      GdnRowBlock rb;
+      rb.n = n;
+      rb.d = d;
+      rb.state = row;
+      rb.k = rec.key(0, h % hk);
+      rb.qk_stride = rec.stride;
+      rb.decay = rec.decay(0, h);
+      rb.decay_stride = rec.stride;
+      rb.deltas = rec.deltas(0, h) + j0;
+      rb.deltas_stride = rec.stride;
+      k.gdn_replay_block(rb);
+    }
+  };
+  parallel_for_cost(pool, items, static_cast<double>(n) * d * rows_per_item * 0.3, work);
 }
 
 }  // namespace hyspec::cpu

@@ -56,6 +56,8 @@ void kv_store(Rows k, Rows v, KvLayer kv, const int32_t* positions);
 void causal_conv_silu(ThreadPool& pool, Rows x, const float* weight, int kernel, float* conv_state, float* capture,
                       Rows y, const F32Kernels& k = f32_kernels());
 void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k = f32_kernels());
+void gdn_replay(ThreadPool& pool, const Backend::GdnReplayPart* parts, size_t count, int64_t n_tokens, int n_k_heads,
+                int n_v_heads, int head_dim, const F32Kernels& k = f32_kernels());
 void moe_ffn(ThreadPool& pool, const MoeArgs& a);
 // The sampler's row summaries and candidate selection (backend.h semantics), cpu_elementwise.cpp.
 void logit_summary(ThreadPool& pool, Rows x, float inv_t, float* out);

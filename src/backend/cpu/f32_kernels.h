@@ -47,6 +47,9 @@ struct GdnRowBlock {
   int64_t out_stride = 0;
   float* capture = nullptr;        // optional: the 8 rows after token t at capture + t * capture_stride
   int64_t capture_stride = 0;
+  float* deltas = nullptr;         // optional: token t's delta[j0..j0+8) at deltas + t * deltas_stride
+  int64_t deltas_stride = 0;
+  int64_t decay_stride = 1;        // token t's decay at decay[t * decay_stride]
 };
 
 struct F32Kernels {
@@ -71,6 +74,9 @@ struct F32Kernels {
   // Attention for one tile; scratch holds at least attention_scratch_floats(m, d, max kv_len) floats.
   void (*attention_tile)(const AttentionTile& t, float* scratch);
   void (*gdn_row_block)(const GdnRowBlock& b);
+  // The state updates of gdn_row_block alone (row <- decay row + delta_j k), from the k, decay and
+  // deltas it recorded: the same bits. Reads n, d, state, k, qk_stride, decay(_stride), deltas(_stride).
+  void (*gdn_replay_block)(const GdnRowBlock& b);
 };
 
 inline size_t attention_scratch_floats(int m, int d, int64_t max_kv_len) {

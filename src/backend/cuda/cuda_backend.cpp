@@ -129,6 +129,26 @@ class CudaBackend final : public Backend {
     }
     if (list.count > 0) flush();
   }
+  void gdn_replay(const GdnReplayPart* parts, size_t count, int64_t n_tokens, int n_k_heads, int n_v_heads,
+                  int head_dim) override {
+    auto prof = begin_op("gdn_replay");
+    forget_quantized();
+    if (!expect(cuda::gdn_head_dim_supported(head_dim) && n_k_heads > 0 && n_v_heads > 0,
+                "gdn_replay: head_dim {} (16..512, a power of 2), {} k-heads, {} v-heads", head_dim, n_k_heads,
+                n_v_heads))
+      return;
+    const int64_t stride = gdn_update_floats(n_k_heads, n_v_heads, head_dim);
+    cuda::GdnReplayList list;
+    for (size_t i = 0; i < count; ++i) {
+      if (!expect(aligned16(parts[i].state) && aligned16(parts[i].updates), "gdn_replay: buffers must be 16-byte aligned"))
+        return;
+      list.state[list.count] = parts[i].state, list.updates[list.count] = parts[i].updates;
+      if (++list.count == cuda::kGdnReplayParts || i + 1 == count) {
+        check(cuda::gdn_replay_launch(list, n_tokens, n_k_heads, n_v_heads, head_dim, stride, stream_), "gdn_replay");
+        list.count = 0;
+      }
+    }
+  }
   void fill_zero(void* dst, size_t bytes) override {
     forget_quantized();
     check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");
@@ -432,8 +452,10 @@ class CudaBackend final : public Backend {
         !expect(a.n_k_heads > 0 && a.n_v_heads > 0 && a.k.n_rows == n && a.v.n_rows == n && a.out.n_rows == n &&
                     a.beta_logit.n_rows == n && a.alpha.n_rows == n,
                 "gated_delta_net: inconsistent shapes") ||
-        !expect(!(a.capture && a.capture_f16), "gated_delta_net: one capture buffer, F32 or F16") ||
-        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.capture_f16) && aligned16(a.q.data) &&
+        !expect((a.capture != nullptr) + (a.capture_f16 != nullptr) + (a.updates != nullptr) <= 1,
+                "gated_delta_net: one capture buffer, F32, F16 or updates") ||
+        !expect(aligned16(a.state) && aligned16(a.capture) && aligned16(a.capture_f16) && aligned16(a.updates) &&
+                    aligned16(a.q.data) &&
                     aligned16(a.k.data) &&
                     a.q.stride % 4 == 0 && a.k.stride % 4 == 0,
                 "gated_delta_net: state, capture, q and k rows must be 16-byte aligned"))
@@ -454,6 +476,8 @@ class CudaBackend final : public Backend {
     p.state = a.state;
     p.capture = a.capture;
     p.capture_f16 = a.capture_f16;
+    p.updates = a.updates;
+    p.update_stride = gdn_update_floats(a.n_k_heads, a.n_v_heads, a.head_dim);
     p.chunked = a.chunked;
     const size_t scratch_bytes = cuda::gdn_scratch_bytes(p);
     void* scratch = nullptr;

@@ -204,6 +204,10 @@ struct GdnParams {
   float* state = nullptr;
   float* capture = nullptr;
   uint16_t* capture_f16 = nullptr;  // or the captured states as halves
+  // Or each token's update (backend.h GdnArgs::updates) at updates + t * update_stride, in the form
+  // [n_k * d keys as read][n_v * d coefficients][n_v decays]; the state is then not written.
+  float* updates = nullptr;
+  int64_t update_stride = 0;
   bool chunked = false;  // prompt form: the chunked kernels where they pay (gdn_launch decides)
 };
 bool gdn_head_dim_supported(int head_dim);
@@ -211,6 +215,16 @@ bool gdn_head_dim_supported(int head_dim);
 size_t gdn_scratch_bytes(const GdnParams& p);
 // q, k: 16-byte aligned rows (float4 loads); state and capture 16-byte aligned.
 cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream);
+// Rollback by updates (backend.h gdn_replay): part i's state takes updates 0..n_tokens-1 of the
+// record at updates[i] (GdnParams' form and stride), in one launch.
+constexpr int kGdnReplayParts = 64;
+struct GdnReplayList {
+  int count = 0;
+  float* state[kGdnReplayParts] = {};
+  const float* updates[kGdnReplayParts] = {};
+};
+cudaError_t gdn_replay_launch(const GdnReplayList& l, int64_t n_tokens, int n_k_heads, int n_v_heads, int head_dim,
+                              int64_t update_stride, cudaStream_t stream);
 // dst[i] = src[i], n halves to floats.
 cudaError_t f16_to_f32_launch(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
 // Copies of whole 16-byte words in one launch (recurrent.cu): up to kCopyParts of them, each 16-byte

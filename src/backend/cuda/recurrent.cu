@@ -104,7 +104,14 @@ struct GdnKArgs {
   float* state;
   float* capture;
   uint16_t* capture_f16;
+  float* updates;  // GdnParams::updates: keys, then coefficients dk, then decays, update_stride floats a token
+  int64_t update_stride;
 };
+
+// One state value's update, S <- decay S + k dk: the one rounding sequence of gdn_kernel and its replay.
+__device__ __forceinline__ float gdn_decay_add(float s, float decay, float k, float dk) {
+  return __fmaf_rn(k, dk, __fmul_rn(s, decay));
+}
 
 // The delta rule, token by token, in one kernel. Columns j (v index) of a head's state evolve
 // independently, so a block owns 16 columns of one v-head and P = d/16 lanes share a column, 16 state
@@ -171,6 +178,9 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         if (i < tc * D / 4) {
           const int at = i / (D / 4) * LD + gdn_pad(i % (D / 4) * 4);
           *reinterpret_cast<float4*>(k_s + at) = kv[u], *reinterpret_cast<float4*>(q_s + at) = qv[u];
+          if (a.updates && blockIdx.y == 0 && h < a.n_k)  // k-head h's keys, once
+            *reinterpret_cast<float4*>(a.updates + (t0 + i / (D / 4)) * a.update_stride + h * D + i % (D / 4) * 4) =
+                kv[u];
         }
       }
     }
@@ -183,6 +193,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       const float x = a.alpha.data[t * a.alpha.stride + h] + dt_bias;
       g_s[2 * i] = 1.0f / (1.0f + expf(-a.beta_logit.data[t * a.beta_logit.stride + h]));
       g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
+      if (a.updates && blockIdx.y == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
     }
     __syncthreads();
     // Norms and k.q per token: a warp per token (lanes over d) from d = 32 up, a thread per token below.
@@ -240,8 +251,11 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       const float dk = delta * k_inv;
       const float o = q_inv * (decay * sq + dk * kq);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) S[i] = S[i] * decay + k[i] * dk;
-      if (p == 0) a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
+      for (int i = 0; i < 16; ++i) S[i] = gdn_decay_add(S[i], decay, k[i], dk);
+      if (p == 0) {
+        a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
+        if (a.updates) a.updates[t * a.update_stride + (a.n_k + h) * D + col] = dk;
+      }
       if (a.capture) {
         float4* cap = reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
 #pragma unroll
@@ -254,6 +268,40 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
           cap[p + P * i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
         }
       }
+    }
+  }
+  if (a.updates) return;  // the state stays as it was: a rollback replays the updates it keeps
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    reinterpret_cast<float4*>(st)[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
+}
+
+// gdn_kernel's state updates alone, from the updates it recorded: a block per (v-head, 16 columns,
+// part), the thread layout of gdn_kernel, so each value takes the same gdn_decay_add sequence. Bytes:
+// each state read and written once, the records' n tokens (~1/d of a state each) from L2.
+__global__ void gdn_replay_kernel(GdnReplayList l, int n, int n_k, int n_v, int64_t stride) {
+  const int D = blockDim.x, P = D / 16, p = threadIdx.x % P, cl = threadIdx.x / P;
+  const int h = blockIdx.x, col = blockIdx.y * 16 + cl;
+  float* st = l.state[blockIdx.z] + (static_cast<int64_t>(h) * D + col) * D;
+  const float* rec = l.updates[blockIdx.z];
+  pdl_wait();  // the verify step that recorded the updates
+  pdl_trigger();
+  float S[16];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 v = reinterpret_cast<const float4*>(st)[p + P * i];
+    S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
+  }
+  for (int t = 0; t < n; ++t, rec += stride) {
+    const float4* key = reinterpret_cast<const float4*>(rec + (h % n_k) * D);
+    const float dk = rec[(n_k + h) * D + col], decay = rec[(n_k + n_v) * D + h];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 k = key[p + P * i];
+      S[4 * i] = gdn_decay_add(S[4 * i], decay, k.x, dk);
+      S[4 * i + 1] = gdn_decay_add(S[4 * i + 1], decay, k.y, dk);
+      S[4 * i + 2] = gdn_decay_add(S[4 * i + 2], decay, k.z, dk);
+      S[4 * i + 3] = gdn_decay_add(S[4 * i + 3], decay, k.w, dk);
     }
   }
 #pragma unroll
@@ -634,7 +682,7 @@ __global__ void __launch_bounds__(kGdnThreads, 1) gdn_chunk_scan_kernel(GdnKArgs
 // dims must be multiples of 32 up to 128 (the tilings above). Everything else, and any request with
 // capture, runs the recurrent kernel. Both compute the same function, up to f32 rounding.
 bool gdn_uses_chunked(const GdnParams& p) {
-  return p.chunked && !p.capture && !p.capture_f16 && p.q.rows >= kGdnChunkedMinTokens && p.head_dim % kGdnSlice == 0 &&
+  return p.chunked && !p.capture && !p.capture_f16 && !p.updates && p.q.rows >= kGdnChunkedMinTokens && p.head_dim % kGdnSlice == 0 &&
          p.head_dim <= 128;
 }
 
@@ -703,7 +751,7 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int D = p.head_dim;
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
-             p.state, p.capture, p.capture_f16};
+             p.state, p.capture, p.capture_f16, p.updates, p.update_stride};
   if (gdn_uses_chunked(p)) return gdn_chunked_launch(a, static_cast<float*>(scratch), stream);
   // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
   const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
@@ -712,6 +760,15 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   const size_t smem = chunk * per_token;
   const dim3 grid(p.n_v_heads, D / 16);
   return launch_pdl(gdn_kernel, grid, dim3(D), smem, stream, a, chunk);
+}
+
+cudaError_t gdn_replay_launch(const GdnReplayList& l, int64_t n_tokens, int n_k_heads, int n_v_heads, int head_dim,
+                              int64_t update_stride, cudaStream_t stream) {
+  if (l.count <= 0 || n_tokens <= 0) return cudaSuccess;
+  if (l.count > kGdnReplayParts || !gdn_head_dim_supported(head_dim)) return cudaErrorInvalidValue;
+  const dim3 grid(n_v_heads, head_dim / 16, l.count);
+  return launch_pdl(gdn_replay_kernel, grid, dim3(head_dim), 0, stream, l, static_cast<int>(n_tokens), n_k_heads,
+                    n_v_heads, update_stride);
 }
 
 namespace {
