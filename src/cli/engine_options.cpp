@@ -18,8 +18,9 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
                  "default f16 on CUDA, f32 on the CPU")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   cmd.add_option("--capture-type", capture_type,
-                 "What a verify step keeps of each token's GDN state: f32 states (lossless), f16 states (half the "
-                 "bytes, rollback rounds) or updates (lossless, ~1/128 of a state's bytes, replayed on rollback)")
+                 "What a verify step keeps of each token's GDN state for the rollback: updates (the default; lossless, "
+                 "~1/128 of a state's bytes, replayed on rollback), f32 states (lossless) or f16 states (half of "
+                 "f32's bytes; rollbacks round)")
       ->check(CLI::IsMember({"f32", "f16", "updates"}));
   cmd.add_flag("--dequantize", dequantize, "Convert every weight to F32 at load (kernel parity checks)");
   cmd.add_flag("--no-graphs", no_graphs, "CUDA: do not record/replay steps as CUDA graphs");

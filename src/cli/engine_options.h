@@ -15,7 +15,7 @@ struct EngineFlags {
   int64_t ctx = 0;
   int batch = 0;  // 0: the backend's default (EngineConfig::n_batch)
   std::string kv_type;  // empty: f16 on CUDA (llama.cpp's default; the tensor-core attention), f32 on the CPU
-  std::string capture_type = "f32";
+  std::string capture_type = "updates";
   std::string spec = "none";
   std::string draft_model;
   int draft_max = 15;  // EngineConfig::draft_max

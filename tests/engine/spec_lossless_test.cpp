@@ -14,7 +14,7 @@ struct Case {
   bool add_ngram = false;
   GgmlType kv_type = GgmlType::F32;  // both engines' target caches (the DFlash drafter keeps F32)
   int64_t draft_vocab = 0;           // EngineConfig::draft_vocab of the speculative engine
-  StateCapture capture = StateCapture::F32;  // the speculative engine's rollback
+  StateCapture capture = EngineConfig{}.capture;  // the speculative engine's rollback
 };
 
 class SpecLossless : public ::testing::TestWithParam<Case> {};
@@ -57,13 +57,13 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                            Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::F32, 256},
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
                                                 false, GgmlType::F32, 256},
-                                           // rollback by replayed updates
+                                           // rollback by captured F32 states instead of replayed updates
                                            Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::F32, 0,
-                                                StateCapture::Updates},
+                                                StateCapture::F32},
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
-                                                false, GgmlType::F32, 0, StateCapture::Updates},
+                                                false, GgmlType::F32, 0, StateCapture::F32},
                                            Case{"qwen35moe-tiny", SpecMethod::Mtp, "", true, GgmlType::F32, 0,
-                                                StateCapture::Updates}),
+                                                StateCapture::F32}),
                          [](const auto& info) {
                            std::string f = info.param.fixture == "qwen35-tiny" ? "dense" : "moe";
                            std::string hf = info.param.draft_model.ends_with("hf") ? "_hf" : "";
@@ -71,7 +71,7 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                   (info.param.add_ngram ? "_ngram" : "") +
                                   (info.param.kv_type == GgmlType::Q8_0 ? "_kv_q8_0" : "") +
                                   (info.param.draft_vocab ? "_vocab" + std::to_string(info.param.draft_vocab) : "") +
-                                  (info.param.capture == StateCapture::Updates ? "_updates" : "");
+                                  (info.param.capture == StateCapture::F32 ? "_f32_states" : "");
                          });
 
 TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {
