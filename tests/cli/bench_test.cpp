@@ -40,21 +40,24 @@ TEST(BenchCli, VerifyAtDepthRowsAreAgainstThatDepthsDecodeStep) {
   const nlohmann::json rows = run_bench_json("-p 0 -n 4 -d 0,48 --verify 1,3 --verify-at-depth -c 128");
   ASSERT_TRUE(rows.is_array());
   EXPECT_EQ(tests_of(rows), (std::vector<std::string>{"tg4", "tg4 @ d48", "verify-1", "verify-3", "verify-1 @ d48",
-                                                      "verify-3 @ d48"}));
+                                                      "verify-3 @ d48", "rollback-1", "rollback-3"}));
   const double tg0 = step_ms(rows, "tg4"), tg48 = step_ms(rows, "tg4 @ d48");
   EXPECT_NEAR(ratio(rows, "tg4 @ d48"), tg48 / tg0, 1e-9);
   EXPECT_NEAR(ratio(rows, "verify-3"), step_ms(rows, "verify-3") / tg0, 1e-9);
   EXPECT_NEAR(ratio(rows, "verify-3 @ d48"), step_ms(rows, "verify-3 @ d48") / tg48, 1e-9);
+  // The rollback after a verify step (no tokens, no weights): against the depth-0 decode step.
+  EXPECT_GT(step_ms(rows, "rollback-3"), 0.0);
+  EXPECT_NEAR(ratio(rows, "rollback-3"), step_ms(rows, "rollback-3") / tg0, 1e-9);
 }
 
 TEST(BenchCli, VerifyStaysAtDepthZeroWithoutTheFlag) {
   const nlohmann::json rows = run_bench_json("-p 0 -n 2 -d 0,16 --verify 2 -c 64");
   ASSERT_TRUE(rows.is_array());
-  EXPECT_EQ(tests_of(rows), (std::vector<std::string>{"tg2", "tg2 @ d16", "verify-2"}));
+  EXPECT_EQ(tests_of(rows), (std::vector<std::string>{"tg2", "tg2 @ d16", "verify-2", "rollback-2"}));
   // Depths without 0 still verify at depth 0 (no tg step there to divide by: ratio 0).
   const nlohmann::json deep = run_bench_json("-p 0 -n 2 -d 16 --verify 2 -c 64");
   ASSERT_TRUE(deep.is_array());
-  EXPECT_EQ(tests_of(deep), (std::vector<std::string>{"tg2 @ d16", "verify-2"}));
+  EXPECT_EQ(tests_of(deep), (std::vector<std::string>{"tg2 @ d16", "verify-2", "rollback-2"}));
   EXPECT_EQ(ratio(deep, "verify-2"), 0.0);
   EXPECT_EQ(ratio(deep, "tg2 @ d16"), 0.0);
 }
