@@ -380,7 +380,8 @@ TEST_P(CudaMatmulTest, MatvecRowsAreBitIdenticalAcrossWidths) {
                                Case{GgmlType::Q6_K, 2304}, Case{GgmlType::Q6_K, 8448}, Case{GgmlType::Q8_0, 2304},
                                Case{GgmlType::Q4_0, 2304}, Case{GgmlType::F16, 2304}, Case{GgmlType::BF16, 2304},
                                Case{GgmlType::Q3_K, 2304}, Case{GgmlType::Q3_K, 8448}, Case{GgmlType::IQ4_XS, 2304},
-                               Case{GgmlType::IQ4_XS, 8448}}) {
+                               Case{GgmlType::IQ4_XS, 8448}, Case{GgmlType::F32, 2048}, Case{GgmlType::F32, 1002},
+                               Case{GgmlType::F16, 40}}) {  // the last three: the exact f32 kernel
     const auto gb = random_weight_bytes(type, K, N, rng_), ub = random_weight_bytes(type, K, N, rng_);
     const GgufTensorInfo gi = tensor_info("gate", type, gb, K, N), ui = tensor_info("up", type, ub, K, N);
     auto gg = gpu_->load_weight(gi), ug = gpu_->load_weight(ui);

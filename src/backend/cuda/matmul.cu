@@ -429,16 +429,24 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
 
 // Exact f32 path: F32 weights (norm-sized vectors, MoE routers, small projections such as
 // ssm_beta: exact like the CPU, so expert choices agree) and float rows that are not whole
-// 32-element chunks. A warp per (row, group of 8 tokens; blockIdx.y): W is read ceil(n/8) times
-// (from L2 after the first), and a prompt's token groups run in parallel.
+// 32-element chunks. A block of kExactWarps warps per (row, group of 8 tokens; blockIdx.y): warp s
+// sums slice s of K (lane l: elements 4l..4l+3 of each 128, in order), the slices are added in order,
+// so a row's bits do not depend on the number of tokens. W is read ceil(n/8) times (from L2 after the
+// first), and a prompt's token groups run in parallel. Splitting K over the block's warps keeps the
+// loads of a short row in flight at once: a warp per row walked K in a chain of dependent loads (a
+// 2048 x 128 MoE router 20 us, its 2048 x 1 shared-expert gate as long, for 1 MB and 8 KB).
+// Bytes: W once per 8 tokens, x per block from L1/L2.
+constexpr int kExactWarps = 8;
 template <class T>
-__global__ void matmul_exact_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_out, int64_t K,
-                                    const float* __restrict__ x, int64_t x_stride, int64_t n, float* y,
-                                    int64_t y_stride, const int32_t* __restrict__ expert_ids, size_t expert_bytes,
-                                    int x_div) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  if (row >= n_out) return;
+__global__ void __launch_bounds__(kExactWarps * 32) matmul_exact_kernel(
+    const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_out, int64_t K, const float* __restrict__ x,
+    int64_t x_stride, int64_t n, float* y, int64_t y_stride, const int32_t* __restrict__ expert_ids,
+    size_t expert_bytes, int x_div) {
+  __shared__ float partial[kExactWarps][8];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = blockIdx.x;
+  pdl_wait();  // x (and the expert ids) belong to the previous kernels
+  pdl_trigger();
   if (expert_ids) {  // batched experts: blockIdx.y = batch b, one activation row each
     const int b = blockIdx.y;
     w += static_cast<size_t>(expert_ids[b]) * expert_bytes;
@@ -451,23 +459,66 @@ __global__ void matmul_exact_kernel(const uint8_t* __restrict__ w, size_t row_by
     y += t0 * y_stride;
     n = min(n - t0, int64_t{8});
   }
+  const int tn = static_cast<int>(n);
   const uint8_t* wr = w + row * row_bytes;
-  for (int64_t t0 = 0; t0 < n; t0 += 8) {
-    const int tn = n - t0 < 8 ? static_cast<int>(n - t0) : 8;
-    float acc[8] = {};
-    for (int64_t i = lane; i < K; i += 32) {
-      const float wv = T::value(wr, i);
+  const int64_t slice = (K + 4 * kExactWarps - 1) / (4 * kExactWarps) * 4;  // a multiple of 4
+  const int64_t k0 = warp * slice, k1 = min(K, k0 + slice);
+  // Vector loads where everything is whole aligned float4s; the same elements in the same order.
+  const bool vec = std::is_same_v<T, TypeF32> && K % 4 == 0 && row_bytes % 16 == 0 &&
+                   (reinterpret_cast<uintptr_t>(wr) & 15) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+                   x_stride % 4 == 0;
+  float acc[8] = {};
+#pragma unroll 4
+  for (int64_t c = k0 + 4 * lane; c < k1; c += 128) {
+    float wv[4], xv[8][4];
+    if (vec) {
+      const float4 w4 = *reinterpret_cast<const float4*>(wr + c * 4);
+      wv[0] = w4.x, wv[1] = w4.y, wv[2] = w4.z, wv[3] = w4.w;
 #pragma unroll
-      for (int t = 0; t < 8; ++t)
-        if (t < tn) acc[t] += wv * x[(t0 + t) * x_stride + i];
+      for (int t = 0; t < 8; ++t) {
+        if (t >= tn) break;
+        const float4 x4 = *reinterpret_cast<const float4*>(x + t * x_stride + c);
+        xv[t][0] = x4.x, xv[t][1] = x4.y, xv[t][2] = x4.z, xv[t][3] = x4.w;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wv[e] = c + e < k1 ? T::value(wr, c + e) : 0.0f;
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        if (t >= tn) break;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) xv[t][e] = c + e < k1 ? x[t * x_stride + c + e] : 0.0f;
+      }
     }
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      float s = acc[t];
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0 && t < tn) y[(t0 + t) * y_stride + row] = s;
+      if (t >= tn) break;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t] = fmaf(wv[e], xv[t][e], acc[t]);
     }
   }
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    float s = acc[t];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) partial[warp][t] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < tn && row < n_out) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kExactWarps; ++k) s += partial[k][threadIdx.x];
+    y[threadIdx.x * y_stride + row] = s;
+  }
+}
+
+template <class T>
+cudaError_t launch_exact(const WeightView& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
+                         unsigned groups, const int32_t* expert_ids, int x_div, cudaStream_t stream) {
+  const size_t expert_bytes = static_cast<size_t>(w.n_out) * w.row_bytes;
+  return launch_pdl(matmul_exact_kernel<T>, dim3(static_cast<unsigned>(w.n_out), groups), dim3(kExactWarps * 32), 0,
+                    stream, w.data, w.row_bytes, w.n_out, w.n_in, x, x_stride, n, y, y_stride, expert_ids,
+                    expert_bytes, x_div);
 }
 
 // Prefill: rows [r0, r0+rows) decoded to f16 in chunk order. Bytes: read the tile once, write 2 B/elem.
@@ -734,10 +785,8 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
   if (!fast_path(w)) {
     with_type(w.type, [&](auto tag) {
       using T = decltype(tag);
-      const dim3 grid(blocks_for(w.n_out * 32, 128), static_cast<unsigned>((x.rows + 7) / 8));
-      matmul_exact_kernel<T><<<grid, 128, 0, stream>>>(w.data, w.row_bytes, w.n_out, w.n_in, x.data, x.stride,
-                                                        x.rows, y.data, y.stride, nullptr, 0, 1);
-      err = cudaGetLastError();
+      err = launch_exact<T>(w, x.data, x.stride, x.rows, y.data, y.stride, static_cast<unsigned>((x.rows + 7) / 8),
+                            nullptr, 1, stream);
     });
     return err;
   }
@@ -837,12 +886,8 @@ cudaError_t matmul_experts_launch(const WeightView& w, const uint8_t* up, const 
       const int64_t slice = 65535 / x_div * x_div;
       for (int64_t b0 = 0; b0 < n_batch && err == cudaSuccess; b0 += slice) {
         const int64_t nb = std::min<int64_t>(slice, n_batch - b0);
-        const dim3 grid(blocks_for(w.n_out * 32, 128), static_cast<unsigned>(nb));
-        matmul_exact_kernel<T><<<grid, 128, 0, stream>>>(w.data, w.row_bytes, w.n_out, w.n_in,
-                                                         x.data + (b0 / x_div) * x.stride, x.stride, 1,
-                                                         y.data + b0 * y.stride, y.stride, expert_ids + b0,
-                                                         static_cast<size_t>(w.n_out) * w.row_bytes, x_div);
-        err = cudaGetLastError();
+        err = launch_exact<T>(w, x.data + (b0 / x_div) * x.stride, x.stride, 1, y.data + b0 * y.stride, y.stride,
+                              static_cast<unsigned>(nb), expert_ids + b0, x_div, stream);
       }
       return;
     }
