@@ -307,6 +307,39 @@ struct GdnReference {
   }
 };
 
+// Random inputs of a gated_delta_net call of n tokens, and the GdnArgs over them.
+struct GdnInputs {
+  int hk, hv, d, n;
+  std::vector<float> q, k, v, b, al, a_neg, dt;
+  GdnInputs(int hk_, int hv_, int d_, int n_, std::mt19937& rng) : hk(hk_), hv(hv_), d(d_), n(n_) {
+    q = randn(n * hk * d, rng);
+    k = randn(n * hk * d, rng);
+    v = randn(n * hv * d, rng);
+    b = randn(n * hv, rng);
+    al = randn(n * hv, rng);
+    a_neg = randn(hv, rng, 0.5f);
+    dt = randn(hv, rng);
+    for (float& x : a_neg) x = -std::fabs(x);
+  }
+  GdnArgs args(float* state, float* out) const {
+    auto rows = [&](const std::vector<float>& x, int64_t cols) { return Rows(const_cast<float*>(x.data()), n, cols); };
+    GdnArgs g;
+    g.q = rows(q, int64_t{hk} * d);
+    g.k = rows(k, int64_t{hk} * d);
+    g.v = rows(v, int64_t{hv} * d);
+    g.beta_logit = rows(b, hv);
+    g.alpha = rows(al, hv);
+    g.ssm_a = a_neg.data();
+    g.dt_bias = dt.data();
+    g.n_k_heads = hk;
+    g.n_v_heads = hv;
+    g.head_dim = d;
+    g.state = state;
+    g.out = Rows(out, n, int64_t{hv} * d);
+    return g;
+  }
+};
+
 TEST(CpuOps, GatedDeltaNetMatchesTheRecurrenceInEveryFormWithCapture) {
   struct Shape {
     int hk, hv, d, n;
@@ -315,11 +348,9 @@ TEST(CpuOps, GatedDeltaNetMatchesTheRecurrenceInEveryFormWithCapture) {
   ThreadPool pool(2);
   for (const Shape sh : {Shape{2, 4, 32, 70}, Shape{1, 3, 16, 5}, Shape{2, 2, 12, 9}, Shape{1, 1, 8, 1}}) {
     const int n = sh.n, d = sh.d, K = sh.hk * d, V = sh.hv * d;
-    const std::vector<float> q = randn(n * K, rng), k = randn(n * K, rng), v = randn(n * V, rng),
-                             b = randn(n * sh.hv, rng), al = randn(n * sh.hv, rng), ssm_a = randn(sh.hv, rng, 0.5f),
-                             dt = randn(sh.hv, rng), init = randn(static_cast<size_t>(sh.hv) * d * d, rng, 0.1f);
-    std::vector<float> a_neg(sh.hv);
-    for (int h = 0; h < sh.hv; ++h) a_neg[h] = -std::fabs(ssm_a[h]);
+    const GdnInputs in(sh.hk, sh.hv, d, n, rng);
+    const std::vector<float>&q = in.q, &k = in.k, &v = in.v, &b = in.b, &al = in.al, &a_neg = in.a_neg, &dt = in.dt;
+    const std::vector<float> init = randn(static_cast<size_t>(sh.hv) * d * d, rng, 0.1f);
     GdnReference ref{sh.hk, sh.hv, d, std::vector<double>(init.size())};
     for (int h = 0; h < sh.hv; ++h)  // init is stored transposed: state[h][j][i] = S[i][j]
       for (int i = 0; i < d; ++i)
@@ -334,21 +365,9 @@ TEST(CpuOps, GatedDeltaNetMatchesTheRecurrenceInEveryFormWithCapture) {
     for (DotIsa isa : isas()) {
       for (int form = 0; form < 3; ++form) {  // recurrent, chunked, recurrent with capture
         std::vector<float> state = init, out(n * V), cap(form == 2 ? static_cast<size_t>(n) * init.size() : 0);
-        GdnArgs g;
-        g.q = Rows(const_cast<float*>(q.data()), n, K);
-        g.k = Rows(const_cast<float*>(k.data()), n, K);
-        g.v = Rows(const_cast<float*>(v.data()), n, V);
-        g.beta_logit = Rows(const_cast<float*>(b.data()), n, sh.hv);
-        g.alpha = Rows(const_cast<float*>(al.data()), n, sh.hv);
-        g.ssm_a = a_neg.data();
-        g.dt_bias = dt.data();
-        g.n_k_heads = sh.hk;
-        g.n_v_heads = sh.hv;
-        g.head_dim = d;
-        g.state = state.data();
+        GdnArgs g = in.args(state.data(), out.data());
         g.capture = form == 2 ? cap.data() : nullptr;
         g.chunked = form == 1;
-        g.out = Rows(out.data(), n, V);
         gated_delta_net(pool, g, f32_kernels(isa));
         for (int i = 0; i < n * V; ++i)
           EXPECT_CLOSE(out[i], want[i], 1e-4) << name(isa) << " form " << form << " d=" << d << " at " << i;
@@ -377,30 +396,15 @@ TEST(CpuOps, GatedDeltaNetUpdatesReplayToTheCapturedStates) {
   std::mt19937 rng(23);
   ThreadPool pool(2);
   for (const Shape sh : {Shape{2, 4, 32, 17}, Shape{2, 2, 12, 9}, Shape{1, 1, 8, 1}}) {
-    const int n = sh.n, d = sh.d, K = sh.hk * d, V = sh.hv * d;
+    const int n = sh.n, d = sh.d, V = sh.hv * d;
     const size_t S = static_cast<size_t>(sh.hv) * d * d;
-    const std::vector<float> q = randn(n * K, rng), k = randn(n * K, rng), v = randn(n * V, rng),
-                             b = randn(n * sh.hv, rng), al = randn(n * sh.hv, rng), dt = randn(sh.hv, rng),
-                             init = randn(S, rng, 0.1f);
-    std::vector<float> a_neg = randn(sh.hv, rng, 0.5f);
-    for (float& x : a_neg) x = -std::fabs(x);
+    const GdnInputs in(sh.hk, sh.hv, d, n, rng);
+    const std::vector<float> init = randn(S, rng, 0.1f);
     for (DotIsa isa : isas()) {
       auto run = [&](std::vector<float>& state, std::vector<float>& out, float* capture, float* updates) {
-        GdnArgs g;
-        g.q = Rows(const_cast<float*>(q.data()), n, K);
-        g.k = Rows(const_cast<float*>(k.data()), n, K);
-        g.v = Rows(const_cast<float*>(v.data()), n, V);
-        g.beta_logit = Rows(const_cast<float*>(b.data()), n, sh.hv);
-        g.alpha = Rows(const_cast<float*>(al.data()), n, sh.hv);
-        g.ssm_a = a_neg.data();
-        g.dt_bias = dt.data();
-        g.n_k_heads = sh.hk;
-        g.n_v_heads = sh.hv;
-        g.head_dim = d;
-        g.state = state.data();
+        GdnArgs g = in.args(state.data(), out.data());
         g.capture = capture;
         g.updates = updates;
-        g.out = Rows(out.data(), n, V);
         gated_delta_net(pool, g, f32_kernels(isa));
       };
       std::vector<float> s_cap = init, out_cap(n * V), cap(n * S);
