@@ -10,14 +10,19 @@ namespace {
 using S = LogitSummary;
 
 size_t summary_floats(int64_t rows, int64_t n_vocab) { return static_cast<size_t>(rows * S::floats(n_vocab)); }
-// Where the selection's count starts: after the summaries, 8-byte aligned (the picks follow it).
+// The staged chunks right after the summaries (one read-back takes both), a chunk per row.
+size_t staged_floats(int64_t rows, int64_t n_vocab) {
+  return static_cast<size_t>(rows * std::min<int64_t>(S::kChunk, n_vocab));
+}
+// Where the selection's count starts: after the summaries and staged chunks, 8-byte aligned (the picks
+// follow it).
 size_t selection_at(int64_t rows, int64_t n_vocab) {
-  return (summary_floats(rows, n_vocab) * sizeof(float) + 7) / 8 * 8;
+  return ((summary_floats(rows, n_vocab) + staged_floats(rows, n_vocab)) * sizeof(float) + 7) / 8 * 8;
 }
 }  // namespace
 
-// Scratch: the summaries, then the selection's count (and a pad) right before its picks, so that one
-// read-back fetches both.
+// Scratch: the summaries, the staged chunks, then the selection's count (and a pad) right before its
+// picks, so that one read-back fetches both.
 size_t LogitRows::scratch_bytes(int64_t rows, int64_t n_vocab) {
   return selection_at(rows, n_vocab) + (1 + static_cast<size_t>(kMaxCandidates)) * sizeof(SelectedLogit);
 }
@@ -27,7 +32,43 @@ LogitRows::LogitRows(Backend& be, Rows logits, void* scratch, Sampler& sampler)
   summary_dev_ = static_cast<float*>(scratch);
   count_dev_ = reinterpret_cast<int32_t*>(static_cast<char*>(scratch) + selection_at(logits.n_rows, V_));
   picked_dev_ = reinterpret_cast<SelectedLogit*>(count_dev_) + 1;
+  staged_dev_ = summary_dev_ + summary_floats(logits.n_rows, V_);
   host_rows_.resize(static_cast<size_t>(logits.n_rows));
+}
+
+void LogitRows::prefetch_draft_chunks(std::span<const int32_t> drafts) {
+  const SamplingParams& sp = sampler_.params();
+  const bool chunk_path = !sp.greedy() && !sp.has_penalties() && !(sp.top_k > 0 && sp.top_k < V_) &&
+                          sp.top_p >= 1.0f && sp.min_p <= 0.0f;
+  if (!chunk_path || !summaries_.empty()) return;
+  const int64_t rows = std::min<int64_t>(static_cast<int64_t>(drafts.size()), logits_.n_rows);
+  const int64_t pitch = std::min<int64_t>(S::kChunk, V_);  // staged floats per row
+  be_.logit_summary(logits_, 1.0f / sp.temperature, summary_dev_);
+  std::vector<Backend::CopyPart> copies;
+  std::vector<std::pair<int64_t, size_t>> staged;  // (chunk, floats) of each row's copy
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t d = drafts[static_cast<size_t>(r)];
+    if (d < 0 || d >= V_) {
+      staged.push_back({-1, 0});
+      continue;
+    }
+    const int64_t c = d / S::kChunk;
+    const size_t floats = static_cast<size_t>(std::min(S::kChunk, V_ - c * S::kChunk));
+    copies.push_back({staged_dev_ + r * pitch, logits_.row(r) + c * S::kChunk, floats * sizeof(float)});
+    staged.push_back({c, floats});
+  }
+  be_.copy_many(copies.data(), copies.size());
+  const size_t summary = summary_floats(logits_.n_rows, V_);
+  std::vector<float> host(summary + static_cast<size_t>(rows * pitch));
+  be_.download(host.data(), summary_dev_, host.size() * sizeof(float));
+  summaries_.assign(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(summary));
+  prefetched_.assign(static_cast<size_t>(logits_.n_rows), {-1, {}});
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto [c, floats] = staged[static_cast<size_t>(r)];
+    if (c < 0) continue;
+    const float* from = host.data() + summary + r * pitch;
+    prefetched_[static_cast<size_t>(r)] = {c, std::vector<float>(from, from + floats)};
+  }
 }
 
 const float* LogitRows::host_row(int64_t r) {
@@ -80,6 +121,11 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
     z_ = z;
     chunk_mass_ = s + S::chunk_at();
     chunks_.resize(static_cast<size_t>(S::chunks(V_)));
+    if (static_cast<size_t>(r) < prefetched_.size() && prefetched_[static_cast<size_t>(r)].first >= 0) {
+      auto& [c, logits] = prefetched_[static_cast<size_t>(r)];
+      chunks_[static_cast<size_t>(c)] = std::move(logits);
+      c = -1;
+    }
     return;
   }
   // The bucket whose tokens (and all better ones) surely hold the cut; one bucket of margin where the

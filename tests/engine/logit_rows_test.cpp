@@ -132,6 +132,41 @@ TEST_F(LogitRowsTest, ChunkDrawsAreTheWholeRowsDraws) {
   EXPECT_GE(same, n - 1);
 }
 
+// A verify round's prefetch (summaries and the drafts' chunks in one read-back) changes nothing the
+// sampler sees: the same probability of each draft and the same draws for the same uniforms, on rows
+// whose drafts sit in the first, a middle and the last (partial) chunk.
+TEST_F(LogitRowsTest, PrefetchedDraftChunksGiveTheSameProbabilitiesAndDraws) {
+  const int64_t V = 40000, n = 4;
+  std::mt19937 rng(5);
+  std::vector<float> host(static_cast<size_t>(n * V));
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  for (auto& v : host) v = d(rng);
+  put(host, n, V);
+  SamplingParams sp;
+  sp.temperature = 0.8f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.min_p = 0.0f;
+  sp.seed = 7;
+  const std::vector<int32_t> drafts = {123, 20000, 39999};  // row 3: the bonus row, no draft
+  Sampler plain_sampler(sp), prefetch_sampler(sp);
+  LogitRows plain(*be_, rows_, scratch_.data(), plain_sampler);
+  LogitRows prefetched(*be_, rows_, scratch_.data(), prefetch_sampler);
+  prefetched.prefetch_draft_chunks(drafts);
+  for (int64_t r = 0; r < n; ++r) {
+    plain.select(r, {});
+    prefetched.select(r, {});
+    ASSERT_EQ(prefetched.path(), LogitRows::Path::Chunks);
+    if (r < static_cast<int64_t>(drafts.size())) {
+      const int32_t dr = drafts[static_cast<size_t>(r)];
+      EXPECT_EQ(prefetched.p(dr), plain.p(dr)) << "row " << r;
+      EXPECT_GT(prefetched.p(dr), 0.0f) << "row " << r;
+      for (int i = 0; i < 20; ++i) EXPECT_EQ(prefetched.draw(dr), plain.draw(dr)) << "row " << r;
+    }
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(prefetched.draw(), plain.draw()) << "row " << r;
+  }
+}
+
 // Penalties need the whole row: the distribution is still Sampler::distribution's.
 TEST_F(LogitRowsTest, PenaltiesReadTheWholeRow) {
   const int64_t V = 9000;
