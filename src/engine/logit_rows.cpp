@@ -10,18 +10,16 @@ namespace {
 using S = LogitSummary;
 
 size_t summary_floats(int64_t rows, int64_t n_vocab) { return static_cast<size_t>(rows * S::floats(n_vocab)); }
-// The staged chunks right after the summaries (one read-back takes both), a chunk per row.
-size_t staged_floats(int64_t rows, int64_t n_vocab) {
-  return static_cast<size_t>(rows * std::min<int64_t>(S::kChunk, n_vocab));
-}
-// Where the selection's count starts: after the summaries and staged chunks, 8-byte aligned (the picks
+// prefetch_drafts' pieces right after the summaries (one read-back takes both), 4 floats per row.
+size_t staged_floats(int64_t rows) { return static_cast<size_t>(4 * rows); }
+// Where the selection's count starts: after the summaries and staged pieces, 8-byte aligned (the picks
 // follow it).
 size_t selection_at(int64_t rows, int64_t n_vocab) {
-  return ((summary_floats(rows, n_vocab) + staged_floats(rows, n_vocab)) * sizeof(float) + 7) / 8 * 8;
+  return ((summary_floats(rows, n_vocab) + staged_floats(rows)) * sizeof(float) + 7) / 8 * 8;
 }
 }  // namespace
 
-// Scratch: the summaries, the staged chunks, then the selection's count (and a pad) right before its
+// Scratch: the summaries, the staged pieces, then the selection's count (and a pad) right before its
 // picks, so that one read-back fetches both.
 size_t LogitRows::scratch_bytes(int64_t rows, int64_t n_vocab) {
   return selection_at(rows, n_vocab) + (1 + static_cast<size_t>(kMaxCandidates)) * sizeof(SelectedLogit);
@@ -36,38 +34,34 @@ LogitRows::LogitRows(Backend& be, Rows logits, void* scratch, Sampler& sampler)
   host_rows_.resize(static_cast<size_t>(logits.n_rows));
 }
 
-void LogitRows::prefetch_draft_chunks(std::span<const int32_t> drafts) {
+void LogitRows::prefetch_drafts(std::span<const int32_t> drafts) {
   const SamplingParams& sp = sampler_.params();
   const bool chunk_path = !sp.greedy() && !sp.has_penalties() && !(sp.top_k > 0 && sp.top_k < V_) &&
                           sp.top_p >= 1.0f && sp.min_p <= 0.0f;
   if (!chunk_path || !summaries_.empty()) return;
   const int64_t rows = std::min<int64_t>(static_cast<int64_t>(drafts.size()), logits_.n_rows);
-  const int64_t pitch = std::min<int64_t>(S::kChunk, V_);  // staged floats per row
   be_.logit_summary(logits_, 1.0f / sp.temperature, summary_dev_);
+  // Each draft's logit in the 16-byte piece around it (within its row), so the copies stay whole
+  // aligned words where the rows are.
   std::vector<Backend::CopyPart> copies;
-  std::vector<std::pair<int64_t, size_t>> staged;  // (chunk, floats) of each row's copy
+  std::vector<int64_t> at(static_cast<size_t>(rows), -1);  // the draft's index in its row's piece
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t d = drafts[static_cast<size_t>(r)];
-    if (d < 0 || d >= V_) {
-      staged.push_back({-1, 0});
-      continue;
-    }
-    const int64_t c = d / S::kChunk;
-    const size_t floats = static_cast<size_t>(std::min(S::kChunk, V_ - c * S::kChunk));
-    copies.push_back({staged_dev_ + r * pitch, logits_.row(r) + c * S::kChunk, floats * sizeof(float)});
-    staged.push_back({c, floats});
+    if (d < 0 || d >= V_) continue;
+    const int64_t first = std::min<int64_t>(d / 4 * 4, std::max<int64_t>(0, V_ - 4));
+    const size_t bytes = static_cast<size_t>(std::min<int64_t>(4, V_)) * sizeof(float);
+    copies.push_back({staged_dev_ + 4 * r, logits_.row(r) + first, bytes});
+    at[static_cast<size_t>(r)] = d - first;
   }
   be_.copy_many(copies.data(), copies.size());
   const size_t summary = summary_floats(logits_.n_rows, V_);
-  std::vector<float> host(summary + static_cast<size_t>(rows * pitch));
+  std::vector<float> host(summary + static_cast<size_t>(4 * rows));
   be_.download(host.data(), summary_dev_, host.size() * sizeof(float));
   summaries_.assign(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(summary));
-  prefetched_.assign(static_cast<size_t>(logits_.n_rows), {-1, {}});
+  drafts_.assign(static_cast<size_t>(logits_.n_rows), {-1, 0.0f});
   for (int64_t r = 0; r < rows; ++r) {
-    const auto [c, floats] = staged[static_cast<size_t>(r)];
-    if (c < 0) continue;
-    const float* from = host.data() + summary + r * pitch;
-    prefetched_[static_cast<size_t>(r)] = {c, std::vector<float>(from, from + floats)};
+    const size_t i = static_cast<size_t>(r);
+    if (at[i] >= 0) drafts_[i] = {drafts[i], host[summary + 4 * i + static_cast<size_t>(at[i])]};
   }
 }
 
@@ -91,6 +85,7 @@ const float* LogitRows::summary(int64_t r) {
 
 void LogitRows::select(int64_t r, std::span<const int32_t> history) {
   row_ = r;
+  draft_ = {-1, 0.0f};
   chunks_.clear();
   dist_.clear();
   const SamplingParams& sp = sampler_.params();
@@ -121,11 +116,7 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
     z_ = z;
     chunk_mass_ = s + S::chunk_at();
     chunks_.resize(static_cast<size_t>(S::chunks(V_)));
-    if (static_cast<size_t>(r) < prefetched_.size() && prefetched_[static_cast<size_t>(r)].first >= 0) {
-      auto& [c, logits] = prefetched_[static_cast<size_t>(r)];
-      chunks_[static_cast<size_t>(c)] = std::move(logits);
-      c = -1;
-    }
+    if (static_cast<size_t>(r) < drafts_.size()) draft_ = drafts_[static_cast<size_t>(r)];
     return;
   }
   // The bucket whose tokens (and all better ones) surely hold the cut; one bucket of margin where the
@@ -192,6 +183,7 @@ const std::vector<float>& LogitRows::chunk(int64_t c) {
 }
 
 float LogitRows::chunk_logit(int32_t id) {  // its chunk, which a draw may read next (one round trip either way)
+  if (id >= 0 && id == draft_.first) return draft_.second;  // prefetched
   return chunk(id / S::kChunk)[static_cast<size_t>(id % S::kChunk)];
 }
 

@@ -32,9 +32,10 @@ class LogitRows {
   // Make row r's distribution under the sampler current; `history`: the tokens before this row's.
   void select(int64_t r, std::span<const int32_t> history);
   // A verify round under temperature alone (the chunk path, no penalties): the summaries of every row
-  // and, for each row r < drafts.size(), the chunk that holds drafts[r], in one read-back, so that p()
-  // of the drafts costs no further round trip. Does nothing under other parameters.
-  void prefetch_draft_chunks(std::span<const int32_t> drafts);
+  // and, for each row r < drafts.size(), the logit of drafts[r], in one read-back, so that p() of the
+  // drafts costs no further round trip (each used to read its chunk, 16 KB). Does nothing under other
+  // parameters.
+  void prefetch_drafts(std::span<const int32_t> drafts);
   // The current distribution's probability of `id` (0 if truncated away).
   float p(int32_t id);
   // A draw from it; with exclude >= 0, from the residual without that token (speculative rejection),
@@ -74,8 +75,9 @@ class LogitRows {
   double z_ = 0;
   const float* chunk_mass_ = nullptr;
   std::vector<std::vector<float>> chunks_;
-  float* staged_dev_;                                     // prefetch_draft_chunks' chunks, after the summaries
-  std::vector<std::pair<int64_t, std::vector<float>>> prefetched_;  // [r]: (chunk, its logits), chunk -1: none
+  float* staged_dev_;                            // prefetch_drafts' 16-byte pieces, after the summaries
+  std::vector<std::pair<int32_t, float>> drafts_;  // [r]: (draft id, its logit), id -1: none
+  std::pair<int32_t, float> draft_ = {-1, 0.0f};   // the current row's
 };
 
 }  // namespace hyspec

@@ -132,10 +132,10 @@ TEST_F(LogitRowsTest, ChunkDrawsAreTheWholeRowsDraws) {
   EXPECT_GE(same, n - 1);
 }
 
-// A verify round's prefetch (summaries and the drafts' chunks in one read-back) changes nothing the
+// A verify round's prefetch (summaries and the drafts' logits in one read-back) changes nothing the
 // sampler sees: the same probability of each draft and the same draws for the same uniforms, on rows
 // whose drafts sit in the first, a middle and the last (partial) chunk.
-TEST_F(LogitRowsTest, PrefetchedDraftChunksGiveTheSameProbabilitiesAndDraws) {
+TEST_F(LogitRowsTest, PrefetchedDraftsGiveTheSameProbabilitiesAndDraws) {
   const int64_t V = 40000, n = 4;
   std::mt19937 rng(5);
   std::vector<float> host(static_cast<size_t>(n * V));
@@ -148,11 +148,11 @@ TEST_F(LogitRowsTest, PrefetchedDraftChunksGiveTheSameProbabilitiesAndDraws) {
   sp.top_p = 1.0f;
   sp.min_p = 0.0f;
   sp.seed = 7;
-  const std::vector<int32_t> drafts = {123, 20000, 39999};  // row 3: the bonus row, no draft
+  const std::vector<int32_t> drafts = {123, 20001, 39999};  // row 3: the bonus row, no draft
   Sampler plain_sampler(sp), prefetch_sampler(sp);
   LogitRows plain(*be_, rows_, scratch_.data(), plain_sampler);
   LogitRows prefetched(*be_, rows_, scratch_.data(), prefetch_sampler);
-  prefetched.prefetch_draft_chunks(drafts);
+  prefetched.prefetch_drafts(drafts);
   for (int64_t r = 0; r < n; ++r) {
     plain.select(r, {});
     prefetched.select(r, {});
