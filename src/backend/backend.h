@@ -294,20 +294,6 @@ class Backend {
   // into *count, the first min(*count, cap) of them into picked.
   virtual void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
                              SelectedLogit* picked) = 0;
-  // select_logits of several rows in one op: part i's count into counts[i] and its first min(count,
-  // cap) picks at picked + (the caps of parts 0..i-1 summed).
-  struct SelectPart {
-    int64_t row;
-    float threshold;
-    int32_t cap;
-  };
-  virtual void select_logits_rows(Rows x, const SelectPart* parts, size_t count, int32_t* counts,
-                                  SelectedLogit* picked) {
-    for (size_t i = 0; i < count; ++i) {
-      select_logits(x, parts[i].row, parts[i].threshold, parts[i].cap, counts + i, picked);
-      picked += parts[i].cap;
-    }
-  }
 
   // Record `step` (a sequence of the ops above) for replay.
   virtual Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) = 0;

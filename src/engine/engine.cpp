@@ -497,7 +497,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   } else {
     std::vector<int32_t> history;  // what the penalties see
     if (options_.sampling.has_penalties()) history = tokens_;
-    rows.prefetch(drafts);  // the rows' summaries and draft logits, or candidates, at once
+    rows.prefetch_drafts(drafts);  // temperature alone: every row's summary and draft logit in one read-back
     int i = 0;
     for (;; ++i) {
       rows.select(i, history);

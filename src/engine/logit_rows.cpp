@@ -9,31 +9,18 @@ namespace hyspec {
 namespace {
 using S = LogitSummary;
 
-double total_mass(const float* summary, int64_t n_vocab) {  // the row's softmax normaliser (below its max)
-  double z = 0;
-  for (int64_t c = 0; c < S::chunks(n_vocab); ++c) z += summary[S::chunk_at() + c];
-  return z;
-}
-
 size_t summary_floats(int64_t rows, int64_t n_vocab) { return static_cast<size_t>(rows * S::floats(n_vocab)); }
 // prefetch_drafts' pieces right after the summaries (one read-back takes both), 4 floats per row.
 size_t staged_floats(int64_t rows) { return static_cast<size_t>(4 * rows); }
-// prefetch's counts (a row each, padded to 8 bytes) right before its picks, after the summaries and
-// staged pieces.
-size_t batch_at(int64_t rows, int64_t n_vocab) {
-  return ((summary_floats(rows, n_vocab) + staged_floats(rows)) * sizeof(float) + 7) / 8 * 8;
-}
-size_t batch_picks_at(int64_t rows, int64_t n_vocab) {
-  return batch_at(rows, n_vocab) + static_cast<size_t>((rows + 1) / 2) * sizeof(SelectedLogit);
-}
-// Where the selection's count starts: after prefetch's picks (the picks follow it).
+// Where the selection's count starts: after the summaries and staged pieces, 8-byte aligned (the picks
+// follow it).
 size_t selection_at(int64_t rows, int64_t n_vocab) {
-  return batch_picks_at(rows, n_vocab) + static_cast<size_t>(rows * LogitRows::kMaxCandidates) * sizeof(SelectedLogit);
+  return ((summary_floats(rows, n_vocab) + staged_floats(rows)) * sizeof(float) + 7) / 8 * 8;
 }
 }  // namespace
 
-// Scratch: the summaries, the staged pieces, prefetch's counts and picks, then the selection's count
-// (and a pad) right before its picks, so that one read-back fetches both.
+// Scratch: the summaries, the staged pieces, then the selection's count (and a pad) right before its
+// picks, so that one read-back fetches both.
 size_t LogitRows::scratch_bytes(int64_t rows, int64_t n_vocab) {
   return selection_at(rows, n_vocab) + (1 + static_cast<size_t>(kMaxCandidates)) * sizeof(SelectedLogit);
 }
@@ -44,16 +31,14 @@ LogitRows::LogitRows(Backend& be, Rows logits, void* scratch, Sampler& sampler)
   count_dev_ = reinterpret_cast<int32_t*>(static_cast<char*>(scratch) + selection_at(logits.n_rows, V_));
   picked_dev_ = reinterpret_cast<SelectedLogit*>(count_dev_) + 1;
   staged_dev_ = summary_dev_ + summary_floats(logits.n_rows, V_);
-  batch_counts_dev_ = reinterpret_cast<int32_t*>(static_cast<char*>(scratch) + batch_at(logits.n_rows, V_));
-  batch_picked_dev_ = reinterpret_cast<SelectedLogit*>(static_cast<char*>(scratch) + batch_picks_at(logits.n_rows, V_));
   host_rows_.resize(static_cast<size_t>(logits.n_rows));
 }
 
-void LogitRows::prefetch(std::span<const int32_t> drafts) {
+void LogitRows::prefetch_drafts(std::span<const int32_t> drafts) {
   const SamplingParams& sp = sampler_.params();
-  if (sp.greedy() || sp.has_penalties() || !summaries_.empty()) return;
-  const bool chunk_path = !(sp.top_k > 0 && sp.top_k < V_) && sp.top_p >= 1.0f && sp.min_p <= 0.0f;
-  if (!chunk_path) return prefetch_candidates();
+  const bool chunk_path = !sp.greedy() && !sp.has_penalties() && !(sp.top_k > 0 && sp.top_k < V_) &&
+                          sp.top_p >= 1.0f && sp.min_p <= 0.0f;
+  if (!chunk_path || !summaries_.empty()) return;
   const int64_t rows = std::min<int64_t>(static_cast<int64_t>(drafts.size()), logits_.n_rows);
   be_.logit_summary(logits_, 1.0f / sp.temperature, summary_dev_);
   // Each draft's logit in the 16-byte piece around it (within its row), so the copies stay whole
@@ -77,37 +62,6 @@ void LogitRows::prefetch(std::span<const int32_t> drafts) {
   for (int64_t r = 0; r < rows; ++r) {
     const size_t i = static_cast<size_t>(r);
     if (at[i] >= 0) drafts_[i] = {drafts[i], host[summary + 4 * i + static_cast<size_t>(at[i])]};
-  }
-}
-
-void LogitRows::prefetch_candidates() {
-  std::vector<Backend::SelectPart> parts;
-  std::vector<int64_t> part_of(static_cast<size_t>(logits_.n_rows), -1);
-  for (int64_t r = 0; r < logits_.n_rows; ++r) {
-    const float* s = summary(r);  // the first call reads every row's
-    const double z = total_mass(s, V_);
-    float threshold = 0;
-    int32_t expected = 0;
-    if (!std::isfinite(s[0]) || !std::isfinite(z) || !(z > 0) || !candidate_cut(s, s[0], z, threshold, expected)) continue;
-    part_of[static_cast<size_t>(r)] = static_cast<int64_t>(parts.size());
-    parts.push_back({r, threshold, expected});
-  }
-  if (parts.empty()) return;
-  be_.select_logits_rows(logits_, parts.data(), parts.size(), batch_counts_dev_, batch_picked_dev_);
-  size_t picks = 0;
-  for (const Backend::SelectPart& p : parts) picks += static_cast<size_t>(p.cap);
-  const size_t head = static_cast<size_t>((logits_.n_rows + 1) / 2);  // the counts, in SelectedLogit units
-  std::vector<SelectedLogit> got(head + picks);
-  be_.download(got.data(), batch_counts_dev_, got.size() * sizeof(SelectedLogit));
-  const int32_t* counts = reinterpret_cast<const int32_t*>(got.data());
-  candidates_.assign(static_cast<size_t>(logits_.n_rows), {});
-  size_t first = head;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const int32_t n = counts[i];
-    if (n > 0 && n <= parts[i].cap)  // else the row selects again on its own
-      candidates_[static_cast<size_t>(parts[i].row)].assign(got.begin() + static_cast<std::ptrdiff_t>(first),
-                                                              got.begin() + static_cast<std::ptrdiff_t>(first + n));
-    first += static_cast<size_t>(parts[i].cap);
   }
 }
 
@@ -152,7 +106,8 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
   if (sp.greedy() || penalties) return whole_row();
   const float* s = summary(r);
   const float m = s[0];
-  const double z = total_mass(s, V_);
+  double z = 0;
+  for (int64_t c = 0; c < S::chunks(V_); ++c) z += s[S::chunk_at() + c];
   if (!std::isfinite(m) || !std::isfinite(z) || !(z > 0)) return whole_row();
   const bool top_k = sp.top_k > 0 && sp.top_k < n_vocab;
   if (!top_k && sp.top_p >= 1.0f && sp.min_p <= 0.0f) {  // temperature alone: draws by chunk
@@ -164,33 +119,6 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
     if (static_cast<size_t>(r) < drafts_.size()) draft_ = drafts_[static_cast<size_t>(r)];
     return;
   }
-  float threshold = 0;
-  int32_t expected = 0;
-  if (!candidate_cut(s, m, z, threshold, expected)) return whole_row();
-  if (static_cast<size_t>(r) < candidates_.size() && !candidates_[static_cast<size_t>(r)].empty()) {
-    const std::vector<SelectedLogit>& c = candidates_[static_cast<size_t>(r)];
-    if (!take_candidates(c.data(), static_cast<int32_t>(c.size()), m, z)) return whole_row();
-    return;
-  }
-  be_.select_logits(logits_, r, threshold, kMaxCandidates, count_dev_, picked_dev_);
-  // The count and the picks the histogram expects in one read-back; more only when rounding at the
-  // threshold took more.
-  std::vector<SelectedLogit> got(static_cast<size_t>(expected) + 1);  // [0]: the count (and a pad)
-  be_.download(got.data(), count_dev_, got.size() * sizeof(SelectedLogit));
-  int32_t n = 0;
-  std::memcpy(&n, got.data(), sizeof(n));
-  if (n > kMaxCandidates || n <= 0) return whole_row();
-  if (n > expected) {
-    got.resize(static_cast<size_t>(n) + 1);
-    be_.download(got.data() + 1 + expected, picked_dev_ + expected,
-                 static_cast<size_t>(n - expected) * sizeof(SelectedLogit));
-  }
-  if (!take_candidates(got.data() + 1, n, m, z)) return whole_row();
-}
-
-bool LogitRows::candidate_cut(const float* s, float m, double z, float& threshold, int32_t& expected) const {
-  const SamplingParams& sp = sampler_.params();
-  const bool top_k = sp.top_k > 0 && sp.top_k < V_;
   // The bucket whose tokens (and all better ones) surely hold the cut; one bucket of margin where the
   // summary's float sums or the bucket edges could mislead. With top-k, its k tokens: the softmax
   // that min-p and top-p read is over them.
@@ -208,18 +136,26 @@ bool LogitRows::candidate_cut(const float* s, float m, double z, float& threshol
     cut = std::min(cut, static_cast<int64_t>(-std::log(sp.min_p) * S::kPerNat) + 1);
   double selected = 0;  // the tokens the threshold below takes, but for rounding at its edge
   for (int64_t b = 0; b <= std::min(cut + 1, S::kBuckets - 1); ++b) selected += count[b];
-  if (cut >= S::kBuckets - 1 || selected > kMaxCandidates) return false;
+  if (cut >= S::kBuckets - 1 || selected > kMaxCandidates) return whole_row();
   // Bucket b holds (m - l) * scale in [b, b + 1); the threshold sits a bucket lower, so rounding in
   // either computation cannot drop a token of bucket `cut`.
   const float scale = (1.0f / sp.temperature) * S::kPerNat;
-  threshold = m - static_cast<float>(cut + 2) / scale;
-  expected = static_cast<int32_t>(std::min<double>(selected + 16, kMaxCandidates));
-  return true;
-}
-
-bool LogitRows::take_candidates(const SelectedLogit* picked, int32_t n, float m, double z) {
-  const SamplingParams& sp = sampler_.params();
-  const int n_vocab = static_cast<int>(V_);
+  const float threshold = m - static_cast<float>(cut + 2) / scale;
+  be_.select_logits(logits_, r, threshold, kMaxCandidates, count_dev_, picked_dev_);
+  // The count and the picks the histogram expects in one read-back; more only when rounding at the
+  // threshold took more.
+  const int32_t expected = static_cast<int32_t>(std::min<double>(selected + 16, kMaxCandidates));
+  std::vector<SelectedLogit> got(static_cast<size_t>(expected) + 1);  // [0]: the count (and a pad)
+  be_.download(got.data(), count_dev_, got.size() * sizeof(SelectedLogit));
+  int32_t n = 0;
+  std::memcpy(&n, got.data(), sizeof(n));
+  if (n > kMaxCandidates || n <= 0) return whole_row();
+  if (n > expected) {
+    got.resize(static_cast<size_t>(n) + 1);
+    be_.download(got.data() + 1 + expected, picked_dev_ + expected,
+                 static_cast<size_t>(n - expected) * sizeof(SelectedLogit));
+  }
+  const SelectedLogit* picked = got.data() + 1;
   dist_.resize(static_cast<size_t>(n));
   double inside = 0;
   for (int32_t i = 0; i < n; ++i) {
@@ -232,10 +168,9 @@ bool LogitRows::take_candidates(const SelectedLogit* picked, int32_t n, float m,
   // Top-k: the candidates hold its k tokens, so the cuts after it are the row's. Otherwise a cut inside
   // the candidates is the row's cut, and a distribution that kept them all may be missing tokens below
   // the threshold.
-  const bool top_k = sp.top_k > 0 && sp.top_k < n_vocab;
   const bool decided = n == n_vocab || (top_k ? n >= sp.top_k : dist_.size() < static_cast<size_t>(n));
-  if (decided) path_ = Path::Candidates;
-  return decided;
+  if (!decided) return whole_row();
+  path_ = Path::Candidates;
 }
 
 const std::vector<float>& LogitRows::chunk(int64_t c) {

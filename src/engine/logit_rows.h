@@ -31,12 +31,11 @@ class LogitRows {
   const float* host_row(int64_t r);
   // Make row r's distribution under the sampler current; `history`: the tokens before this row's.
   void select(int64_t r, std::span<const int32_t> history);
-  // A verify round's reads of its rows at once, where select() would make one round trip per row it
-  // reaches. Temperature alone (the chunk path): the summaries of every row and, for each row r <
-  // drafts.size(), the logit of drafts[r] (each row used to read its draft's 16 KB chunk), in one
-  // read-back. Truncated sampling: the summaries, then every row's candidates (one op for all rows),
-  // two read-backs. Does nothing for greedy rows or penalties.
-  void prefetch(std::span<const int32_t> drafts);
+  // A verify round under temperature alone (the chunk path, no penalties): the summaries of every row
+  // and, for each row r < drafts.size(), the logit of drafts[r], in one read-back, so that p() of the
+  // drafts costs no further round trip (each used to read its chunk, 16 KB). Does nothing under other
+  // parameters.
+  void prefetch_drafts(std::span<const int32_t> drafts);
   // The current distribution's probability of `id` (0 if truncated away).
   float p(int32_t id);
   // A draw from it; with exclude >= 0, from the residual without that token (speculative rejection),
@@ -51,12 +50,6 @@ class LogitRows {
 
  private:
   const float* summary(int64_t r);
-  void prefetch_candidates();
-  // Where the candidates of a row with summary s (max m, mass z) start: the threshold and the picks the
-  // histogram expects; false: the whole row decides.
-  bool candidate_cut(const float* s, float m, double z, float& threshold, int32_t& expected) const;
-  // The current row's distribution from its candidates; false: they do not decide it.
-  bool take_candidates(const SelectedLogit* picked, int32_t n, float m, double z);
   float chunk_logit(int32_t id);
   int32_t draw_by_chunk(int32_t exclude);  // -1: the chunks cannot decide
   const std::vector<float>& chunk(int64_t c);
@@ -85,9 +78,6 @@ class LogitRows {
   float* staged_dev_;                            // prefetch_drafts' 16-byte pieces, after the summaries
   std::vector<std::pair<int32_t, float>> drafts_;  // [r]: (draft id, its logit), id -1: none
   std::pair<int32_t, float> draft_ = {-1, 0.0f};   // the current row's
-  int32_t* batch_counts_dev_;                      // prefetch's candidates: a count per row, then the picks
-  SelectedLogit* batch_picked_dev_;
-  std::vector<std::vector<SelectedLogit>> candidates_;  // [r]: every pick of row r (empty: none prefetched)
 };
 
 }  // namespace hyspec

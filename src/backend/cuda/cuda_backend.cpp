@@ -591,22 +591,6 @@ class CudaBackend final : public Backend {
     check(cuda::select_logits_launch(mat(x), row, threshold, cap, count, picked, stream_), "select_logits");
   }
 
-  void select_logits_rows(Rows x, const SelectPart* parts, size_t count, int32_t* counts,
-                          SelectedLogit* picked) override {
-    auto prof = begin_op("select_logits_rows");
-    cuda::SelectList l;
-    for (size_t i = 0; i < count; ++i) {
-      l.row[l.count] = parts[i].row, l.threshold[l.count] = parts[i].threshold, l.cap[l.count] = parts[i].cap;
-      l.first[l.count] = l.count ? l.first[l.count - 1] + l.cap[l.count - 1] : 0;
-      if (++l.count == cuda::kSelectParts || i + 1 == count) {
-        check(cuda::select_logits_rows_launch(mat(x), l, counts, picked, stream_), "select_logits_rows");
-        counts += l.count;
-        picked += l.first[l.count - 1] + l.cap[l.count - 1];
-        l.count = 0;
-      }
-    }
-  }
-
   // ---- graphs ----
   Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) override {
     if (!error_.is_ok()) return synchronize().with_context("before capture");

@@ -517,8 +517,10 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 
 // Row `row`'s logits >= threshold, compacted by warp: one atomic per warp for its slots. Bytes: the row
 // once, 8 per selected token.
-__device__ __forceinline__ void select_chunk(const Mat& x, int64_t row, float threshold, int32_t cap, int32_t* count,
-                                             SelectedLogit* picked) {
+__global__ void __launch_bounds__(kArgmaxThreads)
+    select_logits_kernel(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count, SelectedLogit* picked) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   float l[kArgmaxPerThread];
   load_chunk(x, row, -INFINITY, l);
@@ -534,21 +536,6 @@ __device__ __forceinline__ void select_chunk(const Mat& x, int64_t row, float th
     const int slot = base + __popc(ballot & ((1u << lane) - 1u));
     if (keep && slot < cap) picked[slot] = {static_cast<int32_t>(c), l[j]};
   }
-}
-
-__global__ void __launch_bounds__(kArgmaxThreads)
-    select_logits_kernel(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count, SelectedLogit* picked) {
-  pdl_wait();
-  pdl_trigger();
-  select_chunk(x, row, threshold, cap, count, picked);
-}
-// Part blockIdx.y of the list, chunk blockIdx.x of its row.
-__global__ void __launch_bounds__(kArgmaxThreads)
-    select_logits_rows_kernel(Mat x, const __grid_constant__ SelectList l, int32_t* counts, SelectedLogit* picked) {
-  pdl_wait();
-  pdl_trigger();
-  const int p = static_cast<int>(blockIdx.y);
-  select_chunk(x, l.row[p], l.threshold[p], l.cap[p], counts + p, picked + l.first[p]);
 }
 
 // One warp per token: p_e = exp(l_e - max) (the softmax normaliser cancels in the renormalisation),
@@ -774,17 +761,6 @@ cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, 
   if (e != cudaSuccess) return e;
   return launch_pdl(logit_summary_kernel, grid, dim3(kArgmaxThreads), 0, stream, x, static_cast<const float*>(part_v),
                     inv_t, inv_t * LogitSummary::kPerNat, out, per_row);
-}
-
-cudaError_t select_logits_rows_launch(Mat x, const SelectList& l, int32_t* counts, SelectedLogit* picked,
-                                      cudaStream_t stream) {
-  if (l.count <= 0 || l.count > kSelectParts) return l.count == 0 ? cudaSuccess : cudaErrorInvalidValue;
-  if (x.cols >= kNoIndex) return cudaErrorInvalidValue;
-  cudaError_t e = cudaMemsetAsync(counts, 0, l.count * sizeof(int32_t), stream);
-  if (e != cudaSuccess || x.cols == 0) return e;
-  const unsigned chunks = static_cast<unsigned>((x.cols + kArgmaxChunk - 1) / kArgmaxChunk);
-  return launch_pdl(select_logits_rows_kernel, dim3(chunks, static_cast<unsigned>(l.count)), dim3(kArgmaxThreads), 0,
-                    stream, x, l, counts, picked);
 }
 
 cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count,

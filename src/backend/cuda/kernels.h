@@ -155,17 +155,6 @@ size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 cudaError_t argmax_launch(Mat x, int32_t* out, void* scratch, cudaStream_t stream);  // scratch: argmax_scratch_bytes
 // Backend::logit_summary (scratch: argmax_scratch_bytes) and Backend::select_logits.
 cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream);
-// Backend::select_logits_rows: up to kSelectParts parts in one launch (the counts zeroed first).
-constexpr int kSelectParts = 72;
-struct SelectList {
-  int count = 0;
-  int64_t row[kSelectParts] = {};
-  float threshold[kSelectParts] = {};
-  int32_t cap[kSelectParts] = {};
-  int64_t first[kSelectParts] = {};  // where the part's picks start
-};
-cudaError_t select_logits_rows_launch(Mat x, const SelectList& l, int32_t* counts, SelectedLogit* picked,
-                                      cudaStream_t stream);
 cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count,
                                  SelectedLogit* picked, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
