@@ -356,7 +356,8 @@ void gdn_replay(ThreadPool& pool, const Backend::GdnReplayPart* parts, size_t co
   auto work = [&](int64_t b, int64_t e, int) {
     for (int64_t item = b; item < e; ++item) {
       const Backend::GdnReplayPart& p = parts[item / (int64_t{hv} * items_per_head)];
-      const int h = static_cast<int>(item / items_per_head % hv), j0 = static_cast<int>(item % items_per_head) * rows_per_item;
+      const int h = static_cast<int>(item / items_per_head % hv);
+      const int j0 = static_cast<int>(item % items_per_head) * rows_per_item;
       const UpdateRecord rec(const_cast<float*>(p.updates), hk, hv, d);
       float* row = p.state + (static_cast<int64_t>(h) * d + j0) * d;
       if (rows_per_item == 1) {

@@ -140,7 +140,8 @@ class CudaBackend final : public Backend {
     const int64_t stride = gdn_update_floats(n_k_heads, n_v_heads, head_dim);
     cuda::GdnReplayList list;
     for (size_t i = 0; i < count; ++i) {
-      if (!expect(aligned16(parts[i].state) && aligned16(parts[i].updates), "gdn_replay: buffers must be 16-byte aligned"))
+      if (!expect(aligned16(parts[i].state) && aligned16(parts[i].updates),
+                  "gdn_replay: buffers must be 16-byte aligned"))
         return;
       list.state[list.count] = parts[i].state, list.updates[list.count] = parts[i].updates;
       if (++list.count == cuda::kGdnReplayParts || i + 1 == count) {
