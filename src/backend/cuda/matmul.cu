@@ -634,7 +634,10 @@ cudaError_t launch_mmv(MmvArgs a, unsigned grid_y, cudaStream_t stream, unsigned
   const int64_t tiles = (a.n_out + (SW ? RW / 2 : RW) - 1) / (SW ? RW / 2 : RW);
   static const int forced_grid = env_int("HYSPEC_MMV_GRID", 0);
   const int64_t slots = forced_grid > 0 ? forced_grid : int64_t{c.blocks_per_sm} * sm_count();
-  const dim3 grid(grid_x ? grid_x : static_cast<unsigned>(grid_y ? tiles : std::min(tiles, slots)), grid_y ? grid_y : 1);
+  // Expert batches (grid_y: one row of blocks per (token, slot)) share the SM slots: a block walks
+  // several tiles, its weight ring streaming across them, instead of one short tile each.
+  const int64_t per_y = grid_y ? std::max<int64_t>(1, (slots + grid_y - 1) / grid_y) : slots;
+  const dim3 grid(grid_x ? grid_x : static_cast<unsigned>(std::min(tiles, per_y)), grid_y ? grid_y : 1);
   return launch_pdl(mmv_kernel<T, NT, RW, SW, MB>, grid, dim3(kMmvWarps * 32), c.smem, stream, a);
 }
 
