@@ -542,6 +542,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 // k rounds of argmax (first index on ties), weights p_sel / sum(p_sel).
 __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* weights) {
   extern __shared__ float p[];
+  pdl_wait();  // the router's logits
+  pdl_trigger();
   const int lane = threadIdx.x;
   const float* l = logits.data + blockIdx.x * logits.stride;
   const int n = static_cast<int>(logits.cols);
@@ -569,6 +571,8 @@ __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* wei
 
 __global__ void moe_combine_kernel(Mat eo, const int32_t* __restrict__ pos, const float* __restrict__ w, int top_k,
                                    Mat out) {
+  pdl_wait();  // the experts' outputs
+  pdl_trigger();
   const int64_t total = out.rows * out.cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / out.cols, c = i % out.cols;
@@ -776,17 +780,15 @@ cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t ca
 
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream) {
   if (logits.rows == 0) return cudaSuccess;
-  moe_route_kernel<<<static_cast<unsigned>(logits.rows), 32, logits.cols * sizeof(float), stream>>>(logits, top_k, ids,
-                                                                                                     weights);
-  return cudaGetLastError();
+  return launch_pdl(moe_route_kernel, dim3(static_cast<unsigned>(logits.rows)), dim3(32), logits.cols * sizeof(float),
+                    stream, logits, top_k, ids, weights);
 }
 
 cudaError_t moe_combine_launch(Mat expert_out, const int32_t* pos, const float* weights, int top_k, Mat out,
                                cudaStream_t stream) {
   if (out.rows == 0) return cudaSuccess;
-  moe_combine_kernel<<<grid_for(out.rows * out.cols, 256, 65535), 256, 0, stream>>>(expert_out, pos, weights, top_k,
-                                                                                     out);
-  return cudaGetLastError();
+  return launch_pdl(moe_combine_kernel, dim3(grid_for(out.rows * out.cols, 256, 65535)), dim3(256), 0, stream,
+                    expert_out, pos, weights, top_k, out);
 }
 
 cudaError_t moe_group_launch(const int32_t* ids, int64_t n_slots, int n_experts, int32_t* offsets, int32_t* order,
