@@ -184,6 +184,10 @@ struct MoeArgs {
   const Weight* down_exps; // [ffn, hidden, n_expert]
   int top_k = 0;
   Rows out;                // [n, hidden]: Σ_k w_k Expert_k(x)  (softmax, top-k, renormalised)
+  // Optional: another matmul of x with the router's input width and type (the shared expert's gate,
+  // [hidden, 1]) into shared_gate_out, run with the router (one launch on CUDA: both are short rows).
+  const Weight* shared_gate = nullptr;
+  Rows shared_gate_out;
 };
 
 // A recorded sequence of ops that can be replayed with the same pointers (CUDA graph on CUDA;

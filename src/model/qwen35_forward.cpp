@@ -112,17 +112,18 @@ void ffn(const Ctx& c, const FfnWeights& w, Rows x, Rows out) {
   m.down_exps = &w.ffn_down_exps;
   m.top_k = hp.n_expert_used;
   m.out = out;
+  const bool shared = w.ffn_gate_shexp.present();
+  Rows gate = c.buf(c.I.small, 1);
+  if (shared) m.shared_gate = &w.ffn_gate_inp_shexp, m.shared_gate_out = gate;  // the shared expert's gate
   c.be.moe_ffn(m);
-  if (w.ffn_gate_shexp.present()) {
-    Rows g = c.buf(c.I.t1, hp.n_ff_shexp), u = c.buf(c.I.t2, hp.n_ff_shexp), s = c.buf(c.I.t3, hp.n_embd),
-         gate = c.buf(c.I.small, 1);
+  if (shared) {
+    Rows g = c.buf(c.I.t1, hp.n_ff_shexp), u = c.buf(c.I.t2, hp.n_ff_shexp), s = c.buf(c.I.t3, hp.n_embd);
     if (!c.be.matmul_swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, x, g)) {
       c.be.matmul(w.ffn_gate_shexp, x, g);
       c.be.matmul(w.ffn_up_shexp, x, u);
       c.be.swiglu(g, u, g);
     }
     c.be.matmul(w.ffn_down_shexp, g, s);
-    c.be.matmul(w.ffn_gate_inp_shexp, x, gate);
     c.be.add_sigmoid_scaled(s, gate, out);
   }
 }

@@ -1247,17 +1247,19 @@ TEST_F(CudaBackendTest, MoeFfnMatchesCpu) {
     const auto router_b = random_weight_bytes(GgmlType::F32, hidden, E, rng_);
     const auto gate_b = random_weight_bytes(type, hidden, ffn * E, rng_), up_b = random_weight_bytes(type, hidden, ffn * E, rng_);
     const auto down_b = random_weight_bytes(type, ffn, hidden * E, rng_);
+    const auto shared_b = random_weight_bytes(GgmlType::F32, hidden, 1, rng_);
     std::vector<GgufTensorInfo> infos = {tensor_info("router", GgmlType::F32, router_b, hidden, E),
                                          tensor_info("gate", type, gate_b, hidden, ffn, E),
                                          tensor_info("up", type, up_b, hidden, ffn, E),
-                                         tensor_info("down", type, down_b, ffn, hidden, E)};
+                                         tensor_info("down", type, down_b, ffn, hidden, E),
+                                         tensor_info("shared_gate", GgmlType::F32, shared_b, hidden, 1)};
     std::vector<Weight> wc, wg;
     for (const auto& info : infos) {
       wc.push_back(cpu_->load_weight(info, true).value());
       wg.push_back(gpu_->load_weight(info).value());
     }
     for (int64_t n : {1, 3, 16, 40, 100}) {
-      Pair x = both(randn(n * hidden)), out = both_poison(n * hidden);
+      Pair x = both(randn(n * hidden)), out = both_poison(n * hidden), sg = both_poison(n);
       for (Backend* be : {cpu_.get(), gpu_.get()}) {
         const bool g = be == gpu_.get();
         auto& w = g ? wg : wc;
@@ -1269,9 +1271,15 @@ TEST_F(CudaBackendTest, MoeFfnMatchesCpu) {
         a.down_exps = &w[3];
         a.top_k = cs.top_k;
         a.out = (g ? out.g : out.c).rows(n, hidden);
+        a.shared_gate = &w[4];  // with the router in one launch on CUDA
+        a.shared_gate_out = (g ? sg.g : sg.c).rows(n, 1);
         be->moe_ffn(a);
       }
       expect_close(out, 2e-3, fmt::format("{} n={}", ggml_type_name(type), n));
+      expect_close(sg, 1e-5, fmt::format("{} n={} shared gate", ggml_type_name(type), n));
+      Tensor alone = poison(*gpu_, n);  // the shared gate's own matmul: the same bits
+      gpu_->matmul(wg[4], x.g.rows(n, hidden), alone.rows(n, 1));
+      EXPECT_EQ(get_gpu(alone), get_gpu(sg.g)) << ggml_type_name(type) << " n=" << n;
     }
   }
 }
@@ -1549,6 +1557,21 @@ TEST_F(CudaBench, MoeFfn) {
     const double used = std::min<double>(E, 8.0 * n) * expert_bytes;  // at least this many expert bytes
     std::printf("BENCH moe_ffn n=%-4ld %9.1f us %7.2f us/token  >= %6.0f GB/s of experts\n", static_cast<long>(n),
                 s * 1e6, s * 1e6 / n, used / s / 1e9);
+    if (n != 1) continue;
+    // With the shared expert's gate (2048 x 1, F32): in the router's launch, or a matmul of its own.
+    const auto shared_b = random_weight_bytes(GgmlType::F32, hidden, 1, rng_);
+    Weight shared = b.load_weight(tensor_info("shared_gate", GgmlType::F32, shared_b, hidden, 1)).value();
+    Tensor sg = poison(b, n);
+    const double alone = time_graph([&] {
+      for (int i = 0; i < 4; ++i) b.moe_ffn(a), b.matmul(shared, a.x, sg.rows(n, 1));
+    }, 4);
+    a.shared_gate = &shared;
+    a.shared_gate_out = sg.rows(n, 1);
+    b.moe_ffn(a);
+    ASSERT_TRUE(b.synchronize().is_ok());
+    const double paired = time_graph([&] { for (int i = 0; i < 4; ++i) b.moe_ffn(a); }, 4);
+    std::printf("BENCH moe_ffn n=1 with the shared gate: %.1f us in the router's launch, %.1f us on its own\n",
+                paired * 1e6, alone * 1e6);
   }
 }
 

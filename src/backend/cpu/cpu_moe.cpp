@@ -14,6 +14,7 @@ void moe_ffn(ThreadPool& pool, const MoeArgs& a) {
   const int64_t n_exp = a.router->n_out, ffn = a.gate_exps->n_out;
   std::vector<float> logits(static_cast<size_t>(n * n_exp));
   matmul(pool, *a.router, a.x, Rows(logits.data(), n, n_exp));
+  if (a.shared_gate) matmul(pool, *a.shared_gate, a.x, a.shared_gate_out);
 
   // Route: per token the top_k experts and their renormalised softmax weights.
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(n_exp);  // (token, weight)

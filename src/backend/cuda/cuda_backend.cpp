@@ -497,7 +497,9 @@ class CudaBackend final : public Backend {
                 a.top_k, a.router ? a.router->n_out : 0) ||
         !expect(a.router->n_in == hidden && a.gate_exps->n_in == hidden && a.up_exps->n_in == hidden &&
                     a.down_exps->n_out == hidden && a.down_exps->n_in == a.gate_exps->n_out &&
-                    a.out.n_cols == hidden && a.out.n_rows == n,
+                    a.out.n_cols == hidden && a.out.n_rows == n &&
+                    (!a.shared_gate || (a.shared_gate->n_in == hidden && a.shared_gate_out.n_rows == n &&
+                                        a.shared_gate_out.n_cols == a.shared_gate->n_out)),
                 "moe_ffn: inconsistent shapes") ||
         !expect(cuda::matmul_type_supported(a.gate_exps->type) && cuda::matmul_type_supported(a.up_exps->type) &&
                     cuda::matmul_type_supported(a.down_exps->type),
@@ -529,7 +531,19 @@ class CudaBackend final : public Backend {
     auto* weights = reinterpret_cast<float*>(base + o_w);
     Mat g{reinterpret_cast<float*>(base + o_g), nk, ffn, ffn}, u{reinterpret_cast<float*>(base + o_u), nk, ffn, ffn},
         d{reinterpret_cast<float*>(base + o_d), nk, hidden, hidden};
-    matmul(*a.router, a.x, Rows(logits, n, E));
+    // The router and the shared expert's gate (short rows of one input) in one launch where both take
+    // the exact f32 path; else a matmul each.
+    const Rows router_out(logits, n, E);
+    const cudaError_t pair = a.shared_gate ? cuda::matmul_exact_pair_launch(view(*a.router), mat(router_out),
+                                                                             view(*a.shared_gate),
+                                                                             mat(a.shared_gate_out), mat(a.x), stream_)
+                                           : cudaErrorNotSupported;
+    if (pair == cudaErrorNotSupported) {
+      matmul(*a.router, a.x, router_out);
+      if (a.shared_gate) matmul(*a.shared_gate, a.x, a.shared_gate_out);
+    } else {
+      check(pair, "moe_ffn router");
+    }
     check(cuda::moe_route_launch(Mat{logits, n, E, E}, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");
     if (grouped) {
       auto* offsets = reinterpret_cast<int32_t*>(base + o_off);

@@ -91,6 +91,11 @@ bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, cons
 cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
                                      const QuantizedX* qx);
 
+// Two matmuls of x on the exact f32 path (F32 weights, or rows not of whole 32-element chunks) with the
+// same type and row bytes in one launch, each row the bits of its own matmul_launch; cudaErrorNotSupported
+// (nothing launched) for any other pair.
+cudaError_t matmul_exact_pair_launch(const WeightView& a, Mat ya, const WeightView& b, Mat yb, Mat x,
+                                     cudaStream_t stream);
 // Expert matmul for MoE: for b < n_batch, y[b] = W[expert_ids[b]] x[b / x_div]; with `up` (same type
 // and shape as w = gate, not F32), y[b] = silu(Wg x) * (Wu x) in the same pass.
 cudaError_t matmul_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_batch,

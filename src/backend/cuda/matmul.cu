@@ -435,16 +435,26 @@ __global__ void __launch_bounds__(kMmvWarps * 32, MB) mmv_kernel(MmvArgs a) {
 // first), and a prompt's token groups run in parallel. Splitting K over the block's warps keeps the
 // loads of a short row in flight at once: a warp per row walked K in a chain of dependent loads (a
 // 2048 x 128 MoE router 20 us, its 2048 x 1 shared-expert gate as long, for 1 MB and 8 KB).
-// Bytes: W once per 8 tokens, x per block from L1/L2.
+// Bytes: W once per 8 tokens, x per block from L1/L2. A second weight of the same rows' shape (`second`:
+// blocks n_out.. of the grid) shares the launch: a MoE router and its shared expert's gate.
 constexpr int kExactWarps = 8;
+struct ExactSecond {
+  const uint8_t* w = nullptr;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+};
 template <class T>
 __global__ void __launch_bounds__(kExactWarps * 32) matmul_exact_kernel(
     const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_out, int64_t K, const float* __restrict__ x,
     int64_t x_stride, int64_t n, float* y, int64_t y_stride, const int32_t* __restrict__ expert_ids,
-    size_t expert_bytes, int x_div) {
+    size_t expert_bytes, int x_div, ExactSecond second) {
   __shared__ float partial[kExactWarps][8];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row = blockIdx.x;
+  int64_t row = blockIdx.x;
+  if (row >= n_out) {  // the second weight's row
+    row -= n_out;
+    w = second.w, y = second.y, y_stride = second.y_stride;
+  }
   pdl_wait();  // x (and the expert ids) belong to the previous kernels
   pdl_trigger();
   if (expert_ids) {  // batched experts: blockIdx.y = batch b, one activation row each
@@ -504,7 +514,7 @@ __global__ void __launch_bounds__(kExactWarps * 32) matmul_exact_kernel(
     if (lane == 0) partial[warp][t] = s;
   }
   __syncthreads();
-  if (threadIdx.x < tn && row < n_out) {
+  if (threadIdx.x < tn) {
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < kExactWarps; ++k) s += partial[k][threadIdx.x];
@@ -514,11 +524,12 @@ __global__ void __launch_bounds__(kExactWarps * 32) matmul_exact_kernel(
 
 template <class T>
 cudaError_t launch_exact(const WeightView& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
-                         unsigned groups, const int32_t* expert_ids, int x_div, cudaStream_t stream) {
+                         unsigned groups, const int32_t* expert_ids, int x_div, cudaStream_t stream,
+                         ExactSecond second = {}, int64_t second_rows = 0) {
   const size_t expert_bytes = static_cast<size_t>(w.n_out) * w.row_bytes;
-  return launch_pdl(matmul_exact_kernel<T>, dim3(static_cast<unsigned>(w.n_out), groups), dim3(kExactWarps * 32), 0,
-                    stream, w.data, w.row_bytes, w.n_out, w.n_in, x, x_stride, n, y, y_stride, expert_ids,
-                    expert_bytes, x_div);
+  return launch_pdl(matmul_exact_kernel<T>, dim3(static_cast<unsigned>(w.n_out + second_rows), groups),
+                    dim3(kExactWarps * 32), 0, stream, w.data, w.row_bytes, w.n_out, w.n_in, x, x_stride, n, y,
+                    y_stride, expert_ids, expert_bytes, x_div, second);
 }
 
 // Prefill: rows [r0, r0+rows) decoded to f16 in chunk order. Bytes: read the tile once, write 2 B/elem.
@@ -779,6 +790,21 @@ size_t matmul_scratch_bytes(const WeightView& w, int64_t n) {
   if (n <= kMmvMaxWidth) return fragments_bytes(padded_tokens(n), w.n_in);
   const bool in_place = w.type == GgmlType::F16 || w.type == GgmlType::BF16;
   return align_up(static_cast<size_t>(n * w.n_in) * 2, 256) + (in_place ? 0 : static_cast<size_t>(tile_rows(w) * w.n_in) * 2);
+}
+
+cudaError_t matmul_exact_pair_launch(const WeightView& a, Mat ya, const WeightView& b, Mat yb, Mat x,
+                                     cudaStream_t stream) {
+  if (fast_path(a) || fast_path(b) || a.type != b.type || a.n_in != b.n_in || a.row_bytes != b.row_bytes ||
+      x.cols != a.n_in || ya.rows != x.rows || yb.rows != x.rows)
+    return cudaErrorNotSupported;
+  if (x.rows == 0) return cudaSuccess;
+  cudaError_t err = cudaErrorInvalidValue;
+  with_type(a.type, [&](auto tag) {
+    err = launch_exact<decltype(tag)>(a, x.data, x.stride, x.rows, ya.data, ya.stride,
+                                      static_cast<unsigned>((x.rows + 7) / 8), nullptr, 1, stream,
+                                      ExactSecond{b.data, yb.data, yb.stride}, b.n_out);
+  });
+  return err;
 }
 
 cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scratch, cublasHandle_t cublas,
