@@ -589,6 +589,8 @@ __global__ void moe_combine_kernel(Mat eo, const int32_t* __restrict__ pos, cons
 __global__ void moe_group_kernel(const int32_t* __restrict__ ids, int64_t n_slots, int n_experts, int32_t* offsets,
                                  int32_t* order, int32_t* pos) {
   extern __shared__ int cursor[];
+  pdl_wait();  // the route's ids
+  pdl_trigger();
   const int tid = threadIdx.x, lane = tid & 31;
   for (int e = tid; e < n_experts; e += blockDim.x) cursor[e] = 0;
   __syncthreads();
@@ -617,6 +619,8 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ ids, int64_t n_slot
 }
 
 __global__ void gather_rows_kernel(Mat x, const int32_t* __restrict__ order, int x_div, Mat y) {
+  pdl_wait();  // the group's order
+  pdl_trigger();
   const int64_t total = y.rows * y.cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = i / y.cols, c = i % y.cols;
@@ -794,14 +798,14 @@ cudaError_t moe_combine_launch(Mat expert_out, const int32_t* pos, const float* 
 cudaError_t moe_group_launch(const int32_t* ids, int64_t n_slots, int n_experts, int32_t* offsets, int32_t* order,
                              int32_t* pos, cudaStream_t stream) {
   if (n_experts < 1 || n_experts > 8192) return cudaErrorInvalidValue;
-  moe_group_kernel<<<1, 1024, n_experts * sizeof(int), stream>>>(ids, n_slots, n_experts, offsets, order, pos);
-  return cudaGetLastError();
+  return launch_pdl(moe_group_kernel, dim3(1), dim3(1024), n_experts * sizeof(int), stream, ids, n_slots, n_experts,
+                    offsets, order, pos);
 }
 
 cudaError_t gather_rows_launch(Mat x, const int32_t* order, int x_div, Mat y, cudaStream_t stream) {
   if (y.rows == 0) return cudaSuccess;
-  gather_rows_kernel<<<grid_for(y.rows * y.cols, 256, 65535), 256, 0, stream>>>(x, order, x_div, y);
-  return cudaGetLastError();
+  return launch_pdl(gather_rows_kernel, dim3(grid_for(y.rows * y.cols, 256, 65535)), dim3(256), 0, stream, x, order,
+                    x_div, y);
 }
 
 }  // namespace hyspec::cuda

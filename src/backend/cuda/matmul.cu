@@ -175,6 +175,8 @@ __device__ __forceinline__ void load_b(const float* __restrict__ xr, int64_t c, 
 template <class T>
 __global__ void prep_fragments_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n, int64_t n_pad,
                                       int64_t K, __half* __restrict__ xh) {
+  pdl_wait();  // x belongs to the previous kernel
+  pdl_trigger();
   constexpr int kChunks = T::kBlock / 32;
   const int64_t n_chunks = K / 32, pieces = (n_chunks + 3) / 4 * 4 * n_pad * 4;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < pieces;
@@ -200,8 +202,8 @@ template <class T>
 cudaError_t prep_fragments(Mat x, int64_t n_pad, int64_t K, __half* xh, cudaStream_t stream) {
   const int64_t pieces = (K / 32 + 3) / 4 * 4 * n_pad * 4;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(pieces, 256), 4096));
-  prep_fragments_kernel<T><<<blocks, 256, 0, stream>>>(x.data, x.stride, x.rows, n_pad, K, xh);
-  return cudaGetLastError();
+  return launch_pdl(prep_fragments_kernel<T>, dim3(blocks), dim3(256), 0, stream, x.data, x.stride, x.rows, n_pad, K,
+                    xh);
 }
 
 // Streaming tensor-core matvec, see the top of the file. Block = kMmvWarps warps; tile = RW rows
