@@ -126,6 +126,8 @@ __device__ __forceinline__ float gdn_decay_add(float s, float decay, float k, fl
 //   o = S'.q^ = q_inv (decay (S.q) + delta (k.q) / |k|).
 // k and q rows are padded by 4 floats per 32 (gdn_pitch) so the 8 lanes of a column read distinct
 // banks.
+// With `updates` each token's update is recorded instead (k as read, dk = delta / |k| per column, the
+// decay: ~1/d of a state) and the state is not written back; gdn_replay_kernel applies a prefix.
 // State bytes: read once, written once (+ each token's state to `capture`). FLOPs ~8*d per column
 // per token; the loop is latency-bound.
 __host__ __device__ constexpr int gdn_pitch(int D) { return D + (D >= 32 ? D / 8 : 4); }  // rows stay 16-byte aligned
