@@ -102,10 +102,10 @@ void recurrent(ThreadPool& pool, const GdnArgs& a, const std::vector<float>& qn,
       const int j0 = static_cast<int>(item % items_per_head) * kRowsPerItem;
       const int j1 = std::min(d, j0 + kRowsPerItem);
       const int kh = h % hk;
-      float* S = a.state + static_cast<int64_t>(h) * d * d;
+      float* rows_j0 = a.state + (static_cast<int64_t>(h) * d + j0) * d;  // row j0 of the head's state
       if (a.updates) {
-        rows.assign(S + int64_t{j0} * d, S + int64_t{j1} * d);
-        S = rows.data() - int64_t{j0} * d;  // rows j0..j1 only are addressed through it
+        rows.assign(rows_j0, rows_j0 + int64_t{j1 - j0} * d);
+        rows_j0 = rows.data();
       }
       for (int64_t t = 0; t < n; ++t) {
         const float* k = &kn[(t * hk + kh) * d];
@@ -115,7 +115,7 @@ void recurrent(ThreadPool& pool, const GdnArgs& a, const std::vector<float>& qn,
         const float* v = a.v.row(t) + static_cast<int64_t>(h) * d;
         float* o = a.out.row(t) + static_cast<int64_t>(h) * d;
         for (int j = j0; j < j1; ++j) {
-          float* row = S + static_cast<int64_t>(j) * d;
+          float* row = rows_j0 + static_cast<int64_t>(j - j0) * d;
           decay_row(row, d, decay);
           const float delta = beta * (v[j] - dot(row, k, d));
           add_delta_row(row, k, d, delta);
