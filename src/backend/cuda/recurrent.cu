@@ -113,6 +113,21 @@ __device__ __forceinline__ float gdn_decay_add(float s, float decay, float k, fl
   return __fmaf_rn(k, dk, __fmul_rn(s, decay));
 }
 
+// Lane p of a state column's P lanes holds its float4s p, p + P, p + 2P, p + 3P (16 values): the lanes
+// of a column read and write 16*P contiguous bytes per instruction. gdn_kernel and its replay.
+__device__ __forceinline__ void load_column(const float* st, int p, int P, float (&S)[16]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 v = reinterpret_cast<const float4*>(st)[p + P * i];
+    S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
+  }
+}
+__device__ __forceinline__ void store_column(float* st, int p, int P, const float (&S)[16]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    reinterpret_cast<float4*>(st)[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
+}
+
 // The delta rule, token by token, in one kernel. Columns j (v index) of a head's state evolve
 // independently, so a block owns 16 columns of one v-head and P = d/16 lanes share a column, 16 state
 // values each, kept in registers for the whole sequence. Per token: q, k L2-normalised (q also
@@ -148,11 +163,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   // Lane p of a column holds its float4s p, p + P, p + 2P, p + 3P (16 values): the P lanes of a column
   // read and write 16*P contiguous bytes per instruction (state, capture) and distinct banks of k, q.
   float* st = a.state + (static_cast<int64_t>(h) * D + col) * D;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 v = reinterpret_cast<const float4*>(st)[p + P * i];
-    S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
-  }
+  load_column(st, p, P, S);
   // The state (an earlier step's, which every kernel before the conv waited for) and the weights are
   // in flight before waiting on the conv that writes q, k and v.
   pdl_wait();
@@ -273,9 +284,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
     }
   }
   if (a.updates) return;  // the state stays as it was: a rollback replays the updates it keeps
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    reinterpret_cast<float4*>(st)[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
+  store_column(st, p, P, S);
 }
 
 // gdn_kernel's state updates alone, from the updates it recorded: a block per (v-head, 16 columns,
@@ -295,11 +304,7 @@ __global__ void gdn_replay_kernel(GdnReplayList l, int n, int n_k, int n_v, int6
   pdl_wait();  // the verify step that recorded the updates
   pdl_trigger();
   float S[16];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 v = reinterpret_cast<const float4*>(st)[p + P * i];
-    S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
-  }
+  load_column(st, p, P, S);
   for (int t0 = 0; t0 < n; t0 += kReplayStage) {
     const int tc = min(kReplayStage, n - t0);
     __syncthreads();  // the previous stage is consumed
@@ -325,9 +330,7 @@ __global__ void gdn_replay_kernel(GdnReplayList l, int n, int n_k, int n_v, int6
       }
     }
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    reinterpret_cast<float4*>(st)[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
+  store_column(st, p, P, S);
 }
 
 // ---- The chunked (prompt) form: two kernels over chunks of 64 tokens ----
