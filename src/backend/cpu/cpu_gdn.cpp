@@ -286,6 +286,7 @@ void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k) {
   float* decay = kq + n * hk;
   float* beta = decay + n * hv;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const UpdateRecord rec(a.updates, hk, hv, d);
   // Per token: 2·hk L2 normalisations of d values and hv gates (an exp and a log1p each).
   const double ns_per_token = hk * d * 0.6 + hv * 40.0;
   parallel_for_cost(pool, n, ns_per_token, [&](int64_t tb, int64_t te, int) {
@@ -304,14 +305,12 @@ void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k) {
         beta[h * n + t] = sigmoid(a.beta_logit.row(t)[h]);
       }
       if (a.updates) {
-        const UpdateRecord rec(a.updates, hk, hv, d);
         std::memcpy(rec.key(t, 0), &kn[t * hk * d], sizeof(float) * hk * d);
         for (int h = 0; h < hv; ++h) *rec.decay(t, h) = decay[h * n + t];
       }
     }
   }, 8);
   const int blocks = d / 8;
-  const UpdateRecord rec(a.updates, hk, hv, d);
   auto work = [&](int64_t b, int64_t e, int) {
     std::vector<float> rows;  // updates: the block's 8 rows, worked on a copy (the state stays as it was)
     for (int64_t item = b; item < e; ++item) {
