@@ -36,9 +36,7 @@ LogitRows::LogitRows(Backend& be, Rows logits, void* scratch, Sampler& sampler)
 
 void LogitRows::prefetch_drafts(std::span<const int32_t> drafts) {
   const SamplingParams& sp = sampler_.params();
-  const bool chunk_path = !sp.greedy() && !sp.has_penalties() && !(sp.top_k > 0 && sp.top_k < V_) &&
-                          sp.top_p >= 1.0f && sp.min_p <= 0.0f;
-  if (!chunk_path || !summaries_.empty()) return;
+  if (sp.greedy() || sp.has_penalties() || !temperature_alone() || !summaries_.empty()) return;
   const int64_t rows = std::min<int64_t>(static_cast<int64_t>(drafts.size()), logits_.n_rows);
   be_.logit_summary(logits_, 1.0f / sp.temperature, summary_dev_);
   // Each draft's logit in the 16-byte piece around it (within its row), so the copies stay whole
@@ -63,6 +61,11 @@ void LogitRows::prefetch_drafts(std::span<const int32_t> drafts) {
     const size_t i = static_cast<size_t>(r);
     if (at[i] >= 0) drafts_[i] = {drafts[i], host[summary + 4 * i + static_cast<size_t>(at[i])]};
   }
+}
+
+bool LogitRows::temperature_alone() const {
+  const SamplingParams& sp = sampler_.params();
+  return !(sp.top_k > 0 && sp.top_k < V_) && sp.top_p >= 1.0f && sp.min_p <= 0.0f;
 }
 
 const float* LogitRows::host_row(int64_t r) {
@@ -110,7 +113,7 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
   for (int64_t c = 0; c < S::chunks(V_); ++c) z += s[S::chunk_at() + c];
   if (!std::isfinite(m) || !std::isfinite(z) || !(z > 0)) return whole_row();
   const bool top_k = sp.top_k > 0 && sp.top_k < n_vocab;
-  if (!top_k && sp.top_p >= 1.0f && sp.min_p <= 0.0f) {  // temperature alone: draws by chunk
+  if (temperature_alone()) {  // draws by chunk
     path_ = Path::Chunks;
     m_ = m;
     z_ = z;

@@ -50,6 +50,8 @@ class LogitRows {
 
  private:
   const float* summary(int64_t r);
+  // Temperature alone (no top-k, top-p or min-p cut): draws by chunk.
+  bool temperature_alone() const;
   float chunk_logit(int32_t id);
   int32_t draw_by_chunk(int32_t exclude);  // -1: the chunks cannot decide
   const std::vector<float>& chunk(int64_t c);
