@@ -105,7 +105,7 @@ int bench(BenchFlags f) {
   // What a verify round adds after the step: the rollback to its second-last row (a copy of captured
   // states, or a replay of the kept updates with --capture-type updates). No tokens, no weights.
   for (int64_t k : ks) {
-    auto t = e.time_rollback(k + 1, std::max(f.reps, 8));
+    auto t = e.time_forward(k + 1, 0, true, std::max(f.reps, 8), /*rollback=*/true);
     if (!t) return fail(t.status());
     rows.push_back({fmt::format("rollback-{}", k), *t, 0.0, 0});
   }

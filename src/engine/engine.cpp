@@ -167,9 +167,10 @@ Result<std::vector<float>> Engine::prompt_logits(const std::vector<int32_t>& tok
   return out;
 }
 
-Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int reps) {
+Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int reps, bool rollback) {
   const Qwen35Hparams& hp = model_->hparams();
-  if (n <= 0 || reps <= 0) return Status::error("time_forward: nothing to time");
+  if (n <= 0 || reps <= 0 || (rollback && (!capture || n < 2)))
+    return Status::error("time_forward: nothing to time");
   if (depth + n > n_ctx_) return Status::errorf("depth {} + {} tokens exceeds the context {} (raise -c)", depth, n, n_ctx_);
   HS_RETURN_IF_ERROR(model_->reserve(std::max<int64_t>(n, config_.n_batch)));
   // The state a session gets: the engine's context as KV capacity (attention splits follow it).
@@ -216,7 +217,9 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
   static const bool report_enqueue = std::getenv("HYSPEC_BENCH_ENQUEUE") != nullptr;
   // Decode/verify-sized steps run as the session runs them: recorded once, replayed (CUDA graphs).
   std::unique_ptr<StepGraph> graph;
-  if ((!prefill || prefill_graph) && config_.use_graphs && backend_->kind() == BackendKind::Cuda) {
+  if (rollback) {
+    HS_RETURN_IF_ERROR(forward(depth, n, false));  // captures to roll back from (each run repeats the rollback)
+  } else if ((!prefill || prefill_graph) && config_.use_graphs && backend_->kind() == BackendKind::Cuda) {
     stage(depth, n);
     Status recorded;
     auto g = backend_->capture([&] { recorded = run_forward(args(n, prefill), st); });
@@ -226,7 +229,9 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
   for (int r = 0; r < reps + 1; ++r) {
     HS_RETURN_IF_ERROR(backend_->synchronize());
     const double t0 = now_s();
-    if (graph) {
+    if (rollback) {
+      model_->restore_captured(st, static_cast<int>(n - 2), static_cast<int>(n));
+    } else if (graph) {
       HS_RETURN_IF_ERROR(graph->replay());
     } else {
       HS_RETURN_IF_ERROR(forward(depth, n, prefill));
@@ -238,34 +243,6 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
       std::fprintf(stderr, "time_forward n=%lld depth=%lld%s: enqueued in %.3f ms of %.3f ms\n",
                    static_cast<long long>(n), static_cast<long long>(depth), graph ? " (graph)" : "",
                    (enqueued - t0) * 1e3, times.back() * 1e3);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-Result<double> Engine::time_rollback(int64_t n, int reps) {
-  const Qwen35Hparams& hp = model_->hparams();
-  if (n < 2 || reps <= 0 || n > n_ctx_) return Status::error("time_rollback: nothing to time");
-  HS_RETURN_IF_ERROR(model_->reserve(std::max<int64_t>(n, config_.n_batch)));
-  HS_ASSIGN_OR_RETURN(SequenceState st,
-                      model_->create_state(n_ctx_, static_cast<int>(n), config_.kv_type, config_.capture));
-  HS_ASSIGN_OR_RETURN(Buffer ints, backend_->alloc(static_cast<size_t>(2 * n) * sizeof(int32_t)));
-  std::vector<int32_t> host(2 * n);
-  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<int32_t>(i * 7919 % hp.n_vocab), host[n + i] = static_cast<int32_t>(i);
-  backend_->upload(ints.data(), host.data(), host.size() * sizeof(int32_t));
-  ForwardArgs a;
-  a.n = n;
-  a.tokens = ints.as<int32_t>();
-  a.positions = a.tokens + n;
-  a.capture = true;
-  HS_RETURN_IF_ERROR(run_forward(a, st));  // captures to roll back from (the timing repeats the same rollback)
-  std::vector<double> times;
-  for (int r = 0; r < reps + 1; ++r) {
-    HS_RETURN_IF_ERROR(backend_->synchronize());
-    const double t0 = now_s();
-    model_->restore_captured(st, static_cast<int>(n - 2), static_cast<int>(n));
-    HS_RETURN_IF_ERROR(backend_->synchronize());
-    if (r > 0) times.push_back(now_s() - t0);
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];

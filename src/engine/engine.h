@@ -158,11 +158,10 @@ class Engine {
   Result<std::vector<float>> prompt_logits(const std::vector<int32_t>& tokens, bool all_rows);
 
   // Benchmark support: median seconds of one target forward of n tokens at KV depth `depth` (after a
-  // prefill of `depth` tokens), over `reps` runs; capture = verify mode (per-token GDN states).
-  Result<double> time_forward(int64_t n, int64_t depth, bool capture, int reps);
-  // Median seconds of the rollback after a verify step of n tokens that keeps n - 1 of them (the
-  // state becomes the one after row n - 2: a copy of captured states, or a replay of n - 1 updates).
-  Result<double> time_rollback(int64_t n, int reps);
+  // prefill of `depth` tokens), over `reps` runs; capture = verify mode (per-token GDN states). rollback
+  // (with capture, n >= 2): instead, the rollback after such a verify step that keeps n - 1 of its rows
+  // (the state becomes the one after row n - 2: a copy of captured states, or a replay of n - 1 updates).
+  Result<double> time_forward(int64_t n, int64_t depth, bool capture, int reps, bool rollback = false);
 
   // Convenience: run a whole generation, calling on_tokens after each step (return false to stop).
   Result<SessionStats> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
