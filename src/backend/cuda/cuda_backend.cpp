@@ -487,8 +487,10 @@ class CudaBackend final : public Backend {
   }
 
   // Router matmul -> softmax/top-k on the device -> the experts' gate and up rows -> swiglu -> down ->
-  // weighted sum. One token: a matvec per (token, slot). Several (moe_grouped_min_tokens): grouped by
-  // expert on the device, a grouped matmul per projection (gate and up fused).
+  // weighted sum. One token, and with int8 experts (Q4_K/Q5_K/Q6_K) every step of up to
+  // kInt8ExpertsMaxTokens: a matvec per (token, slot). Other steps of several tokens
+  // (moe_grouped_min_tokens): grouped by expert on the device, a grouped matmul per projection (gate and
+  // up fused).
   void moe_ffn(const MoeArgs& a) override {
     auto prof = begin_op("moe_ffn");
     const int64_t n = a.x.n_rows, hidden = a.x.n_cols;
@@ -517,8 +519,14 @@ class CudaBackend final : public Backend {
     // Steps of several tokens group the (token, slot) pairs by expert, so that an expert's weights are
     // read once per 16 of its rows, not once per row (a 512-token prompt chunk with 8 of 256 experts
     // per token: ~1 pass over all experts instead of 16); the rows' values are the same bits.
-    const bool grouped = moe_grouped_min_tokens() > 0 && n >= moe_grouped_min_tokens() && E <= 8192 && cuda::matmul_grouped_supported(gv) &&
-                         cuda::matmul_grouped_supported(uv) && cuda::matmul_grouped_supported(dv);
+    // Steps of up to kInt8ExpertsMaxTokens (decode and verify) run a matvec per (token, slot) on the
+    // int8 kernels where an expert type has them: each row then has the one-token bits at any width.
+    const bool int8_slots = n <= cuda::kInt8ExpertsMaxTokens && (cuda::int8_experts_supported(gv) ||
+                                                                 cuda::int8_experts_supported(uv) ||
+                                                                 cuda::int8_experts_supported(dv));
+    const bool grouped = !int8_slots && moe_grouped_min_tokens() > 0 && n >= moe_grouped_min_tokens() && E <= 8192 &&
+                         cuda::matmul_grouped_supported(gv) && cuda::matmul_grouped_supported(uv) &&
+                         cuda::matmul_grouped_supported(dv);
     const bool fused = cuda::matmul_swiglu_supported(gv, uv, 1);
     const size_t o_logits = take(n * E * 4), o_ids = take(nk * 4), o_w = take(nk * 4), o_g = take(nk * ffn * 4),
                  o_u = take(fused ? 0 : nk * ffn * 4), o_d = take(nk * hidden * 4),
@@ -571,17 +579,20 @@ class CudaBackend final : public Backend {
                                             cuda::matmul_experts_scratch_bytes(dv, nk)));
     if (!s) return;
     const cuda::MatmulScratch ms{s, matmul_arena_.size};
-    if (cuda::matmul_swiglu_supported(gv, uv, 1)) {
-      check(cuda::matmul_experts_launch(gv, uv.data, ids, nk, static_cast<int>(k), mat(a.x), g, ms, stream_),
-            "moe_ffn gate+up");
+    auto experts = [&](const cuda::WeightView& w, const uint8_t* up, int x_div, Mat x, Mat y, const char* what) {
+      check(int8_slots && cuda::int8_experts_supported(w)
+                ? cuda::int8_experts_launch(w, up, ids, nk, x_div, x, y, stream_)
+                : cuda::matmul_experts_launch(w, up, ids, nk, x_div, x, y, ms, stream_),
+            what);
+    };
+    if (fused) {
+      experts(gv, uv.data, static_cast<int>(k), mat(a.x), g, "moe_ffn gate+up");
     } else {
-      check(cuda::matmul_experts_launch(gv, nullptr, ids, nk, static_cast<int>(k), mat(a.x), g, ms, stream_),
-            "moe_ffn gate");
-      check(cuda::matmul_experts_launch(uv, nullptr, ids, nk, static_cast<int>(k), mat(a.x), u, ms, stream_),
-            "moe_ffn up");
+      experts(gv, nullptr, static_cast<int>(k), mat(a.x), g, "moe_ffn gate");
+      experts(uv, nullptr, static_cast<int>(k), mat(a.x), u, "moe_ffn up");
       check(cuda::binary_launch(cuda::Binary::SwiGlu, g, u, g, stream_), "moe_ffn swiglu");
     }
-    check(cuda::matmul_experts_launch(dv, nullptr, ids, nk, 1, g, d, ms, stream_), "moe_ffn down");
+    experts(dv, nullptr, 1, g, d, "moe_ffn down");
     check(cuda::moe_combine_launch(d, nullptr, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
   }
 

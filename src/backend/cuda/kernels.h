@@ -101,6 +101,14 @@ cudaError_t matmul_exact_pair_launch(const WeightView& a, Mat ya, const WeightVi
 cudaError_t matmul_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_batch,
                                   int x_div, Mat x, Mat y, MatmulScratch scratch, cudaStream_t stream);
 size_t matmul_experts_scratch_bytes(const WeightView& w, int64_t n_x_rows);
+// Per-slot expert matmul on the int8 matvec (Q4_K, Q5_K, Q6_K experts with BackendOptions::int8_matvec):
+// as matmul_experts_launch, each slot's row with the bits of a one-token int8 matvec of its expert, so
+// every step width gives decode's bits. MoE steps of up to kInt8ExpertsMaxTokens tokens take it (the
+// engine's widest verify step: --draft-max 64); wider ones (prompts) take the grouped f16 path.
+constexpr int64_t kInt8ExpertsMaxTokens = 65;
+bool int8_experts_supported(const WeightView& w);
+cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
+                                int x_div, Mat x, Mat y, cudaStream_t stream);
 // Grouped expert matmul (MoE steps of several tokens): rows [offsets[e], offsets[e+1]) of x and y
 // belong to expert e (moe_group_launch's order); y[j] = W[e] x[j], each expert's weights read once
 // per 16 of its rows instead of once per row. up: fused SwiGLU with these up weights (same type and

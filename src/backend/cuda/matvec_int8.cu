@@ -967,6 +967,10 @@ struct Q4KFamily {
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_q4k<true, Q5>(a, dp4a, stream) : launch_q4k<false, Q5>(a, dp4a, stream);
   }
+  template <bool SW>
+  __device__ static void one_token_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+    q4k_dp4a_body<1, SW, Q5>(a, smem, slot);
+  }
 };
 template <class C>
 struct S16Family {
@@ -974,6 +978,10 @@ struct S16Family {
   static constexpr XOrder kOrder = XOrder::kFragQ6;
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_s16<C, true>(a, dp4a, stream) : launch_s16<C, false>(a, dp4a, stream);
+  }
+  template <bool SW>
+  __device__ static void one_token_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+    s16_dp4a_body<C, 1, SW>(a, smem, slot);
   }
 };
 // f(family) for a type of the int8 matvec; false for any other.
@@ -1147,6 +1155,73 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
   if (n <= 8) return launch_multi<1, false>(p, grid, 8, stream);
   if (n <= 16) return launch_multi<2, false>(p, grid, 16, stream);
   return launch_multi<3, false>(p, grid, 24, stream);
+}
+
+
+namespace {
+
+// Per-slot expert matvecs (int8_experts_launch): blocks [slot * bps, (slot + 1) * bps) serve slot
+// `slot` as a one-token int8 matvec launch on expert ids[slot]'s weights would (the dp4a kernel, x
+// quantized in-block), so a slot's row has the same bits whatever the step's width.
+struct Int8ExpertArgs {
+  Int8MvArgs a;  // expert 0's weights, slot 0's x and y; n = 1
+  const int32_t* ids;
+  size_t expert_bytes;
+  int x_div, blocks_per_slot;
+};
+template <class Family, bool SW>
+__global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int b = static_cast<int>(blockIdx.x), slot = b / e.blocks_per_slot;
+  pdl_wait();  // the router's ids, and x, belong to earlier kernels (no weight is prefetched before)
+  Int8MvArgs a = e.a;
+  const size_t at = static_cast<size_t>(e.ids[slot]) * e.expert_bytes;
+  a.w += at;
+  if constexpr (SW) a.w2 += at;
+  a.xf += static_cast<int64_t>(slot / e.x_div) * a.xf_stride;
+  a.y += static_cast<int64_t>(slot) * a.y_stride;
+  Family::template one_token_body<SW>(a, smem, BlockSlot{b - slot * e.blocks_per_slot, e.blocks_per_slot});
+}
+
+template <class Family, bool SW>
+cudaError_t launch_experts(const Int8ExpertArgs& e, int64_t grid, cudaStream_t stream) {
+  const size_t smem = smem_bytes<typename Family::L>(1, true);
+  static const cudaError_t attr_err = cudaFuncSetAttribute(experts_kernel<Family, SW>,
+                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr_err != cudaSuccess) return attr_err;
+  return launch_pdl(experts_kernel<Family, SW>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream, e);
+}
+
+// The expert types with a per-slot kernel (the K-quants of MoE files; others take the f16 path).
+template <class F>
+bool with_expert_family(GgmlType t, F&& f) {
+  return (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K) && with_int8_family(t, f);
+}
+
+}  // namespace
+
+bool int8_experts_supported(const WeightView& w) {
+  bool fits = false;
+  with_expert_family(w.type, [&](auto family) { fits = dp4a_fits<typename decltype(family)::L>(); });
+  return fits && w.int8_matvec && w.n_in % 256 == 0 && staged_x_bytes(1, w.n_in) <= kMaxStagedX;
+}
+
+cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
+                                int x_div, Mat x, Mat y, cudaStream_t stream) {
+  if (n_slots == 0) return cudaSuccess;
+  if (!int8_experts_supported(w) || x_div < 1 || n_slots > (int64_t{1} << 20)) return cudaErrorInvalidValue;
+  const int64_t out = up ? kRows / 2 : kRows, tiles = (w.n_out + out - 1) / out;
+  // The slots share the two blocks per SM (rounded, so 136 slots take 272 blocks, not 136).
+  const int64_t bps = std::clamp<int64_t>((2 * int64_t{sm_count()} + n_slots / 2) / n_slots, 1, tiles);
+  Int8ExpertArgs e{Int8MvArgs{w.data, up, w.row_bytes, w.n_out, w.n_in, Q8K{}, x.data, x.stride, 1, y.data, y.stride},
+                   expert_ids, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps)};
+  const int64_t grid = n_slots * bps;
+  cudaError_t err = cudaErrorInvalidValue;
+  with_expert_family(w.type, [&](auto family) {
+    using Family = decltype(family);
+    err = up ? launch_experts<Family, true>(e, grid, stream) : launch_experts<Family, false>(e, grid, stream);
+  });
+  return err;
 }
 
 }  // namespace hyspec::cuda
