@@ -26,6 +26,16 @@ if [ "$MODE" = start ]; then
   if [ "${ANCHOR_MODELS_ONLY:-0}" = 1 ]; then sed '/^\$B -m/d' "$A" > "$W/anchor_models.sh"; A=$W/anchor_models.sh; fi
   # ANCHOR_NO_SWEEP=1: llama-bench pp512/tg128 only, without the pp1..32 sweep (saves ~1 min of a call).
   if [ "${ANCHOR_NO_SWEEP:-0}" = 1 ]; then sed '/-p 1,2,4,8,16,32/d' "$A" > "$W/anchor_nosweep.sh"; A=$W/anchor_nosweep.sh; fi
+  # SHAPE 35b-a3b-8l: Qwen3.5-35B-A3B's MoE layers (transformers' Qwen3_5MoeTextConfig: hidden 2048, 256
+  # experts of 512, top-8, a shared expert of 512), 8 of its 40 layers (disk: ~35 GB on the way).
+  if [ "$SHAPE" = 35b-a3b-8l ]; then
+    sed -e 's|^kw = {"9b": {},|kw = {"35b-a3b-8l": dict(num_hidden_layers=8, layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2), "9b": {},|' \
+      -e 's|^cfg = tf.Qwen3_5TextConfig(\*\*kw); cfg.architectures = \["Qwen3_5ForCausalLM"\]|moe = shape.startswith("35b"); cfg = (tf.Qwen3_5MoeTextConfig if moe else tf.Qwen3_5TextConfig)(**kw); cfg.architectures = ["Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"]; print(cfg, file=sys.stderr)|' \
+      -e 's|m = tf.Qwen3_5ForCausalLM(cfg)|m = (tf.Qwen3_5MoeForCausalLM if moe else tf.Qwen3_5ForCausalLM)(cfg)|' "$A" > "$W/anchor_moe.sh"
+    grep -q Qwen3_5MoeForCausalLM "$W/anchor_moe.sh" && [ "$(grep -c 'moe' "$W/anchor_moe.sh")" -ge 2 ] ||
+      { echo "the anchor script changed: no MoE variant made"; exit 3; }
+    A=$W/anchor_moe.sh
+  fi
   # ANCHOR_BF16_ONLY=1: no build, no Q4_K_M, no llama-bench: only the BF16 file, made by the anchor's own
   # recipe and converter (probe calls: ready in ~110 s).
   if [ "${ANCHOR_BF16_ONLY:-0}" = 1 ]; then

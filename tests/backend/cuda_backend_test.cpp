@@ -1429,21 +1429,25 @@ class CudaBench : public CudaBackendTest {
   }
 };
 
+// The widths a bench runs: HYSPEC_BENCH_WIDTHS (e.g. "1,16", for profilers), else its own.
+std::vector<int64_t> bench_widths(std::vector<int64_t> widths) {
+  if (const char* env = std::getenv("HYSPEC_BENCH_WIDTHS")) {
+    widths.clear();
+    for (const char* p = env; *p;) {
+      widths.push_back(std::strtol(p, const_cast<char**>(&p), 10));
+      if (*p == ',') ++p;
+    }
+  }
+  return widths;
+}
+
 TEST_F(CudaBench, MatmulDecode) {
   Backend& b = *gpu_;
   struct Shape {
     int64_t K, N;
   };
   const char* only = std::getenv("HYSPEC_BENCH_TYPE");  // e.g. Q4_K
-  const char* widths_env = std::getenv("HYSPEC_BENCH_WIDTHS");  // e.g. "1,16"
-  std::vector<int64_t> widths = {1, 4, 8, 16, 17, 32, 128};
-  if (widths_env) {
-    widths.clear();
-    for (const char* p = widths_env; *p;) {
-      widths.push_back(std::strtol(p, const_cast<char**>(&p), 10));
-      if (*p == ',') ++p;
-    }
-  }
+  const std::vector<int64_t> widths = bench_widths({1, 4, 8, 16, 17, 32, 128});
   std::string table;
   for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0,
                         GgmlType::BF16, GgmlType::F16, GgmlType::Q3_K, GgmlType::IQ4_XS}) {
@@ -1551,7 +1555,7 @@ TEST_F(CudaBench, MoeFfn) {
     w.push_back(b.load_weight(tensor_info(name, GgmlType::Q4_K, bytes, down ? ffn : hidden, down ? hidden : ffn, E)).value());
   }
   const double expert_bytes = 3.0 * static_cast<double>(ggml_row_bytes(GgmlType::Q4_K, hidden).value()) * ffn;
-  for (int64_t n : {1, 17, 128, 512}) {
+  for (int64_t n : bench_widths({1, 17, 128, 512})) {
     Tensor x = put(b, randn(n * hidden)), out = poison(b, n * hidden);
     MoeArgs a;
     a.x = x.rows(n, hidden);
