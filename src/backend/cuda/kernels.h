@@ -102,8 +102,8 @@ cudaError_t matmul_experts_launch(const WeightView& w, const uint8_t* up, const 
                                   int x_div, Mat x, Mat y, MatmulScratch scratch, cudaStream_t stream);
 size_t matmul_experts_scratch_bytes(const WeightView& w, int64_t n_x_rows);
 // Per-slot expert matmul on the int8 matvec (Q4_K, Q5_K, Q6_K experts with BackendOptions::int8_matvec):
-// as matmul_experts_launch, each slot's row with the bits of a one-token int8 matvec of its expert, so
-// every step width gives decode's bits. MoE steps of up to kInt8ExpertsMaxTokens tokens take it (the
+// as matmul_experts_launch, each slot's row computed alike in every step (a one-token int8 matvec of its
+// expert; rows of fewer than 8 super-blocks on warp tiles), so every step width gives decode's bits. MoE steps of up to kInt8ExpertsMaxTokens tokens take it (the
 // engine's widest verify step: --draft-max 64); wider ones (prompts) take the grouped f16 path.
 constexpr int64_t kInt8ExpertsMaxTokens = 65;
 bool int8_experts_supported(const WeightView& w);

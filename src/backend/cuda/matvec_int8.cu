@@ -144,7 +144,9 @@ struct BlockSlot {
 // rows x 32 bytes per instruction measured 20% slower at one token). Addresses are the tile's first
 // row (set once per tile) plus 32-bit offsets: the lane's row, the copy's group and the step (the
 // 64-bit arithmetic per copy and step was ~130 of ~655 instructions per step of the 17-token kernel).
-template <class L, bool SW>
+// WT (warp tiles, for K < 8 super-blocks): warp ks walks every step of its own tiles slot.idx * 8 +
+// ks, + slot.count * 8, ... instead of sharing each tile with the block's warps.
+template <class L, bool SW, bool WT = false>
 struct StepRing {
   static constexpr int kStages = 2;
   static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
@@ -155,7 +157,7 @@ struct StepRing {
   uint8_t* ring;
   float* red;  // after the rings: [warps][NMAX][16] partial sums
   int lane, ks, cnt;
-  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid;
+  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
   int i_m = 0;
   int q, p;  // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
   uint32_t lane_row, group_stride;  // q * row_bytes, kRowsPerCopy * row_bytes
@@ -168,8 +170,10 @@ struct StepRing {
     ring = smem + ks * kStages * kRows * L::kSlotBytes;
     red = reinterpret_cast<float*>(smem + kWarps * kStages * kRows * L::kSlotBytes);
     const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
-    my_tiles = slot.idx < tiles ? (tiles - 1 - slot.idx) / slot.count + 1 : 0;
-    cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
+    if constexpr (WT) i_tile = int64_t{slot.idx} * kWarps + ks, grid = int64_t{slot.count} * kWarps;
+    first_tile = i_tile;
+    my_tiles = i_tile < tiles ? (tiles - 1 - i_tile) / grid + 1 : 0;
+    cnt = WT ? static_cast<int>(S) : ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
     total = my_tiles * cnt;
     q = lane / kPieces, p = lane - q * kPieces;
     lane_row = static_cast<uint32_t>(q * a.row_bytes);
@@ -199,7 +203,7 @@ struct StepRing {
   }
   __device__ void issue() {
     if (issued < total) {
-      const uint32_t step = static_cast<uint32_t>(ks + kWarps * i_m) * L::kBlockBytes;
+      const uint32_t step = static_cast<uint32_t>(WT ? i_m : ks + kWarps * i_m) * L::kBlockBytes;
       uint8_t* dst = ring + (issued & 1) * kRows * L::kSlotBytes + q * L::kSlotBytes + 16 * p;
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) {
@@ -229,6 +233,8 @@ struct StepRing {
     issue();
     return ring + (consumed++ & 1) * kRows * L::kSlotBytes;
   }
+  // The j-th tile this warp reads.
+  __device__ int64_t tile(int64_t j) const { return first_tile + j * grid; }
   // The low 4 address bits of row rr's blocks in `tile` (Q6_K: where a block sits in its cover).
   __device__ int row_misalignment(int64_t tile, int rr) const {
     return static_cast<int>(reinterpret_cast<uintptr_t>(row_src(tile, rr)) & 15);
@@ -329,9 +335,17 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
 
 // A dp4a kernel's tile: lane (r, 0)'s outputs (row r, every token) to red, then the warps summed in
 // order and written (both halves of a row hold the same sums).
-template <int NMAX, bool SW>
+template <int NMAX, bool SW, bool WT = false>
 __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red, const float (&acc)[NMAX], int64_t tile,
                                                 int r, int h, int ks) {
+  if constexpr (WT) {  // the warp's own tile: its sums are the outputs
+    static_assert(!SW, "warp tiles: no fused SwiGLU");
+    const int64_t row = tile * kRows + r;
+#pragma unroll
+    for (int c = 0; c < NMAX; ++c)
+      if (h == 0 && c < a.n && row < a.n_out) a.y[c * a.y_stride + row] = acc[c];
+    return;
+  }
   if (h == 0) {
 #pragma unroll
     for (int c = 0; c < NMAX; ++c)
@@ -351,13 +365,13 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // f32 from L2 cost more than the launch (12288 x 4096: 1.19 vs 1.89 TB/s), so quantize_q8k_kernel
 // runs first and the blocks copy its output.
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
-template <int NMAX, bool SW, bool Q5 = false>
+template <int NMAX, bool SW, bool Q5 = false, bool WT = false>
 __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<L, SW> ring(a, smem, slot);
+  StepRing<L, SW, WT> ring(a, smem, slot);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
@@ -366,13 +380,13 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
-    const int64_t tile = slot.idx + j * slot.count;
+    const int64_t tile = ring.tile(j);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* blk = ring.next() + r * L::kBlockBytes;
-      const int64_t s = ks + int64_t{kWarps} * m;  // super-block of the row
+      const int64_t s = WT ? m : ks + int64_t{kWarps} * m;  // super-block of the row
       const uint4 hdr = *reinterpret_cast<const uint4*>(blk);
       const uint32_t sc = q4k_sc(hdr, h), mn = q4k_mn(hdr, h);
       const float2 dmin = __half22float2(as_half2(hdr.x));
@@ -421,7 +435,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
         acc[c] = add_super_block(acc[c], isum, msum, dmin, x.d[xb]);
       }
     }
-    write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
+    write_dp4a_tile<NMAX, SW, WT>(a, red, acc, tile, r, h, ks);
   }
   cp_async_wait<0>();
 }
@@ -679,12 +693,12 @@ struct Iq4XsCodes {
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
-template <class C, int NMAX, bool SW>
+template <class C, int NMAX, bool SW, bool WT = false>
 __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<L, SW> ring(a, smem, slot);
+  StepRing<L, SW, WT> ring(a, smem, slot);
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
@@ -693,14 +707,14 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   const Q8K x = stage_x<NMAX>(a, red);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
-    const int64_t tile = slot.idx + j * slot.count;
+    const int64_t tile = ring.tile(j);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
     const int mis = ring.row_misalignment(tile, r);
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* slot = ring.next();
-      const int64_t s = ks + int64_t{kWarps} * m;
+      const int64_t s = WT ? m : ks + int64_t{kWarps} * m;
       const SlotBlock<L> blk(ring.block(slot, r, mis, s));
       uint32_t codes[4][8];  // [group][k]: elements 32 group + 4k .. + 3 of the half
 #pragma unroll
@@ -745,7 +759,7 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
         acc[c] = add_s16_super_block<C>(acc[c], isum, msum, d, x.d[xb]);
       }
     }
-    write_dp4a_tile<NMAX, SW>(a, red, acc, tile, r, h, ks);
+    write_dp4a_tile<NMAX, SW, WT>(a, red, acc, tile, r, h, ks);
   }
   cp_async_wait<0>();
 }
@@ -967,9 +981,9 @@ struct Q4KFamily {
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_q4k<true, Q5>(a, dp4a, stream) : launch_q4k<false, Q5>(a, dp4a, stream);
   }
-  template <bool SW>
+  template <bool SW, bool WT>
   __device__ static void one_token_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
-    q4k_dp4a_body<1, SW, Q5>(a, smem, slot);
+    q4k_dp4a_body<1, SW, Q5, WT>(a, smem, slot);
   }
 };
 template <class C>
@@ -979,9 +993,9 @@ struct S16Family {
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_s16<C, true>(a, dp4a, stream) : launch_s16<C, false>(a, dp4a, stream);
   }
-  template <bool SW>
+  template <bool SW, bool WT>
   __device__ static void one_token_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
-    s16_dp4a_body<C, 1, SW>(a, smem, slot);
+    s16_dp4a_body<C, 1, SW, WT>(a, smem, slot);
   }
 };
 // f(family) for a type of the int8 matvec; false for any other.
@@ -1162,14 +1176,14 @@ namespace {
 
 // Per-slot expert matvecs (int8_experts_launch): blocks [slot * bps, (slot + 1) * bps) serve slot
 // `slot` as a one-token int8 matvec launch on expert ids[slot]'s weights would (the dp4a kernel, x
-// quantized in-block), so a slot's row has the same bits whatever the step's width.
+// quantized in-block; WT: on warp tiles), so a slot's row has the same bits whatever the step's width.
 struct Int8ExpertArgs {
   Int8MvArgs a;  // expert 0's weights, slot 0's x and y; n = 1
   const int32_t* ids;
   size_t expert_bytes;
   int x_div, blocks_per_slot;
 };
-template <class Family, bool SW>
+template <class Family, bool SW, bool WT>
 __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int b = static_cast<int>(blockIdx.x), slot = b / e.blocks_per_slot;
@@ -1180,16 +1194,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
   if constexpr (SW) a.w2 += at;
   a.xf += static_cast<int64_t>(slot / e.x_div) * a.xf_stride;
   a.y += static_cast<int64_t>(slot) * a.y_stride;
-  Family::template one_token_body<SW>(a, smem, BlockSlot{b - slot * e.blocks_per_slot, e.blocks_per_slot});
+  Family::template one_token_body<SW, WT>(a, smem, BlockSlot{b - slot * e.blocks_per_slot, e.blocks_per_slot});
 }
 
-template <class Family, bool SW>
+template <class Family, bool SW, bool WT>
 cudaError_t launch_experts(const Int8ExpertArgs& e, int64_t grid, cudaStream_t stream) {
   const size_t smem = smem_bytes<typename Family::L>(1, true);
-  static const cudaError_t attr_err = cudaFuncSetAttribute(experts_kernel<Family, SW>,
+  static const cudaError_t attr_err = cudaFuncSetAttribute(experts_kernel<Family, SW, WT>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
-  return launch_pdl(experts_kernel<Family, SW>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream, e);
+  return launch_pdl(experts_kernel<Family, SW, WT>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream, e);
 }
 
 // The expert types with a per-slot kernel (the K-quants of MoE files; others take the f16 path).
@@ -1210,16 +1224,23 @@ cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const in
                                 int x_div, Mat x, Mat y, cudaStream_t stream) {
   if (n_slots == 0) return cudaSuccess;
   if (!int8_experts_supported(w) || x_div < 1 || n_slots > (int64_t{1} << 20)) return cudaErrorInvalidValue;
+  // Rows of fewer than 8 super-blocks (the 512 or 768 inputs of an expert's down projection) would leave
+  // warps of a shared tile idle: each warp walks tiles of its own instead. Either way a slot's row has
+  // the same bits in every step (the choice depends on the shape only).
+  const bool warp_tiles = !up && w.n_in < 256 * kWarps;
   const int64_t out = up ? kRows / 2 : kRows, tiles = (w.n_out + out - 1) / out;
+  const int64_t block_tiles = warp_tiles ? (tiles + kWarps - 1) / kWarps : tiles;  // a block's tiles at once
   // The slots share the two blocks per SM (rounded, so 136 slots take 272 blocks, not 136).
-  const int64_t bps = std::clamp<int64_t>((2 * int64_t{sm_count()} + n_slots / 2) / n_slots, 1, tiles);
+  const int64_t bps = std::clamp<int64_t>((2 * int64_t{sm_count()} + n_slots / 2) / n_slots, 1, block_tiles);
   Int8ExpertArgs e{Int8MvArgs{w.data, up, w.row_bytes, w.n_out, w.n_in, Q8K{}, x.data, x.stride, 1, y.data, y.stride},
                    expert_ids, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps)};
   const int64_t grid = n_slots * bps;
   cudaError_t err = cudaErrorInvalidValue;
   with_expert_family(w.type, [&](auto family) {
     using Family = decltype(family);
-    err = up ? launch_experts<Family, true>(e, grid, stream) : launch_experts<Family, false>(e, grid, stream);
+    err = up           ? launch_experts<Family, true, false>(e, grid, stream)
+          : warp_tiles ? launch_experts<Family, false, true>(e, grid, stream)
+                       : launch_experts<Family, false, false>(e, grid, stream);
   });
   return err;
 }
