@@ -4,9 +4,10 @@
 # types), with an MTP block added (gguf_skeleton add-nextn: a copy of the last full-attention MoE block).
 #   - greedy generation, plain and with MTP drafts (random weights: every draft rejected, so every round
 #     verifies and rolls back): the ids must be the same;
-#   - hyspec bench (decode, verify-k), with the int8 experts (default) and with --f16-matvec;
+#   - hyspec bench (decode, verify-k): the default, without the side stream (the shared expert in line,
+#     HYSPEC_SIDE_STREAM=0) and with --f16-matvec;
 #   - ncu's GPU time per kernel of decode and verify-16 steps (bench/kernel_times.sh).
-#   here: HYSPEC_DEVICE_BINS="test_backend" HYSPEC_DEVICE_FIXTURES="" scripts/device/pack.sh
+#   here: HYSPEC_DEVICE_BINS="test_backend" HYSPEC_DEVICE_FIXTURES="" scripts/device/pack.sh (MOE_KT=0: no ncu)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 B=.device/bin SK=/tmp/moe-skel.gguf M=/tmp/moe.gguf
@@ -21,10 +22,11 @@ gen() { "$B/hyspec" run --backend cuda -m "$M" -c 4096 -s 1 -p "The history of t
   done
 } 2>&1 | tee "$OUT/moe_gen.log"
 for round in 1 2; do
-  for f in "" --f16-matvec; do
-    echo "-- round $round ${f:-int8}"
-    $B/hyspec bench --backend cuda -m "$M" -p 512 -n 128 -c 4096 --verify 1,4,8,15,16 $f 2>/dev/null |
-      grep -E "pp512|tg128|verify" | cut -d'|' -f4-7
+  for v in int8 no-side f16; do
+    echo "-- round $round $v"
+    f=; [ $v = f16 ] && f=--f16-matvec
+    HYSPEC_SIDE_STREAM=$([ $v = no-side ] && echo 0 || echo 1) $B/hyspec bench --backend cuda -m "$M" -p 512 -n 128 \
+      -c 4096 --verify 1,4,8,15,16 $f 2>/dev/null | grep -E "pp512|tg128|verify" | cut -d'|' -f4-7
   done
 done 2>&1 | tee "$OUT/moe_bench.log"
 [ "${MOE_KT:-1}" = 0 ] && exit 0

@@ -290,6 +290,13 @@ class Backend {
                                 Rows y) = 0;
   virtual void gated_delta_net(const GdnArgs& a) = 0;
   virtual void moe_ffn(const MoeArgs& a) = 0;
+  // Ops enqueued between begin_side() and end_side() may run beside those enqueued on the main line
+  // after begin_side() (CUDA: a second stream, forked and joined inside captured graphs too) until
+  // join_side(), after which every op runs after them. Neither line may touch what the other writes in
+  // that span. Where there is one line (the CPU), ops run in order and these do nothing.
+  virtual void begin_side() {}
+  virtual void end_side() {}
+  virtual void join_side() {}
   // out[r] = argmax of row r (first index on ties).
   virtual void argmax(Rows x, int32_t* out) = 0;
   // LogitSummary::floats(x.n_cols) floats per row of x into out, row after row.

@@ -115,15 +115,23 @@ void ffn(const Ctx& c, const FfnWeights& w, Rows x, Rows out) {
   const bool shared = w.ffn_gate_shexp.present();
   Rows gate = c.buf(c.I.small, 1);
   if (shared) m.shared_gate = &w.ffn_gate_inp_shexp, m.shared_gate_out = gate;  // the shared expert's gate
-  c.be.moe_ffn(m);
+  // The shared expert beside the routed ones (on CUDA a second stream): it reads x and writes t1..t3,
+  // which moe_ffn does not touch; its latency-bound matvecs then overlap the router's chain.
+  Rows s = c.buf(c.I.t3, hp.n_embd);
   if (shared) {
-    Rows g = c.buf(c.I.t1, hp.n_ff_shexp), u = c.buf(c.I.t2, hp.n_ff_shexp), s = c.buf(c.I.t3, hp.n_embd);
+    c.be.begin_side();
+    Rows g = c.buf(c.I.t1, hp.n_ff_shexp), u = c.buf(c.I.t2, hp.n_ff_shexp);
     if (!c.be.matmul_swiglu(w.ffn_gate_shexp, w.ffn_up_shexp, x, g)) {
       c.be.matmul(w.ffn_gate_shexp, x, g);
       c.be.matmul(w.ffn_up_shexp, x, u);
       c.be.swiglu(g, u, g);
     }
     c.be.matmul(w.ffn_down_shexp, g, s);
+    c.be.end_side();
+  }
+  c.be.moe_ffn(m);
+  if (shared) {
+    c.be.join_side();
     c.be.add_sigmoid_scaled(s, gate, out);
   }
 }

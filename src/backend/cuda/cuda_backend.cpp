@@ -72,11 +72,16 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    if (on_side_) end_side();
     if (stream_) cudaStreamSynchronize(stream_);
+    if (side_stream_) cudaStreamSynchronize(side_stream_);
     profiler_.reset();  // prints its table (HYSPEC_CUDA_PROFILE)
     if (cublas_) cublasDestroy(cublas_);
     for (void* p : owned_) cudaFree(p);
     if (stream_) cudaStreamDestroy(stream_);
+    if (side_stream_) cudaStreamDestroy(side_stream_);
+    for (cudaEvent_t e : {side_fork_, side_done_})
+      if (e) cudaEventDestroy(e);
   }
 
   BackendKind kind() const override { return BackendKind::Cuda; }
@@ -155,6 +160,7 @@ class CudaBackend final : public Backend {
     check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");
   }
   Status synchronize() override {
+    join_side();
     if (!capturing_) check(cudaStreamSynchronize(stream_), "synchronize");
     if (profiler_ && !capturing_) profiler_->resolve();
     Status s = error_;
@@ -596,6 +602,30 @@ class CudaBackend final : public Backend {
     check(cuda::moe_combine_launch(d, nullptr, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
   }
 
+  // The side line: a second stream forked from the main one by an event (a fork in a captured graph), with
+  // its own scratch arenas and cuBLAS workspace, joined by another event.
+  void begin_side() override {
+    if (on_side_ || !side_stream_ || profiler_) return;  // (the op profiler times one stream)
+    join_side();
+    check(cudaEventRecord(side_fork_, stream_), "begin_side");
+    check(cudaStreamWaitEvent(side_stream_, side_fork_), "begin_side");
+    switch_line(side_stream_, side_cublas_ws_);
+    on_side_ = true;
+  }
+  void end_side() override {
+    if (!on_side_) return;
+    check(cudaEventRecord(side_done_, stream_), "end_side");
+    switch_line(main_stream_, cublas_ws_);
+    on_side_ = false;
+    side_pending_ = true;
+  }
+  void join_side() override {
+    end_side();
+    if (!side_pending_) return;
+    check(cudaStreamWaitEvent(stream_, side_done_), "join_side");
+    side_pending_ = false;
+  }
+
   void argmax(Rows x, int32_t* out) override {
     auto prof = begin_op("argmax");
     if (!expect(x.n_cols > 0, "argmax: empty rows")) return;
@@ -626,6 +656,7 @@ class CudaBackend final : public Backend {
     if (e != cudaSuccess) return Status::errorf("capture: cudaStreamBeginCapture: {}", cudaGetErrorString(e));
     capturing_ = true;
     step();
+    join_side();  // a capture ends on the stream it began on, with every fork joined
     capturing_ = false;
     forget_quantized();
     cudaGraph_t graph = nullptr;
@@ -690,6 +721,16 @@ class CudaBackend final : public Backend {
     void* ws = nullptr;
     if (cudaMalloc(&ws, kCublasWorkspace) != cudaSuccess) return Status::error("cudaMalloc of the cuBLAS workspace failed");
     owned_.push_back(ws);
+    cublas_ws_ = ws;
+    // The side line (begin_side; HYSPEC_SIDE_STREAM=0: none, its ops run in order on the main stream).
+    if (cuda::env_int("HYSPEC_SIDE_STREAM", 1) != 0) {
+      if (cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking) != cudaSuccess ||
+          cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming) != cudaSuccess ||
+          cudaMalloc(&side_cublas_ws_, kCublasWorkspace) != cudaSuccess)
+        return Status::error("CUDA: creating the side stream failed");
+      owned_.push_back(side_cublas_ws_);
+    }
     if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS ||
         cublasSetWorkspace(cublas_, ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS)
       return Status::error("cuBLAS stream/workspace setup failed");
@@ -711,6 +752,8 @@ class CudaBackend final : public Backend {
     }
     // Enough for every decode-width op of the real models; prefill grows them once.
     if (!arena(matmul_arena_, size_t(8) << 20) || !arena(op_arena_, size_t(32) << 20)) return synchronize();
+    if (side_stream_ && (!arena(side_matmul_arena_, size_t(8) << 20) || !arena(side_op_arena_, size_t(4) << 20)))
+      return synchronize();
     return Status::ok();
   }
 
@@ -774,6 +817,17 @@ class CudaBackend final : public Backend {
     check(cuda::binary_launch(op, mat(a), mat(b), mat(y), stream_), what);
   }
 
+  // Enqueue on `stream` from here on, with that line's arenas and cuBLAS workspace.
+  void switch_line(cudaStream_t stream, void* cublas_ws) {
+    if (stream == side_stream_) main_stream_ = stream_;
+    stream_ = stream;
+    std::swap(matmul_arena_, side_matmul_arena_);
+    std::swap(op_arena_, side_op_arena_);
+    if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(cublas_, cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS)
+      record(Status::error("cuBLAS: switching streams failed"));
+  }
+
   void* arena(Arena& a, size_t bytes) {
     if (bytes <= a.size) return a.data;
     const size_t size = std::max(bytes, a.size * 2);
@@ -832,6 +886,14 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   std::unique_ptr<cuda::OpProfiler> profiler_;  // HYSPEC_CUDA_PROFILE only
   Arena matmul_arena_, op_arena_;
+  // The side line (begin_side): its stream, fork and join events, and the arenas and cuBLAS workspace
+  // it swaps in while ops are enqueued on it (the main line's are swapped out to the side_ names).
+  cudaStream_t side_stream_ = nullptr, main_stream_ = nullptr;
+  cudaEvent_t side_fork_ = nullptr, side_done_ = nullptr;
+  Arena side_matmul_arena_, side_op_arena_;
+  void* cublas_ws_ = nullptr;
+  void* side_cublas_ws_ = nullptr;
+  bool on_side_ = false, side_pending_ = false;
   unsigned* attention_counters_ = nullptr;
   // The rows the last norm also quantized for the int8 matvecs (into quantized_x_), while no op since
   // may have rewritten them: a matmul of exactly these rows reads quantized_x_ instead of quantizing
