@@ -37,6 +37,11 @@ int moe_grouped_min_tokens() {
   static const int v = cuda::env_int("HYSPEC_MOE_GROUPED_MIN", 2);
   return v;
 }
+// HYSPEC_MOE_FUSE=0: the route and the shared expert's add as launches of their own (for A/Bs).
+bool moe_fuse() {
+  static const bool v = cuda::env_int("HYSPEC_MOE_FUSE", 1) != 0;
+  return v;
+}
 
 Mat mat(const Rows& r) { return Mat{r.data, r.n_rows, r.n_cols, r.stride}; }
 
@@ -507,7 +512,8 @@ class CudaBackend final : public Backend {
                     a.down_exps->n_out == hidden && a.down_exps->n_in == a.gate_exps->n_out &&
                     a.out.n_cols == hidden && a.out.n_rows == n &&
                     (!a.shared_gate || (a.shared_gate->n_in == hidden && a.shared_gate_out.n_rows == n &&
-                                        a.shared_gate_out.n_cols == a.shared_gate->n_out)),
+                                        a.shared_gate_out.n_cols == a.shared_gate->n_out)) &&
+                    (!a.shared_out.data || (a.shared_gate && same_shape(a.shared_out, a.out))),
                 "moe_ffn: inconsistent shapes") ||
         !expect(cuda::matmul_type_supported(a.gate_exps->type) && cuda::matmul_type_supported(a.up_exps->type) &&
                     cuda::matmul_type_supported(a.down_exps->type),
@@ -558,7 +564,24 @@ class CudaBackend final : public Backend {
     } else {
       check(pair, "moe_ffn router");
     }
-    check(cuda::moe_route_launch(Mat{logits, n, E, E}, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");
+    // The shared expert's rows (from the side line) are added in the combine pass.
+    auto combine = [&](const int32_t* pos) {
+      if (a.shared_out.data) join_side();
+      const bool shared_here = a.shared_out.data && moe_fuse();
+      check(cuda::moe_combine_launch(d, pos, weights, static_cast<int>(k), mat(a.out), stream_,
+                                     shared_here ? mat(a.shared_out) : Mat{}, mat(a.shared_gate_out)),
+            "moe_ffn combine");
+      if (a.shared_out.data && !shared_here)
+        check(cuda::binary_launch(cuda::Binary::AddSigmoidScaled, mat(a.shared_out), mat(a.shared_gate_out),
+                                  mat(a.out), stream_),
+              "moe_ffn shared");
+    };
+    // One-token-kernel steps route inside the first expert launch (fused gate+up on the int8 kernels).
+    const cuda::MoeRouteIn route{Mat{logits, n, E, E}, static_cast<int>(k), weights};
+    const bool route_in_experts = moe_fuse() && int8_slots && fused && cuda::int8_experts_supported(gv) &&
+                                  cuda::int8_experts_route_supported(route);
+    if (!route_in_experts)
+      check(cuda::moe_route_launch(route.logits, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");
     if (grouped) {
       auto* offsets = reinterpret_cast<int32_t*>(base + o_off);
       auto* order = reinterpret_cast<int32_t*>(base + o_order);
@@ -578,28 +601,29 @@ class CudaBackend final : public Backend {
         check(cuda::binary_launch(cuda::Binary::SwiGlu, g, u, g, stream_), "moe_ffn swiglu");
       }
       check(cuda::matmul_grouped_launch(dv, nullptr, offsets, ne, g, d, s, stream_), "moe_ffn down");
-      check(cuda::moe_combine_launch(d, pos, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
+      combine(pos);
       return;
     }
     void* s = arena(matmul_arena_, std::max(cuda::matmul_experts_scratch_bytes(gv, n),
                                             cuda::matmul_experts_scratch_bytes(dv, nk)));
     if (!s) return;
     const cuda::MatmulScratch ms{s, matmul_arena_.size};
-    auto experts = [&](const cuda::WeightView& w, const uint8_t* up, int x_div, Mat x, Mat y, const char* what) {
+    auto experts = [&](const cuda::WeightView& w, const uint8_t* up, int x_div, Mat x, Mat y, const char* what,
+                       const cuda::MoeRouteIn* r = nullptr) {
       check(int8_slots && cuda::int8_experts_supported(w)
-                ? cuda::int8_experts_launch(w, up, ids, nk, x_div, x, y, stream_)
+                ? cuda::int8_experts_launch(w, up, ids, nk, x_div, x, y, stream_, r)
                 : cuda::matmul_experts_launch(w, up, ids, nk, x_div, x, y, ms, stream_),
             what);
     };
     if (fused) {
-      experts(gv, uv.data, static_cast<int>(k), mat(a.x), g, "moe_ffn gate+up");
+      experts(gv, uv.data, static_cast<int>(k), mat(a.x), g, "moe_ffn gate+up", route_in_experts ? &route : nullptr);
     } else {
       experts(gv, nullptr, static_cast<int>(k), mat(a.x), g, "moe_ffn gate");
       experts(uv, nullptr, static_cast<int>(k), mat(a.x), u, "moe_ffn up");
       check(cuda::binary_launch(cuda::Binary::SwiGlu, g, u, g, stream_), "moe_ffn swiglu");
     }
     experts(dv, nullptr, 1, g, d, "moe_ffn down");
-    check(cuda::moe_combine_launch(d, nullptr, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
+    combine(nullptr);
   }
 
   // The side line: a second stream forked from the main one by an event (a fork in a captured graph), with

@@ -12,6 +12,7 @@
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/q8k.cuh"
+#include "backend/cuda/select.cuh"
 
 namespace hyspec::cuda {
 namespace {
@@ -401,11 +402,6 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   }
 }
 
-// Better of (v, i) and (ov, oi): larger value, then smaller index.
-__device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
-  if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
-}
-
 // Argmax of each row (first index on ties; NaN never wins; a row without a winner gives 0) in two
 // passes, so that a 248K-logit row is read by ~60 SMs instead of one (one block per row took 50 us on
 // an H100): argmax_chunks_kernel takes kArgmaxChunk logits per block, 16 per thread, all loaded before
@@ -413,11 +409,6 @@ __device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
 // winner does not depend on the order of comparisons (value, then index, is a total order).
 // Bytes: the logits once (4 per element), 8 per chunk written and read back; no FLOPs to speak of.
 constexpr int kArgmaxThreads = 256, kArgmaxPerThread = 16, kArgmaxChunk = kArgmaxThreads * kArgmaxPerThread;
-constexpr int kNoIndex = 0x7fffffff;
-
-__device__ __forceinline__ void warp_arg_best(float& v, int& i) {
-  for (int o = 16; o > 0; o >>= 1) arg_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
-}
 
 // The column of a thread's j-th logit in its block's chunk (blockIdx.x), and the chunk of row `row`
 // loaded (all loads before any use: one round trip), `pad` past the row's end.
@@ -538,39 +529,18 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
-// One warp per token: p_e = exp(l_e - max) (the softmax normaliser cancels in the renormalisation),
-// k rounds of argmax (first index on ties), weights p_sel / sum(p_sel).
+// One warp per token (route_top_k).
 __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* weights) {
   extern __shared__ float p[];
   pdl_wait();  // the router's logits
   pdl_trigger();
-  const int lane = threadIdx.x;
-  const float* l = logits.data + blockIdx.x * logits.stride;
-  const int n = static_cast<int>(logits.cols);
-  float m = -FLT_MAX;
-  for (int e = lane; e < n; e += 32) m = fmaxf(m, l[e]);
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  for (int e = lane; e < n; e += 32) p[e] = expf(l[e] - m);
-  __syncwarp();
-  float total = 0.0f;
-  for (int s = 0; s < top_k; ++s) {
-    float v = -1.0f;
-    int idx = kNoIndex;
-    for (int e = lane; e < n; e += 32) arg_better(v, idx, p[e], e);
-    warp_arg_best(v, idx);
-    total += v;
-    if (lane == 0) {
-      ids[blockIdx.x * top_k + s] = idx;
-      weights[blockIdx.x * top_k + s] = v;
-      p[idx] = -2.0f;
-    }
-    __syncwarp();
-  }
-  if (lane < top_k) weights[blockIdx.x * top_k + lane] /= total;
+  route_top_k(logits.data + blockIdx.x * logits.stride, static_cast<int>(logits.cols), top_k, p,
+              ids + blockIdx.x * top_k, weights + blockIdx.x * top_k);
 }
 
+// shared (optional): + sigmoid(gate[t]) * shared[t], the add_sigmoid_scaled op's formula after the sum.
 __global__ void moe_combine_kernel(Mat eo, const int32_t* __restrict__ pos, const float* __restrict__ w, int top_k,
-                                   Mat out) {
+                                   Mat out, Mat shared, Mat gate) {
   pdl_wait();  // the experts' outputs
   pdl_trigger();
   const int64_t total = out.rows * out.cols;
@@ -581,6 +551,7 @@ __global__ void moe_combine_kernel(Mat eo, const int32_t* __restrict__ pos, cons
       const int64_t slot = t * top_k + k, row = pos ? pos[slot] : slot;
       s += w[slot] * eo.data[row * eo.stride + c];
     }
+    if (shared.data) s += sigmoid(gate.data[t * gate.stride]) * shared.data[t * shared.stride + c];
     out.data[t * out.stride + c] = s;
   }
 }
@@ -789,10 +760,12 @@ cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights
 }
 
 cudaError_t moe_combine_launch(Mat expert_out, const int32_t* pos, const float* weights, int top_k, Mat out,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, Mat shared, Mat gate) {
   if (out.rows == 0) return cudaSuccess;
+  if (shared.data && (shared.rows != out.rows || shared.cols != out.cols || !gate.data || gate.rows != out.rows))
+    return cudaErrorInvalidValue;
   return launch_pdl(moe_combine_kernel, dim3(grid_for(out.rows * out.cols, 256, 65535)), dim3(256), 0, stream,
-                    expert_out, pos, weights, top_k, out);
+                    expert_out, pos, weights, top_k, out, shared, gate);
 }
 
 cudaError_t moe_group_launch(const int32_t* ids, int64_t n_slots, int n_experts, int32_t* offsets, int32_t* order,

@@ -39,6 +39,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/q8k.cuh"
+#include "backend/cuda/select.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace hyspec::cuda {
@@ -1177,19 +1178,43 @@ namespace {
 // Per-slot expert matvecs (int8_experts_launch): blocks [slot * bps, (slot + 1) * bps) serve slot
 // `slot` as a one-token int8 matvec launch on expert ids[slot]'s weights would (the dp4a kernel, x
 // quantized in-block; WT: on warp tiles), so a slot's row has the same bits whatever the step's width.
+// ROUTE: the ids are not known yet; each block's first warp routes its token from the router's logits
+// (route_top_k, as moe_route_kernel does) into shared memory past the matvec's, and the first block of
+// each token's first slot writes the token's ids and weights for the launches after it. One launch in
+// the chain fewer: the route kernel was a whole launch latency for a few hundred logits.
 struct Int8ExpertArgs {
   Int8MvArgs a;  // expert 0's weights, slot 0's x and y; n = 1
-  const int32_t* ids;
+  int32_t* ids;  // read; written when routing
   size_t expert_bytes;
   int x_div, blocks_per_slot;
+  MoeRouteIn route;      // ROUTE only
+  unsigned route_smem;   // where the route's scratch starts in shared memory
 };
-template <class Family, bool SW, bool WT>
+template <class Family, bool SW, bool WT, bool ROUTE>
 __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int b = static_cast<int>(blockIdx.x), slot = b / e.blocks_per_slot;
-  pdl_wait();  // the router's ids, and x, belong to earlier kernels (no weight is prefetched before)
+  pdl_wait();  // the router's ids (or logits), and x, belong to earlier kernels (no weight is prefetched before)
+  int expert;
+  if constexpr (ROUTE) {
+    const int k = e.route.top_k, t = slot / k;
+    float* p = reinterpret_cast<float*>(smem + e.route_smem);
+    int32_t* ids = reinterpret_cast<int32_t*>(p + e.route.logits.cols);
+    float* weights = reinterpret_cast<float*>(ids + k);
+    if (threadIdx.x < 32)
+      route_top_k(e.route.logits.data + t * e.route.logits.stride, static_cast<int>(e.route.logits.cols), k, p, ids,
+                  weights);
+    __syncthreads();
+    expert = ids[slot - t * k];
+    if (slot == t * k && b == slot * e.blocks_per_slot && threadIdx.x < k) {
+      e.ids[t * k + threadIdx.x] = ids[threadIdx.x];
+      e.route.weights[t * k + threadIdx.x] = weights[threadIdx.x];
+    }
+  } else {
+    expert = e.ids[slot];
+  }
   Int8MvArgs a = e.a;
-  const size_t at = static_cast<size_t>(e.ids[slot]) * e.expert_bytes;
+  const size_t at = static_cast<size_t>(expert) * e.expert_bytes;
   a.w += at;
   if constexpr (SW) a.w2 += at;
   a.xf += static_cast<int64_t>(slot / e.x_div) * a.xf_stride;
@@ -1197,13 +1222,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
   Family::template one_token_body<SW, WT>(a, smem, BlockSlot{b - slot * e.blocks_per_slot, e.blocks_per_slot});
 }
 
-template <class Family, bool SW, bool WT>
-cudaError_t launch_experts(const Int8ExpertArgs& e, int64_t grid, cudaStream_t stream) {
-  const size_t smem = smem_bytes<typename Family::L>(1, true);
-  static const cudaError_t attr_err = cudaFuncSetAttribute(experts_kernel<Family, SW, WT>,
-                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+template <class Family, bool SW, bool WT, bool ROUTE = false>
+cudaError_t launch_experts(Int8ExpertArgs e, int64_t grid, cudaStream_t stream) {
+  const size_t body = smem_bytes<typename Family::L>(1, true);
+  e.route_smem = static_cast<unsigned>((body + 15) / 16 * 16);
+  // (set once, for the largest router: the attribute is a limit)
+  static const cudaError_t attr_err =
+      cudaFuncSetAttribute(experts_kernel<Family, SW, WT, ROUTE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(ROUTE ? e.route_smem + route_smem_bytes(kRouteInBlockMaxExperts) : body));
   if (attr_err != cudaSuccess) return attr_err;
-  return launch_pdl(experts_kernel<Family, SW, WT>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream, e);
+  const size_t smem = ROUTE ? e.route_smem + route_smem_bytes(e.route.logits.cols) : body;
+  return launch_pdl(experts_kernel<Family, SW, WT, ROUTE>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem,
+                    stream, e);
 }
 
 // The expert types with a per-slot kernel (the K-quants of MoE files; others take the f16 path).
@@ -1214,16 +1244,24 @@ bool with_expert_family(GgmlType t, F&& f) {
 
 }  // namespace
 
+bool int8_experts_route_supported(const MoeRouteIn& r) {
+  return r.logits.data && r.weights && r.top_k >= 1 && r.top_k <= 32 && r.top_k <= r.logits.cols &&
+         r.logits.cols <= kRouteInBlockMaxExperts;
+}
+
 bool int8_experts_supported(const WeightView& w) {
   bool fits = false;
   with_expert_family(w.type, [&](auto family) { fits = dp4a_fits<typename decltype(family)::L>(); });
   return fits && w.int8_matvec && w.n_in % 256 == 0 && staged_x_bytes(1, w.n_in) <= kMaxStagedX;
 }
 
-cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
-                                int x_div, Mat x, Mat y, cudaStream_t stream) {
+cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, int32_t* expert_ids, int64_t n_slots,
+                                int x_div, Mat x, Mat y, cudaStream_t stream, const MoeRouteIn* route) {
   if (n_slots == 0) return cudaSuccess;
   if (!int8_experts_supported(w) || x_div < 1 || n_slots > (int64_t{1} << 20)) return cudaErrorInvalidValue;
+  if (route && (!int8_experts_route_supported(*route) || route->top_k != x_div || !up ||
+                n_slots != route->logits.rows * route->top_k))
+    return cudaErrorInvalidValue;
   // Rows of fewer than 8 super-blocks (the 512 or 768 inputs of an expert's down projection) would leave
   // warps of a shared tile idle: each warp walks tiles of its own instead. Either way a slot's row has
   // the same bits in every step (the choice depends on the shape only).
@@ -1233,12 +1271,14 @@ cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const in
   // The slots share the two blocks per SM (rounded, so 136 slots take 272 blocks, not 136).
   const int64_t bps = std::clamp<int64_t>((2 * int64_t{sm_count()} + n_slots / 2) / n_slots, 1, block_tiles);
   Int8ExpertArgs e{Int8MvArgs{w.data, up, w.row_bytes, w.n_out, w.n_in, Q8K{}, x.data, x.stride, 1, y.data, y.stride},
-                   expert_ids, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps)};
+                   expert_ids, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps),
+                   route ? *route : MoeRouteIn{}, 0};
   const int64_t grid = n_slots * bps;
   cudaError_t err = cudaErrorInvalidValue;
   with_expert_family(w.type, [&](auto family) {
     using Family = decltype(family);
-    err = up           ? launch_experts<Family, true, false>(e, grid, stream)
+    err = route        ? launch_experts<Family, true, false, true>(e, grid, stream)
+          : up         ? launch_experts<Family, true, false>(e, grid, stream)
           : warp_tiles ? launch_experts<Family, false, true>(e, grid, stream)
                        : launch_experts<Family, false, false>(e, grid, stream);
   });
