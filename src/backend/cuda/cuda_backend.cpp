@@ -37,9 +37,10 @@ int moe_grouped_min_tokens() {
   static const int v = cuda::env_int("HYSPEC_MOE_GROUPED_MIN", 2);
   return v;
 }
-// HYSPEC_MOE_FUSE=0: the route and the shared expert's add as launches of their own (for A/Bs).
-bool moe_fuse() {
-  static const bool v = cuda::env_int("HYSPEC_MOE_FUSE", 1) != 0;
+// HYSPEC_MOE_FUSE (for A/Bs): bit 0 routes inside the first expert launch, bit 1 adds the shared expert
+// in the combine pass; a clear bit gives that step a launch of its own. Default 3.
+int moe_fuse() {
+  static const int v = cuda::env_int("HYSPEC_MOE_FUSE", 3);
   return v;
 }
 
@@ -567,7 +568,7 @@ class CudaBackend final : public Backend {
     // The shared expert's rows (from the side line) are added in the combine pass.
     auto combine = [&](const int32_t* pos) {
       if (a.shared_out.data) join_side();
-      const bool shared_here = a.shared_out.data && moe_fuse();
+      const bool shared_here = a.shared_out.data && (moe_fuse() & 2);
       check(cuda::moe_combine_launch(d, pos, weights, static_cast<int>(k), mat(a.out), stream_,
                                      shared_here ? mat(a.shared_out) : Mat{}, mat(a.shared_gate_out)),
             "moe_ffn combine");
@@ -578,7 +579,7 @@ class CudaBackend final : public Backend {
     };
     // One-token-kernel steps route inside the first expert launch (fused gate+up on the int8 kernels).
     const cuda::MoeRouteIn route{Mat{logits, n, E, E}, static_cast<int>(k), weights};
-    const bool route_in_experts = moe_fuse() && int8_slots && fused && cuda::int8_experts_supported(gv) &&
+    const bool route_in_experts = (moe_fuse() & 1) && int8_slots && fused && cuda::int8_experts_supported(gv) &&
                                   cuda::int8_experts_route_supported(route);
     if (!route_in_experts)
       check(cuda::moe_route_launch(route.logits, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");

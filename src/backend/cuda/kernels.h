@@ -115,8 +115,7 @@ struct MoeRouteIn {
   int top_k = 0;
   float* weights = nullptr;
 };
-constexpr int64_t kRouteInBlockMaxExperts = 1024;
-constexpr size_t route_smem_bytes(int64_t n_experts) { return static_cast<size_t>(n_experts) * 4 + 32 * 8; }
+constexpr int64_t kRouteInBlockMaxExperts = 512;  // (the logits in registers: select.cuh)
 bool int8_experts_route_supported(const MoeRouteIn& r);
 cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, int32_t* expert_ids, int64_t n_slots,
                                 int x_div, Mat x, Mat y, cudaStream_t stream, const MoeRouteIn* route = nullptr);

@@ -1198,12 +1198,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
   int expert;
   if constexpr (ROUTE) {
     const int k = e.route.top_k, t = slot / k;
-    float* p = reinterpret_cast<float*>(smem + e.route_smem);
-    int32_t* ids = reinterpret_cast<int32_t*>(p + e.route.logits.cols);
-    float* weights = reinterpret_cast<float*>(ids + k);
-    if (threadIdx.x < 32)
-      route_top_k(e.route.logits.data + t * e.route.logits.stride, static_cast<int>(e.route.logits.cols), k, p, ids,
-                  weights);
+    int32_t* ids = reinterpret_cast<int32_t*>(smem + e.route_smem);
+    float* weights = reinterpret_cast<float*>(ids + 32);
+    if (threadIdx.x < 32)  // (at most kRouteRegExperts logits: no scratch)
+      route_top_k(e.route.logits.data + t * e.route.logits.stride, static_cast<int>(e.route.logits.cols), k, nullptr,
+                  ids, weights);
     __syncthreads();
     expert = ids[slot - t * k];
     if (slot == t * k && b == slot * e.blocks_per_slot && threadIdx.x < k) {
@@ -1226,12 +1225,10 @@ template <class Family, bool SW, bool WT, bool ROUTE = false>
 cudaError_t launch_experts(Int8ExpertArgs e, int64_t grid, cudaStream_t stream) {
   const size_t body = smem_bytes<typename Family::L>(1, true);
   e.route_smem = static_cast<unsigned>((body + 15) / 16 * 16);
-  // (set once, for the largest router: the attribute is a limit)
-  static const cudaError_t attr_err =
-      cudaFuncSetAttribute(experts_kernel<Family, SW, WT, ROUTE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(ROUTE ? e.route_smem + route_smem_bytes(kRouteInBlockMaxExperts) : body));
+  const size_t smem = ROUTE ? e.route_smem + 32 * 8 : body;  // + the route's ids and weights
+  static const cudaError_t attr_err = cudaFuncSetAttribute(
+      experts_kernel<Family, SW, WT, ROUTE>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
-  const size_t smem = ROUTE ? e.route_smem + route_smem_bytes(e.route.logits.cols) : body;
   return launch_pdl(experts_kernel<Family, SW, WT, ROUTE>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem,
                     stream, e);
 }
@@ -1239,7 +1236,12 @@ cudaError_t launch_experts(Int8ExpertArgs e, int64_t grid, cudaStream_t stream) 
 // The expert types with a per-slot kernel (the K-quants of MoE files; others take the f16 path).
 template <class F>
 bool with_expert_family(GgmlType t, F&& f) {
-  return (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K) && with_int8_family(t, f);
+  switch (t) {  // (not with_int8_family: its other families would be compiled for nothing)
+    case GgmlType::Q4_K: f(Q4KFamily<false>{}); return true;
+    case GgmlType::Q5_K: f(Q4KFamily<true>{}); return true;
+    case GgmlType::Q6_K: f(S16Family<Q6KCodes>{}); return true;
+    default: return false;
+  }
 }
 
 }  // namespace
