@@ -4,9 +4,9 @@
 # types), with an MTP block added (gguf_skeleton add-nextn: a copy of the last full-attention MoE block).
 #   - greedy generation, plain and with MTP drafts (random weights: every draft rejected, so every round
 #     verifies and rolls back): the ids must be the same;
-#   - hyspec bench (decode, verify-k), MOE_RUNS (default all four): int8 (the default build), no-fuse (the
-#     route and the shared expert's add as launches of their own, HYSPEC_MOE_FUSE=0; fuse1 / fuse2: one
-#     of the two fused), no-side (the shared expert in line, HYSPEC_SIDE_STREAM=0), f16 (--f16-matvec);
+#   - hyspec bench (decode, verify-k), MOE_RUNS (default all three): int8 (the default), no-side (the
+#     shared expert in line, HYSPEC_SIDE_STREAM=0), f16 (--f16-matvec), env:VAR=VALUE (the default
+#     with that setting), bin:NAME (.device/bin/hyspec_NAME: pack_variants.sh);
 #   - ncu's GPU time per kernel of decode and verify-16 steps (bench/kernel_times.sh).
 #   here: HYSPEC_DEVICE_BINS="test_backend" HYSPEC_DEVICE_FIXTURES="" scripts/device/pack.sh (MOE_KT=0: no ncu)
 set -uo pipefail
@@ -23,12 +23,14 @@ gen() { "$B/hyspec" run --backend cuda -m "$M" -c 4096 -s 1 -p "The history of t
   done
 } 2>&1 | tee "$OUT/moe_gen.log"
 for round in 1 2; do
-  for v in ${MOE_RUNS:-int8 no-fuse no-side f16}; do
+  for v in ${MOE_RUNS:-int8 no-side f16}; do
     echo "-- round $round $v"
     f=; [ $v = f16 ] && f=--f16-matvec
-    HYSPEC_SIDE_STREAM=$([ $v = no-side ] && echo 0 || echo 1) HYSPEC_MOE_FUSE=$(case $v in no-fuse) echo 0;; fuse1) echo 1;; fuse2) echo 2;; *) echo 3;; esac) \
-      $B/hyspec bench --backend cuda -m "$M" -p 512 -n 128 -c 4096 --verify 1,4,8,15,16 $f 2>/dev/null |
-      grep -E "pp512|tg128|verify" | cut -d'|' -f4-7
+    setting=HYSPEC_SIDE_STREAM=$([ $v = no-side ] && echo 0 || echo 1)
+    h=$B/hyspec
+    case $v in env:*) setting=${v#env:} ;; bin:*) h=$B/hyspec_${v#bin:} ;; esac
+    env "$setting" $h bench --backend cuda -m "$M" -p 512 -n 128 \
+      -c 4096 --verify 1,4,8,15,16 $f 2>/dev/null | grep -E "pp512|tg128|verify" | cut -d'|' -f4-7
   done
 done 2>&1 | tee "$OUT/moe_bench.log"
 [ "${MOE_KT:-1}" = 0 ] && exit 0

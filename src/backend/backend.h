@@ -188,10 +188,6 @@ struct MoeArgs {
   // [hidden, 1]) into shared_gate_out, run with the router (one launch on CUDA: both are short rows).
   const Weight* shared_gate = nullptr;
   Rows shared_gate_out;
-  // Optional, with shared_gate: out += sigmoid(shared_gate_out) * shared_out after the routed sum
-  // (add_sigmoid_scaled's formula), in the same pass. shared_out may be written on the side line
-  // (begin_side); moe_ffn joins it before reading it.
-  Rows shared_out;
 };
 
 // A recorded sequence of ops that can be replayed with the same pointers (CUDA graph on CUDA;

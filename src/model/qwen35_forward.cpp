@@ -128,9 +128,12 @@ void ffn(const Ctx& c, const FfnWeights& w, Rows x, Rows out) {
     }
     c.be.matmul(w.ffn_down_shexp, g, s);
     c.be.end_side();
-    m.shared_out = s;  // added by moe_ffn's last pass
   }
   c.be.moe_ffn(m);
+  if (shared) {
+    c.be.join_side();
+    c.be.add_sigmoid_scaled(s, gate, out);
+  }
 }
 
 // One pre-norm block: x += Mixer(attn_norm(x)); x += FFN(post_attention_norm(x)). Each residual add

@@ -53,7 +53,6 @@ void moe_ffn(ThreadPool& pool, const MoeArgs& a) {
       kernels.axpy(toks[i].second, &down[i * hidden], hidden, o);
     }
   }
-  if (a.shared_out.data) add_sigmoid_scaled(pool, a.shared_out, a.shared_gate_out, a.out);
 }
 
 }  // namespace hyspec::cpu

@@ -37,10 +37,10 @@ int moe_grouped_min_tokens() {
   static const int v = cuda::env_int("HYSPEC_MOE_GROUPED_MIN", 2);
   return v;
 }
-// HYSPEC_MOE_FUSE (for A/Bs): bit 0 routes inside the first expert launch, bit 1 adds the shared expert
-// in the combine pass; a clear bit gives that step a launch of its own. Default 3.
-int moe_fuse() {
-  static const int v = cuda::env_int("HYSPEC_MOE_FUSE", 3);
+// Steps of at least this many tokens (and at most kInt8ExpertsMaxTokens) serve an expert's int8 slots
+// two at a time (moe_route_pairs_launch); 0: never. HYSPEC_MOE_PAIRS_MIN.
+int moe_pairs_min_tokens() {
+  static const int v = cuda::env_int("HYSPEC_MOE_PAIRS_MIN", 2);
   return v;
 }
 
@@ -513,8 +513,7 @@ class CudaBackend final : public Backend {
                     a.down_exps->n_out == hidden && a.down_exps->n_in == a.gate_exps->n_out &&
                     a.out.n_cols == hidden && a.out.n_rows == n &&
                     (!a.shared_gate || (a.shared_gate->n_in == hidden && a.shared_gate_out.n_rows == n &&
-                                        a.shared_gate_out.n_cols == a.shared_gate->n_out)) &&
-                    (!a.shared_out.data || (a.shared_gate && same_shape(a.shared_out, a.out))),
+                                        a.shared_gate_out.n_cols == a.shared_gate->n_out)),
                 "moe_ffn: inconsistent shapes") ||
         !expect(cuda::matmul_type_supported(a.gate_exps->type) && cuda::matmul_type_supported(a.up_exps->type) &&
                     cuda::matmul_type_supported(a.down_exps->type),
@@ -544,7 +543,8 @@ class CudaBackend final : public Backend {
     const size_t o_logits = take(n * E * 4), o_ids = take(nk * 4), o_w = take(nk * 4), o_g = take(nk * ffn * 4),
                  o_u = take(fused ? 0 : nk * ffn * 4), o_d = take(nk * hidden * 4),
                  o_off = take(grouped ? (E + 1) * 4 : 0), o_order = take(grouped ? nk * 4 : 0),
-                 o_pos = take(grouped ? nk * 4 : 0), o_xs = take(grouped ? nk * hidden * 4 : 0);
+                 o_pos = take(grouped ? nk * 4 : 0), o_xs = take(grouped ? nk * hidden * 4 : 0),
+                 o_pairs = take(nk * sizeof(int4));
     auto* base = static_cast<char*>(arena(op_arena_, off));
     if (!base) return;
     auto* logits = reinterpret_cast<float*>(base + o_logits);
@@ -565,24 +565,15 @@ class CudaBackend final : public Backend {
     } else {
       check(pair, "moe_ffn router");
     }
-    // The shared expert's rows (from the side line) are added in the combine pass.
-    auto combine = [&](const int32_t* pos) {
-      if (a.shared_out.data) join_side();
-      const bool shared_here = a.shared_out.data && (moe_fuse() & 2);
-      check(cuda::moe_combine_launch(d, pos, weights, static_cast<int>(k), mat(a.out), stream_,
-                                     shared_here ? mat(a.shared_out) : Mat{}, mat(a.shared_gate_out)),
-            "moe_ffn combine");
-      if (a.shared_out.data && !shared_here)
-        check(cuda::binary_launch(cuda::Binary::AddSigmoidScaled, mat(a.shared_out), mat(a.shared_gate_out),
-                                  mat(a.out), stream_),
-              "moe_ffn shared");
-    };
-    // One-token-kernel steps route inside the first expert launch (fused gate+up on the int8 kernels).
-    const cuda::MoeRouteIn route{Mat{logits, n, E, E}, static_cast<int>(k), weights};
-    const bool route_in_experts = (moe_fuse() & 1) && int8_slots && fused && cuda::int8_experts_supported(gv) &&
-                                  cuda::int8_experts_route_supported(route);
-    if (!route_in_experts)
-      check(cuda::moe_route_launch(route.logits, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");
+    // Verify steps pair an expert's slots (two tokens routed to one expert read its weights once).
+    const bool paired = int8_slots && moe_pairs_min_tokens() > 0 && n >= moe_pairs_min_tokens() &&
+                        cuda::moe_route_pairs_supported(n, E, static_cast<int>(k));
+    auto* pairs = paired ? reinterpret_cast<int4*>(base + o_pairs) : nullptr;
+    if (paired)
+      check(cuda::moe_route_pairs_launch(Mat{logits, n, E, E}, static_cast<int>(k), ids, weights, pairs, stream_),
+            "moe_ffn route");
+    else
+      check(cuda::moe_route_launch(Mat{logits, n, E, E}, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");
     if (grouped) {
       auto* offsets = reinterpret_cast<int32_t*>(base + o_off);
       auto* order = reinterpret_cast<int32_t*>(base + o_order);
@@ -602,29 +593,28 @@ class CudaBackend final : public Backend {
         check(cuda::binary_launch(cuda::Binary::SwiGlu, g, u, g, stream_), "moe_ffn swiglu");
       }
       check(cuda::matmul_grouped_launch(dv, nullptr, offsets, ne, g, d, s, stream_), "moe_ffn down");
-      combine(pos);
+      check(cuda::moe_combine_launch(d, pos, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
       return;
     }
     void* s = arena(matmul_arena_, std::max(cuda::matmul_experts_scratch_bytes(gv, n),
                                             cuda::matmul_experts_scratch_bytes(dv, nk)));
     if (!s) return;
     const cuda::MatmulScratch ms{s, matmul_arena_.size};
-    auto experts = [&](const cuda::WeightView& w, const uint8_t* up, int x_div, Mat x, Mat y, const char* what,
-                       const cuda::MoeRouteIn* r = nullptr) {
+    auto experts = [&](const cuda::WeightView& w, const uint8_t* up, int x_div, Mat x, Mat y, const char* what) {
       check(int8_slots && cuda::int8_experts_supported(w)
-                ? cuda::int8_experts_launch(w, up, ids, nk, x_div, x, y, stream_, r)
+                ? cuda::int8_experts_launch(w, up, ids, nk, x_div, x, y, stream_, pairs)
                 : cuda::matmul_experts_launch(w, up, ids, nk, x_div, x, y, ms, stream_),
             what);
     };
     if (fused) {
-      experts(gv, uv.data, static_cast<int>(k), mat(a.x), g, "moe_ffn gate+up", route_in_experts ? &route : nullptr);
+      experts(gv, uv.data, static_cast<int>(k), mat(a.x), g, "moe_ffn gate+up");
     } else {
       experts(gv, nullptr, static_cast<int>(k), mat(a.x), g, "moe_ffn gate");
       experts(uv, nullptr, static_cast<int>(k), mat(a.x), u, "moe_ffn up");
       check(cuda::binary_launch(cuda::Binary::SwiGlu, g, u, g, stream_), "moe_ffn swiglu");
     }
     experts(dv, nullptr, 1, g, d, "moe_ffn down");
-    combine(nullptr);
+    check(cuda::moe_combine_launch(d, nullptr, weights, static_cast<int>(k), mat(a.out), stream_), "moe_ffn combine");
   }
 
   // The side line: a second stream forked from the main one by an event (a fork in a captured graph), with

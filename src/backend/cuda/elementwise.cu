@@ -12,7 +12,6 @@
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/q8k.cuh"
-#include "backend/cuda/select.cuh"
 
 namespace hyspec::cuda {
 namespace {
@@ -402,6 +401,11 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   }
 }
 
+// Better of (v, i) and (ov, oi): larger value, then smaller index.
+__device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+}
+
 // Argmax of each row (first index on ties; NaN never wins; a row without a winner gives 0) in two
 // passes, so that a 248K-logit row is read by ~60 SMs instead of one (one block per row took 50 us on
 // an H100): argmax_chunks_kernel takes kArgmaxChunk logits per block, 16 per thread, all loaded before
@@ -409,6 +413,11 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
 // winner does not depend on the order of comparisons (value, then index, is a total order).
 // Bytes: the logits once (4 per element), 8 per chunk written and read back; no FLOPs to speak of.
 constexpr int kArgmaxThreads = 256, kArgmaxPerThread = 16, kArgmaxChunk = kArgmaxThreads * kArgmaxPerThread;
+constexpr int kNoIndex = 0x7fffffff;
+
+__device__ __forceinline__ void warp_arg_best(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) arg_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+}
 
 // The column of a thread's j-th logit in its block's chunk (blockIdx.x), and the chunk of row `row`
 // loaded (all loads before any use: one round trip), `pad` past the row's end.
@@ -529,6 +538,64 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
+// One token's route, by a whole warp: p_e = exp(l_e - max) over the n logits l (the softmax normaliser
+// cancels in the renormalisation), top_k (<= 32) rounds of argmax (first index on ties; a round without
+// a winner, NaN logits, takes expert 0 with weight 0), ids[s] and weights[s] = p_sel / sum(p_sel).
+// Up to kRouteRegExperts logits sit in registers, loaded at once (one round trip; a round is then
+// compares and 10 shuffles, where it was 8 dependent shared-memory loads a lane); more take the n
+// floats of scratch p (shared memory). Either way the same values: the winner does not depend on the
+// order of comparisons (value, then index, is a total order).
+constexpr int kRouteRegExperts = 512;
+__device__ __forceinline__ void route_top_k(const float* __restrict__ l, int n, int top_k, float* p, int32_t* ids,
+                                            float* weights) {
+  const int lane = threadIdx.x & 31;
+  auto pick = [&](int s, float& total, float v, int idx) {
+    warp_arg_best(v, idx);
+    if (idx == kNoIndex) idx = 0, v = 0.0f;
+    total += v;
+    if (lane == 0) ids[s] = idx, weights[s] = v;
+    return idx;
+  };
+  float m = -FLT_MAX, total = 0.0f;
+  if (n <= kRouteRegExperts) {
+    constexpr int kPer = kRouteRegExperts / 32;
+    float r[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) r[j] = lane + 32 * j < n ? l[lane + 32 * j] : -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) m = fmaxf(m, r[j]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) r[j] = lane + 32 * j < n ? expf(r[j] - m) : -2.0f;
+    for (int s = 0; s < top_k; ++s) {
+      float v = -1.0f;
+      int idx = kNoIndex;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) arg_better(v, idx, r[j], lane + 32 * j);
+      idx = pick(s, total, v, idx);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        if (lane + 32 * j == idx) r[j] = -2.0f;
+    }
+  } else {
+    for (int e = lane; e < n; e += 32) m = fmaxf(m, l[e]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int e = lane; e < n; e += 32) p[e] = expf(l[e] - m);
+    __syncwarp();
+    for (int s = 0; s < top_k; ++s) {
+      float v = -1.0f;
+      int idx = kNoIndex;
+      for (int e = lane; e < n; e += 32) arg_better(v, idx, p[e], e);
+      idx = pick(s, total, v, idx);
+      if (lane == 0) p[idx] = -2.0f;
+      __syncwarp();
+    }
+  }
+  __syncwarp();
+  if (lane < top_k) weights[lane] /= total;
+  __syncwarp();
+}
+
 // One warp per token (route_top_k).
 __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* weights) {
   extern __shared__ float p[];
@@ -538,9 +605,36 @@ __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* wei
               ids + blockIdx.x * top_k, weights + blockIdx.x * top_k);
 }
 
-// shared (optional): + sigmoid(gate[t]) * shared[t], the add_sigmoid_scaled op's formula after the sum.
+// One block of 1024 threads: warp w routes tokens w, w + 32, ...; then thread j finds slot j's rank
+// among its expert's slots and the expert's next slot (a pass over the step's slots in shared memory,
+// read by every lane at once: broadcasts). Deterministic: pairs depend on the ids only.
+constexpr int kRoutePairsMaxSlots = static_cast<int>(kInt8ExpertsMaxTokens) * 32;
+__global__ void __launch_bounds__(1024) moe_route_pairs_kernel(Mat logits, int top_k, int32_t* ids, float* weights,
+                                                               int4* pairs) {
+  __shared__ int32_t sid[kRoutePairsMaxSlots];
+  pdl_wait();  // the router's logits
+  pdl_trigger();
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, n = static_cast<int>(logits.rows), nk = n * top_k;
+  for (int t = warp; t < n; t += warps)  // (at most kRouteRegExperts logits: no scratch)
+    route_top_k(logits.data + t * logits.stride, static_cast<int>(logits.cols), top_k, nullptr, ids + t * top_k,
+                weights + t * top_k);
+  __syncthreads();
+  for (int j = threadIdx.x; j < nk; j += blockDim.x) sid[j] = ids[j];
+  __syncthreads();
+  for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+    const int e = sid[j];
+    int rank = 0, next = -1;
+    for (int i = 0; i < nk; ++i) {
+      const bool same = sid[i] == e;
+      rank += same && i < j;
+      if (same && i > j && next < 0) next = i;
+    }
+    pairs[j] = rank % 2 == 0 ? make_int4(e, j, next, 0) : make_int4(-1, 0, 0, 0);
+  }
+}
+
 __global__ void moe_combine_kernel(Mat eo, const int32_t* __restrict__ pos, const float* __restrict__ w, int top_k,
-                                   Mat out, Mat shared, Mat gate) {
+                                   Mat out) {
   pdl_wait();  // the experts' outputs
   pdl_trigger();
   const int64_t total = out.rows * out.cols;
@@ -551,7 +645,6 @@ __global__ void moe_combine_kernel(Mat eo, const int32_t* __restrict__ pos, cons
       const int64_t slot = t * top_k + k, row = pos ? pos[slot] : slot;
       s += w[slot] * eo.data[row * eo.stride + c];
     }
-    if (shared.data) s += sigmoid(gate.data[t * gate.stride]) * shared.data[t * shared.stride + c];
     out.data[t * out.stride + c] = s;
   }
 }
@@ -759,13 +852,22 @@ cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights
                     stream, logits, top_k, ids, weights);
 }
 
+bool moe_route_pairs_supported(int64_t tokens, int64_t n_experts, int top_k) {
+  return tokens >= 1 && tokens <= kInt8ExpertsMaxTokens && n_experts <= kRoutePairsMaxExperts &&
+         n_experts <= kRouteRegExperts && top_k >= 1 && top_k <= 32 && top_k <= n_experts;
+}
+
+cudaError_t moe_route_pairs_launch(Mat logits, int top_k, int32_t* ids, float* weights, int4* pairs,
+                                   cudaStream_t stream) {
+  if (!moe_route_pairs_supported(logits.rows, logits.cols, top_k)) return cudaErrorInvalidValue;
+  return launch_pdl(moe_route_pairs_kernel, dim3(1), dim3(1024), 0, stream, logits, top_k, ids, weights, pairs);
+}
+
 cudaError_t moe_combine_launch(Mat expert_out, const int32_t* pos, const float* weights, int top_k, Mat out,
-                               cudaStream_t stream, Mat shared, Mat gate) {
+                               cudaStream_t stream) {
   if (out.rows == 0) return cudaSuccess;
-  if (shared.data && (shared.rows != out.rows || shared.cols != out.cols || !gate.data || gate.rows != out.rows))
-    return cudaErrorInvalidValue;
   return launch_pdl(moe_combine_kernel, dim3(grid_for(out.rows * out.cols, 256, 65535)), dim3(256), 0, stream,
-                    expert_out, pos, weights, top_k, out, shared, gate);
+                    expert_out, pos, weights, top_k, out);
 }
 
 cudaError_t moe_group_launch(const int32_t* ids, int64_t n_slots, int n_experts, int32_t* offsets, int32_t* order,

@@ -107,18 +107,10 @@ size_t matmul_experts_scratch_bytes(const WeightView& w, int64_t n_x_rows);
 // engine's widest verify step: --draft-max 64); wider ones (prompts) take the grouped f16 path.
 constexpr int64_t kInt8ExpertsMaxTokens = 65;
 bool int8_experts_supported(const WeightView& w);
-// The router's logits [tokens, n_expert] for a launch that routes in-block: the step's first expert
-// launch (fused gate+up, x_div = top_k) then writes expert_ids and weights [tokens, top_k] as
-// moe_route_launch would (the same bits) instead of reading expert_ids.
-struct MoeRouteIn {
-  Mat logits;
-  int top_k = 0;
-  float* weights = nullptr;
-};
-constexpr int64_t kRouteInBlockMaxExperts = 512;  // (the logits in registers: select.cuh)
-bool int8_experts_route_supported(const MoeRouteIn& r);
-cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, int32_t* expert_ids, int64_t n_slots,
-                                int x_div, Mat x, Mat y, cudaStream_t stream, const MoeRouteIn* route = nullptr);
+// pairs (moe_route_pairs_launch, or null): the slots of one expert served two at a time (the two-token
+// dp4a kernel, the same bits per row), reading the expert's weights once per pair.
+cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
+                                int x_div, Mat x, Mat y, cudaStream_t stream, const int4* pairs = nullptr);
 // Grouped expert matmul (MoE steps of several tokens): rows [offsets[e], offsets[e+1]) of x and y
 // belong to expert e (moe_group_launch's order); y[j] = W[e] x[j], each expert's weights read once
 // per 16 of its rows instead of once per row. up: fused SwiGLU with these up weights (same type and
@@ -182,13 +174,19 @@ cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t ca
                                  SelectedLogit* picked, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
+// The route of a step of up to kInt8ExpertsMaxTokens tokens and at most kRoutePairsMaxExperts experts
+// (moe_route_pairs_supported) in one block, as moe_route_launch, and the pairs of its slots for
+// int8_experts_launch: pairs[j] = (expert, j, the expert's next slot or -1) where slot j is the 1st,
+// 3rd, ... slot of its expert in slot order, else (-1, 0, 0, 0).
+constexpr int64_t kRoutePairsMaxExperts = 512;
+bool moe_route_pairs_supported(int64_t tokens, int64_t n_experts, int top_k);
+cudaError_t moe_route_pairs_launch(Mat logits, int top_k, int32_t* ids, float* weights, int4* pairs,
+                                   cudaStream_t stream);
 // out[t] = sum_s weights[t][s] * expert_out[t*k + s]
 // out[t] = sum_s weights[t*k+s] * expert_out[row of slot t*k+s]: row = pos[slot], or the slot itself
 // when pos is null.
-// shared (optional, with gate [rows, >= 1]): out[t] += sigmoid(gate[t][0]) * shared[t] after the sum
-// (the shared expert, as add_sigmoid_scaled adds it).
 cudaError_t moe_combine_launch(Mat expert_out, const int32_t* pos, const float* weights, int top_k, Mat out,
-                               cudaStream_t stream, Mat shared = {}, Mat gate = {});
+                               cudaStream_t stream);
 // The (token, slot) pairs of a step grouped by expert, in one block: offsets[0..n_experts] (the run of
 // expert e is [offsets[e], offsets[e+1])), order[j] = the slot at position j, pos[slot] = its position.
 // Positions within a run follow no fixed order (each row is computed on its own).

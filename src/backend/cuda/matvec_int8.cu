@@ -39,7 +39,6 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/q8k.cuh"
-#include "backend/cuda/select.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace hyspec::cuda {
@@ -982,9 +981,9 @@ struct Q4KFamily {
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_q4k<true, Q5>(a, dp4a, stream) : launch_q4k<false, Q5>(a, dp4a, stream);
   }
-  template <bool SW, bool WT>
-  __device__ static void one_token_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
-    q4k_dp4a_body<1, SW, Q5, WT>(a, smem, slot);
+  template <int NMAX, bool SW, bool WT>
+  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+    q4k_dp4a_body<NMAX, SW, Q5, WT>(a, smem, slot);
   }
 };
 template <class C>
@@ -994,9 +993,9 @@ struct S16Family {
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_s16<C, true>(a, dp4a, stream) : launch_s16<C, false>(a, dp4a, stream);
   }
-  template <bool SW, bool WT>
-  __device__ static void one_token_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
-    s16_dp4a_body<C, 1, SW, WT>(a, smem, slot);
+  template <int NMAX, bool SW, bool WT>
+  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+    s16_dp4a_body<C, NMAX, SW, WT>(a, smem, slot);
   }
 };
 // f(family) for a type of the int8 matvec; false for any other.
@@ -1178,58 +1177,51 @@ namespace {
 // Per-slot expert matvecs (int8_experts_launch): blocks [slot * bps, (slot + 1) * bps) serve slot
 // `slot` as a one-token int8 matvec launch on expert ids[slot]'s weights would (the dp4a kernel, x
 // quantized in-block; WT: on warp tiles), so a slot's row has the same bits whatever the step's width.
-// ROUTE: the ids are not known yet; each block's first warp routes its token from the router's logits
-// (route_top_k, as moe_route_kernel does) into shared memory past the matvec's, and the first block of
-// each token's first slot writes the token's ids and weights for the launches after it. One launch in
-// the chain fewer: the route kernel was a whole launch latency for a few hundred logits.
+// PAIRS: the blocks of slot j serve pairs[j] = (expert, slot, other slot of that expert or -1), or
+// nothing (expert -1: the slot is served with an earlier one), as the two-token dp4a kernel would: the
+// two slots' rows read the expert's weights once, with the one-token bits (the dp4a kernels' rows do
+// not depend on the width).
 struct Int8ExpertArgs {
   Int8MvArgs a;  // expert 0's weights, slot 0's x and y; n = 1
-  int32_t* ids;  // read; written when routing
+  const int32_t* ids;
+  const int4* pairs;  // PAIRS
   size_t expert_bytes;
   int x_div, blocks_per_slot;
-  MoeRouteIn route;      // ROUTE only
-  unsigned route_smem;   // where the route's scratch starts in shared memory
 };
-template <class Family, bool SW, bool WT, bool ROUTE>
+template <class Family, bool SW, bool WT, bool PAIRS>
 __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int b = static_cast<int>(blockIdx.x), slot = b / e.blocks_per_slot;
-  pdl_wait();  // the router's ids (or logits), and x, belong to earlier kernels (no weight is prefetched before)
-  int expert;
-  if constexpr (ROUTE) {
-    const int k = e.route.top_k, t = slot / k;
-    int32_t* ids = reinterpret_cast<int32_t*>(smem + e.route_smem);
-    float* weights = reinterpret_cast<float*>(ids + 32);
-    if (threadIdx.x < 32)  // (at most kRouteRegExperts logits: no scratch)
-      route_top_k(e.route.logits.data + t * e.route.logits.stride, static_cast<int>(e.route.logits.cols), k, nullptr,
-                  ids, weights);
-    __syncthreads();
-    expert = ids[slot - t * k];
-    if (slot == t * k && b == slot * e.blocks_per_slot && threadIdx.x < k) {
-      e.ids[t * k + threadIdx.x] = ids[threadIdx.x];
-      e.route.weights[t * k + threadIdx.x] = weights[threadIdx.x];
-    }
+  pdl_wait();  // the router's ids, and x, belong to earlier kernels (no weight is prefetched before)
+  Int8MvArgs a = e.a;
+  int expert = 0, s0 = slot, s1 = -1;
+  if constexpr (PAIRS) {
+    const int4 p = e.pairs[slot];
+    if (p.x < 0) return;
+    expert = p.x, s0 = p.y, s1 = p.z;
   } else {
     expert = e.ids[slot];
   }
-  Int8MvArgs a = e.a;
   const size_t at = static_cast<size_t>(expert) * e.expert_bytes;
   a.w += at;
   if constexpr (SW) a.w2 += at;
-  a.xf += static_cast<int64_t>(slot / e.x_div) * a.xf_stride;
-  a.y += static_cast<int64_t>(slot) * a.y_stride;
-  Family::template one_token_body<SW, WT>(a, smem, BlockSlot{b - slot * e.blocks_per_slot, e.blocks_per_slot});
+  a.xf += static_cast<int64_t>(s0 / e.x_div) * a.xf_stride;
+  a.y += static_cast<int64_t>(s0) * a.y_stride;
+  if (s1 >= 0) {  // the second row: at a stride from the first (any sign)
+    a.xf_stride *= s1 / e.x_div - s0 / e.x_div;
+    a.y_stride *= s1 - s0;
+    a.n = 2;
+  }
+  Family::template dp4a_body<PAIRS ? 2 : 1, SW, WT>(a, smem, BlockSlot{b - slot * e.blocks_per_slot, e.blocks_per_slot});
 }
 
-template <class Family, bool SW, bool WT, bool ROUTE = false>
-cudaError_t launch_experts(Int8ExpertArgs e, int64_t grid, cudaStream_t stream) {
-  const size_t body = smem_bytes<typename Family::L>(1, true);
-  e.route_smem = static_cast<unsigned>((body + 15) / 16 * 16);
-  const size_t smem = ROUTE ? e.route_smem + 32 * 8 : body;  // + the route's ids and weights
-  static const cudaError_t attr_err = cudaFuncSetAttribute(
-      experts_kernel<Family, SW, WT, ROUTE>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+template <class Family, bool SW, bool WT, bool PAIRS>
+cudaError_t launch_experts(const Int8ExpertArgs& e, int64_t grid, cudaStream_t stream) {
+  const size_t smem = smem_bytes<typename Family::L>(PAIRS ? 2 : 1, true);
+  static const cudaError_t attr_err = cudaFuncSetAttribute(experts_kernel<Family, SW, WT, PAIRS>,
+                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
-  return launch_pdl(experts_kernel<Family, SW, WT, ROUTE>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem,
+  return launch_pdl(experts_kernel<Family, SW, WT, PAIRS>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem,
                     stream, e);
 }
 
@@ -1246,24 +1238,16 @@ bool with_expert_family(GgmlType t, F&& f) {
 
 }  // namespace
 
-bool int8_experts_route_supported(const MoeRouteIn& r) {
-  return r.logits.data && r.weights && r.top_k >= 1 && r.top_k <= 32 && r.top_k <= r.logits.cols &&
-         r.logits.cols <= kRouteInBlockMaxExperts;
-}
-
 bool int8_experts_supported(const WeightView& w) {
   bool fits = false;
   with_expert_family(w.type, [&](auto family) { fits = dp4a_fits<typename decltype(family)::L>(); });
   return fits && w.int8_matvec && w.n_in % 256 == 0 && staged_x_bytes(1, w.n_in) <= kMaxStagedX;
 }
 
-cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, int32_t* expert_ids, int64_t n_slots,
-                                int x_div, Mat x, Mat y, cudaStream_t stream, const MoeRouteIn* route) {
+cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
+                                int x_div, Mat x, Mat y, cudaStream_t stream, const int4* pairs) {
   if (n_slots == 0) return cudaSuccess;
   if (!int8_experts_supported(w) || x_div < 1 || n_slots > (int64_t{1} << 20)) return cudaErrorInvalidValue;
-  if (route && (!int8_experts_route_supported(*route) || route->top_k != x_div || !up ||
-                n_slots != route->logits.rows * route->top_k))
-    return cudaErrorInvalidValue;
   // Rows of fewer than 8 super-blocks (the 512 or 768 inputs of an expert's down projection) would leave
   // warps of a shared tile idle: each warp walks tiles of its own instead. Either way a slot's row has
   // the same bits in every step (the choice depends on the shape only).
@@ -1273,16 +1257,19 @@ cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, int32_t*
   // The slots share the two blocks per SM (rounded, so 136 slots take 272 blocks, not 136).
   const int64_t bps = std::clamp<int64_t>((2 * int64_t{sm_count()} + n_slots / 2) / n_slots, 1, block_tiles);
   Int8ExpertArgs e{Int8MvArgs{w.data, up, w.row_bytes, w.n_out, w.n_in, Q8K{}, x.data, x.stride, 1, y.data, y.stride},
-                   expert_ids, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps),
-                   route ? *route : MoeRouteIn{}, 0};
+                   expert_ids, pairs, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps)};
   const int64_t grid = n_slots * bps;
   cudaError_t err = cudaErrorInvalidValue;
   with_expert_family(w.type, [&](auto family) {
     using Family = decltype(family);
-    err = route        ? launch_experts<Family, true, false, true>(e, grid, stream)
-          : up         ? launch_experts<Family, true, false>(e, grid, stream)
-          : warp_tiles ? launch_experts<Family, false, true>(e, grid, stream)
-                       : launch_experts<Family, false, false>(e, grid, stream);
+    if (pairs)
+      err = up           ? launch_experts<Family, true, false, true>(e, grid, stream)
+            : warp_tiles ? launch_experts<Family, false, true, true>(e, grid, stream)
+                         : launch_experts<Family, false, false, true>(e, grid, stream);
+    else
+      err = up           ? launch_experts<Family, true, false, false>(e, grid, stream)
+            : warp_tiles ? launch_experts<Family, false, true, false>(e, grid, stream)
+                         : launch_experts<Family, false, false, false>(e, grid, stream);
   });
   return err;
 }
