@@ -541,57 +541,81 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 // One token's route, by a whole warp: p_e = exp(l_e - max) over the n logits l (the softmax normaliser
 // cancels in the renormalisation), top_k (<= 32) rounds of argmax (first index on ties; a round without
 // a winner, NaN logits, takes expert 0 with weight 0), ids[s] and weights[s] = p_sel / sum(p_sel).
-// Up to kRouteRegExperts logits sit in registers, loaded at once (one round trip; a round is then
-// compares and 10 shuffles, where it was 8 dependent shared-memory loads a lane); more take the n
+// Up to kRouteRegExperts logits sit in registers (kPer a lane), loaded at once, and each lane keeps the
+// best of its own: a round is the warp's 5 shuffle steps, and only the winning lane looks again at its
+// values (the shared-memory loop read every lane's values again each round); more logits take the n
 // floats of scratch p (shared memory). Either way the same values: the winner does not depend on the
 // order of comparisons (value, then index, is a total order).
 constexpr int kRouteRegExperts = 512;
-__device__ __forceinline__ void route_top_k(const float* __restrict__ l, int n, int top_k, float* p, int32_t* ids,
-                                            float* weights) {
+template <int kPer>
+__device__ __forceinline__ void route_top_k_regs(const float* __restrict__ l, int n, int top_k, int32_t* ids,
+                                                 float* weights) {
   const int lane = threadIdx.x & 31;
-  auto pick = [&](int s, float& total, float v, int idx) {
+  float r[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) r[j] = lane + 32 * j < n ? l[lane + 32 * j] : -FLT_MAX;
+  float m = -FLT_MAX;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) m = fmaxf(m, r[j]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) r[j] = lane + 32 * j < n ? expf(r[j] - m) : -2.0f;
+  auto own_best = [&](float& v, int& idx) {  // a tree over the lane's values
+    float bv[kPer];
+    int bi[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {  // used values (-2) and NaNs never win
+      const bool live = r[j] > -1.0f;
+      bv[j] = live ? r[j] : -1.0f, bi[j] = live ? lane + 32 * j : kNoIndex;
+    }
+#pragma unroll
+    for (int w = kPer / 2; w > 0; w /= 2)
+#pragma unroll
+      for (int j = 0; j < w; ++j) arg_better(bv[j], bi[j], bv[j + w], bi[j + w]);
+    v = bv[0], idx = bi[0];
+  };
+  float lv;
+  int li;
+  own_best(lv, li);
+  float total = 0.0f;
+  for (int s = 0; s < top_k; ++s) {
+    float v = lv;
+    int idx = li;
     warp_arg_best(v, idx);
     if (idx == kNoIndex) idx = 0, v = 0.0f;
     total += v;
     if (lane == 0) ids[s] = idx, weights[s] = v;
-    return idx;
-  };
-  float m = -FLT_MAX, total = 0.0f;
-  if (n <= kRouteRegExperts) {
-    constexpr int kPer = kRouteRegExperts / 32;
-    float r[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) r[j] = lane + 32 * j < n ? l[lane + 32 * j] : -FLT_MAX;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) m = fmaxf(m, r[j]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) r[j] = lane + 32 * j < n ? expf(r[j] - m) : -2.0f;
-    for (int s = 0; s < top_k; ++s) {
-      float v = -1.0f;
-      int idx = kNoIndex;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) arg_better(v, idx, r[j], lane + 32 * j);
-      idx = pick(s, total, v, idx);
+    if (idx == li) {  // the winner's lane: its next best
 #pragma unroll
       for (int j = 0; j < kPer; ++j)
         if (lane + 32 * j == idx) r[j] = -2.0f;
-    }
-  } else {
-    for (int e = lane; e < n; e += 32) m = fmaxf(m, l[e]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    for (int e = lane; e < n; e += 32) p[e] = expf(l[e] - m);
-    __syncwarp();
-    for (int s = 0; s < top_k; ++s) {
-      float v = -1.0f;
-      int idx = kNoIndex;
-      for (int e = lane; e < n; e += 32) arg_better(v, idx, p[e], e);
-      idx = pick(s, total, v, idx);
-      if (lane == 0) p[idx] = -2.0f;
-      __syncwarp();
+      own_best(lv, li);
     }
   }
   __syncwarp();
+  if (lane < top_k) weights[lane] /= total;
+  __syncwarp();
+}
+__device__ __forceinline__ void route_top_k(const float* __restrict__ l, int n, int top_k, float* p, int32_t* ids,
+                                            float* weights) {
+  if (n <= 256) return route_top_k_regs<8>(l, n, top_k, ids, weights);
+  if (n <= kRouteRegExperts) return route_top_k_regs<kRouteRegExperts / 32>(l, n, top_k, ids, weights);
+  const int lane = threadIdx.x & 31;
+  float m = -FLT_MAX, total = 0.0f;
+  for (int e = lane; e < n; e += 32) m = fmaxf(m, l[e]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  for (int e = lane; e < n; e += 32) p[e] = expf(l[e] - m);
+  __syncwarp();
+  for (int s = 0; s < top_k; ++s) {
+    float v = -1.0f;
+    int idx = kNoIndex;
+    for (int e = lane; e < n; e += 32) arg_better(v, idx, p[e], e);
+    warp_arg_best(v, idx);
+    if (idx == kNoIndex) idx = 0, v = 0.0f;
+    total += v;
+    if (lane == 0) ids[s] = idx, weights[s] = v, p[idx] = -2.0f;
+    __syncwarp();
+  }
   if (lane < top_k) weights[lane] /= total;
   __syncwarp();
 }
@@ -606,8 +630,8 @@ __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* wei
 }
 
 // One block of 1024 threads: warp w routes tokens w, w + 32, ...; then thread j finds slot j's rank
-// among its expert's slots and the expert's next slot (a pass over the step's slots in shared memory,
-// read by every lane at once: broadcasts). Deterministic: pairs depend on the ids only.
+// among its expert's slots and the expert's slots around it (a pass over the step's slots in shared
+// memory, read by every lane at once: broadcasts). Deterministic: pairs depend on the ids only.
 constexpr int kRoutePairsMaxSlots = static_cast<int>(kInt8ExpertsMaxTokens) * 32;
 __global__ void __launch_bounds__(1024) moe_route_pairs_kernel(Mat logits, int top_k, int32_t* ids, float* weights,
                                                                int4* pairs) {
@@ -623,13 +647,14 @@ __global__ void __launch_bounds__(1024) moe_route_pairs_kernel(Mat logits, int t
   __syncthreads();
   for (int j = threadIdx.x; j < nk; j += blockDim.x) {
     const int e = sid[j];
-    int rank = 0, next = -1;
+    int rank = 0, prev = -1, next = -1;
     for (int i = 0; i < nk; ++i) {
       const bool same = sid[i] == e;
       rank += same && i < j;
+      if (same && i < j) prev = i;
       if (same && i > j && next < 0) next = i;
     }
-    pairs[j] = rank % 2 == 0 ? make_int4(e, j, next, 0) : make_int4(-1, 0, 0, 0);
+    pairs[j] = rank % 2 == 0 ? make_int4(e, j, next, 0) : make_int4(e, prev, j, 1);
   }
 }
 

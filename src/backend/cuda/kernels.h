@@ -176,8 +176,8 @@ cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t ca
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
 // The route of a step of up to kInt8ExpertsMaxTokens tokens and at most kRoutePairsMaxExperts experts
 // (moe_route_pairs_supported) in one block, as moe_route_launch, and the pairs of its slots for
-// int8_experts_launch: pairs[j] = (expert, j, the expert's next slot or -1) where slot j is the 1st,
-// 3rd, ... slot of its expert in slot order, else (-1, 0, 0, 0).
+// int8_experts_launch: an expert's slots in slot order make pairs (the last alone when odd); pairs[j] =
+// (expert, the pair's first slot, its second or -1, 0 or 1: which of the two j is).
 constexpr int64_t kRoutePairsMaxExperts = 512;
 bool moe_route_pairs_supported(int64_t tokens, int64_t n_experts, int top_k);
 cudaError_t moe_route_pairs_launch(Mat logits, int top_k, int32_t* ids, float* weights, int4* pairs,

@@ -1177,10 +1177,9 @@ namespace {
 // Per-slot expert matvecs (int8_experts_launch): blocks [slot * bps, (slot + 1) * bps) serve slot
 // `slot` as a one-token int8 matvec launch on expert ids[slot]'s weights would (the dp4a kernel, x
 // quantized in-block; WT: on warp tiles), so a slot's row has the same bits whatever the step's width.
-// PAIRS: the blocks of slot j serve pairs[j] = (expert, slot, other slot of that expert or -1), or
-// nothing (expert -1: the slot is served with an earlier one), as the two-token dp4a kernel would: the
-// two slots' rows read the expert's weights once, with the one-token bits (the dp4a kernels' rows do
-// not depend on the width).
+// PAIRS: pairs[j] = (expert, first slot, second slot or -1, part): the blocks of both slots of a pair
+// (part 0 and 1) serve the two slots' rows together as the two-token dp4a kernel would, reading the
+// expert's weights once, with the one-token bits (the dp4a kernels' rows do not depend on the width).
 struct Int8ExpertArgs {
   Int8MvArgs a;  // expert 0's weights, slot 0's x and y; n = 1
   const int32_t* ids;
@@ -1195,10 +1194,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
   pdl_wait();  // the router's ids, and x, belong to earlier kernels (no weight is prefetched before)
   Int8MvArgs a = e.a;
   int expert = 0, s0 = slot, s1 = -1;
+  BlockSlot bs{b - slot * e.blocks_per_slot, e.blocks_per_slot};
   if constexpr (PAIRS) {
     const int4 p = e.pairs[slot];
-    if (p.x < 0) return;
     expert = p.x, s0 = p.y, s1 = p.z;
+    if (s1 >= 0) bs = BlockSlot{bs.idx + p.w * bs.count, 2 * bs.count};  // the pair's blocks: both slots'
   } else {
     expert = e.ids[slot];
   }
@@ -1212,7 +1212,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
     a.y_stride *= s1 - s0;
     a.n = 2;
   }
-  Family::template dp4a_body<PAIRS ? 2 : 1, SW, WT>(a, smem, BlockSlot{b - slot * e.blocks_per_slot, e.blocks_per_slot});
+  Family::template dp4a_body<PAIRS ? 2 : 1, SW, WT>(a, smem, bs);
 }
 
 template <class Family, bool SW, bool WT, bool PAIRS>
