@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -1541,11 +1542,14 @@ TEST_F(CudaBench, Argmax) {
   }
 }
 
-// MoE expert FFN (qwen35moe-like: 2048 wide, 128 experts of 768, top-8, Q4_K experts) at decode,
-// verify and prompt widths. HYSPEC_MOE_GROUPED_MIN=0 times the per-slot path instead of the grouped.
+// MoE expert FFN (Qwen3.5-35B-A3B's: 2048 wide, 256 experts of 512, top-8; HYSPEC_BENCH_MOE=128x768:
+// the 128 experts of 768 of sessions 28-29) with Q4_K experts at decode, verify and prompt widths.
+// HYSPEC_MOE_GROUPED_MIN=0 times the per-slot path instead of the grouped.
 TEST_F(CudaBench, MoeFfn) {
   Backend& b = *gpu_;
-  const int64_t hidden = 2048, ffn = 768, E = 128;
+  const char* shape = std::getenv("HYSPEC_BENCH_MOE");
+  const bool old_shape = shape && std::string(shape) == "128x768";
+  const int64_t hidden = 2048, ffn = old_shape ? 768 : 512, E = old_shape ? 128 : 256;
   const auto router_b = random_weight_bytes(GgmlType::F32, hidden, E, rng_);
   Weight router = b.load_weight(tensor_info("router", GgmlType::F32, router_b, hidden, E)).value();
   std::vector<Weight> w;
