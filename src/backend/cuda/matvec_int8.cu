@@ -1254,8 +1254,12 @@ cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const in
   const bool warp_tiles = !up && w.n_in < 256 * kWarps;
   const int64_t out = up ? kRows / 2 : kRows, tiles = (w.n_out + out - 1) / out;
   const int64_t block_tiles = warp_tiles ? (tiles + kWarps - 1) / kWarps : tiles;  // a block's tiles at once
-  // The slots share the two blocks per SM (rounded, so 136 slots take 272 blocks, not 136).
-  const int64_t bps = std::clamp<int64_t>((2 * int64_t{sm_count()} + n_slots / 2) / n_slots, 1, block_tiles);
+  // The slots share the two blocks per SM: rounded down where that keeps 3/4 of them busy (one wave of
+  // blocks: 40 slots take 6 each, 240 blocks, not 7 each in 280, of which 16 wait for a second wave),
+  // else rounded (136 slots take 272 blocks, not 136).
+  const int64_t cap = 2 * int64_t{sm_count()}, down = cap / n_slots;
+  const int64_t bps = std::clamp<int64_t>(down * n_slots * 4 >= cap * 3 ? down : (cap + n_slots / 2) / n_slots, 1,
+                                          block_tiles);
   Int8ExpertArgs e{Int8MvArgs{w.data, up, w.row_bytes, w.n_out, w.n_in, Q8K{}, x.data, x.stride, 1, y.data, y.stride},
                    expert_ids, pairs, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps)};
   const int64_t grid = n_slots * bps;
