@@ -38,7 +38,7 @@ int moe_grouped_min_tokens() {
   return v;
 }
 // Steps of at least this many tokens (and at most kInt8ExpertsMaxTokens) serve an expert's int8 slots
-// two at a time (moe_route_pairs_launch); 0: never. HYSPEC_MOE_PAIRS_MIN.
+// two at a time (int8_experts_launch's pairs); 0: never. HYSPEC_MOE_PAIRS_MIN.
 int moe_pairs_min_tokens() {
   static const int v = cuda::env_int("HYSPEC_MOE_PAIRS_MIN", 2);
   return v;
@@ -543,8 +543,7 @@ class CudaBackend final : public Backend {
     const size_t o_logits = take(n * E * 4), o_ids = take(nk * 4), o_w = take(nk * 4), o_g = take(nk * ffn * 4),
                  o_u = take(fused ? 0 : nk * ffn * 4), o_d = take(nk * hidden * 4),
                  o_off = take(grouped ? (E + 1) * 4 : 0), o_order = take(grouped ? nk * 4 : 0),
-                 o_pos = take(grouped ? nk * 4 : 0), o_xs = take(grouped ? nk * hidden * 4 : 0),
-                 o_pairs = take(nk * sizeof(int4));
+                 o_pos = take(grouped ? nk * 4 : 0), o_xs = take(grouped ? nk * hidden * 4 : 0);
     auto* base = static_cast<char*>(arena(op_arena_, off));
     if (!base) return;
     auto* logits = reinterpret_cast<float*>(base + o_logits);
@@ -565,15 +564,9 @@ class CudaBackend final : public Backend {
     } else {
       check(pair, "moe_ffn router");
     }
+    check(cuda::moe_route_launch(Mat{logits, n, E, E}, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");
     // Verify steps pair an expert's slots (two tokens routed to one expert read its weights once).
-    const bool paired = int8_slots && moe_pairs_min_tokens() > 0 && n >= moe_pairs_min_tokens() &&
-                        cuda::moe_route_pairs_supported(n, E, static_cast<int>(k));
-    auto* pairs = paired ? reinterpret_cast<int4*>(base + o_pairs) : nullptr;
-    if (paired)
-      check(cuda::moe_route_pairs_launch(Mat{logits, n, E, E}, static_cast<int>(k), ids, weights, pairs, stream_),
-            "moe_ffn route");
-    else
-      check(cuda::moe_route_launch(Mat{logits, n, E, E}, static_cast<int>(k), ids, weights, stream_), "moe_ffn route");
+    const bool pairs = moe_pairs_min_tokens() > 0 && n >= moe_pairs_min_tokens();
     if (grouped) {
       auto* offsets = reinterpret_cast<int32_t*>(base + o_off);
       auto* order = reinterpret_cast<int32_t*>(base + o_order);

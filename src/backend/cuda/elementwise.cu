@@ -629,35 +629,6 @@ __global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* wei
               ids + blockIdx.x * top_k, weights + blockIdx.x * top_k);
 }
 
-// One block of 1024 threads: warp w routes tokens w, w + 32, ...; then thread j finds slot j's rank
-// among its expert's slots and the expert's slots around it (a pass over the step's slots in shared
-// memory, read by every lane at once: broadcasts). Deterministic: pairs depend on the ids only.
-constexpr int kRoutePairsMaxSlots = static_cast<int>(kInt8ExpertsMaxTokens) * 32;
-__global__ void __launch_bounds__(1024) moe_route_pairs_kernel(Mat logits, int top_k, int32_t* ids, float* weights,
-                                                               int4* pairs) {
-  __shared__ int32_t sid[kRoutePairsMaxSlots];
-  pdl_wait();  // the router's logits
-  pdl_trigger();
-  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, n = static_cast<int>(logits.rows), nk = n * top_k;
-  for (int t = warp; t < n; t += warps)  // (at most kRouteRegExperts logits: no scratch)
-    route_top_k(logits.data + t * logits.stride, static_cast<int>(logits.cols), top_k, nullptr, ids + t * top_k,
-                weights + t * top_k);
-  __syncthreads();
-  for (int j = threadIdx.x; j < nk; j += blockDim.x) sid[j] = ids[j];
-  __syncthreads();
-  for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-    const int e = sid[j];
-    int rank = 0, prev = -1, next = -1;
-    for (int i = 0; i < nk; ++i) {
-      const bool same = sid[i] == e;
-      rank += same && i < j;
-      if (same && i < j) prev = i;
-      if (same && i > j && next < 0) next = i;
-    }
-    pairs[j] = rank % 2 == 0 ? make_int4(e, j, next, 0) : make_int4(e, prev, j, 1);
-  }
-}
-
 __global__ void moe_combine_kernel(Mat eo, const int32_t* __restrict__ pos, const float* __restrict__ w, int top_k,
                                    Mat out) {
   pdl_wait();  // the experts' outputs
@@ -875,17 +846,6 @@ cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights
   if (logits.rows == 0) return cudaSuccess;
   return launch_pdl(moe_route_kernel, dim3(static_cast<unsigned>(logits.rows)), dim3(32), logits.cols * sizeof(float),
                     stream, logits, top_k, ids, weights);
-}
-
-bool moe_route_pairs_supported(int64_t tokens, int64_t n_experts, int top_k) {
-  return tokens >= 1 && tokens <= kInt8ExpertsMaxTokens && n_experts <= kRoutePairsMaxExperts &&
-         n_experts <= kRouteRegExperts && top_k >= 1 && top_k <= 32 && top_k <= n_experts;
-}
-
-cudaError_t moe_route_pairs_launch(Mat logits, int top_k, int32_t* ids, float* weights, int4* pairs,
-                                   cudaStream_t stream) {
-  if (!moe_route_pairs_supported(logits.rows, logits.cols, top_k)) return cudaErrorInvalidValue;
-  return launch_pdl(moe_route_pairs_kernel, dim3(1), dim3(1024), 0, stream, logits, top_k, ids, weights, pairs);
 }
 
 cudaError_t moe_combine_launch(Mat expert_out, const int32_t* pos, const float* weights, int top_k, Mat out,

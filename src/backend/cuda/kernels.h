@@ -107,10 +107,10 @@ size_t matmul_experts_scratch_bytes(const WeightView& w, int64_t n_x_rows);
 // engine's widest verify step: --draft-max 64); wider ones (prompts) take the grouped f16 path.
 constexpr int64_t kInt8ExpertsMaxTokens = 65;
 bool int8_experts_supported(const WeightView& w);
-// pairs (moe_route_pairs_launch, or null): the slots of one expert served two at a time (the two-token
-// dp4a kernel, the same bits per row), reading the expert's weights once per pair.
+// pairs: the slots of one expert served two at a time (the two-token dp4a kernel, the same bits per
+// row), reading the expert's weights once per pair (steps of up to 256 slots; more take them one by one).
 cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
-                                int x_div, Mat x, Mat y, cudaStream_t stream, const int4* pairs = nullptr);
+                                int x_div, Mat x, Mat y, cudaStream_t stream, bool pairs = false);
 // Grouped expert matmul (MoE steps of several tokens): rows [offsets[e], offsets[e+1]) of x and y
 // belong to expert e (moe_group_launch's order); y[j] = W[e] x[j], each expert's weights read once
 // per 16 of its rows instead of once per row. up: fused SwiGLU with these up weights (same type and
@@ -174,14 +174,6 @@ cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t ca
                                  SelectedLogit* picked, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
-// The route of a step of up to kInt8ExpertsMaxTokens tokens and at most kRoutePairsMaxExperts experts
-// (moe_route_pairs_supported) in one block, as moe_route_launch, and the pairs of its slots for
-// int8_experts_launch: an expert's slots in slot order make pairs (the last alone when odd); pairs[j] =
-// (expert, the pair's first slot, its second or -1, 0 or 1: which of the two j is).
-constexpr int64_t kRoutePairsMaxExperts = 512;
-bool moe_route_pairs_supported(int64_t tokens, int64_t n_experts, int top_k);
-cudaError_t moe_route_pairs_launch(Mat logits, int top_k, int32_t* ids, float* weights, int4* pairs,
-                                   cudaStream_t stream);
 // out[t] = sum_s weights[t][s] * expert_out[t*k + s]
 // out[t] = sum_s weights[t*k+s] * expert_out[row of slot t*k+s]: row = pos[slot], or the slot itself
 // when pos is null.

@@ -1177,30 +1177,49 @@ namespace {
 // Per-slot expert matvecs (int8_experts_launch): blocks [slot * bps, (slot + 1) * bps) serve slot
 // `slot` as a one-token int8 matvec launch on expert ids[slot]'s weights would (the dp4a kernel, x
 // quantized in-block; WT: on warp tiles), so a slot's row has the same bits whatever the step's width.
-// PAIRS: pairs[j] = (expert, first slot, second slot or -1, part): the blocks of both slots of a pair
-// (part 0 and 1) serve the two slots' rows together as the two-token dp4a kernel would, reading the
-// expert's weights once, with the one-token bits (the dp4a kernels' rows do not depend on the width).
+// PAIRS: an expert's slots in slot order make pairs (the last alone when odd), which each block finds
+// for its slot from the step's ids (a warp's ballots over at most kPairsMaxSlots ids, loaded at once);
+// the blocks of both slots of a pair serve the two rows together as the two-token dp4a kernel would,
+// reading the expert's weights once, with the one-token bits (the dp4a rows do not depend on the width).
+constexpr int kPairsMaxSlots = 256;
 struct Int8ExpertArgs {
   Int8MvArgs a;  // expert 0's weights, slot 0's x and y; n = 1
   const int32_t* ids;
-  const int4* pairs;  // PAIRS
   size_t expert_bytes;
-  int x_div, blocks_per_slot;
+  int x_div, blocks_per_slot, n_slots;
 };
 template <class Family, bool SW, bool WT, bool PAIRS>
 __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
   extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int2 pair;  // PAIRS: the pair's first slot and this slot's part (0 or 1), second slot
   const int b = static_cast<int>(blockIdx.x), slot = b / e.blocks_per_slot;
   pdl_wait();  // the router's ids, and x, belong to earlier kernels (no weight is prefetched before)
   Int8MvArgs a = e.a;
-  int expert = 0, s0 = slot, s1 = -1;
+  const int expert = e.ids[slot];
+  int s0 = slot, s1 = -1;
   BlockSlot bs{b - slot * e.blocks_per_slot, e.blocks_per_slot};
   if constexpr (PAIRS) {
-    const int4 p = e.pairs[slot];
-    expert = p.x, s0 = p.y, s1 = p.z;
-    if (s1 >= 0) bs = BlockSlot{bs.idx + p.w * bs.count, 2 * bs.count};  // the pair's blocks: both slots'
-  } else {
-    expert = e.ids[slot];
+    if (threadIdx.x < 32) {
+      constexpr int kPer = kPairsMaxSlots / 32;
+      const int lane = threadIdx.x;
+      int id[kPer];
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) id[k] = 32 * k + lane < e.n_slots ? e.ids[32 * k + lane] : -1;
+      int rank = 0, prev = -1, next = -1;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int i = 32 * k + lane;
+        const unsigned before = __ballot_sync(0xffffffffu, id[k] == expert && i < slot);
+        const unsigned after = __ballot_sync(0xffffffffu, id[k] == expert && i > slot);
+        rank += __popc(before);
+        if (before) prev = 32 * k + 31 - __clz(before);
+        if (after && next < 0) next = 32 * k + __ffs(after) - 1;
+      }
+      if (lane == 0) pair = rank % 2 == 0 ? make_int2(slot, next) : make_int2(prev, slot);
+    }
+    __syncthreads();
+    s0 = pair.x, s1 = pair.y;
+    if (s1 >= 0) bs = BlockSlot{bs.idx + (slot == s1) * bs.count, 2 * bs.count};  // both slots' blocks
   }
   const size_t at = static_cast<size_t>(expert) * e.expert_bytes;
   a.w += at;
@@ -1245,7 +1264,7 @@ bool int8_experts_supported(const WeightView& w) {
 }
 
 cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
-                                int x_div, Mat x, Mat y, cudaStream_t stream, const int4* pairs) {
+                                int x_div, Mat x, Mat y, cudaStream_t stream, bool pairs) {
   if (n_slots == 0) return cudaSuccess;
   if (!int8_experts_supported(w) || x_div < 1 || n_slots > (int64_t{1} << 20)) return cudaErrorInvalidValue;
   // Rows of fewer than 8 super-blocks (the 512 or 768 inputs of an expert's down projection) would leave
@@ -1261,7 +1280,9 @@ cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const in
   const int64_t bps = std::clamp<int64_t>(down * n_slots * 4 >= cap * 3 ? down : (cap + n_slots / 2) / n_slots, 1,
                                           block_tiles);
   Int8ExpertArgs e{Int8MvArgs{w.data, up, w.row_bytes, w.n_out, w.n_in, Q8K{}, x.data, x.stride, 1, y.data, y.stride},
-                   expert_ids, pairs, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps)};
+                   expert_ids, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps),
+                   static_cast<int>(n_slots)};
+  pairs = pairs && n_slots <= kPairsMaxSlots;
   const int64_t grid = n_slots * bps;
   cudaError_t err = cudaErrorInvalidValue;
   with_expert_family(w.type, [&](auto family) {
