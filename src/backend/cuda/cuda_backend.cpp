@@ -38,9 +38,12 @@ int moe_grouped_min_tokens() {
   return v;
 }
 // Steps of at least this many tokens (and at most kInt8ExpertsMaxTokens) serve an expert's int8 slots
-// two at a time (int8_experts_launch's pairs); 0: never. HYSPEC_MOE_PAIRS_MIN.
+// two at a time (int8_experts_launch's pairs); 0: never. HYSPEC_MOE_PAIRS_MIN. From 10 tokens: at 16-17
+// (the engine's verify widths) pairs gained 12% where tokens share experts, and under uniform routing
+// lost 2% at 16 and gained 12% at 17; at 2-9 they gained 0-2.5% there and lost 2-6% here
+// (PERFORMANCE.md session 30).
 int moe_pairs_min_tokens() {
-  static const int v = cuda::env_int("HYSPEC_MOE_PAIRS_MIN", 2);
+  static const int v = cuda::env_int("HYSPEC_MOE_PAIRS_MIN", 10);
   return v;
 }
 
