@@ -1191,7 +1191,7 @@ struct Int8ExpertArgs {
 template <class Family, bool SW, bool WT, bool PAIRS>
 __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int2 pair;  // PAIRS: the pair's first slot and this slot's part (0 or 1), second slot
+  __shared__ int2 pair;  // PAIRS: the pair's first and second slot (-1: this slot alone)
   const int b = static_cast<int>(blockIdx.x), slot = b / e.blocks_per_slot;
   pdl_wait();  // the router's ids, and x, belong to earlier kernels (no weight is prefetched before)
   Int8MvArgs a = e.a;
@@ -1282,7 +1282,7 @@ cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const in
   Int8ExpertArgs e{Int8MvArgs{w.data, up, w.row_bytes, w.n_out, w.n_in, Q8K{}, x.data, x.stride, 1, y.data, y.stride},
                    expert_ids, static_cast<size_t>(w.n_out) * w.row_bytes, x_div, static_cast<int>(bps),
                    static_cast<int>(n_slots)};
-  pairs = pairs && n_slots <= kPairsMaxSlots;
+  pairs = pairs && n_slots <= kPairsMaxSlots && staged_x_bytes(2, w.n_in) <= kMaxStagedX;
   const int64_t grid = n_slots * bps;
   cudaError_t err = cudaErrorInvalidValue;
   with_expert_family(w.type, [&](auto family) {
