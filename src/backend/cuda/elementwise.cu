@@ -538,95 +538,36 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
-// One token's route, by a whole warp: p_e = exp(l_e - max) over the n logits l (the softmax normaliser
-// cancels in the renormalisation), top_k (<= 32) rounds of argmax (first index on ties; a round without
-// a winner, NaN logits, takes expert 0 with weight 0), ids[s] and weights[s] = p_sel / sum(p_sel).
-// Up to kRouteRegExperts logits sit in registers (kPer a lane), loaded at once, and each lane keeps the
-// best of its own: a round is the warp's 5 shuffle steps, and only the winning lane looks again at its
-// values (the shared-memory loop read every lane's values again each round); more logits take the n
-// floats of scratch p (shared memory). Either way the same values: the winner does not depend on the
-// order of comparisons (value, then index, is a total order).
-constexpr int kRouteRegExperts = 512;
-template <int kPer>
-__device__ __forceinline__ void route_top_k_regs(const float* __restrict__ l, int n, int top_k, int32_t* ids,
-                                                 float* weights) {
-  const int lane = threadIdx.x & 31;
-  float r[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) r[j] = lane + 32 * j < n ? l[lane + 32 * j] : -FLT_MAX;
+// One warp per token: p_e = exp(l_e - max) (the softmax normaliser cancels in the renormalisation),
+// k rounds of argmax (first index on ties), weights p_sel / sum(p_sel).
+__global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* weights) {
+  extern __shared__ float p[];
+  pdl_wait();  // the router's logits
+  pdl_trigger();
+  const int lane = threadIdx.x;
+  const float* l = logits.data + blockIdx.x * logits.stride;
+  const int n = static_cast<int>(logits.cols);
   float m = -FLT_MAX;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) m = fmaxf(m, r[j]);
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) r[j] = lane + 32 * j < n ? expf(r[j] - m) : -2.0f;
-  auto own_best = [&](float& v, int& idx) {  // a tree over the lane's values
-    float bv[kPer];
-    int bi[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {  // used values (-2) and NaNs never win
-      const bool live = r[j] > -1.0f;
-      bv[j] = live ? r[j] : -1.0f, bi[j] = live ? lane + 32 * j : kNoIndex;
-    }
-#pragma unroll
-    for (int w = kPer / 2; w > 0; w /= 2)
-#pragma unroll
-      for (int j = 0; j < w; ++j) arg_better(bv[j], bi[j], bv[j + w], bi[j + w]);
-    v = bv[0], idx = bi[0];
-  };
-  float lv;
-  int li;
-  own_best(lv, li);
-  float total = 0.0f;
-  for (int s = 0; s < top_k; ++s) {
-    float v = lv;
-    int idx = li;
-    warp_arg_best(v, idx);
-    if (idx == kNoIndex) idx = 0, v = 0.0f;
-    total += v;
-    if (lane == 0) ids[s] = idx, weights[s] = v;
-    if (idx == li) {  // the winner's lane: its next best
-#pragma unroll
-      for (int j = 0; j < kPer; ++j)
-        if (lane + 32 * j == idx) r[j] = -2.0f;
-      own_best(lv, li);
-    }
-  }
-  __syncwarp();
-  if (lane < top_k) weights[lane] /= total;
-  __syncwarp();
-}
-__device__ __forceinline__ void route_top_k(const float* __restrict__ l, int n, int top_k, float* p, int32_t* ids,
-                                            float* weights) {
-  if (n <= 256) return route_top_k_regs<8>(l, n, top_k, ids, weights);
-  if (n <= kRouteRegExperts) return route_top_k_regs<kRouteRegExperts / 32>(l, n, top_k, ids, weights);
-  const int lane = threadIdx.x & 31;
-  float m = -FLT_MAX, total = 0.0f;
   for (int e = lane; e < n; e += 32) m = fmaxf(m, l[e]);
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   for (int e = lane; e < n; e += 32) p[e] = expf(l[e] - m);
   __syncwarp();
+  float total = 0.0f;
   for (int s = 0; s < top_k; ++s) {
     float v = -1.0f;
     int idx = kNoIndex;
     for (int e = lane; e < n; e += 32) arg_better(v, idx, p[e], e);
     warp_arg_best(v, idx);
-    if (idx == kNoIndex) idx = 0, v = 0.0f;
+    if (idx == kNoIndex) idx = 0, v = 0.0f;  // NaN logits: no winner (and no write past p)
     total += v;
-    if (lane == 0) ids[s] = idx, weights[s] = v, p[idx] = -2.0f;
+    if (lane == 0) {
+      ids[blockIdx.x * top_k + s] = idx;
+      weights[blockIdx.x * top_k + s] = v;
+      p[idx] = -2.0f;
+    }
     __syncwarp();
   }
-  if (lane < top_k) weights[lane] /= total;
-  __syncwarp();
-}
-
-// One warp per token (route_top_k).
-__global__ void moe_route_kernel(Mat logits, int top_k, int32_t* ids, float* weights) {
-  extern __shared__ float p[];
-  pdl_wait();  // the router's logits
-  pdl_trigger();
-  route_top_k(logits.data + blockIdx.x * logits.stride, static_cast<int>(logits.cols), top_k, p,
-              ids + blockIdx.x * top_k, weights + blockIdx.x * top_k);
+  if (lane < top_k) weights[blockIdx.x * top_k + lane] /= total;
 }
 
 __global__ void moe_combine_kernel(Mat eo, const int32_t* __restrict__ pos, const float* __restrict__ w, int top_k,
