@@ -1231,7 +1231,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
     a.y_stride *= s1 - s0;
     a.n = 2;
   }
-  Family::template dp4a_body<PAIRS ? 2 : 1, SW, WT>(a, smem, bs);
+  if (PAIRS && s1 >= 0)
+    Family::template dp4a_body<2, SW, WT>(a, smem, bs);
+  else  // (a slot alone: the one-token body, lighter than the two-token one at n = 1)
+    Family::template dp4a_body<1, SW, WT>(a, smem, bs);
 }
 
 template <class Family, bool SW, bool WT, bool PAIRS>
