@@ -1290,7 +1290,8 @@ TEST_F(CudaBackendTest, MoeFfnMatchesCpu) {
 
 // A row of a several-token MoE step has the bits of the same token in a one-token step: speculative
 // verify rows must equal decode steps. With the int8 matvec (the default) K-quant experts run per slot
-// at these widths; without it, and for Q8_0, the step is grouped by expert.
+// at these widths, an expert's slots two at a time (pairs, from 10 tokens: 96 slots over 16 experts
+// here, so nearly all paired); without it, and for Q8_0, the step is grouped by expert.
 TEST_F(CudaBackendTest, MoeFfnGroupedRowsEqualOneTokenSteps) {
   const int64_t hidden = 256, ffn = 256, E = 16, n = 24;
   for (const bool int8 : {true, false})
