@@ -620,13 +620,13 @@ class CudaBackend final : public Backend {
     join_side();
     check(cudaEventRecord(side_fork_, stream_), "begin_side");
     check(cudaStreamWaitEvent(side_stream_, side_fork_), "begin_side");
-    switch_line(side_stream_, side_cublas_ws_);
+    switch_line(true);
     on_side_ = true;
   }
   void end_side() override {
     if (!on_side_) return;
     check(cudaEventRecord(side_done_, stream_), "end_side");
-    switch_line(main_stream_, cublas_ws_);
+    switch_line(false);
     on_side_ = false;
     side_pending_ = true;
   }
@@ -714,6 +714,7 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, device_);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    main_stream_ = stream_;
     if (e != cudaSuccess) {
       cudaGetLastError();
       return Status::errorf("CUDA device {}: {}", device_, cudaGetErrorString(e));
@@ -828,14 +829,14 @@ class CudaBackend final : public Backend {
     check(cuda::binary_launch(op, mat(a), mat(b), mat(y), stream_), what);
   }
 
-  // Enqueue on `stream` from here on, with that line's arenas and cuBLAS workspace.
-  void switch_line(cudaStream_t stream, void* cublas_ws) {
-    if (stream == side_stream_) main_stream_ = stream_;
-    stream_ = stream;
+  // Enqueue on the side line's stream (or the main one's) from here on, with that line's arenas and
+  // cuBLAS workspace.
+  void switch_line(bool side) {
+    stream_ = side ? side_stream_ : main_stream_;
     std::swap(matmul_arena_, side_matmul_arena_);
     std::swap(op_arena_, side_op_arena_);
     if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetWorkspace(cublas_, cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS)
+        cublasSetWorkspace(cublas_, side ? side_cublas_ws_ : cublas_ws_, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS)
       record(Status::error("cuBLAS: switching streams failed"));
   }
 
@@ -898,7 +899,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::OpProfiler> profiler_;  // HYSPEC_CUDA_PROFILE only
   Arena matmul_arena_, op_arena_;
   // The side line (begin_side): its stream, fork and join events, and the arenas and cuBLAS workspace
-  // it swaps in while ops are enqueued on it (the main line's are swapped out to the side_ names).
+  // it swaps in while ops are enqueued on it (the main line's are swapped out to the side_ names; stream_
+  // is main_stream_ outside that span).
   cudaStream_t side_stream_ = nullptr, main_stream_ = nullptr;
   cudaEvent_t side_fork_ = nullptr, side_done_ = nullptr;
   Arena side_matmul_arena_, side_op_arena_;
