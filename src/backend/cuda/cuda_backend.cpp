@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -110,16 +111,19 @@ class CudaBackend final : public Backend {
     return b;
   }
   void upload(void* dst, const void* src, size_t bytes) override {
+    settle();
     forget_quantized();
     if (!not_capturing("upload")) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
   }
   void download(void* dst, const void* src, size_t bytes) override {
     if (!not_capturing("download")) return;
+    settle();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
     check(cudaStreamSynchronize(stream_), "download");
   }
   void copy(void* dst, const void* src, size_t bytes) override {
+    settle();
     forget_quantized();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
   }
@@ -165,10 +169,12 @@ class CudaBackend final : public Backend {
     }
   }
   void fill_zero(void* dst, size_t bytes) override {
+    settle();
     forget_quantized();
     check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");
   }
   Status synchronize() override {
+    settle();
     join_side();
     if (!capturing_) check(cudaStreamSynchronize(stream_), "synchronize");
     if (profiler_ && !capturing_) profiler_->resolve();
@@ -284,8 +290,14 @@ class CudaBackend final : public Backend {
       }
       if (shapes && cuda::int8_matvec_multi_supported(v, count, x.n_rows, quantized(x))) {
         auto prof = begin_op("matmul_many", parts[0].w, /*reads_only_x=*/true);
-        check(cuda::int8_matvec_multi_launch(v, y, count, mat(x), stream_, quantized(x)), "matmul_many");
+        DeferredMany m{{}, {}, count, x, quantized(x)};
+        std::copy(v, v + count, m.w), std::copy(y, y + count, m.y);
         for (int i = 0; i < count; ++i) matmul_wrote(parts[i].y);
+        if (folds_ && cuda::int8_conv_fold_supported(v, count, x.n_rows, m.qx)) {
+          deferred_many_ = m;  // (launched by the next op, which may be its conv)
+        } else {
+          launch_many(m, nullptr);
+        }
         return;
       }
     }
@@ -452,6 +464,7 @@ class CudaBackend final : public Backend {
   }
 
   void causal_conv_silu(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) override {
+    if (fold_conv(x, weight, kernel, conv_state, capture, y)) return;
     auto prof = begin_op("causal_conv_silu");
     if (!expect(kernel >= 1 && kernel <= 8 && same_shape(x, y), "causal_conv_silu: kernel {} (1..8), [{}, {}] -> [{}, {}]",
                 kernel, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
@@ -617,6 +630,7 @@ class CudaBackend final : public Backend {
   // its own scratch arenas and cuBLAS workspace, joined by another event.
   void begin_side() override {
     if (on_side_ || !side_stream_ || profiler_) return;  // (the op profiler times one stream)
+    settle();
     join_side();
     check(cudaEventRecord(side_fork_, stream_), "begin_side");
     check(cudaStreamWaitEvent(side_stream_, side_fork_), "begin_side");
@@ -625,12 +639,14 @@ class CudaBackend final : public Backend {
   }
   void end_side() override {
     if (!on_side_) return;
+    settle();
     check(cudaEventRecord(side_done_, stream_), "end_side");
     switch_line(false);
     on_side_ = false;
     side_pending_ = true;
   }
   void join_side() override {
+    settle();
     end_side();
     if (!side_pending_) return;
     check(cudaStreamWaitEvent(stream_, side_done_), "join_side");
@@ -662,6 +678,7 @@ class CudaBackend final : public Backend {
   Result<std::unique_ptr<StepGraph>> capture(std::function<void()> step) override {
     if (!error_.is_ok()) return synchronize().with_context("before capture");
     if (capturing_) return Status::error("capture: already capturing");
+    settle();  // eager ops stay out of the graph
     forget_quantized();  // the graph's first matmul must not rely on an eager norm
     cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
     if (e != cudaSuccess) return Status::errorf("capture: cudaStreamBeginCapture: {}", cudaGetErrorString(e));
@@ -692,6 +709,7 @@ class CudaBackend final : public Backend {
 
   Status launch_graph(cudaGraphExec_t exec) {
     if (capturing_) return Status::error("replay: cannot replay a graph while capturing");
+    settle();
     forget_quantized();  // the graph's norms rewrote the quantized rows
     const cudaError_t e = cudaGraphLaunch(exec, stream_);
     if (e != cudaSuccess) {
@@ -725,6 +743,7 @@ class CudaBackend final : public Backend {
     name_ = fmt::format("cuda:{} {}{}", device_, prop.name, int8_matvec_ ? " (int8 matvec)" : "");
     if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
+    folds_ = int8_matvec_ && !profiler_ && !profile_skip_ && cuda::env_int("HYSPEC_FOLD", 1) != 0;
     if (profile_skip_)
       fmt::print(stderr, "HYSPEC_PROFILE_SKIP={}: {}; every result is meaningless\n", profile_skip_,
                  profile_skip_ == 1 ? "only the weight matmuls' kernels are launched"
@@ -791,12 +810,58 @@ class CudaBackend final : public Backend {
   // rows the last norm quantized, which the op may rewrite (matmuls, which only read their input,
   // keep them: reads_only_x).
   cuda::OpProfiler::Scope begin_op(const char* op, const Weight* w = nullptr, bool reads_only_x = false) {
+    settle();
     if (!reads_only_x) forget_quantized();
     if (profile_skip_) {
       const bool mm = std::strncmp(op, "matmul", 6) == 0;
       cuda::skip_launches() = (profile_skip_ == 1 && !mm) || (profile_skip_ == 2 && mm);
     }
     return cuda::OpProfiler::Scope(profiler_ && !capturing_ ? profiler_.get() : nullptr, op, w ? &w->name : nullptr);
+  }
+
+  // ---- the decode step's conv folded into the matvec that writes its input (cuda::Int8ConvFold) ----
+  // A one-row matmul_many on the int8 dp4a kernels is deferred to the next op. When that is the
+  // causal_conv_silu (kernel 4, no capture) of a column prefix of its first part's output, the launch
+  // runs the conv in its tiles' epilogue; any other op (and every memory op, side-line switch, capture,
+  // replay and synchronize) first launches it as it was asked. Same bits either way; a decode step of a
+  // Qwen3.5 GDN layer saves the conv's launch. HYSPEC_FOLD=0: off.
+  struct DeferredMany {
+    cuda::WeightView w[cuda::kInt8MvMaxParts];
+    cuda::Mat y[cuda::kInt8MvMaxParts];
+    int count;
+    Rows x;
+    const cuda::QuantizedX* qx;
+  };
+  void launch_many(const DeferredMany& m, const cuda::Int8ConvFold* conv) {
+    check(cuda::int8_matvec_multi_launch(m.w, m.y, m.count, mat(m.x), stream_, m.qx, conv), "matmul_many");
+  }
+  void settle() {
+    if (!deferred_many_) return;
+    const DeferredMany m = *deferred_many_;
+    deferred_many_.reset();
+    launch_many(m, nullptr);
+  }
+  bool fold_conv(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) {
+    if (!deferred_many_) return false;
+    const DeferredMany& m = *deferred_many_;
+    const cuda::Mat& y0 = m.y[0];
+    const int64_t C = x.n_cols;
+    auto disjoint = [](const void* a, size_t na, const void* b, size_t nb) {
+      auto p = static_cast<const char*>(a), q = static_cast<const char*>(b);
+      return p + na <= q || q + nb <= p;
+    };
+    const bool ok = kernel == 4 && !capture && x.n_rows == 1 && y.n_rows == 1 && y.n_cols == C && x.data == y0.data &&
+                    C <= y0.cols && aligned16(weight) &&
+                    disjoint(y.data, C * sizeof(float), y0.data, y0.cols * sizeof(float)) &&
+                    disjoint(y.data, C * sizeof(float), conv_state, 3 * C * sizeof(float)) &&
+                    disjoint(conv_state, 3 * C * sizeof(float), y0.data, y0.cols * sizeof(float));
+    if (!ok) return false;
+    const DeferredMany d = m;
+    deferred_many_.reset();
+    const cuda::Int8ConvFold conv{weight, conv_state, y.data, C};
+    launch_many(d, &conv);
+    forget_quantized();
+    return true;
   }
 
   // ---- rows quantized by a norm (see quantized_rows_) ----
@@ -890,6 +955,10 @@ class CudaBackend final : public Backend {
   // under it): 1 enqueues only the kernels of the matmul and matmul_swiglu ops (their quantize kernels
   // included; moe_ffn counts as the rest), 2 all but those. Results are meaningless then.
   int profile_skip_ = cuda::env_int("HYSPEC_PROFILE_SKIP", 0);
+  // Deferred launches for the conv fold (see settle); off under the op profiler and HYSPEC_PROFILE_SKIP,
+  // which time ops one by one. Set in init.
+  bool folds_ = false;
+  std::optional<DeferredMany> deferred_many_;
   int n_sm_ = 1;
   std::string name_;
   cudaStream_t stream_ = nullptr;

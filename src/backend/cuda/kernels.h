@@ -88,8 +88,19 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
 // HYSPEC_MATMUL_MANY=0), and the launch returns cudaErrorNotSupported for the others.
 constexpr int kInt8MvMaxParts = 4;
 bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx);
+// A decode step's depthwise causal conv of kernel 4 + SiLU (causal_conv_silu_launch, no capture) folded into
+// the multi launch of one row whose part 0 writes its input: outputs c < channels of part 0 also give
+// y[c] = silu(sum_j w[c][j] in_j) over the 3 state rows and the output, and advance the state, with the
+// conv kernel's arithmetic (cuda_backend.cpp defers the launch to find the conv).
+struct Int8ConvFold {
+  const float* w;  // [channels, 4]
+  float* state;    // [3, channels]
+  float* y;        // [channels]
+  int64_t channels;
+};
+bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx);
 cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
-                                     const QuantizedX* qx);
+                                     const QuantizedX* qx, const Int8ConvFold* conv = nullptr);
 
 // Two matmuls of x on the exact f32 path (F32 weights, or rows not of whole 32-element chunks) with the
 // same type and row bytes in one launch, each row the bits of its own matmul_launch; cudaErrorNotSupported

@@ -127,6 +127,11 @@ struct Int8MvArgs {
   int n;
   float* y;
   int64_t y_stride;
+  // Int8ConvFold (kernels.h), one row: outputs < conv_channels also feed the conv (conv_y null: none).
+  const float* conv_w;
+  float* conv_state;
+  float* conv_y;
+  int64_t conv_channels;
 };
 
 // The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
@@ -274,9 +279,29 @@ __device__ __forceinline__ int dot8(const uint32_t (&w)[8], int4 x0, int4 x1) {
   return __dp4a(static_cast<int>(w[7]), x1.w, s);
 }
 
+// A conv-folded tile's conv inputs (Int8ConvFold): thread r < 16's channel's 3 state values and 4
+// weights, loaded when the tile starts (read at the write, their latency would end every tile).
+struct ConvPre {
+  float s[3];
+  float4 w;
+};
+template <bool kConv>
+__device__ __forceinline__ ConvPre conv_before(const Int8MvArgs& a, int64_t tile) {
+  ConvPre p{};
+  if constexpr (kConv) {
+    const int64_t row = tile * kRows + threadIdx.x, C = a.conv_channels;
+    if (threadIdx.x < kRows && row < C) {
+      p.s[0] = a.conv_state[row], p.s[1] = a.conv_state[C + row], p.s[2] = a.conv_state[2 * C + row];
+      p.w = *reinterpret_cast<const float4*>(a.conv_w + 4 * row);
+    }
+  }
+  return p;
+}
+
 // Sum the warps' partials red[warp][token][row] in order and write the tile (SW: silu(gate) * up).
-template <int NMAX, bool SW>
-__device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile) {
+// kConv: the conv of Int8ConvFold on outputs < conv_channels too (one row), from conv_before's pre.
+template <int NMAX, bool SW, bool kConv = false>
+__device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, const ConvPre& pre = ConvPre{}) {
   constexpr int kOut = SW ? kRows / 2 : kRows;
   for (int i = threadIdx.x; i < a.n * kOut; i += kWarps * 32) {
     const int c = i / kOut, rr = i - c * kOut;
@@ -292,6 +317,17 @@ __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile) 
       v = v / (1.0f + expf(-v)) * u;  // the formula of the swiglu op (elementwise.cu)
     }
     a.y[c * a.y_stride + row] = v;
+    if constexpr (kConv) {
+      const int64_t C = a.conv_channels;
+      if (row < C) {  // causal_conv_silu_launch's arithmetic (conv_kernel, kernel 4): one product sum, then SiLU
+        const float win[4] = {pre.s[0], pre.s[1], pre.s[2], v}, wc[4] = {pre.w.x, pre.w.y, pre.w.z, pre.w.w};
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc += wc[j] * win[j];
+        a.conv_y[row] = acc / (1.0f + expf(-acc));
+        a.conv_state[row] = pre.s[1], a.conv_state[C + row] = pre.s[2], a.conv_state[2 * C + row] = v;
+      }
+    }
   }
 }
 
@@ -335,9 +371,9 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
 
 // A dp4a kernel's tile: lane (r, 0)'s outputs (row r, every token) to red, then the warps summed in
 // order and written (both halves of a row hold the same sums).
-template <int NMAX, bool SW, bool WT = false>
+template <int NMAX, bool SW, bool WT = false, bool kConv = false>
 __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red, const float (&acc)[NMAX], int64_t tile,
-                                                int r, int h, int ks) {
+                                                int r, int h, int ks, const ConvPre& pre) {
   if constexpr (WT) {  // the warp's own tile: its sums are the outputs
     static_assert(!SW, "warp tiles: no fused SwiGLU");
     const int64_t row = tile * kRows + r;
@@ -352,7 +388,7 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
       if (c < a.n) red[(ks * NMAX + c) * kRows + r] = acc[c];
   }
   __syncthreads();
-  write_tile<NMAX, SW>(a, red, tile);
+  write_tile<NMAX, SW, kConv>(a, red, tile, pre);
   __syncthreads();  // red is rewritten by the next tile
 }
 
@@ -365,7 +401,8 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // f32 from L2 cost more than the launch (12288 x 4096: 1.19 vs 1.89 TB/s), so quantize_q8k_kernel
 // runs first and the blocks copy its output.
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
-template <int NMAX, bool SW, bool Q5 = false, bool WT = false>
+// kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers).
+template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false>
 __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
@@ -381,6 +418,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
+    const ConvPre pre = conv_before<kConv>(a, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -435,7 +473,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
         acc[c] = add_super_block(acc[c], isum, msum, dmin, x.d[xb]);
       }
     }
-    write_dp4a_tile<NMAX, SW, WT>(a, red, acc, tile, r, h, ks);
+    write_dp4a_tile<NMAX, SW, WT, kConv>(a, red, acc, tile, r, h, ks, pre);
   }
   cp_async_wait<0>();
 }
@@ -693,7 +731,7 @@ struct Iq4XsCodes {
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
-template <class C, int NMAX, bool SW, bool WT = false>
+template <class C, int NMAX, bool SW, bool WT = false, bool kConv = false>
 __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
@@ -708,6 +746,7 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
+    const ConvPre pre = conv_before<kConv>(a, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -759,7 +798,7 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
         acc[c] = add_s16_super_block<C>(acc[c], isum, msum, d, x.d[xb]);
       }
     }
-    write_dp4a_tile<NMAX, SW, WT>(a, red, acc, tile, r, h, ks);
+    write_dp4a_tile<NMAX, SW, WT, kConv>(a, red, acc, tile, r, h, ks, pre);
   }
   cp_async_wait<0>();
 }
@@ -889,7 +928,7 @@ struct Int8MvParts {
   bool s16[kInt8MvMaxParts];
   int n;
 };
-template <int W, bool kDp4a>
+template <int W, bool kDp4a, bool kConv = false>
 __global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_constant__ Int8MvParts p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int b = static_cast<int>(blockIdx.x);
@@ -897,8 +936,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_cons
   while (i + 1 < p.n && b >= p.first[i + 1]) ++i;
   const BlockSlot slot{b - p.first[i], p.first[i + 1] - p.first[i]};
   if constexpr (kDp4a) {
-    if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false>(p.a[i], smem, slot);
-    else q4k_dp4a_body<W, false>(p.a[i], smem, slot);
+    if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false, false, kConv>(p.a[i], smem, slot);
+    else q4k_dp4a_body<W, false, false, false, kConv>(p.a[i], smem, slot);
   } else {
     if (p.s16[i]) s16_mma_body<Q6KCodes, W, false>(p.a[i], smem, slot);
     else q4k_mma_body<W, false>(p.a[i], smem, slot);
@@ -1043,13 +1082,14 @@ bool share_blocks(const int64_t* tiles, const int64_t* tile_cost, int parts, int
   return blocks_for(hi, g);
 }
 
-template <int W, bool kDp4a>
+template <int W, bool kDp4a, bool kConv = false>
 cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStream_t stream) {
   const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a));
-  static const cudaError_t attr_err = cudaFuncSetAttribute(multi_kernel<W, kDp4a>,
+  static const cudaError_t attr_err = cudaFuncSetAttribute(multi_kernel<W, kDp4a, kConv>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
-  return launch_pdl(multi_kernel<W, kDp4a>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream, p);
+  return launch_pdl(multi_kernel<W, kDp4a, kConv>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream,
+                    p);
 }
 
 }  // namespace
@@ -1158,13 +1198,27 @@ bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, cons
   return plan_multi(w, nullptr, parts, Mat{nullptr, n, parts > 0 ? w[0].n_in : 0, 0}, qx, p, grid, dp4a);
 }
 
+bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
+  Int8MvParts p;
+  int64_t grid = 0;
+  bool dp4a = false;
+  return n == 1 && plan_multi(w, nullptr, parts, Mat{nullptr, n, parts > 0 ? w[0].n_in : 0, 0}, qx, p, grid, dp4a) &&
+         dp4a;
+}
+
 cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
-                                     const QuantizedX* qx) {
+                                     const QuantizedX* qx, const Int8ConvFold* conv) {
   Int8MvParts p;
   int64_t grid = 0;
   bool dp4a = false;
   if (!plan_multi(w, y, parts, x, qx, p, grid, dp4a)) return cudaErrorNotSupported;
   const int64_t n = x.rows;
+  if (conv) {
+    if (!dp4a || n != 1 || conv->channels > w[0].n_out) return cudaErrorInvalidValue;
+    p.a[0].conv_w = conv->w, p.a[0].conv_state = conv->state, p.a[0].conv_y = conv->y;
+    p.a[0].conv_channels = conv->channels;
+    return launch_multi<1, true, true>(p, grid, 1, stream);
+  }
   if (dp4a) return n == 1 ? launch_multi<1, true>(p, grid, 1, stream) : launch_multi<2, true>(p, grid, 2, stream);
   if (n <= 8) return launch_multi<1, false>(p, grid, 8, stream);
   if (n <= 16) return launch_multi<2, false>(p, grid, 16, stream);
