@@ -691,8 +691,8 @@ TEST_P(CudaMatmulTest, MatmulOfNormOutputReadsTheNormsQuantizedCopy) {
   }
 }
 
-// A one-row matmul_many followed by the causal conv (kernel 4, no capture) of a column prefix of its first
-// part's output runs the conv in the matvec's epilogue (cuda_backend.cpp, Int8ConvFold): the outputs, the
+// A one-row matmul_many (or matmul) followed by the causal conv (kernel 4, no capture) of a column prefix of
+// its first part's output runs the conv in the matvec's epilogue (cuda_backend.cpp, Int8ConvFold): the outputs, the
 // conv's output and its advanced state are the bits of the two ops launched one by one, step after step,
 // eagerly and in a captured graph; so are the rows of a 3-token step (no fold) against 3 one-token steps.
 TEST_P(CudaMatmulTest, ConvFoldedIntoTheMatvecGivesTheOpsBits) {
@@ -705,37 +705,44 @@ TEST_P(CudaMatmulTest, ConvFoldedIntoTheMatvecGivesTheOpsBits) {
     return std::move(w).value();
   };
   const Weight qkv = load(GgmlType::Q6_K, C + 32), z = load(GgmlType::Q4_K, Z);  // conv over C of the C + 32
-  const Tensor cw = put(*gpu_, randn(C * 4)), x = put(*gpu_, randn(3 * K));
-  const std::vector<float> state0 = randn(3 * C);
-  struct Run {
-    Tensor y, conv, state;
-  };
-  auto fresh = [&] { return Run{poison(*gpu_, 3 * (C + 32 + Z)), poison(*gpu_, 3 * C), put(*gpu_, state0)}; };
-  const int64_t W = C + 32 + Z;
-  // Step t of one token (settle: synchronize between the ops, so nothing folds).
-  auto step = [&](Run& r, int64_t t, bool settle) {
-    const Rows xr = x.rows(3, K).rows(t, 1), yr = r.y.rows(3, W).rows(t, 1);
-    const Backend::MatmulPart parts[] = {{&qkv, yr.cols(0, C + 32)}, {&z, yr.cols(C + 32, Z)}};
-    gpu_->matmul_many(xr, parts, 2);
-    if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
-    gpu_->causal_conv_silu(yr.cols(0, C), cw.f(), 4, r.state.f(), nullptr, r.conv.rows(3, C).rows(t, 1));
-  };
-  Run ref = fresh(), eager = fresh(), graph = fresh(), wide = fresh();
-  for (int64_t t = 0; t < 3; ++t) step(ref, t, true), step(eager, t, false);
-  for (int64_t t = 0; t < 3; ++t) {
-    auto g = gpu_->capture([&] { step(graph, t, false); });
-    ASSERT_TRUE(g.is_ok()) << g.message();
-    ASSERT_TRUE(g.value()->replay().is_ok());
-  }
-  // The 3 tokens in one step (the conv kernel, no fold).
-  const Backend::MatmulPart parts[] = {{&qkv, wide.y.rows(3, W).cols(0, C + 32)}, {&z, wide.y.rows(3, W).cols(C + 32, Z)}};
-  gpu_->matmul_many(x.rows(3, K), parts, 2);
-  gpu_->causal_conv_silu(wide.y.rows(3, W).cols(0, C), cw.f(), 4, wide.state.f(), nullptr, wide.conv.rows(3, C));
-  for (const Run* r : {&eager, &graph, &wide}) {
-    const std::string what = r == &eager ? "eager" : r == &graph ? "graph" : "3-token step";
-    EXPECT_TRUE(same_bits(get_gpu(r->y), get_gpu(ref.y))) << what << ": matvec outputs";
-    EXPECT_TRUE(same_bits(get_gpu(r->conv), get_gpu(ref.conv))) << what << ": conv outputs";
-    EXPECT_TRUE(same_bits(get_gpu(r->state), get_gpu(ref.state))) << what << ": conv state";
+  const Weight all = load(GgmlType::Q5_K, C + 32 + Z);                            // or one weight: a matmul
+  for (const bool single : {false, true}) {
+    const Tensor cw = put(*gpu_, randn(C * 4)), x = put(*gpu_, randn(3 * K));
+    const std::vector<float> state0 = randn(3 * C);
+    struct Run {
+      Tensor y, conv, state;
+    };
+    auto fresh = [&] { return Run{poison(*gpu_, 3 * (C + 32 + Z)), poison(*gpu_, 3 * C), put(*gpu_, state0)}; };
+    const int64_t W = C + 32 + Z;
+    // Step t of one token (settle: synchronize between the ops, so nothing folds).
+    auto step = [&](Run& r, int64_t t, bool settle) {
+      const Rows xr = x.rows(3, K).rows(t, 1), yr = r.y.rows(3, W).rows(t, 1);
+      const Backend::MatmulPart parts[] = {{&qkv, yr.cols(0, C + 32)}, {&z, yr.cols(C + 32, Z)}};
+      if (single) gpu_->matmul(all, xr, yr);
+      else gpu_->matmul_many(xr, parts, 2);
+      if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
+      gpu_->causal_conv_silu(yr.cols(0, C), cw.f(), 4, r.state.f(), nullptr, r.conv.rows(3, C).rows(t, 1));
+    };
+    Run ref = fresh(), eager = fresh(), graph = fresh(), wide = fresh();
+    for (int64_t t = 0; t < 3; ++t) step(ref, t, true), step(eager, t, false);
+    for (int64_t t = 0; t < 3; ++t) {
+      auto g = gpu_->capture([&] { step(graph, t, false); });
+      ASSERT_TRUE(g.is_ok()) << g.message();
+      ASSERT_TRUE(g.value()->replay().is_ok());
+    }
+    // The 3 tokens in one step (the conv kernel, no fold).
+    const Rows wy = wide.y.rows(3, W);
+    const Backend::MatmulPart parts[] = {{&qkv, wy.cols(0, C + 32)}, {&z, wy.cols(C + 32, Z)}};
+    if (single) gpu_->matmul(all, x.rows(3, K), wide.y.rows(3, W));
+    else gpu_->matmul_many(x.rows(3, K), parts, 2);
+    gpu_->causal_conv_silu(wide.y.rows(3, W).cols(0, C), cw.f(), 4, wide.state.f(), nullptr, wide.conv.rows(3, C));
+    for (const Run* r : {&eager, &graph, &wide}) {
+      const std::string what = std::string(single ? "matmul, " : "matmul_many, ") +
+                               (r == &eager ? "eager" : r == &graph ? "graph" : "3-token step");
+      EXPECT_TRUE(same_bits(get_gpu(r->y), get_gpu(ref.y))) << what << ": matvec outputs";
+      EXPECT_TRUE(same_bits(get_gpu(r->conv), get_gpu(ref.conv))) << what << ": conv outputs";
+      EXPECT_TRUE(same_bits(get_gpu(r->state), get_gpu(ref.state))) << what << ": conv state";
+    }
   }
 }
 

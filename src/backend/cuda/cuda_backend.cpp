@@ -269,10 +269,13 @@ class CudaBackend final : public Backend {
                 y.n_rows, y.n_cols))
       return;
     const cuda::WeightView v = view(w);
-    void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(v, x.n_rows));
-    if (!s) return;
-    check(cuda::matmul_launch(v, mat(x), mat(y), {s, matmul_arena_.size}, cublas_, stream_, quantized(x)), "matmul");
+    const DeferredMany m{{v}, {mat(y)}, 1, x, quantized(x)};
     matmul_wrote(y);
+    if (folds_ && cuda::int8_conv_fold_supported(v, x.n_rows)) {
+      deferred_many_ = m;  // (launched by the next op, which may be its conv)
+    } else {
+      launch_many(m, nullptr);
+    }
   }
 
   void matmul_many(Rows x, const MatmulPart* parts, size_t n_parts) override {
@@ -820,20 +823,28 @@ class CudaBackend final : public Backend {
   }
 
   // ---- the decode step's conv folded into the matvec that writes its input (cuda::Int8ConvFold) ----
-  // A one-row matmul_many on the int8 dp4a kernels is deferred to the next op. When that is the
-  // causal_conv_silu (kernel 4, no capture) of a column prefix of its first part's output, the launch
+  // A one-row matmul or matmul_many on the int8 dp4a kernels is deferred to the next op. When that is the
+  // causal_conv_silu (kernel 4, no capture) of a column prefix of its (first part's) output, the launch
   // runs the conv in its tiles' epilogue; any other op (and every memory op, side-line switch, capture,
   // replay and synchronize) first launches it as it was asked. Same bits either way; a decode step of a
   // Qwen3.5 GDN layer saves the conv's launch. HYSPEC_FOLD=0: off.
   struct DeferredMany {
     cuda::WeightView w[cuda::kInt8MvMaxParts];
     cuda::Mat y[cuda::kInt8MvMaxParts];
-    int count;
+    int count;  // 1: a matmul
     Rows x;
     const cuda::QuantizedX* qx;
   };
   void launch_many(const DeferredMany& m, const cuda::Int8ConvFold* conv) {
-    check(cuda::int8_matvec_multi_launch(m.w, m.y, m.count, mat(m.x), stream_, m.qx, conv), "matmul_many");
+    if (m.count > 1) {
+      check(cuda::int8_matvec_multi_launch(m.w, m.y, m.count, mat(m.x), stream_, m.qx, conv), "matmul_many");
+      return;
+    }
+    void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(m.w[0], m.x.n_rows));
+    if (!s) return;
+    check(conv ? cuda::int8_matvec_launch(m.w[0], nullptr, mat(m.x), m.y[0], s, stream_, m.qx, conv)
+               : cuda::matmul_launch(m.w[0], mat(m.x), m.y[0], {s, matmul_arena_.size}, cublas_, stream_, m.qx),
+          "matmul");
   }
   void settle() {
     if (!deferred_many_) return;

@@ -79,17 +79,8 @@ cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, M
 constexpr int64_t kInt8MvMaxWidth = 32;
 bool int8_matvec_supported(const WeightView& w, int64_t n);
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
-cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream, const QuantizedX* qx = nullptr);
-
-// y[i] = W[i] x for several Q4_K / Q6_K weights of one input in one launch (the blocks shared out by
-// bytes), the bits of one int8_matvec_launch each: widths 1..24 whose x the dp4a kernels quantize
-// in-block or a norm quantized (qx); int8_matvec_multi_supported says which (none with
-// HYSPEC_MATMUL_MANY=0), and the launch returns cudaErrorNotSupported for the others.
-constexpr int kInt8MvMaxParts = 4;
-bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx);
 // A decode step's depthwise causal conv of kernel 4 + SiLU (causal_conv_silu_launch, no capture) folded into
-// the multi launch of one row whose part 0 writes its input: outputs c < channels of part 0 also give
+// a one-row launch (or part 0 of a multi launch) that writes its input: outputs c < channels also give
 // y[c] = silu(sum_j w[c][j] in_j) over the 3 state rows and the output, and advance the state, with the
 // conv kernel's arithmetic (cuda_backend.cpp defers the launch to find the conv).
 struct Int8ConvFold {
@@ -98,6 +89,17 @@ struct Int8ConvFold {
   float* y;        // [channels]
   int64_t channels;
 };
+bool int8_conv_fold_supported(const WeightView& w, int64_t n);
+cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
+                               cudaStream_t stream, const QuantizedX* qx = nullptr,
+                               const Int8ConvFold* conv = nullptr);
+
+// y[i] = W[i] x for several Q4_K / Q6_K weights of one input in one launch (the blocks shared out by
+// bytes), the bits of one int8_matvec_launch each: widths 1..24 whose x the dp4a kernels quantize
+// in-block or a norm quantized (qx); int8_matvec_multi_supported says which (none with
+// HYSPEC_MATMUL_MANY=0), and the launch returns cudaErrorNotSupported for the others.
+constexpr int kInt8MvMaxParts = 4;
+bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx);
 bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx);
 cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
                                      const QuantizedX* qx, const Int8ConvFold* conv = nullptr);

@@ -898,20 +898,20 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 __device__ __forceinline__ BlockSlot launch_slot() {
   return BlockSlot{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x)};
 }
-template <int NMAX, bool SW, bool Q5 = false>
+template <int NMAX, bool SW, bool Q5 = false, bool kConv = false>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  q4k_dp4a_body<NMAX, SW, Q5>(a, smem, launch_slot());
+  q4k_dp4a_body<NMAX, SW, Q5, false, kConv>(a, smem, launch_slot());
 }
 template <int NT, bool SW, bool Q5 = false, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
 }
-template <class C, int NMAX, bool SW>
+template <class C, int NMAX, bool SW, bool kConv = false>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  s16_dp4a_body<C, NMAX, SW>(a, smem, launch_slot());
+  s16_dp4a_body<C, NMAX, SW, false, kConv>(a, smem, launch_slot());
 }
 template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) {
@@ -990,6 +990,9 @@ template <bool SW, bool Q5>
 cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   const int n = a.n;
+  if constexpr (!SW) {
+    if (dp4a && a.conv_y) return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, true>>(a, false, stream, true);  // (n = 1)
+  }
   if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
                           : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
   if (n <= 8) return launch<L, 8, q4k_mma_kernel<1, SW, Q5>>(a, SW, stream);
@@ -1002,6 +1005,9 @@ template <class C, bool SW>
 cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = typename C::L;
   const int n = a.n;
+  if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
+    if (dp4a && a.conv_y) return launch<L, 1, s16_dp4a_kernel<C, 1, false, true>>(a, false, stream, true);  // (n = 1)
+  }
   if (dp4a) return n == 1 ? launch<L, 1, s16_dp4a_kernel<C, 1, SW>>(a, SW, stream, true)
                           : launch<L, 2, s16_dp4a_kernel<C, 2, SW>>(a, SW, stream, true);
   if (n <= 8) return launch<L, 8, s16_mma_kernel<C, 1, SW>>(a, SW, stream);
@@ -1116,11 +1122,23 @@ QuantizedX quantized_x_at(void* base) {
   return qx;
 }
 
+bool int8_conv_fold_supported(const WeightView& w, int64_t n) {
+  bool dp4a = false;
+  if (n == 1 && int8_matvec_supported(w, n) &&
+      (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K))
+    with_int8_family(w.type, [&](auto family) { dp4a = use_dp4a<typename decltype(family)::L>(n, w.n_in); });
+  return dp4a;
+}
+
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream, const QuantizedX* qx) {
+                               cudaStream_t stream, const QuantizedX* qx, const Int8ConvFold* conv) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
+  if (conv) {
+    if (up || !int8_conv_fold_supported(w, n) || conv->channels > w.n_out) return cudaErrorInvalidValue;
+    a.conv_w = conv->w, a.conv_state = conv->state, a.conv_y = conv->y, a.conv_channels = conv->channels;
+  }
   cudaError_t err = cudaErrorInvalidValue;
   with_int8_family(w.type, [&](auto family) {
     using Family = decltype(family);
