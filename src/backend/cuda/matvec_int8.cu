@@ -25,6 +25,9 @@
 // tokens, and the same in the fused SwiGLU as in a plain call. Several matvecs of one input (a
 // layer's q/k/v, a Q6_K and a Q4_K run of stacked projections) may share one launch (multi_kernel):
 // each gets a share of the blocks by its bytes, and its rows the bits of a launch of its own.
+// A one-row launch may also run the decode step's depthwise conv (kernel 4) + SiLU on its first outputs
+// in the tiles' epilogue (Int8ConvFold: + 3 state reads and writes, 4 weights and one output per channel),
+// which saves the conv's launch (session 31: 9B decode -2%).
 // Bytes per call: W once + n*K*(1 + 1/8 + 1/64) (int8 x, 16-element sums, scales: in shared memory for
 // dp4a, from L1/L2 per tile for mma) + n*n_out*4. Instructions per Q4_K super-block and 16 rows
 // (ncu, SASS executed per warp-step, 4096 x 12288): ~356 at one token, ~567 at 17 tokens. H100, one
