@@ -1019,53 +1019,6 @@ TEST_F(CudaBackendTest, CopyManyCopiesEveryPart) {
     else ASSERT_EQ(got[k], want[k]) << k;
 }
 
-// The decode kernels' attention followed by Qwen3.5's sigmoid gate on its heads (sigmoid_mul in place,
-// gate rows of pitch 2D as in attn_q) runs the gate in the attention's stores (cuda_backend.cpp,
-// AttentionParams::gate): the bits of the two ops one by one, with one split and several, every cache
-// type, eagerly and in a captured graph.
-TEST_F(CudaBackendTest, AttentionGateFoldedIntoTheStoresGivesTheOpsBits) {
-  const int64_t H = 8, Hkv = 2, D = 256, W = Hkv * D;
-  for (const int64_t ctx : {37, 700})
-    for (GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0})
-      for (const int64_t n : {1, 3, 17}) {
-        const std::string what = fmt::format("ctx={} kv={} n={}", ctx, ggml_type_name(kv_type), n);
-        const int64_t cap = ctx + n + 3, total = ctx + n;
-        const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
-        std::vector<int32_t> pos(total);
-        for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
-        const Tensor k = put(*gpu_, randn(total * W)), v = put(*gpu_, randn(total * W)), q = put(*gpu_, randn(n * H * D)),
-                     qg = put(*gpu_, randn(n * H * 2 * D, 3.0f));
-        Buffer kc = gpu_->alloc(cap * row).value(), vc = gpu_->alloc(cap * row).value(), p = put_i32(*gpu_, pos);
-        const KvLayer kv{kc.data(), vc.data(), kv_type, cap, W, D};
-        gpu_->kv_store(k.rows(total, W), v.rows(total, W), kv, p.as<int32_t>());
-        auto step = [&](const Tensor& out, bool settle) {
-          AttentionArgs a;
-          a.q = q.rows(n, H * D);
-          a.kv = kv;
-          a.positions = p.as<int32_t>() + ctx;
-          a.n_head = static_cast<int>(H);
-          a.n_kv_head = static_cast<int>(Hkv);
-          a.head_dim = static_cast<int>(D);
-          a.scale = 1.0f / std::sqrt(static_cast<float>(D));
-          a.out = out.rows(n, H * D);
-          gpu_->attention(a);
-          if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
-          const Rows heads(out.f(), n * H, D), gate(qg.f() + D, n * H, D, 2 * D);
-          gpu_->sigmoid_mul(heads, gate, heads);
-        };
-        const Tensor ref = poison(*gpu_, n * H * D), eager = poison(*gpu_, n * H * D), graph = poison(*gpu_, n * H * D);
-        step(ref, true);
-        step(eager, false);
-        auto g = gpu_->capture([&] { step(graph, false); });
-        ASSERT_TRUE(g.is_ok()) << what << ": " << g.message();
-        ASSERT_TRUE(g.value()->replay().is_ok());
-        const auto r = get_gpu(ref);
-        EXPECT_TRUE(same_bits(get_gpu(eager), r)) << what << ": eager";
-        EXPECT_TRUE(same_bits(get_gpu(graph), r)) << what << ": graph";
-        EXPECT_TRUE(std::all_of(r.begin(), r.end(), [](float x) { return std::isfinite(x); })) << what;
-      }
-}
-
 TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
   const AttnCase cases[] = {{4, 2, 64, 37}, {8, 2, 256, 700}, {6, 2, 128, 1500}, {2, 2, 32, 0}};
   for (const AttnCase& ac : cases)

@@ -54,7 +54,6 @@ struct AttnArgs {
   float* part_o;   // [n_splits, n_kv, M, D]
   float* part_ml;  // [n_splits, n_kv, M, 2]
   bool kv_major;   // decode kernels: grid (kv heads, splits, group blocks) instead of (group blocks, kv heads, splits)
-  Mat gate;        // decode kernels: AttentionParams::gate (data null: none)
 };
 
 template <int D>
@@ -406,18 +405,12 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   auto out_of = [&](int m) {
     return a.out.data + static_cast<int64_t>(blk.row(m)) * a.out.stride + static_cast<int64_t>(blk.head(m)) * D;
   };
-  // The folded gate (AttentionParams::gate): sigmoid_mul's arithmetic, x * (1 / (1 + e^-g)).
-  auto gate_of = [&](int m) {
-    return a.gate.data + (static_cast<int64_t>(blk.row(m)) * a.n_kv * a.group + blk.head(m)) * a.gate.stride;
-  };
-  auto gated = [](float x, float g) { return x * (1.0f / (1.0f + expf(-g))); };
   auto slot_of = [&](int zz, int m) { return (static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m; };
   if (n_eff == 1) {
     for (int i = tid; i < M * D; i += kThreadsPerBlock) {
       const int m = i / D, d = i % D;
       const float l = ml_s[Q + m], inv = l != 0.0f ? 1.0f / l : 0.0f;  // a NaN query's NaN sum stays NaN
-      const float v = o_s[i] * inv;
-      out_of(m)[d] = a.gate.data ? gated(v, gate_of(m)[d]) : v;
+      out_of(m)[d] = o_s[i] * inv;
     }
     return;
   }
@@ -495,12 +488,8 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
       const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
       if (i >= items) break;
       const float inv = wl[Q * n_eff + m];
-      float4 v = make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
-      if (a.gate.data) {
-        const float4 g = reinterpret_cast<const float4*>(gate_of(m))[d4];
-        v = make_float4(gated(v.x, g.x), gated(v.y, g.y), gated(v.z, g.z), gated(v.w, g.w));
-      }
-      reinterpret_cast<float4*>(out_of(m))[d4] = v;
+      reinterpret_cast<float4*>(out_of(m))[d4] =
+          make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
     }
   }
   if (tid == 0) *counter = 0u;  // ready for the next launch (stream order)
@@ -1486,10 +1475,6 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   return static_cast<int>(std::clamp<int64_t>(std::max(std::min(want, max_useful), by_keys), 1, kMaxSplits));
 }
 
-bool attention_gate_fold_supported(const AttentionParams& p) {
-  return uses_decode_kernel(p.q.rows, p.n_head / p.n_kv_head, p.n_kv_head);
-}
-
 size_t attention_scratch_bytes(const AttentionParams& p, int n_splits) {
   if (n_splits <= 1) return 0;
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
@@ -1504,8 +1489,7 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
   AttnArgs a{p.q, p.out, p.k, p.v, p.kv.capacity, p.kv.row_bytes, p.kv.head_bytes, p.positions,
              static_cast<int>(p.q.rows), p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
-             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false, p.gate};
-  if (p.gate.data && !attention_gate_fold_supported(p)) return cudaErrorInvalidValue;
+             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false};
   switch (p.head_dim) {
     case 32: return launch<32>(a, p.kv.type, p.counters, stream);
     case 64: return launch<64>(a, p.kv.type, p.counters, stream);

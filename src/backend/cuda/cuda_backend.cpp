@@ -355,10 +355,7 @@ class CudaBackend final : public Backend {
     norm_wrote(h, q);
   }
   void swiglu(Rows gate, Rows up, Rows y) override { binary(cuda::Binary::SwiGlu, gate, up, y, "swiglu"); }
-  void sigmoid_mul(Rows x, Rows gate, Rows y) override {
-    if (fold_gate(x, gate, y)) return;
-    binary(cuda::Binary::SigmoidMul, x, gate, y, "sigmoid_mul");
-  }
+  void sigmoid_mul(Rows x, Rows gate, Rows y) override { binary(cuda::Binary::SigmoidMul, x, gate, y, "sigmoid_mul"); }
   void add_sigmoid_scaled(Rows x, Rows g, Rows y) override {
     auto prof = begin_op("add_sigmoid_scaled");
     if (!expect(same_shape(x, y) && g.n_rows == x.n_rows && g.n_cols >= 1, "add_sigmoid_scaled: shapes")) return;
@@ -466,10 +463,6 @@ class CudaBackend final : public Backend {
     float* scratch = nullptr;
     if (splits > 1 && !(scratch = static_cast<float*>(arena(op_arena_, cuda::attention_scratch_bytes(p, splits)))))
       return;
-    if (folds_ && cuda::attention_gate_fold_supported(p)) {
-      deferred_attention_ = DeferredAttention{p, splits, scratch};  // (launched by the next op, maybe its gate)
-      return;
-    }
     check(cuda::attention_launch(p, splits, scratch, stream_), "attention");
   }
 
@@ -854,16 +847,10 @@ class CudaBackend final : public Backend {
           "matmul");
   }
   void settle() {
-    if (deferred_many_) {
-      const DeferredMany m = *deferred_many_;
-      deferred_many_.reset();
-      launch_many(m, nullptr);
-    }
-    if (deferred_attention_) {
-      const DeferredAttention d = *deferred_attention_;
-      deferred_attention_.reset();
-      check(cuda::attention_launch(d.p, d.splits, d.scratch, stream_), "attention");
-    }
+    if (!deferred_many_) return;
+    const DeferredMany m = *deferred_many_;
+    deferred_many_.reset();
+    launch_many(m, nullptr);
   }
   bool fold_conv(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) {
     if (!deferred_many_) return false;
@@ -886,34 +873,6 @@ class CudaBackend final : public Backend {
     launch_many(d, &conv);
     forget_quantized();
     return true;
-  }
-
-  // The decode kernels' attention is deferred the same way: a sigmoid_mul of its output's heads, in place,
-  // by gate rows (Qwen3.5's gated attention) then runs in its stores (AttentionParams::gate).
-  struct DeferredAttention {
-    cuda::AttentionParams p;
-    int splits;
-    float* scratch;
-  };
-  bool fold_gate(Rows x, Rows gate, Rows y) {
-    if (!deferred_attention_) return false;
-    const cuda::AttentionParams& p = deferred_attention_->p;
-    const int64_t H = p.n_head, D = p.head_dim;
-    const float* out_end = p.out.data + (p.out.rows - 1) * p.out.stride + H * D;
-    const float* gate_end = gate.data + (gate.n_rows - 1) * gate.stride + gate.n_cols;
-    const bool ok = same_rows(x, y) && x.data == p.out.data && p.out.stride == H * D && x.n_rows == p.out.rows * H &&
-                    x.n_cols == D && x.stride == D && gate.n_rows == x.n_rows && gate.n_cols == D &&
-                    aligned16(gate.data) && gate.stride % 4 == 0 && (gate_end <= p.out.data || out_end <= gate.data);
-    if (!ok) return false;
-    DeferredAttention d = *deferred_attention_;
-    deferred_attention_.reset();
-    d.p.gate = mat(gate);
-    forget_quantized();
-    check(cuda::attention_launch(d.p, d.splits, d.scratch, stream_), "attention");
-    return true;
-  }
-  static bool same_rows(const Rows& a, const Rows& b) {
-    return a.data == b.data && a.n_rows == b.n_rows && a.n_cols == b.n_cols && a.stride == b.stride;
   }
 
   // ---- rows quantized by a norm (see quantized_rows_) ----
@@ -1007,11 +966,10 @@ class CudaBackend final : public Backend {
   // under it): 1 enqueues only the kernels of the matmul and matmul_swiglu ops (their quantize kernels
   // included; moe_ffn counts as the rest), 2 all but those. Results are meaningless then.
   int profile_skip_ = cuda::env_int("HYSPEC_PROFILE_SKIP", 0);
-  // Deferred launches for the conv and gate folds (see settle); off under the op profiler and HYSPEC_PROFILE_SKIP,
+  // Deferred launches for the conv fold (see settle); off under the op profiler and HYSPEC_PROFILE_SKIP,
   // which time ops one by one. Set in init.
   bool folds_ = false;
   std::optional<DeferredMany> deferred_many_;
-  std::optional<DeferredAttention> deferred_attention_;
   int n_sm_ = 1;
   std::string name_;
   cudaStream_t stream_ = nullptr;

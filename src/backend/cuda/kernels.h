@@ -212,12 +212,7 @@ struct AttentionParams {
   bool causal = true;
   // >= n_kv_head zeroed counters the decode kernel uses to merge its splits (left zeroed).
   unsigned* counters = nullptr;
-  // The sigmoid gate of Qwen3.5's attention folded into the output's stores (cuda_backend.cpp defers the
-  // launch to find it): out[t][h * D + d] *= sigmoid(gate row t * n_head + h, element d), with
-  // sigmoid_mul's arithmetic. Decode kernels only (attention_gate_fold_supported); rows 16-byte aligned.
-  Mat gate;
 };
-bool attention_gate_fold_supported(const AttentionParams& p);
 constexpr int kAttentionMaxKvHeads = 1024;
 bool attention_head_dim_supported(int head_dim);
 // Split count the launcher will use, and the scratch it needs for the partial results.
