@@ -746,6 +746,34 @@ TEST_P(CudaMatmulTest, ConvFoldedIntoTheMatvecGivesTheOpsBits) {
   }
 }
 
+// A one-row int8 matmul may be launched as late as the backend's next call (the conv fold defers it): a
+// weight or an output buffer freed before then gets the launch first (run under compute-sanitizer
+// memcheck on the device: no access to freed memory).
+TEST_F(CudaBackendTest, DeferredMatmulRunsBeforeItsMemoryIsFreed) {
+  const int64_t K = 1024, N = 64;
+  const auto bytes = random_weight_bytes(GgmlType::Q4_K, K, N, rng_);
+  const GgufTensorInfo info = tensor_info("w", GgmlType::Q4_K, bytes, K, N);
+  const Tensor x = put(*gpu_, randn(K)), ref = poison(*gpu_, N), got = poison(*gpu_, N);
+  {
+    auto w = gpu_->load_weight(info);
+    ASSERT_TRUE(w.is_ok()) << w.message();
+    gpu_->matmul(*w, x.rows(1, K), ref.rows(1, N));
+    ASSERT_TRUE(gpu_->synchronize().is_ok());
+  }
+  {
+    auto w = gpu_->load_weight(info);
+    ASSERT_TRUE(w.is_ok()) << w.message();
+    gpu_->matmul(*w, x.rows(1, K), got.rows(1, N));
+  }  // the weight is freed here
+  {
+    auto w = gpu_->load_weight(info);
+    ASSERT_TRUE(w.is_ok()) << w.message();
+    const Tensor gone = poison(*gpu_, N);
+    gpu_->matmul(*w, x.rows(1, K), gone.rows(1, N));
+  }  // the output, then the weight
+  EXPECT_TRUE(same_bits(get_gpu(got), get_gpu(ref)));
+}
+
 TEST_F(CudaBackendTest, ElementwiseOpsMatchCpu) {
   const int64_t n = 7, C = 300, S = 310;
   const auto av = randn(n * S), bv = randn(n * S), yv = randn(n * C);

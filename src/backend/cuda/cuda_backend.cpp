@@ -82,6 +82,7 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    settle_hook_.reset();  // (what is deferred is dropped: no one can read its results any more)
     if (on_side_) end_side();
     if (stream_) cudaStreamSynchronize(stream_);
     if (side_stream_) cudaStreamSynchronize(side_stream_);
@@ -106,7 +107,7 @@ class CudaBackend final : public Backend {
       return Status::errorf("cudaMalloc of {} bytes failed: {}", bytes, cudaGetErrorString(e));
     }
     Buffer b;
-    b.holder = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    b.holder = std::shared_ptr<void>(p, freeing());
     b.size = bytes;
     return b;
   }
@@ -272,7 +273,7 @@ class CudaBackend final : public Backend {
     const DeferredMany m{{v}, {mat(y)}, 1, x, quantized(x)};
     matmul_wrote(y);
     if (folds_ && cuda::int8_conv_fold_supported(v, x.n_rows)) {
-      deferred_many_ = m;  // (launched by the next op, which may be its conv)
+      defer(m);  // (launched by the next op, which may be its conv)
     } else {
       launch_many(m, nullptr);
     }
@@ -297,7 +298,7 @@ class CudaBackend final : public Backend {
         std::copy(v, v + count, m.w), std::copy(y, y + count, m.y);
         for (int i = 0; i < count; ++i) matmul_wrote(parts[i].y);
         if (folds_ && cuda::int8_conv_fold_supported(v, count, x.n_rows, m.qx)) {
-          deferred_many_ = m;  // (launched by the next op, which may be its conv)
+          defer(m);  // (launched by the next op, which may be its conv)
         } else {
           launch_many(m, nullptr);
         }
@@ -802,7 +803,15 @@ class CudaBackend final : public Backend {
       if (p) cudaFree(p);
       return Status::errorf("tensor '{}': uploading {} bytes: {}", name, bytes, cudaGetErrorString(e));
     }
-    return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    return std::shared_ptr<void>(p, freeing());
+  }
+  // The deleter of backend memory: what is deferred is launched first (it may read or write the memory),
+  // when the memory is freed on the thread that deferred it; then cudaFree.
+  std::function<void(void*)> freeing() {
+    return [hook = std::weak_ptr<std::function<void()>>(settle_hook_)](void* q) {
+      if (const auto h = hook.lock()) (*h)();
+      cudaFree(q);
+    };
   }
 
   cuda::WeightView view(const Weight& w) const {
@@ -845,6 +854,10 @@ class CudaBackend final : public Backend {
     check(conv ? cuda::int8_matvec_launch(m.w[0], nullptr, mat(m.x), m.y[0], s, stream_, m.qx, conv)
                : cuda::matmul_launch(m.w[0], mat(m.x), m.y[0], {s, matmul_arena_.size}, cublas_, stream_, m.qx),
           "matmul");
+  }
+  void defer(const DeferredMany& m) {
+    deferred_many_ = m;
+    deferring_thread_ = std::this_thread::get_id();
   }
   void settle() {
     if (!deferred_many_) return;
@@ -970,6 +983,12 @@ class CudaBackend final : public Backend {
   // which time ops one by one. Set in init.
   bool folds_ = false;
   std::optional<DeferredMany> deferred_many_;
+  std::thread::id deferring_thread_;
+  // settle() for the deleters of backend memory (freeing), on the thread that deferred; reset first
+  // thing by the destructor.
+  std::shared_ptr<std::function<void()>> settle_hook_ = std::make_shared<std::function<void()>>([this] {
+    if (deferred_many_ && std::this_thread::get_id() == deferring_thread_) settle();
+  });
   int n_sm_ = 1;
   std::string name_;
   cudaStream_t stream_ = nullptr;
