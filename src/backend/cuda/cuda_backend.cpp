@@ -175,8 +175,7 @@ class CudaBackend final : public Backend {
     check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");
   }
   Status synchronize() override {
-    settle();
-    join_side();
+    join_side();  // (which launches what is deferred)
     if (!capturing_) check(cudaStreamSynchronize(stream_), "synchronize");
     if (profiler_ && !capturing_) profiler_->resolve();
     Status s = error_;
@@ -634,8 +633,7 @@ class CudaBackend final : public Backend {
   // its own scratch arenas and cuBLAS workspace, joined by another event.
   void begin_side() override {
     if (on_side_ || !side_stream_ || profiler_) return;  // (the op profiler times one stream)
-    settle();
-    join_side();
+    join_side();  // (which launches what is deferred)
     check(cudaEventRecord(side_fork_, stream_), "begin_side");
     check(cudaStreamWaitEvent(side_stream_, side_fork_), "begin_side");
     switch_line(true);

@@ -1212,19 +1212,23 @@ bool plan_multi(const WeightView* w, const Mat* y, int parts, Mat x, const Quant
 
 }  // namespace
 
-bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
+namespace {
+// Whether plan_multi takes these parts at n rows (and then whether on the dp4a kernels).
+bool plans_multi(const WeightView* w, int parts, int64_t n, const QuantizedX* qx, bool& dp4a) {
   Int8MvParts p;
   int64_t grid = 0;
-  bool dp4a = false;
   return plan_multi(w, nullptr, parts, Mat{nullptr, n, parts > 0 ? w[0].n_in : 0, 0}, qx, p, grid, dp4a);
+}
+}  // namespace
+
+bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
+  bool dp4a = false;
+  return plans_multi(w, parts, n, qx, dp4a);
 }
 
 bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
-  Int8MvParts p;
-  int64_t grid = 0;
   bool dp4a = false;
-  return n == 1 && plan_multi(w, nullptr, parts, Mat{nullptr, n, parts > 0 ? w[0].n_in : 0, 0}, qx, p, grid, dp4a) &&
-         dp4a;
+  return n == 1 && plans_multi(w, parts, n, qx, dp4a) && dp4a;
 }
 
 cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
