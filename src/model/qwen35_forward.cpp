@@ -52,8 +52,11 @@ void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, SequenceState& st, int
   g.chunked = chunked;
   g.out = o;
   c.be.gated_delta_net(g);
-  c.be.gated_rms_norm(o, z, w.ssm_norm.f32(), d, hp.eps, o);
-  c.be.matmul(w.ssm_out, o, out);
+  // The norm writes over the conv's output (read by the recurrence only), not in place: CUDA folds the
+  // norm into the one-token matvec that reads it, whose blocks read o while others store the norm's output.
+  Rows normed = c.buf(c.I.t3, V);
+  c.be.gated_rms_norm(o, z, w.ssm_norm.f32(), d, hp.eps, normed);
+  c.be.matmul(w.ssm_out, normed, out);
 }
 
 void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLayer& kv, const int32_t* positions,
@@ -87,9 +90,10 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   a.causal = true;
   a.out = att;
   c.be.attention(a);
-  Rows att_heads(att.data, n * H, D), gate_parts(qg.data + D, n * H, D, 2 * D);
-  c.be.sigmoid_mul(att_heads, gate_parts, att_heads);
-  c.be.matmul(w.attn_output, att, out);
+  // The gated output over q (read by the attention only), not in place: as the GDN mixer's norm.
+  Rows att_heads(att.data, n * H, D), gate_parts(qg.data + D, n * H, D, 2 * D), gated = c.buf(c.I.t2, H * D);
+  c.be.sigmoid_mul(att_heads, gate_parts, Rows(gated.data, n * H, D));
+  c.be.matmul(w.attn_output, gated, out);
 }
 
 void ffn(const Ctx& c, const FfnWeights& w, Rows x, Rows out) {

@@ -746,6 +746,71 @@ TEST_P(CudaMatmulTest, ConvFoldedIntoTheMatvecGivesTheOpsBits) {
   }
 }
 
+// A one-row gated_rms_norm (groups of 128) or sigmoid_mul followed by a one-row matmul of its output runs the
+// op in the matvec's staging of x (cuda_backend.cpp, Int8XFold): the matmul's outputs and the op's own output
+// are the bits of the two ops launched one by one, eagerly and in a captured graph, whether the op before
+// them wrote the gate (which the matvec then reads after the wait) or another buffer; so are the rows of a
+// 3-token step (no fold). K = 1024 leaves warps without a block of x; 6144 gives each warp three.
+TEST_P(CudaMatmulTest, GateOpsFoldedIntoTheMatvecGiveTheOpsBits) {
+  const int64_t N = 80, D = 256;
+  std::vector<std::vector<uint8_t>> bytes;
+  auto load = [&](GgmlType t, int64_t K, int64_t n_out) {
+    bytes.push_back(random_weight_bytes(t, K, n_out, rng_));
+    auto w = gpu_->load_weight(tensor_info("w", t, bytes.back(), K, n_out));
+    EXPECT_TRUE(w.is_ok()) << w.message();
+    return std::move(w).value();
+  };
+  const Weight before = load(GgmlType::Q4_K, 256, 64);
+  const Tensor before_x = put(*gpu_, randn(256)), before_y = poison(*gpu_, 64), norm_w = put(*gpu_, randn(128));
+  for (const int64_t K : {1024, 4096, 6144})
+    for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+      const Weight w = load(type, K, N);
+      for (const bool norm : {true, false})
+        for (const bool gate_written : {false, true}) {
+          const std::string what = fmt::format("K {} {} {}{}", K, ggml_type_name(type), norm ? "gated norm" : "sigmoid gate",
+                                               gate_written ? ", gate written just before" : "");
+          // 3 rows of x, and of the gates: the norm's [3, K]; the attention's [3, 2K], per head of D a query
+          // half (unused here) and a gate half.
+          const Tensor x = put(*gpu_, randn(3 * K)), zero = put(*gpu_, std::vector<float>(3 * 2 * K, 0.0f));
+          const std::vector<float> gate0 = randn(3 * 2 * K);
+          struct Run {
+            Tensor gate, y, out;
+          };
+          auto fresh = [&] { return Run{put(*gpu_, gate0), poison(*gpu_, 3 * K), poison(*gpu_, 3 * N)}; };
+          // The op over rows [t, t + n) (the gate rewritten with its own values first, or a matmul elsewhere).
+          auto ops = [&](Run& r, int64_t t, int64_t n, bool settle) {
+            if (gate_written) gpu_->add(r.gate.rows(3, 2 * K).rows(t, n), zero.rows(3, 2 * K).rows(t, n),
+                                        r.gate.rows(3, 2 * K).rows(t, n));
+            else gpu_->matmul(before, before_x.rows(1, 256), before_y.rows(1, 64));
+            if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
+            const Rows xr = x.rows(3, K).rows(t, n), yr = r.y.rows(3, K).rows(t, n);
+            if (norm) {
+              gpu_->gated_rms_norm(xr, r.gate.rows(3, 2 * K).rows(t, n).cols(0, K), norm_w.f(), 128, 1e-6f, yr);
+            } else {
+              const Rows gates(r.gate.f() + t * 2 * K + D, n * K / D, D, 2 * D);
+              gpu_->sigmoid_mul(Rows(xr.data, n * K / D, D), gates, Rows(yr.data, n * K / D, D));
+            }
+            if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
+            gpu_->matmul(w, yr, r.out.rows(3, N).rows(t, n));
+          };
+          Run ref = fresh(), eager = fresh(), graph = fresh(), wide = fresh();
+          for (int64_t t = 0; t < 3; ++t) ops(ref, t, 1, true), ops(eager, t, 1, false);
+          for (int64_t t = 0; t < 3; ++t) {
+            auto g = gpu_->capture([&] { ops(graph, t, 1, false); });
+            ASSERT_TRUE(g.is_ok()) << g.message();
+            ASSERT_TRUE(g.value()->replay().is_ok());
+          }
+          ops(wide, 0, 3, false);
+          for (const Run* r : {&eager, &graph, &wide}) {
+            const std::string how = what + (r == &eager ? ", eager" : r == &graph ? ", graph" : ", 3-token step");
+            EXPECT_TRUE(same_bits(get_gpu(r->out), get_gpu(ref.out))) << how << ": matvec outputs";
+            EXPECT_TRUE(same_bits(get_gpu(r->y), get_gpu(ref.y))) << how << ": the op's outputs";
+            EXPECT_TRUE(same_bits(get_gpu(r->gate), get_gpu(ref.gate))) << how << ": gates";
+          }
+        }
+    }
+}
+
 // A one-row int8 matmul may be launched as late as the backend's next call (the conv fold defers it): a
 // weight or an output buffer freed before then gets the launch first (run under compute-sanitizer
 // memcheck on the device: no access to freed memory).

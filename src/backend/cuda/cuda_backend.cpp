@@ -15,9 +15,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
@@ -260,6 +262,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Weight& w, Rows x, Rows y) override {
+    const cuda::Int8XFold xfold = take_x_fold(w, x, y);  // (before begin_op, which would launch the op)
     auto prof = begin_op("matmul", &w, /*reads_only_x=*/true);
     if (!expect(w.present(), "matmul: weight '{}' is not loaded", w.name) ||
         !expect(cuda::matmul_type_supported(w.type), "matmul '{}': type {} not supported on CUDA", w.name,
@@ -269,9 +272,11 @@ class CudaBackend final : public Backend {
                 y.n_rows, y.n_cols))
       return;
     const cuda::WeightView v = view(w);
-    const DeferredMany m{{v}, {mat(y)}, 1, x, quantized(x)};
+    const bool folded = xfold.kind != cuda::Int8XFold::kNone;
+    const DeferredMany m{{v}, {mat(y)}, 1, x, folded ? nullptr : quantized(x), xfold};
     matmul_wrote(y);
-    if (folds_ && cuda::int8_conv_fold_supported(v, x.n_rows)) {
+    wrote(y);
+    if (!folded && folds_ && cuda::int8_conv_fold_supported(v, x.n_rows)) {
       defer(m);  // (launched by the next op, which may be its conv)
     } else {
       launch_many(m, nullptr);
@@ -295,7 +300,7 @@ class CudaBackend final : public Backend {
         auto prof = begin_op("matmul_many", parts[0].w, /*reads_only_x=*/true);
         DeferredMany m{{}, {}, count, x, quantized(x)};
         std::copy(v, v + count, m.w), std::copy(y, y + count, m.y);
-        for (int i = 0; i < count; ++i) matmul_wrote(parts[i].y);
+        for (int i = 0; i < count; ++i) matmul_wrote(parts[i].y), wrote(parts[i].y);
         if (folds_ && cuda::int8_conv_fold_supported(v, count, x.n_rows, m.qx)) {
           defer(m);  // (launched by the next op, which may be its conv)
         } else {
@@ -333,6 +338,9 @@ class CudaBackend final : public Backend {
     norm_wrote(y, q);
   }
   void gated_rms_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) override {
+    if (group == cuda::kInt8XFoldGroup && w && same_shape(x, z) &&
+        defer_x(DeferredX{cuda::Int8XFold::kGatedNorm, x, z, y, w, group, eps}))
+      return;
     auto prof = begin_op("gated_rms_norm");
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, y) && same_shape(x, z),
                 "gated_rms_norm: group {} over [{}, {}]", group, x.n_rows, x.n_cols))
@@ -355,7 +363,10 @@ class CudaBackend final : public Backend {
     norm_wrote(h, q);
   }
   void swiglu(Rows gate, Rows up, Rows y) override { binary(cuda::Binary::SwiGlu, gate, up, y, "swiglu"); }
-  void sigmoid_mul(Rows x, Rows gate, Rows y) override { binary(cuda::Binary::SigmoidMul, x, gate, y, "sigmoid_mul"); }
+  void sigmoid_mul(Rows x, Rows gate, Rows y) override {
+    if (same_shape(x, gate) && defer_x(DeferredX{cuda::Int8XFold::kSigmoidGate, x, gate, y, nullptr, 0, 0.0f})) return;
+    binary(cuda::Binary::SigmoidMul, x, gate, y, "sigmoid_mul");
+  }
   void add_sigmoid_scaled(Rows x, Rows g, Rows y) override {
     auto prof = begin_op("add_sigmoid_scaled");
     if (!expect(same_shape(x, y) && g.n_rows == x.n_rows && g.n_cols >= 1, "add_sigmoid_scaled: shapes")) return;
@@ -464,6 +475,7 @@ class CudaBackend final : public Backend {
     if (splits > 1 && !(scratch = static_cast<float*>(arena(op_arena_, cuda::attention_scratch_bytes(p, splits)))))
       return;
     check(cuda::attention_launch(p, splits, scratch, stream_), "attention");
+    wrote(a.out);
   }
 
   void causal_conv_silu(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) override {
@@ -515,6 +527,8 @@ class CudaBackend final : public Backend {
     void* scratch = nullptr;
     if (scratch_bytes && !(scratch = arena(op_arena_, scratch_bytes))) return;
     check(cuda::gdn_launch(p, scratch, stream_), "gated_delta_net");
+    if (!a.capture && !a.capture_f16 && !a.updates)
+      wrote(a.out), wrote(a.state, sizeof(float) * a.n_v_heads * a.head_dim * a.head_dim);
   }
 
   // Router matmul -> softmax/top-k on the device -> the experts' gate and up rows -> swiglu -> down ->
@@ -841,6 +855,7 @@ class CudaBackend final : public Backend {
     int count;  // 1: a matmul
     Rows x;
     const cuda::QuantizedX* qx;
+    cuda::Int8XFold xfold;  // a matmul: the op folded into its x (deferred_x_ taken by take_x_fold)
   };
   void launch_many(const DeferredMany& m, const cuda::Int8ConvFold* conv) {
     if (m.count > 1) {
@@ -849,19 +864,29 @@ class CudaBackend final : public Backend {
     }
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(m.w[0], m.x.n_rows));
     if (!s) return;
-    check(conv ? cuda::int8_matvec_launch(m.w[0], nullptr, mat(m.x), m.y[0], s, stream_, m.qx, conv)
-               : cuda::matmul_launch(m.w[0], mat(m.x), m.y[0], {s, matmul_arena_.size}, cublas_, stream_, m.qx),
+    const bool folded = m.xfold.kind != cuda::Int8XFold::kNone;
+    check(conv || folded
+              ? cuda::int8_matvec_launch(m.w[0], nullptr, mat(m.x), m.y[0], s, stream_, m.qx, conv, &m.xfold)
+              : cuda::matmul_launch(m.w[0], mat(m.x), m.y[0], {s, matmul_arena_.size}, cublas_, stream_, m.qx),
           "matmul");
   }
   void defer(const DeferredMany& m) {
     deferred_many_ = m;
     deferring_thread_ = std::this_thread::get_id();
   }
+  // Launches what is deferred; the stream's last kernel then wrote what no one declared.
   void settle() {
-    if (!deferred_many_) return;
-    const DeferredMany m = *deferred_many_;
-    deferred_many_.reset();
-    launch_many(m, nullptr);
+    writes_.count = -1;
+    if (deferred_many_) {
+      const DeferredMany m = *deferred_many_;
+      deferred_many_.reset();
+      launch_many(m, nullptr);
+    }
+    if (deferred_x_) {
+      const DeferredX d = *deferred_x_;
+      deferred_x_.reset();
+      launch_x(d);
+    }
   }
   bool fold_conv(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) {
     if (!deferred_many_) return false;
@@ -883,7 +908,98 @@ class CudaBackend final : public Backend {
     const cuda::Int8ConvFold conv{weight, conv_state, y.data, C};
     launch_many(d, &conv);
     forget_quantized();
+    writes_.count = -1;  // (the conv's output and state too)
     return true;
+  }
+
+  // ---- the op before a one-row matvec folded into its staging of x (cuda::Int8XFold) ----
+  // A one-row gated_rms_norm (groups of 128) or sigmoid_mul is deferred to the next op. When that is a
+  // one-row matmul of exactly the op's output on the int8 dp4a kernels (K <= kInt8XFoldMaxK), the matvec
+  // applies the op as it quantizes x in-block and stores the op's output too; any other op launches the
+  // op first, as it was asked. Same bits either way; a decode step saves the gated norm of each GDN layer
+  // and the gate of each attention layer. The op's output must not overlap its inputs (the model's
+  // calls write elsewhere: the matvec's blocks read x while others store y). HYSPEC_FOLD=0: off.
+  struct DeferredX {
+    cuda::Int8XFold::Kind kind;
+    Rows x, gate, y;
+    const float* w;
+    int64_t group;
+    float eps;
+    bool gate_early = false;  // the gate was not written by the op before this one (writes_)
+  };
+  // A region's bytes (rows of a stride).
+  static std::pair<const char*, size_t> region(const Rows& r) {
+    const size_t n = r.n_rows > 0 ? static_cast<size_t>((r.n_rows - 1) * r.stride + r.n_cols) : 0;
+    return {reinterpret_cast<const char*>(r.data), n * sizeof(float)};
+  }
+  static bool disjoint(std::pair<const char*, size_t> a, std::pair<const char*, size_t> b) {
+    return a.first + a.second <= b.first || b.first + b.second <= a.first;
+  }
+  // Rows held one after the other (stride == n_cols, or one row).
+  static bool packed(const Rows& r) { return r.n_rows == 1 || r.stride == r.n_cols; }
+  bool defer_x(DeferredX d) {
+    const int64_t K = d.x.n_rows * d.x.n_cols;
+    const bool ok = folds_ && same_shape(d.x, d.y) && packed(d.x) && packed(d.y) && K % 256 == 0 &&
+                    K <= cuda::kInt8XFoldMaxK && d.x.n_cols % 8 == 0 && aligned16(d.x.data) && aligned16(d.y.data) &&
+                    aligned16(d.gate.data) && d.gate.stride % 4 == 0 && aligned16(d.w) &&
+                    (d.kind != cuda::Int8XFold::kGatedNorm || (d.x.n_rows == 1 && d.x.n_cols % d.group == 0)) &&
+                    disjoint(region(d.y), region(d.x)) && disjoint(region(d.y), region(d.gate));
+    if (!ok) return false;
+    d.gate_early = writes_.count >= 0;
+    for (int i = 0; i < writes_.count; ++i) d.gate_early = d.gate_early && disjoint(writes_.r[i], region(d.gate));
+    settle();  // (nothing is deferred behind it)
+    forget_quantized();
+    deferred_x_ = d;
+    deferring_thread_ = std::this_thread::get_id();
+    return true;
+  }
+  void launch_x(const DeferredX& d) {
+    if (d.kind == cuda::Int8XFold::kSigmoidGate) {
+      check(cuda::binary_launch(cuda::Binary::SigmoidMul, mat(d.x), mat(d.gate), mat(d.y), stream_), "sigmoid_mul");
+      return;
+    }
+    bool q = false;
+    check(cuda::rms_norm_launch(mat(d.x), d.gate.data, d.gate.stride, d.w, d.group, d.eps, mat(d.y), stream_,
+                                quantize_into(), &q),
+          "gated_rms_norm");
+    norm_wrote(d.y, q);
+  }
+  // The fold of the deferred op into matmul(w, x, y), taking it and setting x to the op's input (one row),
+  // or kNone (begin_op then launches the op).
+  cuda::Int8XFold take_x_fold(const Weight& w, Rows& x, Rows y) {
+    cuda::Int8XFold f;
+    if (!deferred_x_) return f;
+    const DeferredX& d = *deferred_x_;
+    const int64_t K = d.x.n_rows * d.x.n_cols;
+    if (!(w.present() && x.n_rows == 1 && y.n_rows == 1 && x.data == d.y.data && x.n_cols == K && w.n_in == K &&
+          y.n_cols == w.n_out && cuda::int8_xfold_supported(view(w), 1) && disjoint(region(y), region(d.x)) &&
+          disjoint(region(y), region(d.gate)) && disjoint(region(y), region(d.y))))
+      return f;
+    f.kind = d.kind;
+    f.gate = d.gate.data;
+    f.gate_group = d.gate.n_cols;
+    f.gate_stride = d.gate.n_rows == 1 ? d.gate.n_cols : d.gate.stride;
+    f.norm_w = d.w;
+    f.eps = d.eps;
+    f.y = d.y.data;
+    f.gate_early = d.gate_early;
+    x = Rows(d.x.data, 1, K);
+    deferred_x_.reset();
+    return f;
+  }
+  // What the stream's last kernel wrote, where its op declares it (matmuls, the GDN recurrence, attention):
+  // a folded op's gate outside it may be read before that kernel is done. count -1: unknown.
+  struct Writes {
+    std::pair<const char*, size_t> r[cuda::kInt8MvMaxParts + 1];
+    int count = -1;
+  };
+  void wrote(Rows r) { wrote(r.data, region(r).second); }
+  void wrote(const void* p, size_t bytes) {
+    if (writes_.count < 0) writes_.count = 0;
+    if (writes_.count < static_cast<int>(std::size(writes_.r)))
+      writes_.r[writes_.count++] = {static_cast<const char*>(p), bytes};
+    else
+      writes_.count = -1;
   }
 
   // ---- rows quantized by a norm (see quantized_rows_) ----
@@ -981,11 +1097,13 @@ class CudaBackend final : public Backend {
   // which time ops one by one. Set in init.
   bool folds_ = false;
   std::optional<DeferredMany> deferred_many_;
+  std::optional<DeferredX> deferred_x_;
+  Writes writes_;
   std::thread::id deferring_thread_;
   // settle() for the deleters of backend memory (freeing), on the thread that deferred; reset first
   // thing by the destructor.
   std::shared_ptr<std::function<void()>> settle_hook_ = std::make_shared<std::function<void()>>([this] {
-    if (deferred_many_ && std::this_thread::get_id() == deferring_thread_) settle();
+    if ((deferred_many_ || deferred_x_) && std::this_thread::get_id() == deferring_thread_) settle();
   });
   int n_sm_ = 1;
   std::string name_;

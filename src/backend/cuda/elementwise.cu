@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "backend/cuda/activations.cuh"
 #include "backend/cuda/async_copy.cuh"
 #include "backend/logit_summary.h"
 #include "backend/cuda/kernels.h"
@@ -20,9 +21,6 @@ unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {
   int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
 }
-
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -43,12 +41,6 @@ struct NormArgs {
   QuantizedX qx;  // qx.d set: also quantize y for the int8 matvecs (vec4 form; see norm_launch)
 };
 constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip form
-
-// A thread's running sum of squares: the one expression (and so the one FMA contraction) of every norm.
-__device__ __forceinline__ float add_square(float ss, float v) { return ss + v * v; }
-__device__ __forceinline__ float add_squares(float ss, float4 v) {
-  return add_square(add_square(add_square(add_square(ss, v.x), v.y), v.z), v.w);
-}
 
 // y = x / sqrt(mean(x^2) + eps) * w  [* silu(z)] over each group of columns; 2 reads + 1 write.
 // AddResidual first stores x += z (the add of binary_kernel, element by element) and norms the sum:

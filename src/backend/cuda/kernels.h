@@ -90,9 +90,30 @@ struct Int8ConvFold {
   int64_t channels;
 };
 bool int8_conv_fold_supported(const WeightView& w, int64_t n);
+// The op that writes a one-row matvec's input, folded into the dp4a kernel's in-block quantization of x:
+// every block applies it to the op's input (the launch's x) as it stages x, and the launch's x is that
+// op's input; elements c of block c / 256 == blockIdx.x (mod the grid) are also stored to y, the op's
+// output, so the op's result stays as it was asked. The arithmetic is the op's (elementwise.cu), so the
+// bits are the same as the op's launch followed by the matvec's (cuda_backend.cpp defers the op to find
+// the matvec). Gate element of x[c]: gate[(c / gate_group) * gate_stride + c % gate_group].
+struct Int8XFold {
+  enum Kind : int { kNone, kGatedNorm, kSigmoidGate };
+  Kind kind = kNone;
+  // kGatedNorm: y = x / sqrt(mean of squares over each 128-group + eps) * norm_w[c % 128] * silu(gate)
+  // (gated_rms_norm, group 128); kSigmoidGate: y = x * sigmoid(gate) (sigmoid_mul).
+  const float* gate = nullptr;
+  int64_t gate_group = 0, gate_stride = 0;
+  const float* norm_w = nullptr;
+  float eps = 0.0f;
+  float* y = nullptr;
+  // The gate may be read before the previous kernel is done (it was written earlier than that).
+  bool gate_early = false;
+};
+constexpr int64_t kInt8XFoldGroup = 128, kInt8XFoldMaxK = 6144;
+bool int8_xfold_supported(const WeightView& w, int64_t n);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx = nullptr,
-                               const Int8ConvFold* conv = nullptr);
+                               const Int8ConvFold* conv = nullptr, const Int8XFold* xfold = nullptr);
 
 // y[i] = W[i] x for several Q4_K / Q6_K weights of one input in one launch (the blocks shared out by
 // bytes), the bits of one int8_matvec_launch each: widths 1..24 whose x the dp4a kernels quantize

@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "backend/cuda/activations.cuh"
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
@@ -73,6 +74,15 @@ static_assert(Q6KLayout::kPieces == 14 && Q6KLayout::kSlotBytes == 240);
 // rows past n as zeros; rows quantized by a norm (QuantizedX) hold earlier rows' codes there instead,
 // which is as good: a padding token's codes only reach its own outputs, which are never written.
 
+// A warp's 256 values (lane l: elements 8l..8l+7) -> q (stored in `order`), its 16-element code sums and
+// its scale.
+__device__ __forceinline__ void quantize_values(const float (&v)[8], int lane, int8_t* q, __half* bs, float* d_out,
+                                                XOrder order) {
+  const Q8KLane r = quantize_lane(v);
+  store_codes(r, lane, q, order);
+  store_sums(r, lane, bs, d_out);
+}
+
 // One 256-element block of x -> q (stored in `order`), its 16-element code sums and its scale. The
 // quantize kernel and the dp4a kernel's in-block copy both call it, so their codes are the same bits.
 __device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int lane, int8_t* q, __half* bs,
@@ -85,9 +95,7 @@ __device__ __forceinline__ void quantize_block(const float* __restrict__ xb, int
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = xb[8 * lane + e];
   }
-  const Q8KLane r = quantize_lane(v);
-  store_codes(r, lane, q, order);
-  store_sums(r, lane, bs, d_out);
+  quantize_values(v, lane, q, bs, d_out, order);
 }
 
 // Block b = s * P + t of Q8K rows of pitch P: elements 256s.. of row t of x into out. (32-bit
@@ -135,6 +143,7 @@ struct Int8MvArgs {
   float* conv_state;
   float* conv_y;
   int64_t conv_channels;
+  Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
 };
 
 // The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
@@ -342,12 +351,94 @@ __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
   return static_cast<size_t>(n * K + n * K / 8 + n * K / 64);
 }
 
+// Int8XFold: a warp's 256-blocks ks, ks + 8, .. of the one row (K <= kInt8XFoldMaxK: at most 3 each).
+// Lane l's 8 elements of each: the gate's activation (silu for the gated norm, sigmoid for the gate) and
+// the norm weights, loaded and computed before the previous kernel is done where the gate is older
+// (gate_early), so that only x's load and the norm stay after the wait.
+constexpr int kXFoldBlocks = static_cast<int>(kInt8XFoldMaxK / (256 * kWarps));
+static_assert(kXFoldBlocks * 256 * kWarps == kInt8XFoldMaxK && kInt8XFoldGroup == 128);
+struct XFoldPre {
+  float s[kXFoldBlocks][8], w[kXFoldBlocks][8];
+};
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 v0 = reinterpret_cast<const float4*>(p)[0], v1 = reinterpret_cast<const float4*>(p)[1];
+  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+}
+// Block i of this warp's (i < kXFoldBlocks): the gate's activations and the norm weights of its lane.
+__device__ __forceinline__ void xfold_gate(const Int8MvArgs& a, int i, XFoldPre& pre) {
+  const Int8XFold& f = a.xfold;
+  const int c = 256 * ((threadIdx.x >> 5) + kWarps * i) + 8 * (threadIdx.x & 31);  // (32-bit: K <= 6144)
+  const int group = static_cast<int>(f.gate_group), g = c / group;
+  float v[8];
+  load8(f.gate + g * f.gate_stride + (c - g * group), v);
+  if (f.kind == Int8XFold::kGatedNorm) {
+    load8(f.norm_w + c % kInt8XFoldGroup, pre.w[i]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) pre.s[i][e] = silu(v[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) pre.s[i][e] = sigmoid(v[e]);
+  }
+}
+template <bool kXFold>
+__device__ __forceinline__ void xfold_before(const Int8MvArgs& a, XFoldPre& pre) {
+  if constexpr (kXFold) {
+    if (!a.xfold.gate_early) return;
+    const int nb = static_cast<int>(a.K / 256), ks = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < kXFoldBlocks; ++i)
+      if (ks + kWarps * i < nb) xfold_gate(a, i, pre);
+  }
+}
+// The folded op on the warp's blocks of x (a.xf, one row), stored to the op's output by one block each,
+// and quantized into the staged x (pitch 1).
+__device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x, XFoldPre& pre) {
+  const Int8XFold& f = a.xfold;
+  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, nb = static_cast<int>(a.K / 256);
+#pragma unroll
+  for (int i = 0; i < kXFoldBlocks; ++i) {
+    const int b = ks + kWarps * i;
+    if (b >= nb) break;  // warp-uniform
+    if (!f.gate_early) xfold_gate(a, i, pre);
+    const int c = 256 * b + 8 * lane;
+    float v[8];
+    load8(a.xf + c, v);
+    if (f.kind == Int8XFold::kGatedNorm) {
+      // rms_norm_kernel's group of 128 (a warp, lane t: elements 4t..4t+3, summed over xor 16, 8, 4, 2, 1)
+      // is a half warp here, lane l holding its lanes 2l' and 2l'+1 (l' = l % 16): xor 8, 4, 2, 1 on each
+      // of the two, then their sum, is the same tree.
+      float se = add_squares(0.0f, make_float4(v[0], v[1], v[2], v[3]));
+      float so = add_squares(0.0f, make_float4(v[4], v[5], v[6], v[7]));
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) {
+        se += __shfl_xor_sync(0xffffffffu, se, o);
+        so += __shfl_xor_sync(0xffffffffu, so, o);
+      }
+      const float inv = 1.0f / sqrtf((se + so) / static_cast<float>(kInt8XFoldGroup) + f.eps);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        v[e] = v[e] * inv;
+        v[e] *= pre.w[i][e];
+        v[e] *= pre.s[i][e];
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = v[e] * pre.s[i][e];
+    }
+    if (b % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x)) {
+      reinterpret_cast<float4*>(f.y + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(f.y + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    quantize_values(v, lane, x.q + b * 256, x.bs + b * 16, x.d + b, XOrder::kNatural);
+  }
+}
+
 // The dp4a kernels' shared-memory copy of the quantized activations (the Q8K layout, packed), after
 // the [warps][NMAX][16] partial sums at red: quantized here from a.xf, or copied from what
 // quantize_q8k_kernel wrote (a.x); either way the same bits (quantize_block). Call after the previous
 // kernel is done (pdl_wait).
-template <int NMAX>
-__device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
+template <int NMAX, bool kXFold = false>
+__device__ Q8K stage_x(const Int8MvArgs& a, float* red, XFoldPre& pre) {
   static_assert(NMAX <= 2, "one or two rows: the source pitch is padded_tokens(n) = 8");
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int64_t K = a.K, n = a.n, nb = K / 256;
@@ -355,7 +446,10 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red) {
   x.q = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
   x.bs = reinterpret_cast<__half*>(x.q + n * K);
   x.d = reinterpret_cast<float*>(x.bs + n * K / 16);
-  if (a.xf) {  // every block quantizes x for itself
+  if constexpr (kXFold) {  // the folded op, then quantized (one row)
+    static_assert(NMAX == 1);
+    stage_folded_x(a, x, pre);
+  } else if (a.xf) {  // every block quantizes x for itself
     for (int b = ks; b < n * nb; b += kWarps) quantize_x_block(a.xf, a.xf_stride, static_cast<int>(n), b, lane, x);
   } else {  // or copies the rows of what quantize_q8k_kernel or a norm made (pitch 8: n <= 2 here)
     auto src_block = [&](int b) { return n == 1 ? 8 * b : 8 * (b >> 1) + (b & 1); };
@@ -404,8 +498,10 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // f32 from L2 cost more than the launch (12288 x 4096: 1.19 vs 1.89 TB/s), so quantize_q8k_kernel
 // runs first and the blocks copy its output.
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
-// kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers).
-template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false>
+// kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers);
+// kXFold: x is staged through Int8XFold's op (one row; its own instantiation too: the gate's activations
+// held across the wait took the one-row kernels from 71-84 to 90 registers).
+template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, bool kXFold = false>
 __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
@@ -415,9 +511,11 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
+  XFoldPre xpre;
+  xfold_before<kXFold>(a, xpre);
   pdl_wait();  // the activations belong to the previous kernel
   pdl_trigger();
-  const Q8K x = stage_x<NMAX>(a, red);
+  const Q8K x = stage_x<NMAX, kXFold>(a, red, xpre);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
@@ -734,7 +832,7 @@ struct Iq4XsCodes {
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
-template <class C, int NMAX, bool SW, bool WT = false, bool kConv = false>
+template <class C, int NMAX, bool SW, bool WT = false, bool kConv = false, bool kXFold = false>
 __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
@@ -743,9 +841,11 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
+  XFoldPre xpre;
+  xfold_before<kXFold>(a, xpre);
   pdl_wait();
   pdl_trigger();
-  const Q8K x = stage_x<NMAX>(a, red);
+  const Q8K x = stage_x<NMAX, kXFold>(a, red, xpre);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
@@ -901,20 +1001,20 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 __device__ __forceinline__ BlockSlot launch_slot() {
   return BlockSlot{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x)};
 }
-template <int NMAX, bool SW, bool Q5 = false, bool kConv = false>
+template <int NMAX, bool SW, bool Q5 = false, bool kConv = false, bool kXFold = false>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  q4k_dp4a_body<NMAX, SW, Q5, false, kConv>(a, smem, launch_slot());
+  q4k_dp4a_body<NMAX, SW, Q5, false, kConv, kXFold>(a, smem, launch_slot());
 }
 template <int NT, bool SW, bool Q5 = false, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
 }
-template <class C, int NMAX, bool SW, bool kConv = false>
+template <class C, int NMAX, bool SW, bool kConv = false, bool kXFold = false>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  s16_dp4a_body<C, NMAX, SW, false, kConv>(a, smem, launch_slot());
+  s16_dp4a_body<C, NMAX, SW, false, kConv, kXFold>(a, smem, launch_slot());
 }
 template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) {
@@ -995,6 +1095,8 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   const int n = a.n;
   if constexpr (!SW) {
     if (dp4a && a.conv_y) return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, true>>(a, false, stream, true);  // (n = 1)
+    if (dp4a && a.xfold.kind != Int8XFold::kNone)
+      return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, true>>(a, false, stream, true);  // (n = 1)
   }
   if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
                           : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
@@ -1010,6 +1112,8 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   const int n = a.n;
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
     if (dp4a && a.conv_y) return launch<L, 1, s16_dp4a_kernel<C, 1, false, true>>(a, false, stream, true);  // (n = 1)
+    if (dp4a && a.xfold.kind != Int8XFold::kNone)
+      return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, true>>(a, false, stream, true);  // (n = 1)
   }
   if (dp4a) return n == 1 ? launch<L, 1, s16_dp4a_kernel<C, 1, SW>>(a, SW, stream, true)
                           : launch<L, 2, s16_dp4a_kernel<C, 2, SW>>(a, SW, stream, true);
@@ -1133,14 +1237,31 @@ bool int8_conv_fold_supported(const WeightView& w, int64_t n) {
   return dp4a;
 }
 
+bool int8_xfold_supported(const WeightView& w, int64_t n) {
+  bool dp4a = false;
+  if (n == 1 && int8_matvec_supported(w, n) && w.n_in <= kInt8XFoldMaxK &&
+      (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K))
+    with_int8_family(w.type, [&](auto family) { dp4a = use_dp4a<typename decltype(family)::L>(n, w.n_in); });
+  return dp4a;
+}
+
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
-                               cudaStream_t stream, const QuantizedX* qx, const Int8ConvFold* conv) {
+                               cudaStream_t stream, const QuantizedX* qx, const Int8ConvFold* conv,
+                               const Int8XFold* xfold) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
   if (conv) {
     if (up || !int8_conv_fold_supported(w, n) || conv->channels > w.n_out) return cudaErrorInvalidValue;
     a.conv_w = conv->w, a.conv_state = conv->state, a.conv_y = conv->y, a.conv_channels = conv->channels;
+  }
+  if (xfold && xfold->kind != Int8XFold::kNone) {  // x is quantized in-block, through the folded op
+    auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+    const Int8XFold& f = *xfold;
+    if (up || qx || conv || !int8_xfold_supported(w, n) || !aligned(x.data) || !aligned(f.gate) || !aligned(f.y) ||
+        f.gate_group % 8 != 0 || f.gate_stride % 4 != 0 || (f.kind == Int8XFold::kGatedNorm && !aligned(f.norm_w)))
+      return cudaErrorInvalidValue;
+    a.xfold = f;
   }
   cudaError_t err = cudaErrorInvalidValue;
   with_int8_family(w.type, [&](auto family) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/activations.cuh"
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
@@ -13,8 +14,6 @@ namespace hyspec::cuda {
 namespace {
 
 constexpr int kMaxConvKernel = 8;
-
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // y[t][c] = silu(sum_j w[c][j] * in(t - K + 1 + j)), in(tau) = x[tau] for tau >= 0, else the conv state
 // row K-1+tau. A thread walks `span` consecutive tokens of one channel, its window in registers
