@@ -1602,8 +1602,22 @@ TEST_F(CudaBench, MatmulDecode) {
   for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0,
                         GgmlType::BF16, GgmlType::F16, GgmlType::Q3_K, GgmlType::IQ4_XS}) {
     if (only && ggml_type_name(type) != only) continue;
-    // 9B shapes: attn_k/v-sized, ffn gate/up, ffn_down, GDN attn_qkv
-    for (Shape sh : {Shape{4096, 4096}, Shape{4096, 12288}, Shape{12288, 4096}, Shape{4096, 8192}}) {
+    // 9B shapes: attn_k/v-sized, ffn gate/up, ffn_down, GDN attn_qkv; or HYSPEC_BENCH_SHAPES ("KxN,..."; the
+    // 9B's output head: 4096x248320)
+    std::vector<Shape> shapes = {{4096, 4096}, {4096, 12288}, {12288, 4096}, {4096, 8192}};
+    if (const char* env = std::getenv("HYSPEC_BENCH_SHAPES")) {
+      shapes.clear();
+      for (const char* p = env; *p;) {
+        Shape sh{};
+        sh.K = std::strtol(p, const_cast<char**>(&p), 10);
+        if (*p == 'x') ++p;
+        sh.N = std::strtol(p, const_cast<char**>(&p), 10);
+        if (sh.K > 0 && sh.N > 0) shapes.push_back(sh);
+        if (*p != ',') break;
+        ++p;
+      }
+    }
+    for (const Shape sh : shapes) {
       constexpr int kCopies = 8;
       const auto bytes = random_weight_bytes(type, sh.K, sh.N, rng_);
       std::vector<Weight> ws;
