@@ -395,14 +395,21 @@ __device__ __forceinline__ void xfold_before(const Int8MvArgs& a, XFoldPre& pre)
 __device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x, XFoldPre& pre) {
   const Int8XFold& f = a.xfold;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, nb = static_cast<int>(a.K / 256);
+  // Every block's loads first: one L2 round trip (the stores into shared memory between would otherwise
+  // keep each block's loads behind the previous block's, for all the compiler knows).
+  float xv[kXFoldBlocks][8];
+#pragma unroll
+  for (int i = 0; i < kXFoldBlocks; ++i) {
+    if (ks + kWarps * i >= nb) break;  // warp-uniform
+    if (!f.gate_early) xfold_gate(a, i, pre);
+    load8(a.xf + 256 * (ks + kWarps * i) + 8 * lane, xv[i]);
+  }
 #pragma unroll
   for (int i = 0; i < kXFoldBlocks; ++i) {
     const int b = ks + kWarps * i;
     if (b >= nb) break;  // warp-uniform
-    if (!f.gate_early) xfold_gate(a, i, pre);
     const int c = 256 * b + 8 * lane;
-    float v[8];
-    load8(a.xf + c, v);
+    float(&v)[8] = xv[i];
     if (f.kind == Int8XFold::kGatedNorm) {
       // rms_norm_kernel's group of 128 (a warp, lane t: elements 4t..4t+3, summed over xor 16, 8, 4, 2, 1)
       // is a half warp here, lane l holding its lanes 2l' and 2l'+1 (l' = l % 16): xor 8, 4, 2, 1 on each
