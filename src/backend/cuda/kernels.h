@@ -97,7 +97,8 @@ bool int8_conv_fold_supported(const WeightView& w, int64_t n);
 // bits are the same as the op's launch followed by the matvec's (cuda_backend.cpp defers the op to find
 // the matvec). Gate element of x[c]: gate[(c / gate_group) * gate_stride + c % gate_group].
 struct Int8XFold {
-  enum Kind : int { kNone, kGatedNorm, kSigmoidGate };
+  // kPlain: no op, x itself (one row of up to kInt8PlainMaxK, staged in-block instead of a quantize launch).
+  enum Kind : int { kNone, kGatedNorm, kSigmoidGate, kPlain };
   Kind kind = kNone;
   // kGatedNorm: y = x / sqrt(mean of squares over each 128-group + eps) * norm_w[c % 128] * silu(gate)
   // (gated_rms_norm, group 128); kSigmoidGate: y = x * sigmoid(gate) (sigmoid_mul).
@@ -109,7 +110,7 @@ struct Int8XFold {
   // The gate may be read before the previous kernel is done (it was written earlier than that).
   bool gate_early = false;
 };
-constexpr int64_t kInt8XFoldGroup = 128, kInt8XFoldMaxK = 6144;
+constexpr int64_t kInt8XFoldGroup = 128, kInt8XFoldMaxK = 6144, kInt8PlainMaxK = 12288;
 bool int8_xfold_supported(const WeightView& w, int64_t n);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx = nullptr,

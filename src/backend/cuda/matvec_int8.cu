@@ -383,7 +383,7 @@ __device__ __forceinline__ void xfold_gate(const Int8MvArgs& a, int i, XFoldPre&
 template <bool kXFold>
 __device__ __forceinline__ void xfold_before(const Int8MvArgs& a, XFoldPre& pre) {
   if constexpr (kXFold) {
-    if (!a.xfold.gate_early) return;
+    if (a.xfold.kind == Int8XFold::kPlain || !a.xfold.gate_early) return;
     const int nb = static_cast<int>(a.K / 256), ks = threadIdx.x >> 5;
 #pragma unroll
     for (int i = 0; i < kXFoldBlocks; ++i)
@@ -391,52 +391,61 @@ __device__ __forceinline__ void xfold_before(const Int8MvArgs& a, XFoldPre& pre)
   }
 }
 // The folded op on the warp's blocks of x (a.xf, one row), stored to the op's output by one block each,
-// and quantized into the staged x (pitch 1).
+// and quantized into the staged x (pitch 1). kPlain (no op) takes rows of up to kInt8PlainMaxK in two
+// rounds of kXFoldBlocks blocks a warp.
+constexpr int kXFoldRounds = static_cast<int>(kInt8PlainMaxK / kInt8XFoldMaxK);
+static_assert(kXFoldRounds * kInt8XFoldMaxK == kInt8PlainMaxK);
 __device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x, XFoldPre& pre) {
   const Int8XFold& f = a.xfold;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, nb = static_cast<int>(a.K / 256);
-  // Every block's loads first: one L2 round trip (the stores into shared memory between would otherwise
-  // keep each block's loads behind the previous block's, for all the compiler knows).
-  float xv[kXFoldBlocks][8];
 #pragma unroll
-  for (int i = 0; i < kXFoldBlocks; ++i) {
-    if (ks + kWarps * i >= nb) break;  // warp-uniform
-    if (!f.gate_early) xfold_gate(a, i, pre);
-    load8(a.xf + 256 * (ks + kWarps * i) + 8 * lane, xv[i]);
-  }
+  for (int r = 0; r < kXFoldRounds; ++r) {
+    const int first = ks + kWarps * kXFoldBlocks * r;  // the round's first block
+    if (first >= nb) break;                             // warp-uniform
+    const bool op = r == 0 && f.kind != Int8XFold::kPlain;  // (the ops' rows fit one round)
+    // Every block's loads first: one L2 round trip (the stores into shared memory between would otherwise
+    // keep each block's loads behind the previous block's, for all the compiler knows).
+    float xv[kXFoldBlocks][8];
 #pragma unroll
-  for (int i = 0; i < kXFoldBlocks; ++i) {
-    const int b = ks + kWarps * i;
-    if (b >= nb) break;  // warp-uniform
-    const int c = 256 * b + 8 * lane;
-    float(&v)[8] = xv[i];
-    if (f.kind == Int8XFold::kGatedNorm) {
-      // rms_norm_kernel's group of 128 (a warp, lane t: elements 4t..4t+3, summed over xor 16, 8, 4, 2, 1)
-      // is a half warp here, lane l holding its lanes 2l' and 2l'+1 (l' = l % 16): xor 8, 4, 2, 1 on each
-      // of the two, then their sum, is the same tree.
-      float se = add_squares(0.0f, make_float4(v[0], v[1], v[2], v[3]));
-      float so = add_squares(0.0f, make_float4(v[4], v[5], v[6], v[7]));
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) {
-        se += __shfl_xor_sync(0xffffffffu, se, o);
-        so += __shfl_xor_sync(0xffffffffu, so, o);
-      }
-      const float inv = 1.0f / sqrtf((se + so) / static_cast<float>(kInt8XFoldGroup) + f.eps);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        v[e] = v[e] * inv;
-        v[e] *= pre.w[i][e];
-        v[e] *= pre.s[i][e];
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = v[e] * pre.s[i][e];
+    for (int i = 0; i < kXFoldBlocks; ++i) {
+      if (first + kWarps * i >= nb) break;  // warp-uniform
+      if (op && !f.gate_early) xfold_gate(a, i, pre);
+      load8(a.xf + 256 * (first + kWarps * i) + 8 * lane, xv[i]);
     }
-    if (b % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x)) {
-      reinterpret_cast<float4*>(f.y + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
-      reinterpret_cast<float4*>(f.y + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
+#pragma unroll
+    for (int i = 0; i < kXFoldBlocks; ++i) {
+      const int b = first + kWarps * i;
+      if (b >= nb) break;  // warp-uniform
+      const int c = 256 * b + 8 * lane;
+      float(&v)[8] = xv[i];
+      if (op && f.kind == Int8XFold::kGatedNorm) {
+        // rms_norm_kernel's group of 128 (a warp, lane t: elements 4t..4t+3, summed over xor 16, 8, 4, 2, 1)
+        // is a half warp here, lane l holding its lanes 2l' and 2l'+1 (l' = l % 16): xor 8, 4, 2, 1 on each
+        // of the two, then their sum, is the same tree.
+        float se = add_squares(0.0f, make_float4(v[0], v[1], v[2], v[3]));
+        float so = add_squares(0.0f, make_float4(v[4], v[5], v[6], v[7]));
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) {
+          se += __shfl_xor_sync(0xffffffffu, se, o);
+          so += __shfl_xor_sync(0xffffffffu, so, o);
+        }
+        const float inv = 1.0f / sqrtf((se + so) / static_cast<float>(kInt8XFoldGroup) + f.eps);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          v[e] = v[e] * inv;
+          v[e] *= pre.w[i][e];
+          v[e] *= pre.s[i][e];
+        }
+      } else if (op) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = v[e] * pre.s[i][e];
+      }
+      if (op && b % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x)) {
+        reinterpret_cast<float4*>(f.y + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        reinterpret_cast<float4*>(f.y + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
+      }
+      quantize_values(v, lane, x.q + b * 256, x.bs + b * 16, x.d + b, XOrder::kNatural);
     }
-    quantize_values(v, lane, x.q + b * 256, x.bs + b * 16, x.d + b, XOrder::kNatural);
   }
 }
 
@@ -1244,6 +1253,12 @@ bool int8_conv_fold_supported(const WeightView& w, int64_t n) {
   return dp4a;
 }
 
+// HYSPEC_PLAIN_IN_BLOCK=0: one-row dp4a launches past kInBlockMaxK inputs quantize x in a launch of its own.
+static bool plain_in_block() {
+  static const bool on = env_int("HYSPEC_PLAIN_IN_BLOCK", 1) != 0;
+  return on;
+}
+
 bool int8_xfold_supported(const WeightView& w, int64_t n) {
   bool dp4a = false;
   if (n == 1 && int8_matvec_supported(w, n) && w.n_in <= kInt8XFoldMaxK &&
@@ -1269,13 +1284,17 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
         f.gate_group % 8 != 0 || f.gate_stride % 4 != 0 || (f.kind == Int8XFold::kGatedNorm && !aligned(f.norm_w)))
       return cudaErrorInvalidValue;
     a.xfold = f;
+  } else if (!up && !qx && !conv && n == 1 && K > kInBlockMaxK && K <= kInt8PlainMaxK && plain_in_block() &&
+             (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K)) {
+    a.xfold.kind = Int8XFold::kPlain;  // (one row past kInBlockMaxK: staged in rounds, no quantize launch)
   }
   cudaError_t err = cudaErrorInvalidValue;
   with_int8_family(w.type, [&](auto family) {
     using Family = decltype(family);
     const bool dp4a = use_dp4a<typename Family::L>(n, K);
     const XOrder order = dp4a ? XOrder::kNatural : Family::kOrder;
-    if (qx && K <= kQuantizedXMaxK) {  // the norm that wrote x quantized it too
+    if (dp4a && a.xfold.kind == Int8XFold::kPlain) {  // x staged in-block (a.xf)
+    } else if (qx && K <= kQuantizedXMaxK) {  // the norm that wrote x quantized it too
       a.x = Q8K{qx->q[static_cast<int>(order)], qx->d, reinterpret_cast<__half*>(qx->bs)};
       a.xf = nullptr;
     } else if (!dp4a || K > kInBlockMaxK) {  // quantize x once, for every block
