@@ -355,6 +355,10 @@ __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
 // Lane l's 8 elements of each: the gate's activation (silu for the gated norm, sigmoid for the gate) and
 // the norm weights, loaded and computed before the previous kernel is done where the gate is older
 // (gate_early), so that only x's load and the norm stay after the wait.
+// How the dp4a kernels stage x (their kXFold parameter): the generic paths, Int8XFold's op (kGatedNorm,
+// kSigmoidGate) or its kPlain rounds. Each is an instantiation of its own: the gate's activations held
+// across the wait take the op fold's kernels from 71-84 to ~106 registers (the rounds' kernels: 74-84).
+constexpr int kStageNone = 0, kStageFold = 1, kStagePlain = 2;
 constexpr int kXFoldBlocks = static_cast<int>(kInt8XFoldMaxK / (256 * kWarps));
 static_assert(kXFoldBlocks * 256 * kWarps == kInt8XFoldMaxK && kInt8XFoldGroup == 128);
 struct XFoldPre {
@@ -380,10 +384,10 @@ __device__ __forceinline__ void xfold_gate(const Int8MvArgs& a, int i, XFoldPre&
     for (int e = 0; e < 8; ++e) pre.s[i][e] = sigmoid(v[e]);
   }
 }
-template <bool kXFold>
+template <int kXFold>
 __device__ __forceinline__ void xfold_before(const Int8MvArgs& a, XFoldPre& pre) {
-  if constexpr (kXFold) {
-    if (a.xfold.kind == Int8XFold::kPlain || !a.xfold.gate_early) return;
+  if constexpr (kXFold == kStageFold) {
+    if (!a.xfold.gate_early) return;
     const int nb = static_cast<int>(a.K / 256), ks = threadIdx.x >> 5;
 #pragma unroll
     for (int i = 0; i < kXFoldBlocks; ++i)
@@ -395,14 +399,15 @@ __device__ __forceinline__ void xfold_before(const Int8MvArgs& a, XFoldPre& pre)
 // rounds of kXFoldBlocks blocks a warp.
 constexpr int kXFoldRounds = static_cast<int>(kInt8PlainMaxK / kInt8XFoldMaxK);
 static_assert(kXFoldRounds * kInt8XFoldMaxK == kInt8PlainMaxK);
+template <int kXFold>
 __device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x, XFoldPre& pre) {
   const Int8XFold& f = a.xfold;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, nb = static_cast<int>(a.K / 256);
 #pragma unroll
-  for (int r = 0; r < kXFoldRounds; ++r) {
+  for (int r = 0; r < (kXFold == kStagePlain ? kXFoldRounds : 1); ++r) {
     const int first = ks + kWarps * kXFoldBlocks * r;  // the round's first block
     if (first >= nb) break;                             // warp-uniform
-    const bool op = r == 0 && f.kind != Int8XFold::kPlain;  // (the ops' rows fit one round)
+    constexpr bool op = kXFold == kStageFold;
     // Every block's loads first: one L2 round trip (the stores into shared memory between would otherwise
     // keep each block's loads behind the previous block's, for all the compiler knows).
     float xv[kXFoldBlocks][8];
@@ -453,7 +458,7 @@ __device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x
 // the [warps][NMAX][16] partial sums at red: quantized here from a.xf, or copied from what
 // quantize_q8k_kernel wrote (a.x); either way the same bits (quantize_block). Call after the previous
 // kernel is done (pdl_wait).
-template <int NMAX, bool kXFold = false>
+template <int NMAX, int kXFold = kStageNone>
 __device__ Q8K stage_x(const Int8MvArgs& a, float* red, XFoldPre& pre) {
   static_assert(NMAX <= 2, "one or two rows: the source pitch is padded_tokens(n) = 8");
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
@@ -462,9 +467,9 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red, XFoldPre& pre) {
   x.q = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
   x.bs = reinterpret_cast<__half*>(x.q + n * K);
   x.d = reinterpret_cast<float*>(x.bs + n * K / 16);
-  if constexpr (kXFold) {  // the folded op, then quantized (one row)
+  if constexpr (kXFold != kStageNone) {  // the folded op or x in rounds, quantized (one row)
     static_assert(NMAX == 1);
-    stage_folded_x(a, x, pre);
+    stage_folded_x<kXFold>(a, x, pre);
   } else if (a.xf) {  // every block quantizes x for itself
     for (int b = ks; b < n * nb; b += kWarps) quantize_x_block(a.xf, a.xf_stride, static_cast<int>(n), b, lane, x);
   } else {  // or copies the rows of what quantize_q8k_kernel or a norm made (pitch 8: n <= 2 here)
@@ -515,9 +520,8 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // runs first and the blocks copy its output.
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
 // kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers);
-// kXFold: x is staged through Int8XFold's op (one row; its own instantiation too: the gate's activations
-// held across the wait took the one-row kernels from 71-84 to 90 registers).
-template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, bool kXFold = false>
+// kXFold: x staged through Int8XFold (one row: kStageFold, kStagePlain).
+template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone>
 __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
@@ -848,7 +852,7 @@ struct Iq4XsCodes {
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
-template <class C, int NMAX, bool SW, bool WT = false, bool kConv = false, bool kXFold = false>
+template <class C, int NMAX, bool SW, bool WT = false, bool kConv = false, int kXFold = kStageNone>
 __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
@@ -1017,7 +1021,7 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 __device__ __forceinline__ BlockSlot launch_slot() {
   return BlockSlot{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x)};
 }
-template <int NMAX, bool SW, bool Q5 = false, bool kConv = false, bool kXFold = false>
+template <int NMAX, bool SW, bool Q5 = false, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_dp4a_body<NMAX, SW, Q5, false, kConv, kXFold>(a, smem, launch_slot());
@@ -1027,7 +1031,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
 }
-template <class C, int NMAX, bool SW, bool kConv = false, bool kXFold = false>
+template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   s16_dp4a_body<C, NMAX, SW, false, kConv, kXFold>(a, smem, launch_slot());
@@ -1111,8 +1115,10 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   const int n = a.n;
   if constexpr (!SW) {
     if (dp4a && a.conv_y) return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, true>>(a, false, stream, true);  // (n = 1)
+    if (dp4a && a.xfold.kind == Int8XFold::kPlain)
+      return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
-      return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, true>>(a, false, stream, true);  // (n = 1)
+      return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStageFold>>(a, false, stream, true);  // (n = 1)
   }
   if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
                           : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
@@ -1128,8 +1134,10 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   const int n = a.n;
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
     if (dp4a && a.conv_y) return launch<L, 1, s16_dp4a_kernel<C, 1, false, true>>(a, false, stream, true);  // (n = 1)
+    if (dp4a && a.xfold.kind == Int8XFold::kPlain)
+      return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
-      return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, true>>(a, false, stream, true);  // (n = 1)
+      return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStageFold>>(a, false, stream, true);  // (n = 1)
   }
   if (dp4a) return n == 1 ? launch<L, 1, s16_dp4a_kernel<C, 1, SW>>(a, SW, stream, true)
                           : launch<L, 2, s16_dp4a_kernel<C, 2, SW>>(a, SW, stream, true);
