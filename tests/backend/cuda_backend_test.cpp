@@ -376,9 +376,10 @@ TEST_P(CudaMatmulTest, MatvecRowsAreBitIdenticalAcrossWidths) {
     GgmlType type;
     int64_t K;
   };
-  // K = 8448: past the int8 one-token kernel's in-block limit. Q4_K and Q6_K stage x in two rounds of blocks
-  // (Int8XFold::kPlain); Q3_K and IQ4_XS copy x quantized by a launch of its own.
-  for (const auto [type, K] : {Case{GgmlType::Q4_K, 2304}, Case{GgmlType::Q4_K, 8448}, Case{GgmlType::Q5_K, 2304},
+  // K = 8448, 17408: past the int8 one-token kernel's in-block limit. Q4_K and Q6_K stage x in two or three
+  // rounds of blocks (Int8XFold::kPlain); Q3_K and IQ4_XS copy x quantized by a launch of its own.
+  for (const auto [type, K] : {Case{GgmlType::Q4_K, 2304}, Case{GgmlType::Q4_K, 8448}, Case{GgmlType::Q4_K, 17408},
+                               Case{GgmlType::Q5_K, 2304},
                                Case{GgmlType::Q6_K, 2304}, Case{GgmlType::Q6_K, 8448}, Case{GgmlType::Q8_0, 2304},
                                Case{GgmlType::Q4_0, 2304}, Case{GgmlType::F16, 2304}, Case{GgmlType::BF16, 2304},
                                Case{GgmlType::Q3_K, 2304}, Case{GgmlType::Q3_K, 8448}, Case{GgmlType::IQ4_XS, 2304},

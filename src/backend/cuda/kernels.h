@@ -110,7 +110,7 @@ struct Int8XFold {
   // The gate may be read before the previous kernel is done (it was written earlier than that).
   bool gate_early = false;
 };
-constexpr int64_t kInt8XFoldGroup = 128, kInt8XFoldMaxK = 6144, kInt8PlainMaxK = 12288;
+constexpr int64_t kInt8XFoldGroup = 128, kInt8XFoldMaxK = 6144, kInt8PlainMaxK = 18432;
 bool int8_xfold_supported(const WeightView& w, int64_t n);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx = nullptr,

@@ -474,14 +474,25 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red, XFoldPre& pre) {
     for (int b = ks; b < n * nb; b += kWarps) quantize_x_block(a.xf, a.xf_stride, static_cast<int>(n), b, lane, x);
   } else {  // or copies the rows of what quantize_q8k_kernel or a norm made (pitch 8: n <= 2 here)
     auto src_block = [&](int b) { return n == 1 ? 8 * b : 8 * (b >> 1) + (b & 1); };
-    const int blocks = static_cast<int>(n * nb);
-    for (int i = threadIdx.x; i < 16 * blocks; i += kWarps * 32)  // 16 x 16 bytes of codes per block
-      reinterpret_cast<uint4*>(x.q)[i] =
-          __ldg(reinterpret_cast<const uint4*>(a.x.q + src_block(i >> 4) * 256) + (i & 15));
-    for (int i = threadIdx.x; i < 2 * blocks; i += kWarps * 32)  // 2 x 16 bytes of sums
-      reinterpret_cast<uint4*>(x.bs)[i] =
-          __ldg(reinterpret_cast<const uint4*>(a.x.bs + src_block(i >> 1) * 16) + (i & 1));
-    for (int b = threadIdx.x; b < blocks; b += kWarps * 32) x.d[b] = __ldg(a.x.d + src_block(b));
+    const int blocks = static_cast<int>(n * nb), t = threadIdx.x;
+    constexpr int kThreads = kWarps * 32;
+    auto code = [&](int i) { return __ldg(reinterpret_cast<const uint4*>(a.x.q + src_block(i >> 4) * 256) + (i & 15)); };
+    auto sums = [&](int i) { return __ldg(reinterpret_cast<const uint4*>(a.x.bs + src_block(i >> 1) * 16) + (i & 1)); };
+    // A thread's first two pieces of codes (16 x 16 bytes a block), its sums (2 x 16 bytes) and scale
+    // loaded before any is stored: one L2 round trip for rows of up to 8192 (blocks <= 128 always).
+    uint4 c0{}, c1{}, s0{};
+    float d0 = 0.0f;
+    if (t < 16 * blocks) c0 = code(t);
+    if (t + kThreads < 16 * blocks) c1 = code(t + kThreads);
+    if (t < 2 * blocks) s0 = sums(t);
+    if (t < blocks) d0 = __ldg(a.x.d + src_block(t));
+    if (t < 16 * blocks) reinterpret_cast<uint4*>(x.q)[t] = c0;
+    if (t + kThreads < 16 * blocks) reinterpret_cast<uint4*>(x.q)[t + kThreads] = c1;
+    if (t < 2 * blocks) reinterpret_cast<uint4*>(x.bs)[t] = s0;
+    if (t < blocks) x.d[t] = d0;
+    for (int i = t + 2 * kThreads; i < 16 * blocks; i += kThreads) reinterpret_cast<uint4*>(x.q)[i] = code(i);
+    for (int i = t + kThreads; i < 2 * blocks; i += kThreads) reinterpret_cast<uint4*>(x.bs)[i] = sums(i);
+    for (int b = t + kThreads; b < blocks; b += kThreads) x.d[b] = __ldg(a.x.d + src_block(b));
   }
   __syncthreads();
   return x;
