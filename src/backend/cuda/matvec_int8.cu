@@ -27,7 +27,12 @@
 // each gets a share of the blocks by its bytes, and its rows the bits of a launch of its own.
 // A one-row launch may also run the decode step's depthwise conv (kernel 4) + SiLU on its first outputs
 // in the tiles' epilogue (Int8ConvFold: + 3 state reads and writes, 4 weights and one output per channel),
-// which saves the conv's launch (session 31: 9B decode -2%).
+// which saves the conv's launch (session 31: 9B decode -2%). And a one-row launch may stage x through the
+// op that wrote it (Int8XFold: a GDN layer's gated norm, an attention layer's sigmoid gate), or, past
+// kInBlockMaxK inputs, in rounds of blocks (kPlain: the FFN down projection) instead of after a quantize
+// launch. Every staging path issues its loads before its first store into shared memory, where a store
+// in between can keep the next load behind it (session 32: so staged, the copy of a norm's codes, sums
+// and scales took a 9B decode step from 2.61 to 2.57 ms on an H100).
 // Bytes per call: W once + n*K*(1 + 1/8 + 1/64) (int8 x, 16-element sums, scales: in shared memory for
 // dp4a, from L1/L2 per tile for mma) + n*n_out*4. Instructions per Q4_K super-block and 16 rows
 // (ncu, SASS executed per warp-step, 4096 x 12288): ~356 at one token, ~567 at 17 tokens. H100, one
