@@ -247,23 +247,12 @@ struct StepRing {
     }
     cp_async_commit();  // one group per call, empty or not, so wait_group counts items
   }
-  // Both slots' steps, before the kernel waits for the previous one: the second step's copies then land
-  // while x is staged and the first step is read, instead of after.
-  __device__ void prime() {
-    issue();
-    issue();
-  }
-  // The next step's slot (its copies have landed), after queueing the copies of the one after (the first
-  // call: the second step is in flight already, in the other slot).
+  __device__ void prime() { issue(); }
+  // The next step's slot (its copies have landed), after queueing the copies of the one after.
   __device__ const uint8_t* next() {
-    if (consumed == 0) {
-      cp_async_wait<1>();  // this thread's copies of the first step have landed (the second's may not)
-      __syncwarp();        // ... and every lane's
-    } else {
-      cp_async_wait<0>();  // this thread's copies of the step have landed
-      __syncwarp();        // ... and every lane's; the slot refilled next was read before
-      issue();
-    }
+    cp_async_wait<0>();  // this thread's copies of the step have landed
+    __syncwarp();        // ... and every lane's; the slot refilled next was read before
+    issue();
     return ring + (consumed++ & 1) * kRows * L::kSlotBytes;
   }
   // The j-th tile this warp reads.
