@@ -769,7 +769,8 @@ TEST_P(CudaMatmulTest, GateOpsFoldedIntoTheMatvecGiveTheOpsBits) {
       const Weight w = load(type, K, N);
       for (const bool norm : {true, false})
         for (const bool gate_written : {false, true}) {
-          const std::string what = fmt::format("K {} {} {}{}", K, ggml_type_name(type), norm ? "gated norm" : "sigmoid gate",
+          const std::string what = fmt::format("K {} {} {}{}", K, ggml_type_name(type),
+                                               norm ? "gated norm" : "sigmoid gate",
                                                gate_written ? ", gate written just before" : "");
           // 3 rows of x, and of the gates: the norm's [3, K]; the attention's [3, 2K], per head of D a query
           // half (unused here) and a gate half.

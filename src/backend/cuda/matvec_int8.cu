@@ -481,8 +481,12 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red, XFoldPre& pre) {
     auto src_block = [&](int b) { return n == 1 ? 8 * b : 8 * (b >> 1) + (b & 1); };
     const int blocks = static_cast<int>(n * nb), t = threadIdx.x;
     constexpr int kThreads = kWarps * 32;
-    auto code = [&](int i) { return __ldg(reinterpret_cast<const uint4*>(a.x.q + src_block(i >> 4) * 256) + (i & 15)); };
-    auto sums = [&](int i) { return __ldg(reinterpret_cast<const uint4*>(a.x.bs + src_block(i >> 1) * 16) + (i & 1)); };
+    auto code = [&](int i) {
+      return __ldg(reinterpret_cast<const uint4*>(a.x.q + src_block(i >> 4) * 256) + (i & 15));
+    };
+    auto sums = [&](int i) {
+      return __ldg(reinterpret_cast<const uint4*>(a.x.bs + src_block(i >> 1) * 16) + (i & 1));
+    };
     // A thread's first two pieces of codes (16 x 16 bytes a block), its sums (2 x 16 bytes) and scale
     // loaded before any is stored: one L2 round trip for rows of up to 8192 (blocks <= 128 always).
     uint4 c0{}, c1{}, s0{};
