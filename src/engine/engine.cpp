@@ -290,6 +290,7 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   ema_accept_ = 2.0;
   ema_spec_rate_ = ema_plain_rate_ = 0;
   plain_rounds_left_ = options.adaptive ? kProbeRounds : 0;  // measure plain decoding first
+  new_plain_stretch_ = true;
   probe_rounds_left_ = 0;
   backoff_rounds_ = kMinBackoffRounds;
   probe_tokens_ = probe_s_ = 0;
@@ -376,6 +377,7 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
 
 void Session::back_off() {
   plain_rounds_left_ = backoff_rounds_;
+  new_plain_stretch_ = true;
   backoff_rounds_ = std::min(2 * backoff_rounds_, kMaxBackoffRounds);
 }
 
@@ -551,7 +553,11 @@ Status Session::decode_round(std::vector<int32_t>& out) {
         }
       }
     } else {
-      ema_plain_rate_ = ema_plain_rate_ == 0 ? rate : 0.8 * ema_plain_rate_ + 0.2 * rate;
+      // Plain decoding's rate is the fastest round of the latest plain stretch: a plain round emits one
+      // token whatever the text, so a slower one was disturbed (a preempted thread, a cold cache), and
+      // one such round among the two that open a sequence made its reference too low to ever back off.
+      ema_plain_rate_ = new_plain_stretch_ ? rate : std::max(ema_plain_rate_, rate);
+      new_plain_stretch_ = false;
     }
   }
   stats_.decode_s += dt;
