@@ -893,15 +893,11 @@ class CudaBackend final : public Backend {
     const DeferredMany& m = *deferred_many_;
     const cuda::Mat& y0 = m.y[0];
     const int64_t C = x.n_cols;
-    auto disjoint = [](const void* a, size_t na, const void* b, size_t nb) {
-      auto p = static_cast<const char*>(a), q = static_cast<const char*>(b);
-      return p + na <= q || q + nb <= p;
-    };
+    const Bytes out = bytes(y.data, C * sizeof(float)), in = bytes(y0.data, y0.cols * sizeof(float)),
+                state = bytes(conv_state, 3 * C * sizeof(float));
     const bool ok = kernel == 4 && !capture && x.n_rows == 1 && y.n_rows == 1 && y.n_cols == C && x.data == y0.data &&
-                    C <= y0.cols && aligned16(weight) &&
-                    disjoint(y.data, C * sizeof(float), y0.data, y0.cols * sizeof(float)) &&
-                    disjoint(y.data, C * sizeof(float), conv_state, 3 * C * sizeof(float)) &&
-                    disjoint(conv_state, 3 * C * sizeof(float), y0.data, y0.cols * sizeof(float));
+                    C <= y0.cols && aligned16(weight) && disjoint(out, in) && disjoint(out, state) &&
+                    disjoint(state, in);
     if (!ok) return false;
     const DeferredMany d = m;
     deferred_many_.reset();
@@ -927,14 +923,14 @@ class CudaBackend final : public Backend {
     float eps;
     bool gate_early = false;  // the gate was not written by the op before this one (writes_)
   };
-  // A region's bytes (rows of a stride).
-  static std::pair<const char*, size_t> region(const Rows& r) {
+  // Byte ranges of device memory: the bytes at p, a region's (rows of a stride), and whether two overlap.
+  using Bytes = std::pair<const char*, size_t>;
+  static Bytes bytes(const void* p, size_t n) { return {static_cast<const char*>(p), n}; }
+  static Bytes region(const Rows& r) {
     const size_t n = r.n_rows > 0 ? static_cast<size_t>((r.n_rows - 1) * r.stride + r.n_cols) : 0;
-    return {reinterpret_cast<const char*>(r.data), n * sizeof(float)};
+    return bytes(r.data, n * sizeof(float));
   }
-  static bool disjoint(std::pair<const char*, size_t> a, std::pair<const char*, size_t> b) {
-    return a.first + a.second <= b.first || b.first + b.second <= a.first;
-  }
+  static bool disjoint(Bytes a, Bytes b) { return a.first + a.second <= b.first || b.first + b.second <= a.first; }
   // Rows held one after the other (stride == n_cols, or one row).
   static bool packed(const Rows& r) { return r.n_rows == 1 || r.stride == r.n_cols; }
   bool defer_x(DeferredX d) {
@@ -990,14 +986,15 @@ class CudaBackend final : public Backend {
   // What the stream's last kernel wrote, where its op declares it (matmuls, the GDN recurrence, attention):
   // a folded op's gate outside it may be read before that kernel is done. count -1: unknown.
   struct Writes {
-    std::pair<const char*, size_t> r[cuda::kInt8MvMaxParts + 1];
+    Bytes r[cuda::kInt8MvMaxParts + 1];
     int count = -1;
   };
-  void wrote(Rows r) { wrote(r.data, region(r).second); }
-  void wrote(const void* p, size_t bytes) {
+  void wrote(Rows r) { wrote(region(r)); }
+  void wrote(const void* p, size_t n) { wrote(bytes(p, n)); }
+  void wrote(Bytes b) {
     if (writes_.count < 0) writes_.count = 0;
     if (writes_.count < static_cast<int>(std::size(writes_.r)))
-      writes_.r[writes_.count++] = {static_cast<const char*>(p), bytes};
+      writes_.r[writes_.count++] = b;
     else
       writes_.count = -1;
   }
@@ -1093,8 +1090,8 @@ class CudaBackend final : public Backend {
   // under it): 1 enqueues only the kernels of the matmul and matmul_swiglu ops (their quantize kernels
   // included; moe_ffn counts as the rest), 2 all but those. Results are meaningless then.
   int profile_skip_ = cuda::env_int("HYSPEC_PROFILE_SKIP", 0);
-  // Deferred launches for the conv fold (see settle); off under the op profiler and HYSPEC_PROFILE_SKIP,
-  // which time ops one by one. Set in init.
+  // Deferred launches for the conv and x folds (see settle); off under the op profiler and
+  // HYSPEC_PROFILE_SKIP, which time ops one by one. Set in init.
   bool folds_ = false;
   std::optional<DeferredMany> deferred_many_;
   std::optional<DeferredX> deferred_x_;

@@ -331,7 +331,7 @@ __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, 
       float u = 0.0f;
 #pragma unroll
       for (int k = 0; k < kWarps; ++k) u += red[(k * NMAX + c) * kRows + rr + 8];
-      v = v / (1.0f + expf(-v)) * u;  // the formula of the swiglu op (elementwise.cu)
+      v = silu(v) * u;  // the formula of the swiglu op (elementwise.cu)
     }
     a.y[c * a.y_stride + row] = v;
     if constexpr (kConv) {
@@ -341,7 +341,7 @@ __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, 
         float acc = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc += wc[j] * win[j];
-        a.conv_y[row] = acc / (1.0f + expf(-acc));
+        a.conv_y[row] = silu(acc);
         a.conv_state[row] = pre.s[1], a.conv_state[C + row] = pre.s[2], a.conv_state[2 * C + row] = v;
       }
     }
@@ -1273,26 +1273,26 @@ QuantizedX quantized_x_at(void* base) {
   return qx;
 }
 
-bool int8_conv_fold_supported(const WeightView& w, int64_t n) {
+namespace {
+// A one-row Q4_K/Q5_K/Q6_K launch on the dp4a kernels: the instantiations with a conv or x fold.
+bool one_row_dp4a_kquant(const WeightView& w, int64_t n) {
   bool dp4a = false;
   if (n == 1 && int8_matvec_supported(w, n) &&
       (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K))
     with_int8_family(w.type, [&](auto family) { dp4a = use_dp4a<typename decltype(family)::L>(n, w.n_in); });
   return dp4a;
 }
-
 // HYSPEC_PLAIN_IN_BLOCK=0: one-row dp4a launches past kInBlockMaxK inputs quantize x in a launch of its own.
-static bool plain_in_block() {
+bool plain_in_block() {
   static const bool on = env_int("HYSPEC_PLAIN_IN_BLOCK", 1) != 0;
   return on;
 }
+}  // namespace
+
+bool int8_conv_fold_supported(const WeightView& w, int64_t n) { return one_row_dp4a_kquant(w, n); }
 
 bool int8_xfold_supported(const WeightView& w, int64_t n) {
-  bool dp4a = false;
-  if (n == 1 && int8_matvec_supported(w, n) && w.n_in <= kInt8XFoldMaxK &&
-      (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K))
-    with_int8_family(w.type, [&](auto family) { dp4a = use_dp4a<typename decltype(family)::L>(n, w.n_in); });
-  return dp4a;
+  return w.n_in <= kInt8XFoldMaxK && one_row_dp4a_kquant(w, n);
 }
 
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
@@ -1312,8 +1312,8 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
         f.gate_group % 8 != 0 || f.gate_stride % 4 != 0 || (f.kind == Int8XFold::kGatedNorm && !aligned(f.norm_w)))
       return cudaErrorInvalidValue;
     a.xfold = f;
-  } else if (!up && !qx && !conv && n == 1 && K > kInBlockMaxK && K <= kInt8PlainMaxK && plain_in_block() &&
-             (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K)) {
+  } else if (!up && !qx && !conv && K > kInBlockMaxK && K <= kInt8PlainMaxK && plain_in_block() &&
+             one_row_dp4a_kquant(w, n)) {
     a.xfold.kind = Int8XFold::kPlain;  // (one row past kInBlockMaxK: staged in rounds, no quantize launch)
   }
   cudaError_t err = cudaErrorInvalidValue;
@@ -1321,7 +1321,7 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
     using Family = decltype(family);
     const bool dp4a = use_dp4a<typename Family::L>(n, K);
     const XOrder order = dp4a ? XOrder::kNatural : Family::kOrder;
-    if (dp4a && a.xfold.kind == Int8XFold::kPlain) {  // x staged in-block (a.xf)
+    if (a.xfold.kind == Int8XFold::kPlain) {  // x staged in-block (a.xf; dp4a)
     } else if (qx && K <= kQuantizedXMaxK) {  // the norm that wrote x quantized it too
       a.x = Q8K{qx->q[static_cast<int>(order)], qx->d, reinterpret_cast<__half*>(qx->bs)};
       a.xf = nullptr;

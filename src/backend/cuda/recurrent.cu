@@ -203,7 +203,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
     for (int i = tid; i < tc; i += blockDim.x) {
       const int64_t t = t0 + i;
       const float x = a.alpha.data[t * a.alpha.stride + h] + dt_bias;
-      g_s[2 * i] = 1.0f / (1.0f + expf(-a.beta_logit.data[t * a.beta_logit.stride + h]));
+      g_s[2 * i] = sigmoid(a.beta_logit.data[t * a.beta_logit.stride + h]);
       g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
       if (a.updates && blockIdx.y == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
     }
