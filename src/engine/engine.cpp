@@ -288,7 +288,7 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   stats_.prompt_tokens = n;
   logprobs_.clear();
   ema_accept_ = 2.0;
-  ema_spec_rate_ = ema_plain_rate_ = 0;
+  ema_spec_rate_ = plain_rate_ = 0;
   plain_rounds_left_ = options.adaptive ? kProbeRounds : 0;  // measure plain decoding first
   new_plain_stretch_ = true;
   probe_rounds_left_ = 0;
@@ -405,8 +405,8 @@ int Session::choose_draft_length() {
     }
     return 0;
   }
-  if (ema_plain_rate_ == 0) return 0;  // no timed plain round yet (the first ones recorded graphs)
-  if (probe_rounds_left_ == 0 && ema_spec_rate_ > 0 && ema_spec_rate_ < kSpecWinMargin * ema_plain_rate_) {
+  if (plain_rate_ == 0) return 0;  // no timed plain round yet (the first ones recorded graphs)
+  if (probe_rounds_left_ == 0 && ema_spec_rate_ > 0 && ema_spec_rate_ < kSpecWinMargin * plain_rate_) {
     back_off();
     return 0;
   }
@@ -545,7 +545,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
         if (--probe_rounds_left_ == 0) {
           const double probe_rate = probe_s_ > 0 ? probe_tokens_ / probe_s_ : 0;
           ema_spec_rate_ = probe_rate;  // what speculation does on this stretch of text, not before
-          if (probe_rate >= kSpecWinMargin * ema_plain_rate_) {
+          if (probe_rate >= kSpecWinMargin * plain_rate_) {
             backoff_rounds_ = kMinBackoffRounds;
           } else {
             back_off();
@@ -556,7 +556,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
       // Plain decoding's rate is the fastest round of the latest plain stretch: a plain round emits one
       // token whatever the text, so a slower one was disturbed (a preempted thread, a cold cache), and
       // one such round among the two that open a sequence made its reference too low to ever back off.
-      ema_plain_rate_ = new_plain_stretch_ ? rate : std::max(ema_plain_rate_, rate);
+      plain_rate_ = new_plain_stretch_ ? rate : std::max(plain_rate_, rate);
       new_plain_stretch_ = false;
     }
   }

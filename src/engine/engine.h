@@ -135,7 +135,8 @@ class Session {
   std::vector<EmittedLogprobs> logprobs_;
   StepGraphs graphs_;  // decode and verify steps
   // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
-  double ema_accept_ = 2.0, ema_spec_rate_ = 0, ema_plain_rate_ = 0;  // ema_plain_rate_: see decode_round
+  double ema_accept_ = 2.0, ema_spec_rate_ = 0;
+  double plain_rate_ = 0;  // the fastest plain round of the latest plain stretch (decode_round)
   bool new_plain_stretch_ = true;  // the next timed plain round starts plain decoding's reference rate
   int plain_rounds_left_ = 0;  // plain rounds before the next probe
   int probe_rounds_left_ = 0;  // speculative rounds left in the running probe
