@@ -245,6 +245,13 @@ GgufTensorInfo tensor_info(const std::string& name, GgmlType type, const std::ve
   return t;
 }
 
+// A weight [n_in -> n_out] of random bytes of `type`, loaded on b (the bytes are copied at the load).
+Weight load_random_weight(Backend& b, GgmlType type, int64_t n_in, int64_t n_out, std::mt19937& rng) {
+  auto w = b.load_weight(tensor_info("w", type, random_weight_bytes(type, n_in, n_out, rng), n_in, n_out));
+  EXPECT_TRUE(w.is_ok()) << w.message();
+  return std::move(w).value();
+}
+
 // The matmul tests run twice: with BackendOptions::int8_matvec (the default: Q4_K, Q5_K, Q6_K, Q3_K and IQ4_XS on
 // int8 activations, matvec_int8.cu) and without (the f16 tensor-core matvec for every type).
 class CudaMatmulTest : public CudaBackendTest, public ::testing::WithParamInterface<bool> {
@@ -699,13 +706,7 @@ TEST_P(CudaMatmulTest, MatmulOfNormOutputReadsTheNormsQuantizedCopy) {
 // eagerly and in a captured graph; so are the rows of a 3-token step (no fold) against 3 one-token steps.
 TEST_P(CudaMatmulTest, ConvFoldedIntoTheMatvecGivesTheOpsBits) {
   const int64_t K = 2048, C = 768, Z = 96;
-  std::vector<std::vector<uint8_t>> bytes;
-  auto load = [&](GgmlType t, int64_t n_out) {
-    bytes.push_back(random_weight_bytes(t, K, n_out, rng_));
-    auto w = gpu_->load_weight(tensor_info("w", t, bytes.back(), K, n_out));
-    EXPECT_TRUE(w.is_ok()) << w.message();
-    return std::move(w).value();
-  };
+  auto load = [&](GgmlType t, int64_t n_out) { return load_random_weight(*gpu_, t, K, n_out, rng_); };
   const Weight qkv = load(GgmlType::Q6_K, C + 32), z = load(GgmlType::Q4_K, Z);  // conv over C of the C + 32
   const Weight all = load(GgmlType::Q5_K, C + 32 + Z);                            // or one weight: a matmul
   for (const bool single : {false, true}) {
@@ -755,18 +756,11 @@ TEST_P(CudaMatmulTest, ConvFoldedIntoTheMatvecGivesTheOpsBits) {
 // 3-token step (no fold). K = 1024 leaves warps without a block of x; 6144 gives each warp three.
 TEST_P(CudaMatmulTest, GateOpsFoldedIntoTheMatvecGiveTheOpsBits) {
   const int64_t N = 80, D = 256;
-  std::vector<std::vector<uint8_t>> bytes;
-  auto load = [&](GgmlType t, int64_t K, int64_t n_out) {
-    bytes.push_back(random_weight_bytes(t, K, n_out, rng_));
-    auto w = gpu_->load_weight(tensor_info("w", t, bytes.back(), K, n_out));
-    EXPECT_TRUE(w.is_ok()) << w.message();
-    return std::move(w).value();
-  };
-  const Weight before = load(GgmlType::Q4_K, 256, 64);
+  const Weight before = load_random_weight(*gpu_, GgmlType::Q4_K, 256, 64, rng_);
   const Tensor before_x = put(*gpu_, randn(256)), before_y = poison(*gpu_, 64), norm_w = put(*gpu_, randn(128));
   for (const int64_t K : {1024, 4096, 6144})
     for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-      const Weight w = load(type, K, N);
+      const Weight w = load_random_weight(*gpu_, type, K, N, rng_);
       for (const bool norm : {true, false})
         for (const bool gate_written : {false, true}) {
           const std::string what = fmt::format("K {} {} {}{}", K, ggml_type_name(type),
