@@ -394,10 +394,12 @@ __device__ DecodeBlock decode_block(const AttnArgs& a, int group) {
 // it) first, so the sums over splits are independent L2 loads, not chains.
 // kSets == 2 (paired blocks, see attention_decode_mma_kernel): each set of 128 threads finishes its own
 // query group, with barriers of its own (set_sync).
-template <int D, int kSets = 1>
+// kThreads: a set's threads (a block of 8 warps on one query group, kSplitD == 2: 256).
+template <int D, int kSets = 1, int kThreads = kDecodeWarps * 32>
 __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, unsigned* counters, const float* o_s,
                                     const float* ml_s, void* work, int set = 0) {
-  constexpr int Q = kDecodeQueries, kThreadsPerBlock = kDecodeWarps * 32;
+  static_assert(kSets == 1 || kThreads == kDecodeWarps * 32, "paired sets have 128 threads each");
+  constexpr int Q = kDecodeQueries, kThreadsPerBlock = kThreads;
   __shared__ int s_last[kSets];
   const int tid = static_cast<int>(threadIdx.x) % kThreadsPerBlock, kvh = blk.kvh, q0 = blk.q0, M = blk.M,
             z = blk.split, n_eff = blk.n_eff;
@@ -437,7 +439,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   }
   set_sync<kSets>(set);
   const int lane = tid & 31;
-  for (int m = tid >> 5; m < M; m += kDecodeWarps) {
+  for (int m = tid >> 5; m < M; m += kThreadsPerBlock / 32) {
     float gmax = -INFINITY;
     for (int zz = lane; zz < n_eff; zz += 32) gmax = fmaxf(gmax, wz[m * n_eff + zz]);
 #pragma unroll
@@ -766,14 +768,17 @@ __device__ __forceinline__ void scores_16bit(float (&s)[4], const uint8_t* k_row
 }
 
 // o += P.V for a 16-key step on 16-bit V rows (ldmatrix_trans row address v_rows), P split hi/lo.
-template <int D, typename T, int NT>
-__device__ __forceinline__ void pv_16bit(float (&o)[NT][4], const float (&p)[4], const uint8_t* v_rows) {
+// kParts == 2: o holds the output dims of half `part` only (a warp of a kSplitD == 2 block).
+template <int D, typename T, int NT, int kParts = 1>
+__device__ __forceinline__ void pv_16bit(float (&o)[NT][4], const float (&p)[4], const uint8_t* v_rows, int part = 0) {
+  static_assert(NT * kParts == D / 8, "o holds the part's n-tiles");
   uint32_t pa[4];
   split_hi_lo<T>(p, pa);
+  constexpr int kSlices = D / 16 / kParts;
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
+  for (int kk = 0; kk < kSlices; ++kk) {
     uint32_t vb[4];
-    ldmatrix_x4_trans(vb, v_rows + 32 * kk);
+    ldmatrix_x4_trans(vb, v_rows + 32 * (part * kSlices + kk));
     mma_16816<T>(o[2 * kk], pa[0], pa[1], pa[2], pa[3], vb[0], vb[1]);
     mma_16816<T>(o[2 * kk + 1], pa[0], pa[1], pa[2], pa[3], vb[2], vb[3]);
   }
@@ -909,11 +914,15 @@ __device__ __forceinline__ void scores_q8_digits(float (&s)[4], const uint8_t* k
 // o += P.V on staged Q8_0 rows: per block of 32 output dims, P times the value rows' scales, split hi/lo;
 // V's output dims are permuted within each block (n-tile 4b + jj, column c = dim 32b + 4c + jj: see
 // out_dims) so that lane (g, t) reads word g of block b of its four key rows and transposes their bytes.
-template <int D, int NT>
-__device__ __forceinline__ void pv_q8(float (&o)[NT][4], const float (&p)[4], const uint8_t* vd, int g, int t) {
-  constexpr int R = q8_slot_bytes(D);
+// kParts == 2: o holds the output dims of half `part` only (blocks part * D / 64 ..., as pv_16bit).
+template <int D, int NT, int kParts = 1>
+__device__ __forceinline__ void pv_q8(float (&o)[NT][4], const float (&p)[4], const uint8_t* vd, int g, int t,
+                                      int part = 0) {
+  static_assert(NT * kParts == D / 8, "o holds the part's n-tiles");
+  constexpr int R = q8_slot_bytes(D), kBlocks = D / 32 / kParts;
 #pragma unroll
-  for (int b = 0; b < D / 32; ++b) {
+  for (int bl = 0; bl < kBlocks; ++bl) {
+    const int b = part * kBlocks + bl;  // the value rows' block; o's n-tiles 4 bl ...
     float pb[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) pb[e] = p[e] * q8_scale(vd + (8 * (e >> 1) + 2 * t + (e & 1)) * R, D, b);
@@ -931,7 +940,7 @@ __device__ __forceinline__ void pv_q8(float (&o)[NT][4], const float (&p)[4], co
     for (int jj = 0; jj < 4; ++jj) {
       uint32_t vb0, vb1;
       codes_to_half2(x[jj], vb0, vb1);
-      mma_16816<__half>(o[4 * b + jj], pa[0], pa[1], pa[2], pa[3], vb0, vb1);
+      mma_16816<__half>(o[4 * bl + jj], pa[0], pa[1], pa[2], pa[3], vb0, vb1);
     }
   }
 }
@@ -995,9 +1004,20 @@ __device__ __forceinline__ void pair_sync(int w) {
   asm volatile("barrier.sync %0, %1;" ::"r"(3 + w), "r"(64) : "memory");
 }
 
-template <int D, typename C, int kStages, int kSets>
-__global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
+// kSplitD == 2 (launches of one query group, head dim 256): 8 warps on one query group. Warps w and w + 4
+// walk the steps of a one-set block's warp w and share its stages as a pair does (warp w copies the K rows,
+// warp w + 4 the V rows, pair_sync per step); both form the step's scores and softmax (the same bits), and
+// each adds P.V into half of the output dims (warp w: dims of V blocks 0-3, w + 4: 4-7). Every output dim
+// gets the same operations in the same order as in a one-set block, so decode steps keep the verify
+// steps' bits, with half the P.V work per warp and two warps per scheduler where a step's dependent chain
+// (MMAs, softmax, conversions) held one.
+template <int D, typename C, int kStages, int kSets, int kSplitD = 1>
+__global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
+    attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
   static_assert(kSets == 1 || kSets == 2, "one query group per block, or a pair");
+  static_assert(kSplitD == 1 || (kSplitD == 2 && kSets == 1), "dims split over warp pairs: one query group");
+  constexpr bool kPaired = kSets == 2 || kSplitD == 2;  // warps w and w + 4 share warp w's stages
+  constexpr int kThreads = kDecodeWarps * 32 * kSplitD;  // a set's threads
   // A split past the queries' keys exits before waiting on the previous kernel: the positions it reads
   // are step inputs that no kernel writes, and the launch provides blocks for the whole capacity, so at
   // a short context most blocks are such splits (they would otherwise hold an SM's shared memory until
@@ -1015,11 +1035,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode
   constexpr bool kQ8 = kIsQ8<C>;
   using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
   using L = MmaDecodeSmem<D, kQ8, kStages, kSets>;
-  constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, R = L::kRaw, NT = D / 8;
+  constexpr int Q = kDecodeQueries, SK = kMmaStepKeys, P = L::kPitch, R = L::kRaw, NT = D / 8 / kSplitD;
   constexpr int kPieces = (kQ8 ? R : D * 2) / 16;  // 16-byte pieces per K or V row
   static_assert(Q == 8, "the 16 MMA rows are 8 queries x (hi, lo)");
   extern __shared__ __align__(16) uint8_t sm[];
-  const int tid = static_cast<int>(threadIdx.x) % (kDecodeWarps * 32), lane = tid & 31, warp = tid >> 5;
+  const int tid = static_cast<int>(threadIdx.x) % kThreads, lane = tid & 31;
+  // warp: the steps walked (and stages used); part: which of a pair's two copies (and, kSplitD == 2, which
+  // half of the output dims) this warp takes.
+  const int warp = (tid >> 5) % kDecodeWarps, part = kSets == 2 ? set : tid >> 5 >= kDecodeWarps;
   const int g = lane >> 2, t = lane & 3;
   const int kvh = blk.kvh, M = blk.M, k0 = blk.k0, k1 = blk.k1;
 
@@ -1037,8 +1060,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode
       const int i = it * 32 + lane, r = i / kPieces, pc = i % kPieces;
       if (SK * kPieces % 32 != 0 && i >= SK * kPieces) break;
       const int64_t off = min(ks + r, k1_all - 1) * pitch + pc * 16;
-      if (kSets == 1 || set == 0) cp_async16(kd + r * R + pc * 16, kbase + off);
-      if (kSets == 1 || set == 1) cp_async16(vd + r * R + pc * 16, vbase + off);
+      if (!kPaired || part == 0) cp_async16(kd + r * R + pc * 16, kbase + off);
+      if (!kPaired || part == 1) cp_async16(vd + r * R + pc * 16, vbase + off);
     }
     cp_async_commit();
   };
@@ -1056,12 +1079,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode
   // (stage_q_digits); absent queries are zero rows. A thread takes dims of one query and issues all its
   // loads before its first store: one L2 round trip. (A loop of
   // load-then-store per element waited on 16 of them, with two divisions each: ncu put 13% of the
-  // 16K-key Q8_0 step's stall samples on it.)
+  // 16K-key Q8_0 step's stall samples on it.) The first 128 threads of a set stage them.
   uint8_t* const q_sm = sm + L::kQ + set * 16 * P;
   if constexpr (kQ8) {
     static_assert(q8_digits_bytes(D) <= 16 * P, "the digits fit the Q rows' space");
-    stage_q_digits<D>(q_sm, a, blk, tid);
-  } else {
+    if (kSplitD == 1 || tid < kDecodeWarps * 32) stage_q_digits<D>(q_sm, a, blk, tid);
+  } else if (kSplitD == 1 || tid < kDecodeWarps * 32) {
     constexpr int kTpq = kDecodeWarps * 32 / Q, kPer = D / kTpq;  // threads per query, dims per thread
     static_assert(kDecodeWarps * 32 % Q == 0 && D % kTpq == 0, "whole queries per thread group");
     const int qm = tid / kTpq, qd = tid % kTpq;
@@ -1095,7 +1118,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode
         cp_async_commit();
       }
     };
-    if constexpr (kSets == 1) {
+    if constexpr (!kPaired) {
       issue_ahead();
       cp_async_wait<L::kStages - 1>();
       __syncwarp();
@@ -1119,30 +1142,32 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode
     float p[4];
     softmax_step(s, ks, t, k1, lim, m_run, l_run, o, p);
     if constexpr (kQ8) {
-      pv_q8<D>(o, p, vd, g, t);
+      pv_q8<D, NT, kSplitD>(o, p, vd, g, t, kSplitD == 2 ? part : 0);
     } else {
-      pv_16bit<D, T>(o, p, vh + v_off);
+      pv_16bit<D, T, NT, kSplitD>(o, p, vh + v_off, kSplitD == 2 ? part : 0);
     }
-    if constexpr (kSets == 1) __syncwarp();  // every lane is done with this stage before the next step refills it
+    if constexpr (!kPaired) __syncwarp();  // every lane is done with this stage before the next step refills it
   }
   cp_async_wait<0>();
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
 
-  // Merge the warps in a fixed order: M = max_w m_w, o = sum_w e^(m_w - M) o_w, l likewise.
+  // Merge the warps in a fixed order: M = max_w m_w, o = sum_w e^(m_w - M) o_w, l likewise (w: the steps
+  // walked; with kSplitD == 2 each of a pair's warps holds half of o and the same (m, l)).
   __syncthreads();  // every warp is done with its stages
   uint8_t* const res = sm + set * L::kSetResults;  // this set's results
   float* wo = reinterpret_cast<float*>(res);
   float* wml = reinterpret_cast<float*>(res + L::kWarpMl);
   float* o_s = reinterpret_cast<float*>(res + L::kBlockO);
   float* ml_s = reinterpret_cast<float*>(res + L::kBlockMl);
+  const int j0 = kSplitD == 2 ? part * NT : 0;  // this warp's first n-tile
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     float* row = wo + (warp * Q + g) * D;
-    const int2 dd = out_dims<kQ8>(j, t);
+    const int2 dd = out_dims<kQ8>(j0 + j, t);
     row[dd.x] = o[j][0] + o[j][2], row[dd.y] = o[j][1] + o[j][3];
   }
-  if (t == 0) wml[(warp * Q + g) * 2] = m_run, wml[(warp * Q + g) * 2 + 1] = l_run;
+  if (t == 0 && (kSplitD == 1 || part == 0)) wml[(warp * Q + g) * 2] = m_run, wml[(warp * Q + g) * 2 + 1] = l_run;
   __syncthreads();
   if (tid < Q) {
     float mx = -INFINITY;
@@ -1156,7 +1181,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode
     ml_s[tid] = mx, ml_s[Q + tid] = l;
   }
   __syncthreads();
-  for (int i = tid; i < M * D; i += kDecodeWarps * 32) {
+  for (int i = tid; i < M * D; i += kThreads) {
     const int m = i / D;
     float v = 0.0f;
 #pragma unroll
@@ -1165,7 +1190,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets, 1) attention_decode
   }
   __syncthreads();
   // A set without queries, or whose queries' keys end before this split, has nothing to write.
-  if (kSets == 1 || (M > 0 && blk.split < blk.n_eff)) finish_decode_block<D, kSets>(a, blk, counters, o_s, ml_s, res, set);
+  if (kSets == 1 || (M > 0 && blk.split < blk.n_eff))
+    finish_decode_block<D, kSets, kThreads>(a, blk, counters, o_s, ml_s, res, set);
 }
 
 // Prompt steps (more than kDecodeMaxRows rows) on tensor cores, F16, BF16 or Q8_0 KV (C; Q8_0 through
@@ -1364,13 +1390,21 @@ dim3 decode_grid(const AttnArgs& a, int blocks) {
 
 // The tensor-core decode kernel with S stages; cudaErrorNotSupported where the device does not grant its
 // shared memory or HYSPEC_ATTN_MMA=0. One launch: the kernel merges its own splits.
-template <int D, typename KV, int S, int kSets = 1>
+template <int D, typename KV, int S, int kSets = 1, int kSplitD = 1>
 cudaError_t launch_mma_stages(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream) {
   constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, S, kSets>::kBytes;
-  static const bool usable = decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV, S, kSets>, smem);
+  static const bool usable =
+      decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV, S, kSets, kSplitD>, smem);
   if (!usable) return cudaErrorNotSupported;
-  return launch_pdl(attention_decode_mma_kernel<D, KV, S, kSets>, decode_grid(a, (groups + kSets - 1) / kSets),
-                    dim3(kDecodeWarps * 32 * kSets), smem, stream, a, counters);
+  return launch_pdl(attention_decode_mma_kernel<D, KV, S, kSets, kSplitD>, decode_grid(a, (groups + kSets - 1) / kSets),
+                    dim3(kDecodeWarps * 32 * kSets * kSplitD), smem, stream, a, counters);
+}
+
+// Launches of one query group (decode, verify-1) with head dim 256 take 8 warps, the output dims split
+// over warp pairs (attention_decode_mma_kernel's kSplitD), unless HYSPEC_ATTN_SPLIT_DIMS=0.
+bool decode_split_dims_enabled() {
+  static const bool v = env_int("HYSPEC_ATTN_SPLIT_DIMS", 1) != 0;
+  return v;
 }
 
 // Paired blocks (two query groups each, attention_decode_mma_kernel) for launches of two or more groups
@@ -1384,6 +1418,13 @@ bool decode_pairs_enabled() {
 
 template <int D, typename KV>
 cudaError_t launch_mma(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream) {
+  if constexpr (D == 256) {
+    if (groups == 1 && decode_split_dims_enabled()) {
+      constexpr int kStages = kIsQ8<KV> ? 4 : 3;  // as the one-group launches below
+      const cudaError_t e = launch_mma_stages<D, KV, kStages, 1, 2>(a, groups, counters, stream);
+      if (e != cudaErrorNotSupported) return e;
+    }
+  }
   if constexpr (D == 256 && !kIsQ8<KV>) {
     if (groups >= 2 && decode_pairs_enabled())
       if (const cudaError_t e = launch_mma_stages<D, KV, 3, 2>(a, groups, counters, stream); e != cudaErrorNotSupported)
