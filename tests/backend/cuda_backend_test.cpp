@@ -1169,6 +1169,55 @@ TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
   }
 }
 
+// A decode or verify step's attention right after the store of its rows (the decode kernels copy the
+// older keys before waiting on that store): the rows just stored, poisoned before, are seen, and the
+// output has the bits of the same step launched without the early copies (positions at another address).
+TEST_F(CudaBackendTest, AttentionAfterTheStoreOfItsRowsSeesThem) {
+  const AttnCase cases[] = {{16, 4, 256, 3000}, {4, 2, 64, 3000}};
+  for (const AttnCase& ac : cases) {
+    for (GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+      const int64_t D = ac.head_dim, W = ac.n_kv * D, QW = ac.n_head * D, total = ac.ctx + 32;
+      const size_t row = KvLayer{nullptr, nullptr, kv_type, total, W, D}.row_bytes();
+      std::vector<int32_t> pos(total);
+      for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
+      Tensor k = put(*gpu_, randn(total * W)), v = put(*gpu_, randn(total * W)), q = put(*gpu_, randn(17 * QW));
+      Buffer kc = gpu_->alloc(total * row).value(), vc = gpu_->alloc(total * row).value();
+      Buffer p = put_i32(*gpu_, pos);
+      const KvLayer kv{kc.data(), vc.data(), kv_type, total, W, D};
+      gpu_->kv_store(k.rows(total, W), v.rows(total, W), kv, p.as<int32_t>());
+      for (int64_t n : {1, 2, 5, 17}) {
+        const int64_t s = ac.ctx - 700 + 37 * n;  // the step's first position, inside a split
+        std::vector<int32_t> step(pos.begin() + s, pos.begin() + s + n);
+        Buffer ps = put_i32(*gpu_, step), ps_copy = put_i32(*gpu_, step);
+        const std::vector<uint8_t> nan_rows(static_cast<size_t>(n) * row, 0xff);  // NaN in every cache type
+        gpu_->upload(static_cast<uint8_t*>(kc.data()) + s * row, nan_rows.data(), nan_rows.size());
+        gpu_->upload(static_cast<uint8_t*>(vc.data()) + s * row, nan_rows.data(), nan_rows.size());
+        Tensor early = poison(*gpu_, n * QW), late = poison(*gpu_, n * QW);
+        auto attend = [&](const Buffer& positions, Tensor& out) {
+          AttentionArgs a;
+          a.q = q.rows(17, QW).rows(0, n);
+          a.kv = kv;
+          a.positions = positions.as<int32_t>();
+          a.n_head = ac.n_head;
+          a.n_kv_head = ac.n_kv;
+          a.head_dim = ac.head_dim;
+          a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+          a.out = out.rows(n, QW);
+          gpu_->attention(a);
+        };
+        gpu_->kv_store(k.rows(total, W).rows(s, n), v.rows(total, W).rows(s, n), kv, ps.as<int32_t>());
+        attend(ps, early);
+        attend(ps_copy, late);
+        const auto got = get_gpu(early), want = get_gpu(late);
+        const std::string what = fmt::format("D={} kv={} n={}", D, ggml_type_name(kv_type), n);
+        EXPECT_EQ(std::count_if(got.begin(), got.end(), [](float x) { return !std::isfinite(x); }), 0) << what;
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+      }
+      ASSERT_TRUE(gpu_->synchronize().is_ok());
+    }
+  }
+}
+
 // A non-finite query value reaches its own head's output as NaN (as f32 arithmetic would) and no other
 // head's, for every decode-kernel cache (the Q8_0 one turns Q into int8 digits, where a NaN would
 // otherwise become a meaningless finite code) and for a prompt step.

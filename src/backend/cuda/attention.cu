@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 
@@ -54,6 +55,7 @@ struct AttnArgs {
   float* part_o;   // [n_splits, n_kv, M, D]
   float* part_ml;  // [n_splits, n_kv, M, 2]
   bool kv_major;   // decode kernels: grid (kv heads, splits, group blocks) instead of (group blocks, kv heads, splits)
+  bool old_keys_early;  // AttentionParams::old_keys_early
 };
 
 template <int D>
@@ -427,15 +429,37 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   set_sync<kSets>(set);
   if (!s_last[set]) return;
   __threadfence();
+  // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
+  // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
+  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits). The first batch goes out
+  // with the (max, sum) loads below, and each next one before the adds of the one before.
+  constexpr int kItems = 2, kBatch = 8;
+  const int items = M * D / 4;
+  auto load_batch = [&](int i0, int z0, float4 (&v)[kItems][kBatch]) {
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k)
+        if (i < items && z0 + k < n_eff)
+          v[u][k] = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(z0 + k, m) * D) + d4);
+    }
+  };
+  float4 v[kItems][kBatch], v_next[kItems][kBatch];
+  load_batch(tid, 0, v);
   // The split maxima and sums first, all loads in parallel; then per query (a warp) the weights
   // e^(m_z - M) and the denominator: lane z takes splits z, z + 32, ... and a fixed xor-shuffle tree sums
   // the lanes (every lane gets the same bits; splits past a query's keys add exact zeros, so a verify
   // row merges to the decode step's bits). A thread per query walking the splits took ~1 us at 33.
   float* wz = static_cast<float*>(work);  // [Q][n_eff] maxima, then weights
   float* wl = wz + Q * n_eff;             // [Q][n_eff] sums; wl[Q * n_eff + m] = 1 / den
-  for (int i = tid; i < M * n_eff; i += kThreadsPerBlock) {
+  for (int i = tid; i < M * n_eff; i += 2 * kThreadsPerBlock) {  // both loads before the stores
+    const int i2 = i + kThreadsPerBlock;
     const float2 ml = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i % n_eff, i / n_eff) * 2));
+    float2 ml2 = make_float2(0.0f, 0.0f);
+    if (i2 < M * n_eff) ml2 = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i2 % n_eff, i2 / n_eff) * 2));
     wz[i] = ml.x, wl[i] = ml.y;
+    if (i2 < M * n_eff) wz[i2] = ml2.x, wl[i2] = ml2.y;
   }
   set_sync<kSets>(set);
   const int lane = tid & 31;
@@ -455,25 +479,14 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
     if (lane == 0) wl[Q * n_eff + m] = den != 0.0f ? 1.0f / den : 0.0f;
   }
   set_sync<kSets>(set);
-  // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
-  // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
-  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits).
-  constexpr int kItems = 2, kBatch = 8;
-  const int items = M * D / 4;
   for (int i0 = tid; i0 < items; i0 += kItems * kThreadsPerBlock) {
+    if (i0 != tid) load_batch(i0, 0, v);
     float4 acc[kItems];
 #pragma unroll
     for (int u = 0; u < kItems; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int z0 = 0; z0 < n_eff; z0 += kBatch) {
-      float4 v[kItems][kBatch];
-#pragma unroll
-      for (int u = 0; u < kItems; ++u) {
-        const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
-#pragma unroll
-        for (int k = 0; k < kBatch; ++k)
-          if (i < items && z0 + k < n_eff)
-            v[u][k] = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(z0 + k, m) * D) + d4);
-      }
+      const bool more = z0 + kBatch < n_eff;
+      if (more) load_batch(i0, z0 + kBatch, v_next);
 #pragma unroll
       for (int u = 0; u < kItems; ++u) {
         const int m = (i0 + u * kThreadsPerBlock) / (D / 4);
@@ -483,6 +496,12 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
           const float w = wz[m * n_eff + z0 + k];
           acc[u].x += w * v[u][k].x, acc[u].y += w * v[u][k].y, acc[u].z += w * v[u][k].z, acc[u].w += w * v[u][k].w;
         }
+      }
+      if (more) {
+#pragma unroll
+        for (int u = 0; u < kItems; ++u)
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k) v[u][k] = v_next[u][k];
       }
     }
 #pragma unroll
@@ -968,9 +987,13 @@ struct MmaDecodeSmem {
   static constexpr size_t kWarp = kStages * kStage;
   static constexpr size_t kQ = size_t{kDecodeWarps} * kWarp;         // Q hi/lo rows [sets][16][kPitch]
   static constexpr size_t kBytes = kQ + size_t{kSets} * 16 * kPitch;
-  // After the loop the stages hold the warps' results: o [warps][Q][D], (m, l) [warps][Q][2], then
-  // the block's o [Q][D] and (m, l) [2][Q].
-  static constexpr size_t kWarpMl = size_t{kDecodeWarps} * kDecodeQueries * D * 4;
+  // After the loop the stages hold the warps' results: o [warps][Q][kORow], (m, l) [warps][Q][2], then
+  // the block's o [Q][D] and (m, l) [2][Q]. kORow pads a row so that a warp's stores of its fragments hit
+  // 32 banks (rows D apart put the 8 queries of a lane group on one bank: 8-way conflicts, ~1 us a block):
+  // Q8_0's scalar stores at dims 8t + c of query g land on bank g + 8t + c, 16-bit caches' float2 stores
+  // at 2t of query g on 8g + 2t per half warp.
+  static constexpr int kORow = D + (kQ8 ? 1 : 8);
+  static constexpr size_t kWarpMl = size_t{kDecodeWarps} * kDecodeQueries * kORow * 4;
   static constexpr size_t kBlockO = kWarpMl + size_t{kDecodeWarps} * kDecodeQueries * 2 * 4;
   static constexpr size_t kBlockMl = kBlockO + size_t{kDecodeQueries} * D * 4;
   static constexpr size_t kSetResults = (kBlockMl + 2 * kDecodeQueries * 4 + 15) / 16 * 16;  // a set's results
@@ -1030,8 +1053,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     k1_all = max(k1_all, other.k1), n_eff_all = max(n_eff_all, other.n_eff);
   }
   if (blk.split >= n_eff_all) return;
-  pdl_wait();  // as attention_decode_kernel
-  pdl_trigger();
   constexpr bool kQ8 = kIsQ8<C>;
   using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
   using L = MmaDecodeSmem<D, kQ8, kStages, kSets>;
@@ -1067,7 +1088,23 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   };
   constexpr int kStride = SK * kDecodeWarps;  // keys between a warp's steps
   int ks = k0 + SK * warp;
-  for (int st = 0; st + 1 < L::kStages; ++st) {
+  // The first steps' copies, as far as their keys lie below every row of the step, go out before the PDL
+  // wait when the kernel before wrote only this step's rows (old_keys_early): in a decode step that is the
+  // whole prologue of all splits but the last, in flight while qk_prep finishes. Everything else waits, as
+  // attention_decode_kernel does (K, V and Q belong to the previous kernels).
+  int st = 0;
+  if (a.old_keys_early) {
+    int first = INT_MAX;
+    for (int r = 0; r < a.n; ++r) first = min(first, a.positions[r]);
+    for (; st + 1 < L::kStages; ++st) {
+      const int s0 = ks + st * kStride;
+      if (s0 >= k1_all || min(s0 + SK, k1_all) > first) break;
+      issue(s0, st);
+    }
+  }
+  pdl_wait();
+  pdl_trigger();
+  for (; st + 1 < L::kStages; ++st) {
     if (ks + st * kStride < k1_all) {
       issue(ks + st * kStride, st);
     } else {
@@ -1161,11 +1198,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   float* o_s = reinterpret_cast<float*>(res + L::kBlockO);
   float* ml_s = reinterpret_cast<float*>(res + L::kBlockMl);
   const int j0 = kSplitD == 2 ? part * NT : 0;  // this warp's first n-tile
+  constexpr int kORow = L::kORow;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    float* row = wo + (warp * Q + g) * D;
+    float* row = wo + (warp * Q + g) * kORow;
     const int2 dd = out_dims<kQ8>(j0 + j, t);
-    row[dd.x] = o[j][0] + o[j][2], row[dd.y] = o[j][1] + o[j][3];
+    if constexpr (kQ8) {
+      row[dd.x] = o[j][0] + o[j][2], row[dd.y] = o[j][1] + o[j][3];
+    } else {  // dd.y = dd.x + 1, dd.x even
+      *reinterpret_cast<float2*>(row + dd.x) = make_float2(o[j][0] + o[j][2], o[j][1] + o[j][3]);
+    }
   }
   if (t == 0 && (kSplitD == 1 || part == 0)) wml[(warp * Q + g) * 2] = m_run, wml[(warp * Q + g) * 2 + 1] = l_run;
   __syncthreads();
@@ -1182,10 +1224,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   }
   __syncthreads();
   for (int i = tid; i < M * D; i += kThreads) {
-    const int m = i / D;
+    const int m = i / D, d = i % D;
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) v += wml[(w * Q + m) * 2 + 1] * wo[w * Q * D + i];
+    for (int w = 0; w < kDecodeWarps; ++w) v += wml[(w * Q + m) * 2 + 1] * wo[(w * Q + m) * kORow + d];
     o_s[i] = v;
   }
   __syncthreads();
@@ -1400,6 +1442,13 @@ cudaError_t launch_mma_stages(const AttnArgs& a, int groups, unsigned* counters,
                     dim3(kDecodeWarps * 32 * kSets * kSplitD), smem, stream, a, counters);
 }
 
+// The decode kernels' copies of keys written before this step, issued before the PDL wait
+// (AttentionParams::old_keys_early), unless HYSPEC_ATTN_EARLY=0.
+bool old_keys_early_enabled() {
+  static const bool v = env_int("HYSPEC_ATTN_EARLY", 1) != 0;
+  return v;
+}
+
 // Launches of one query group (decode, verify-1) with head dim 256 take 8 warps, the output dims split
 // over warp pairs (attention_decode_mma_kernel's kSplitD), unless HYSPEC_ATTN_SPLIT_DIMS=0.
 bool decode_split_dims_enabled() {
@@ -1530,7 +1579,8 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
   AttnArgs a{p.q, p.out, p.k, p.v, p.kv.capacity, p.kv.row_bytes, p.kv.head_bytes, p.positions,
              static_cast<int>(p.q.rows), p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
-             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false};
+             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false,
+             p.old_keys_early && old_keys_early_enabled()};
   switch (p.head_dim) {
     case 32: return launch<32>(a, p.kv.type, p.counters, stream);
     case 64: return launch<64>(a, p.kv.type, p.counters, stream);
