@@ -429,24 +429,6 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   set_sync<kSets>(set);
   if (!s_last[set]) return;
   __threadfence();
-  // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
-  // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
-  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits). The first batch goes out
-  // with the (max, sum) loads below, and each next one before the adds of the one before.
-  constexpr int kItems = 2, kBatch = 8;
-  const int items = M * D / 4;
-  auto load_batch = [&](int i0, int z0, float4 (&v)[kItems][kBatch]) {
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k)
-        if (i < items && z0 + k < n_eff)
-          v[u][k] = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(z0 + k, m) * D) + d4);
-    }
-  };
-  float4 v[kItems][kBatch], v_next[kItems][kBatch];
-  load_batch(tid, 0, v);
   // The split maxima and sums first, all loads in parallel; then per query (a warp) the weights
   // e^(m_z - M) and the denominator: lane z takes splits z, z + 32, ... and a fixed xor-shuffle tree sums
   // the lanes (every lane gets the same bits; splits past a query's keys add exact zeros, so a verify
@@ -479,14 +461,25 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
     if (lane == 0) wl[Q * n_eff + m] = den != 0.0f ? 1.0f / den : 0.0f;
   }
   set_sync<kSets>(set);
+  // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
+  // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
+  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits).
+  constexpr int kItems = 2, kBatch = 8;
+  const int items = M * D / 4;
   for (int i0 = tid; i0 < items; i0 += kItems * kThreadsPerBlock) {
-    if (i0 != tid) load_batch(i0, 0, v);
     float4 acc[kItems];
 #pragma unroll
     for (int u = 0; u < kItems; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int z0 = 0; z0 < n_eff; z0 += kBatch) {
-      const bool more = z0 + kBatch < n_eff;
-      if (more) load_batch(i0, z0 + kBatch, v_next);
+      float4 v[kItems][kBatch];
+#pragma unroll
+      for (int u = 0; u < kItems; ++u) {
+        const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (i < items && z0 + k < n_eff)
+            v[u][k] = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(z0 + k, m) * D) + d4);
+      }
 #pragma unroll
       for (int u = 0; u < kItems; ++u) {
         const int m = (i0 + u * kThreadsPerBlock) / (D / 4);
@@ -496,12 +489,6 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
           const float w = wz[m * n_eff + z0 + k];
           acc[u].x += w * v[u][k].x, acc[u].y += w * v[u][k].y, acc[u].z += w * v[u][k].z, acc[u].w += w * v[u][k].w;
         }
-      }
-      if (more) {
-#pragma unroll
-        for (int u = 0; u < kItems; ++u)
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k) v[u][k] = v_next[u][k];
       }
     }
 #pragma unroll
