@@ -463,9 +463,8 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   set_sync<kSets>(set);
   // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
   // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
-  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits). A block of 256 threads
-  // (kSplitD == 2) has one output of a 4-query block per thread: 16 splits at a time, 3 round trips at 33.
-  constexpr int kItems = kThreadsPerBlock >= 256 ? 1 : 2, kBatch = kThreadsPerBlock >= 256 ? 16 : 8;
+  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits).
+  constexpr int kItems = 2, kBatch = 8;
   const int items = M * D / 4;
   for (int i0 = tid; i0 < items; i0 += kItems * kThreadsPerBlock) {
     float4 acc[kItems];
