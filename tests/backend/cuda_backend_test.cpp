@@ -1169,9 +1169,9 @@ TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
   }
 }
 
-// A decode or verify step's attention right after the store of its rows (the decode kernels copy the
-// older keys before waiting on that store): the rows just stored, poisoned before, are seen, and the
-// output has the bits of the same step launched without the early copies (positions at another address).
+// A decode or verify step's attention right after the store of its rows (launched with PDL, the kernels
+// overlap): the rows just stored, poisoned before, are seen, and the output has the bits of the same step
+// launched after another (positions at another address).
 TEST_F(CudaBackendTest, AttentionAfterTheStoreOfItsRowsSeesThem) {
   const AttnCase cases[] = {{16, 4, 256, 3000}, {4, 2, 64, 3000}};
   for (const AttnCase& ac : cases) {

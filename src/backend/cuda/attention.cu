@@ -24,7 +24,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdlib>
 
@@ -55,7 +54,6 @@ struct AttnArgs {
   float* part_o;   // [n_splits, n_kv, M, D]
   float* part_ml;  // [n_splits, n_kv, M, 2]
   bool kv_major;   // decode kernels: grid (kv heads, splits, group blocks) instead of (group blocks, kv heads, splits)
-  bool old_keys_early;  // AttentionParams::old_keys_early
 };
 
 template <int D>
@@ -1040,6 +1038,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     k1_all = max(k1_all, other.k1), n_eff_all = max(n_eff_all, other.n_eff);
   }
   if (blk.split >= n_eff_all) return;
+  pdl_wait();  // as attention_decode_kernel
+  pdl_trigger();
   constexpr bool kQ8 = kIsQ8<C>;
   using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
   using L = MmaDecodeSmem<D, kQ8, kStages, kSets>;
@@ -1075,23 +1075,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   };
   constexpr int kStride = SK * kDecodeWarps;  // keys between a warp's steps
   int ks = k0 + SK * warp;
-  // The first steps' copies, as far as their keys lie below every row of the step, go out before the PDL
-  // wait when the kernel before wrote only this step's rows (old_keys_early): in a decode step that is the
-  // whole prologue of all splits but the last, in flight while qk_prep finishes. Everything else waits, as
-  // attention_decode_kernel does (K, V and Q belong to the previous kernels).
-  int st = 0;
-  if (a.old_keys_early) {
-    int first = INT_MAX;
-    for (int r = 0; r < a.n; ++r) first = min(first, a.positions[r]);
-    for (; st + 1 < L::kStages; ++st) {
-      const int s0 = ks + st * kStride;
-      if (s0 >= k1_all || min(s0 + SK, k1_all) > first) break;
-      issue(s0, st);
-    }
-  }
-  pdl_wait();
-  pdl_trigger();
-  for (; st + 1 < L::kStages; ++st) {
+  for (int st = 0; st + 1 < L::kStages; ++st) {
     if (ks + st * kStride < k1_all) {
       issue(ks + st * kStride, st);
     } else {
@@ -1429,13 +1413,6 @@ cudaError_t launch_mma_stages(const AttnArgs& a, int groups, unsigned* counters,
                     dim3(kDecodeWarps * 32 * kSets * kSplitD), smem, stream, a, counters);
 }
 
-// The decode kernels' copies of keys written before this step, issued before the PDL wait
-// (AttentionParams::old_keys_early), unless HYSPEC_ATTN_EARLY=0.
-bool old_keys_early_enabled() {
-  static const bool v = env_int("HYSPEC_ATTN_EARLY", 1) != 0;
-  return v;
-}
-
 // Launches of one query group (decode, verify-1) with head dim 256 take 8 warps, the output dims split
 // over warp pairs (attention_decode_mma_kernel's kSplitD), unless HYSPEC_ATTN_SPLIT_DIMS=0.
 bool decode_split_dims_enabled() {
@@ -1566,8 +1543,7 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
   const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
   AttnArgs a{p.q, p.out, p.k, p.v, p.kv.capacity, p.kv.row_bytes, p.kv.head_bytes, p.positions,
              static_cast<int>(p.q.rows), p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
-             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false,
-             p.old_keys_early && old_keys_early_enabled()};
+             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false};
   switch (p.head_dim) {
     case 32: return launch<32>(a, p.kv.type, p.counters, stream);
     case 64: return launch<64>(a, p.kv.type, p.counters, stream);

@@ -400,7 +400,6 @@ class CudaBackend final : public Backend {
                 k.n_cols, v.n_cols, kv.width))
       return;
     check(cuda::kv_store_launch(mat(k), mat(v), kv.k, kv.v, geometry(kv), positions, stream_), "kv_store");
-    stored_rows_ = {kv.k, kv.v, positions, k.n_rows};
   }
 
   void qk_norm_rope_store(const QkPrepArgs& a) override {
@@ -437,15 +436,9 @@ class CudaBackend final : public Backend {
     p.positions = a.positions;
     p.kv = geometry(a.kv);
     check(cuda::qk_prep_launch(p, a.kv.k, a.kv.v, stream_), "qk_norm_rope_store");
-    stored_rows_ = {a.kv.k, a.kv.v, a.positions, n};
   }
 
   void attention(const AttentionArgs& a) override {
-    // Whether the stream's last kernel stored this step's cache rows and nothing else of the cache (taken
-    // before begin_op, which forgets it).
-    const bool after_store = stored_rows_.k == a.kv.k && stored_rows_.v == a.kv.v &&
-                             stored_rows_.positions == a.positions && stored_rows_.n == a.q.n_rows && !deferred_many_ &&
-                             !deferred_x_;
     auto prof = begin_op("attention");
     const int64_t width = static_cast<int64_t>(a.n_head) * a.head_dim;
     if (!expect(cuda::attention_head_dim_supported(a.head_dim), "attention: head_dim {} (32, 64, 128 or 256)",
@@ -477,7 +470,6 @@ class CudaBackend final : public Backend {
     p.scale = a.scale;
     p.causal = a.causal;
     p.counters = attention_counters_;
-    p.old_keys_early = after_store;
     const int splits = cuda::attention_splits(p, n_sm_);
     float* scratch = nullptr;
     if (splits > 1 && !(scratch = static_cast<float*>(arena(op_arena_, cuda::attention_scratch_bytes(p, splits)))))
@@ -885,7 +877,6 @@ class CudaBackend final : public Backend {
   // Launches what is deferred; the stream's last kernel then wrote what no one declared.
   void settle() {
     writes_.count = -1;
-    stored_rows_ = {};
     if (deferred_many_) {
       const DeferredMany m = *deferred_many_;
       deferred_many_.reset();
@@ -1105,15 +1096,6 @@ class CudaBackend final : public Backend {
   std::optional<DeferredMany> deferred_many_;
   std::optional<DeferredX> deferred_x_;
   Writes writes_;
-  // The cache rows the stream's last kernel stored, when that was qk_norm_rope_store or kv_store: the rows
-  // at positions[0..n) of the cache (k, v). Cleared by the next op.
-  struct StoredRows {
-    const void* k = nullptr;
-    const void* v = nullptr;
-    const int32_t* positions = nullptr;
-    int64_t n = 0;
-  };
-  StoredRows stored_rows_;
   std::thread::id deferring_thread_;
   // settle() for the deleters of backend memory (freeing), on the thread that deferred; reset first
   // thing by the destructor.

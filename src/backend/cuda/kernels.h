@@ -234,10 +234,6 @@ struct AttentionParams {
   bool causal = true;
   // >= n_kv_head zeroed counters the decode kernel uses to merge its splits (left zeroed).
   unsigned* counters = nullptr;
-  // The kernel before this launch wrote no cache row below the step's first position (it stored this
-  // step's rows: qk_prep or kv_store of these positions): the decode kernels copy such keys before waiting
-  // on it.
-  bool old_keys_early = false;
 };
 constexpr int kAttentionMaxKvHeads = 1024;
 bool attention_head_dim_supported(int head_dim);
