@@ -171,20 +171,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
     __syncthreads();  // previous chunk consumed
-    // Every load of the chunk before its first store (one round trip where three loops of load-then-store
-    // took three): a thread's first two v values and its token's gate inputs, then four float4 of k and of
-    // q per thread. Chunks of more than 2 * blockDim v values or blockDim tokens load the rest after.
-    const int nv = tc * 16;
-    float v_first[2] = {0.0f, 0.0f}, a_first = 0.0f, b_first = 0.0f;
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int i = tid + u * static_cast<int>(blockDim.x);
-      if (i < nv) v_first[u] = a.v.data[(t0 + i / 16) * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
-    }
-    if (tid < tc) {
-      a_first = a.alpha.data[(t0 + tid) * a.alpha.stride + h];
-      b_first = a.beta_logit.data[(t0 + tid) * a.beta_logit.stride + h];
-    }
+    // Four float4 of k and of q per thread in flight before the first store.
     for (int i0 = 0; i0 < tc * D / 4; i0 += 4 * blockDim.x) {
       float4 kv[4], qv[4];
 #pragma unroll
@@ -209,20 +196,14 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         }
       }
     }
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int i = tid + u * static_cast<int>(blockDim.x);
-      if (i < nv) v_s[i] = v_first[u];
-    }
-    for (int i = tid + 2 * static_cast<int>(blockDim.x); i < nv; i += blockDim.x) {
+    for (int i = tid; i < tc * 16; i += blockDim.x) {
       const int64_t t = t0 + i / 16;
       v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
     }
     for (int i = tid; i < tc; i += blockDim.x) {
       const int64_t t = t0 + i;
-      const bool first = i == tid;
-      const float x = (first ? a_first : a.alpha.data[t * a.alpha.stride + h]) + dt_bias;
-      g_s[2 * i] = sigmoid(first ? b_first : a.beta_logit.data[t * a.beta_logit.stride + h]);
+      const float x = a.alpha.data[t * a.alpha.stride + h] + dt_bias;
+      g_s[2 * i] = sigmoid(a.beta_logit.data[t * a.beta_logit.stride + h]);
       g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
       if (a.updates && blockIdx.y == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
     }
