@@ -67,13 +67,25 @@ __device__ __forceinline__ float2 widen_pair(uint32_t u) {
   }
 }
 
-// Stores value x of dim 32 * block + lane of a Q8_0 slot (head_dim D), the 32 lanes of a warp together:
-// ggml's q8_0 block (d = max|x| / 127 and code = round(x / d) in f32, half away from zero; d stored as
-// f16), the same bits as the CPU's format/quants. Block 0's warp also zeroes the slot's padding.
-__device__ __forceinline__ void store_q8_block(uint8_t* slot, int D, int block, float x, int lane) {
-  float amax = fabsf(x);
+// The largest |x| of each of the first n of N Q8_0 blocks, a warp's 32 values each (x[i]: this lane's value
+// of block i): the same xor tree in every lane, the blocks' trees interleaved (one after the other, each
+// block's store waited on its own 5-shuffle chain).
+template <int N>
+__device__ __forceinline__ void q8_block_amax(const float (&x)[N], float (&amax)[N], int n = N) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  for (int i = 0; i < N; ++i) amax[i] = fabsf(x[i]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (i < n) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], o));
+}
+
+// Stores value x of dim 32 * block + lane of a Q8_0 slot (head_dim D), the 32 lanes of a warp together,
+// amax from q8_block_amax: ggml's q8_0 block (d = max|x| / 127 and code = round(x / d) in f32, half away
+// from zero; d stored as f16), the same bits as the CPU's format/quants. Block 0's warp also zeroes the
+// slot's padding.
+__device__ __forceinline__ void store_q8_block(uint8_t* slot, int D, int block, float x, float amax, int lane) {
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   slot[32 * block + lane] = static_cast<uint8_t>(static_cast<int8_t>(roundf(x * id)));
