@@ -1887,11 +1887,16 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
   }
   Tensor state = put(b, randn(int64_t{nv} * d * d, 0.1f)), ssm_a = put(b, std::vector<float>(nv, -1.0f)),
          dt = put(b, randn(nv));
-  // Decode and verify widths, then prompt steps: the recurrent kernel (with and without capture) up to
-  // 128 tokens, and from 64 tokens on the chunked kernels against it (chunked = true, no capture).
+  // Decode and verify widths, then prompt steps: the recurrent kernel (no capture, every state captured,
+  // and the verify steps' default, each token's update recorded) up to 128 tokens, and from 64 tokens on
+  // the chunked kernels against it (chunked = true, no capture). HYSPEC_BENCH_GDN_N and
+  // HYSPEC_BENCH_GDN_MODE pick one width and one capture mode (ncu).
+  const char* only_gdn_n = std::getenv("HYSPEC_BENCH_GDN_N");
+  const char* only_gdn_mode = std::getenv("HYSPEC_BENCH_GDN_MODE");
   for (int64_t n : {1, 8, 16, 64, 128, 256, 512}) {
+    if (only_gdn_n && std::atoll(only_gdn_n) != n) continue;
     Tensor qkv = put(b, randn(n * (2 * nk + nv) * d)), ba = put(b, randn(n * 2 * nv)), out = poison(b, n * nv * d);
-    Tensor cap = poison(b, n <= 128 ? n * nv * d * d : 1);
+    Tensor cap = poison(b, n <= 128 ? n * nv * d * d : 1), upd = poison(b, n * gdn_update_floats(nk, nv, d));
     GdnArgs g;
     Rows X = qkv.rows(n, (2 * nk + nv) * d);
     g.q = X.cols(0, nk * d);
@@ -1908,17 +1913,19 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
     g.state = state.f();
     g.out = out.rows(n, nv * d);
     double recurrent = 0;
-    for (bool with_capture : {false, true}) {
-      if (with_capture && n > 128) continue;
-      g.capture = with_capture ? cap.f() : nullptr;
+    for (const char* mode : {"none", "states", "updates"}) {
+      const bool states = mode[0] == 's', updates = mode[0] == 'u';
+      if (((states || updates) && n > 128) || (only_gdn_mode && std::string(only_gdn_mode) != mode)) continue;
+      g.capture = states ? cap.f() : nullptr;
+      g.updates = updates ? upd.f() : nullptr;
       const double s = time_graph([&] { for (int i = 0; i < 10; ++i) b.gated_delta_net(g); }, 10);
-      const double bytes = 2.0 * nv * d * d * 4 + (with_capture ? double(n) * nv * d * d * 4 : 0.0);
-      std::printf("BENCH gdn n=%-3ld capture=%d %8.2f us %6.0f GB/s\n", static_cast<long>(n), with_capture, s * 1e6,
+      const double bytes = (updates ? 1.0 : 2.0) * nv * d * d * 4 + (states ? double(n) * nv * d * d * 4 : 0.0);
+      std::printf("BENCH gdn n=%-3ld capture=%-7s %8.2f us %6.0f GB/s\n", static_cast<long>(n), mode, s * 1e6,
                   bytes / s / 1e9);
-      if (!with_capture) recurrent = s;
+      if (!states && !updates) recurrent = s;
     }
     if (n >= 64) {
-      g.capture = nullptr;
+      g.capture = g.updates = nullptr;
       g.chunked = true;
       const double s = time_graph([&] { for (int i = 0; i < 10; ++i) b.gated_delta_net(g); }, 10);
       std::printf("BENCH gdn n=%-3ld chunked   %8.2f us (recurrent %.2f us: %.2fx)\n", static_cast<long>(n), s * 1e6,
