@@ -147,9 +147,12 @@ __device__ __forceinline__ void store_column(float* st, int p, int P, const floa
 __host__ __device__ constexpr int gdn_pitch(int D) { return D + (D >= 32 ? D / 8 : 4); }  // rows stay 16-byte aligned
 __device__ __forceinline__ int gdn_pad(int d) { return d + (d >> 5) * 4; }
 
+// kD: the head dim as a constant (the 9B's and 27B's 128: the lanes' reduction rounds unrolled and the
+// shared-memory addressing folded; a 16-token verify step's recurrence 10.9 -> ? us), or 0: a.D.
+template <int kD>
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   extern __shared__ float sm[];
-  const int D = a.D, P = D / 16, LD = gdn_pitch(D);
+  const int D = kD ? kD : a.D, P = D / 16, LD = gdn_pitch(D);
   float* k_s = sm;                  // [chunk][LD] (padded)
   float* q_s = k_s + chunk * LD;    // [chunk][LD]
   float* v_s = q_s + chunk * LD;    // [chunk][16]
@@ -254,6 +257,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         sq0 += S[i] * q[i], sq1 += S[i + 1] * q[i + 1];
       }
       float sk = sk0 + sk1, sq = sq0 + sq1;
+#pragma unroll
       for (int o = P / 2; o > 0; o >>= 1) {
         sk += __shfl_xor_sync(0xffffffffu, sk, o);
         sq += __shfl_xor_sync(0xffffffffu, sq, o);
@@ -782,7 +786,7 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   while (chunk > 1 && chunk * per_token > 40960) chunk /= 2;
   const size_t smem = chunk * per_token;
   const dim3 grid(p.n_v_heads, D / 16);
-  return launch_pdl(gdn_kernel, grid, dim3(D), smem, stream, a, chunk);
+  return launch_pdl(D == 128 ? gdn_kernel<128> : gdn_kernel<0>, grid, dim3(D), smem, stream, a, chunk);
 }
 
 cudaError_t gdn_replay_launch(const GdnReplayList& l, int64_t n_tokens, int n_k_heads, int n_v_heads, int head_dim,
