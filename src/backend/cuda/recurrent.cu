@@ -112,20 +112,18 @@ __device__ __forceinline__ float gdn_decay_add(float s, float decay, float k, fl
   return __fmaf_rn(k, dk, __fmul_rn(s, decay));
 }
 
-// Lane p of a state column's P lanes holds its float4s p, p + P, p + 2P, ... (N values): the lanes of a
-// column read and write 16*P contiguous bytes per instruction. gdn_kernel and its replay.
-template <int N>
-__device__ __forceinline__ void load_column(const float* st, int p, int P, float (&S)[N]) {
+// Lane p of a state column's P lanes holds its float4s p, p + P, p + 2P, p + 3P (16 values): the lanes
+// of a column read and write 16*P contiguous bytes per instruction. gdn_kernel and its replay.
+__device__ __forceinline__ void load_column(const float* st, int p, int P, float (&S)[16]) {
 #pragma unroll
-  for (int i = 0; i < N / 4; ++i) {
+  for (int i = 0; i < 4; ++i) {
     const float4 v = reinterpret_cast<const float4*>(st)[p + P * i];
     S[4 * i] = v.x, S[4 * i + 1] = v.y, S[4 * i + 2] = v.z, S[4 * i + 3] = v.w;
   }
 }
-template <int N>
-__device__ __forceinline__ void store_column(float* st, int p, int P, const float (&S)[N]) {
+__device__ __forceinline__ void store_column(float* st, int p, int P, const float (&S)[16]) {
 #pragma unroll
-  for (int i = 0; i < N / 4; ++i)
+  for (int i = 0; i < 4; ++i)
     reinterpret_cast<float4*>(st)[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
 }
 
@@ -150,26 +148,22 @@ __host__ __device__ constexpr int gdn_pitch(int D) { return D + (D >= 32 ? D / 8
 __device__ __forceinline__ int gdn_pad(int d) { return d + (d >> 5) * 4; }
 
 // kD: the head dim as a constant (the 9B's and 27B's 128: the lanes' reduction rounds unrolled and the
-// shared-memory addressing folded), or 0: a.D. kN: state values per lane (16, or 8 for kD = 128: a block
-// then owns 8 columns, with P = d/8 lanes each, and the 9B's 32 v-heads take 512 blocks of 4 warps, where
-// 256 left an SM two warps per scheduler for a chain of dependent per-token steps). H100, 9B shapes, 16
-// tokens recording updates: 10.9 us, 8.8 with kD = 128, ? with kN = 8 too.
-template <int kD, int kN = 16>
+// shared-memory addressing folded; a 16-token verify step's recurrence 10.9 -> ? us), or 0: a.D.
+template <int kD>
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
-  static_assert(kN == 16 || kN == 8, "16 or 8 state values a lane");
   extern __shared__ float sm[];
-  const int D = kD ? kD : a.D, P = D / kN, LD = gdn_pitch(D);
+  const int D = kD ? kD : a.D, P = D / 16, LD = gdn_pitch(D);
   float* k_s = sm;                  // [chunk][LD] (padded)
   float* q_s = k_s + chunk * LD;    // [chunk][LD]
-  float* v_s = q_s + chunk * LD;    // [chunk][kN] (16 allotted)
+  float* v_s = q_s + chunk * LD;    // [chunk][16]
   float* g_s = v_s + chunk * 16;    // [chunk][2]: beta, decay
   float* n_s = g_s + chunk * 2;     // [chunk][3]: 1/|k|, q_scale/|q|, k.q
   const int tid = threadIdx.x, p = tid % P, cl = tid / P;
-  const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * kN + cl;
+  const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + cl;
   const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h], q_scale = 1.0f / sqrtf(static_cast<float>(D));
-  float S[kN];
-  // Lane p of a column holds its float4s p, p + P, p + 2P, ... (kN values): the P lanes of a column read
-  // and write 16*P contiguous bytes per instruction (state, capture) and distinct banks of k, q.
+  float S[16];
+  // Lane p of a column holds its float4s p, p + P, p + 2P, p + 3P (16 values): the P lanes of a column
+  // read and write 16*P contiguous bytes per instruction (state, capture) and distinct banks of k, q.
   float* st = a.state + (static_cast<int64_t>(h) * D + col) * D;
   load_column(st, p, P, S);
   // The state (an earlier step's, which every kernel before the conv waited for) and the weights are
@@ -205,9 +199,9 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         }
       }
     }
-    for (int i = tid; i < tc * kN; i += blockDim.x) {
-      const int64_t t = t0 + i / kN;
-      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * kN + i % kN];
+    for (int i = tid; i < tc * 16; i += blockDim.x) {
+      const int64_t t = t0 + i / 16;
+      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
     }
     for (int i = tid; i < tc; i += blockDim.x) {
       const int64_t t = t0 + i;
@@ -247,9 +241,9 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
 #pragma unroll 2
     for (int tt = 0; tt < tc; ++tt) {
       const int64_t t = t0 + tt;
-      float k[kN], q[kN];
+      float k[16], q[16];
 #pragma unroll
-      for (int i = 0; i < kN / 4; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const float4 kv = *reinterpret_cast<const float4*>(k_s + tt * LD + gdn_pad(4 * (p + P * i)));
         const float4 qv = *reinterpret_cast<const float4*>(q_s + tt * LD + gdn_pad(4 * (p + P * i)));
         k[4 * i] = kv.x, k[4 * i + 1] = kv.y, k[4 * i + 2] = kv.z, k[4 * i + 3] = kv.w;
@@ -258,7 +252,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       const float beta = g_s[2 * tt], decay = g_s[2 * tt + 1];
       float sk0 = 0.0f, sk1 = 0.0f, sq0 = 0.0f, sq1 = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kN; i += 2) {
+      for (int i = 0; i < 16; i += 2) {
         sk0 += S[i] * k[i], sk1 += S[i + 1] * k[i + 1];
         sq0 += S[i] * q[i], sq1 += S[i + 1] * q[i + 1];
       }
@@ -269,11 +263,11 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         sq += __shfl_xor_sync(0xffffffffu, sq, o);
       }
       const float k_inv = n_s[3 * tt], q_inv = n_s[3 * tt + 1], kq = n_s[3 * tt + 2];
-      const float delta = beta * (v_s[tt * kN + cl] - decay * sk * k_inv);
+      const float delta = beta * (v_s[tt * 16 + cl] - decay * sk * k_inv);
       const float dk = delta * k_inv;
       const float o = q_inv * (decay * sq + dk * kq);
 #pragma unroll
-      for (int i = 0; i < kN; ++i) S[i] = gdn_decay_add(S[i], decay, k[i], dk);
+      for (int i = 0; i < 16; ++i) S[i] = gdn_decay_add(S[i], decay, k[i], dk);
       if (p == 0) {
         a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
         if (a.updates) a.updates[t * a.update_stride + (a.n_k + h) * D + col] = dk;
@@ -281,11 +275,11 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       if (a.capture) {
         float4* cap = reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
 #pragma unroll
-        for (int i = 0; i < kN / 4; ++i) cap[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
+        for (int i = 0; i < 4; ++i) cap[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
       } else if (a.capture_f16) {
         uint2* cap = reinterpret_cast<uint2*>(a.capture_f16 + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
 #pragma unroll
-        for (int i = 0; i < kN / 4; ++i) {
+        for (int i = 0; i < 4; ++i) {
           const __half2 lo = __floats2half2_rn(S[4 * i], S[4 * i + 1]), hi = __floats2half2_rn(S[4 * i + 2], S[4 * i + 3]);
           cap[p + P * i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
         }
@@ -791,8 +785,8 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   int chunk = 32;
   while (chunk > 1 && chunk * per_token > 40960) chunk /= 2;
   const size_t smem = chunk * per_token;
-  if (D == 128) return launch_pdl(gdn_kernel<128, 8>, dim3(p.n_v_heads, D / 8), dim3(D), smem, stream, a, chunk);
-  return launch_pdl(gdn_kernel<0>, dim3(p.n_v_heads, D / 16), dim3(D), smem, stream, a, chunk);
+  const dim3 grid(p.n_v_heads, D / 16);
+  return launch_pdl(D == 128 ? gdn_kernel<128> : gdn_kernel<0>, grid, dim3(D), smem, stream, a, chunk);
 }
 
 cudaError_t gdn_replay_launch(const GdnReplayList& l, int64_t n_tokens, int n_k_heads, int n_v_heads, int head_dim,
