@@ -996,9 +996,10 @@ struct MmaDecodeSmem {
 // column c = dim 32b + 4c + jj), so that lane (g, t) reads word g of block b of its four key rows and
 // transposes their bytes. Without widened copies a Q8_0 stage needs half the shared memory of an f16
 // one (see decode_stages_q8 for their number). kStages: copy stages per warp (MmaDecodeSmem).
-// Session 20 measured 8 warps per block for Q8_0 caches (217 KB, one block per SM): the 9B Q4_K_M at
-// depth 16384 ran 0.939x of depth 0 instead of 0.927x (H100), but 16-row verify steps at 16K took 179 us
-// per layer instead of 151 (H200 kernel bench), so every cache takes kDecodeWarps.
+// Session 20 measured 8 warps per block walking 8 step sequences for Q8_0 caches (217 KB, one block per
+// SM): the 9B Q4_K_M at depth 16384 ran 0.939x of depth 0 instead of 0.927x (H100), but 16-row verify
+// steps at 16K took 179 us per layer instead of 151 (H200 kernel bench), and a verify row must get a
+// decode step's bits, so every launch walks kDecodeWarps sequences (kSplitD adds warps without more).
 // kSets == 2 (paired blocks, verify steps of two or more query groups): 8 warps, set s = warps 4s..4s+3
 // on query group 2 blockIdx.x + s. Warps w and w + 4 walk the same steps of the same split (the steps
 // warp w of a one-set block walks) and share warp w's stages: warp w copies the K rows, warp w + 4 the V
@@ -1018,7 +1019,8 @@ __device__ __forceinline__ void pair_sync(int w) {
 // each adds P.V into half of the output dims (warp w: dims of V blocks 0-3, w + 4: 4-7). Every output dim
 // gets the same operations in the same order as in a one-set block, so decode steps keep the verify
 // steps' bits, with half the P.V work per warp and two warps per scheduler where a step's dependent chain
-// (MMAs, softmax, conversions) held one.
+// (MMAs, softmax, conversions) held one. H100, 9B Q4_K_M with a Q8_0 cache: decode 2.626 -> 2.610 ms; at
+// depth 16384 unchanged (the key loop streams at ~2.7 TB/s there; PERFORMANCE.md "Session 33").
 template <int D, typename C, int kStages, int kSets, int kSplitD = 1>
 __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
