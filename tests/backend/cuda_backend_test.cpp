@@ -1192,7 +1192,7 @@ TEST_F(CudaBackendTest, AttentionAfterTheStoreOfItsRowsSeesThem) {
         const std::vector<uint8_t> nan_rows(static_cast<size_t>(n) * row, 0xff);  // NaN in every cache type
         gpu_->upload(static_cast<uint8_t*>(kc.data()) + s * row, nan_rows.data(), nan_rows.size());
         gpu_->upload(static_cast<uint8_t*>(vc.data()) + s * row, nan_rows.data(), nan_rows.size());
-        Tensor early = poison(*gpu_, n * QW), late = poison(*gpu_, n * QW);
+        Tensor after_store = poison(*gpu_, n * QW), after_attend = poison(*gpu_, n * QW);
         auto attend = [&](const Buffer& positions, Tensor& out) {
           AttentionArgs a;
           a.q = q.rows(17, QW).rows(0, n);
@@ -1206,9 +1206,9 @@ TEST_F(CudaBackendTest, AttentionAfterTheStoreOfItsRowsSeesThem) {
           gpu_->attention(a);
         };
         gpu_->kv_store(k.rows(total, W).rows(s, n), v.rows(total, W).rows(s, n), kv, ps.as<int32_t>());
-        attend(ps, early);
-        attend(ps_copy, late);
-        const auto got = get_gpu(early), want = get_gpu(late);
+        attend(ps, after_store);
+        attend(ps_copy, after_attend);
+        const auto got = get_gpu(after_store), want = get_gpu(after_attend);
         const std::string what = fmt::format("D={} kv={} n={}", D, ggml_type_name(kv_type), n);
         EXPECT_EQ(std::count_if(got.begin(), got.end(), [](float x) { return !std::isfinite(x); }), 0) << what;
         EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
