@@ -19,6 +19,12 @@
 #include "format/quants.h"
 #include "util/half.h"
 
+#ifdef HYSPEC_ATTN_TRACE
+namespace hyspec::cuda {
+void attention_trace_report(const char* label);  // backend/cuda/kernels.h
+}
+#endif
+
 namespace hyspec {
 namespace {
 
@@ -1858,6 +1864,10 @@ TEST_F(CudaBench, AttentionAndGdnDecode) {
             }
           },
           calls);
+#ifdef HYSPEC_ATTN_TRACE
+      if (std::getenv("HYSPEC_ATTN_TRACE"))  // the last of the timed launches (they overlap: PDL)
+        cuda::attention_trace_report(fmt::format("{} ctx={} n={}", ggml_type_name(kv_type), ctx, n).c_str());
+#endif
       const double bytes = 2.0 * (ctx + n) * static_cast<double>(row), flops = 4.0 * n * H * D * (ctx + n / 2.0);
       std::printf("BENCH attention %s ctx=%-6ld n=%-3ld %8.2f us %6.0f GB/s %6.1f TFLOP/s (%d caches)\n",
                   ggml_type_name(kv_type).data(), static_cast<long>(ctx), static_cast<long>(n), s * 1e6,

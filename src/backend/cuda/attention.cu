@@ -34,6 +34,53 @@
 #include "backend/cuda/tensor_core.cuh"
 
 namespace hyspec::cuda {
+
+// ---- The decode kernels' timeline (cmake -DHYSPEC_ATTN_TRACE=ON; compiled out otherwise) ----
+// Thread 0 of each block stores %globaltimer at the phases below, the last launch's values kept
+// (attention_trace_report). PERFORMANCE.md "Session 33" read a 16K decode step's attention with it.
+enum AttnMark { kMarkStart, kMarkWaited, kMarkQStaged, kMarkLoopDone, kMarkWarpsMerged, kMarkCounted, kMarkMerged,
+                kMarkMergeFenced, kMarkMergeMl, kMarkMergeWeights, kMarkCount };
+#ifdef HYSPEC_ATTN_TRACE
+}  // namespace hyspec::cuda
+#include <cstdio>
+#include <cstring>
+#include <vector>
+namespace hyspec::cuda {
+constexpr int kTraceBlocks = 4096;
+__device__ unsigned long long g_attn_trace[kTraceBlocks * kMarkCount];
+__device__ __forceinline__ void attn_mark(AttnMark m) {
+  const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (threadIdx.x != 0 || b >= kTraceBlocks) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_attn_trace[b * kMarkCount + m] = t;
+}
+void attention_trace_report(const char* label) {
+  static unsigned long long t[kTraceBlocks * kMarkCount];
+  cudaDeviceSynchronize();
+  cudaMemcpyFromSymbol(t, g_attn_trace, sizeof(t));
+  unsigned long long t0 = ~0ull;
+  int n = 0;
+  for (int b = 0; b < kTraceBlocks; ++b)
+    if (t[b * kMarkCount]) t0 = std::min(t0, t[b * kMarkCount]), ++n;
+  std::printf("TRACE %s: %d blocks (us from the first start: min / median / max)\n", label, n);
+  const char* names[kMarkCount] = {"start", "waited", "q staged", "loop done", "warps merged", "counted",
+                                   "merged", "merge: fenced", "merge: ml", "merge: weights"};
+  for (int m = 0; n > 0 && m < kMarkCount; ++m) {
+    std::vector<double> v;  // this launch's marks (an earlier launch's are older than t0)
+    for (int b = 0; b < kTraceBlocks; ++b)
+      if (t[b * kMarkCount + m] >= t0) v.push_back(1e-3 * static_cast<double>(t[b * kMarkCount + m] - t0));
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf("TRACE   %-14s n=%4zu %8.2f %8.2f %8.2f\n", names[m], v.size(), v.front(), v[v.size() / 2], v.back());
+  }
+  std::memset(t, 0, sizeof(t));
+  cudaMemcpyToSymbol(g_attn_trace, t, sizeof(t));
+}
+#else
+__device__ __forceinline__ void attn_mark(AttnMark) {}
+#endif
+
 namespace {
 
 constexpr int kQueries = 16;  // query vectors per block
@@ -409,6 +456,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   };
   auto slot_of = [&](int zz, int m) { return (static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m; };
   if (n_eff == 1) {
+    attn_mark(kMarkCounted);
     for (int i = tid; i < M * D; i += kThreadsPerBlock) {
       const int m = i / D, d = i % D;
       const float l = ml_s[Q + m], inv = l != 0.0f ? 1.0f / l : 0.0f;  // a NaN query's NaN sum stays NaN
@@ -425,8 +473,10 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   set_sync<kSets>(set);
   if (tid == 0) s_last[set] = atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff - 1);
   set_sync<kSets>(set);
+  attn_mark(kMarkCounted);
   if (!s_last[set]) return;
   __threadfence();
+  attn_mark(kMarkMergeFenced);
   // The split maxima and sums first, all loads in parallel; then per query (a warp) the weights
   // e^(m_z - M) and the denominator: lane z takes splits z, z + 32, ... and a fixed xor-shuffle tree sums
   // the lanes (every lane gets the same bits; splits past a query's keys add exact zeros, so a verify
@@ -442,6 +492,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
     if (i2 < M * n_eff) wz[i2] = ml2.x, wl[i2] = ml2.y;
   }
   set_sync<kSets>(set);
+  attn_mark(kMarkMergeMl);
   const int lane = tid & 31;
   for (int m = tid >> 5; m < M; m += kThreadsPerBlock / 32) {
     float gmax = -INFINITY;
@@ -459,6 +510,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
     if (lane == 0) wl[Q * n_eff + m] = den != 0.0f ? 1.0f / den : 0.0f;
   }
   set_sync<kSets>(set);
+  attn_mark(kMarkMergeWeights);
   // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
   // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
   // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits).
@@ -499,6 +551,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
     }
   }
   if (tid == 0) *counter = 0u;  // ready for the next launch (stream order)
+  attn_mark(kMarkMerged);
 }
 
 template <int D, typename KV>
@@ -1032,6 +1085,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   // are step inputs that no kernel writes, and the launch provides blocks for the whole capacity, so at
   // a short context most blocks are such splits (they would otherwise hold an SM's shared memory until
   // the previous kernel ended).
+  attn_mark(kMarkStart);
   const int set = kSets == 1 ? 0 : static_cast<int>(threadIdx.x) / (kDecodeWarps * 32);
   const DecodeBlock blk = decode_block(a, group_block(a) * kSets + set);
   int k1_all = blk.k1, n_eff_all = blk.n_eff;  // over the block's sets
@@ -1042,6 +1096,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   if (blk.split >= n_eff_all) return;
   pdl_wait();  // as attention_decode_kernel
   pdl_trigger();
+  attn_mark(kMarkWaited);
   constexpr bool kQ8 = kIsQ8<C>;
   using T = std::conditional_t<kQ8, __half, C>;  // the MMAs' operand type
   using L = MmaDecodeSmem<D, kQ8, kStages, kSets>;
@@ -1107,6 +1162,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     for (int j = 0; j < kPer; ++j) store_q_hi_lo<T, kQ8>(q_sm, P, qm, qd + kTpq * j, qv[j]);
   }
   __syncthreads();
+  attn_mark(kMarkQStaged);
 
   const int lim = g < M ? blk.limit(g) : -1;
   float m_run = -INFINITY, l_run = 0.0f;  // query g; l_run sums this lane's keys only
@@ -1165,6 +1221,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   // Merge the warps in a fixed order: M = max_w m_w, o = sum_w e^(m_w - M) o_w, l likewise (w: the steps
   // walked; with kSplitD == 2 each of a pair's warps holds half of o and the same (m, l)).
   __syncthreads();  // every warp is done with its stages
+  attn_mark(kMarkLoopDone);
   uint8_t* const res = sm + set * L::kSetResults;  // this set's results
   float* wo = reinterpret_cast<float*>(res);
   float* wml = reinterpret_cast<float*>(res + L::kWarpMl);
@@ -1204,6 +1261,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     o_s[i] = v;
   }
   __syncthreads();
+  attn_mark(kMarkWarpsMerged);
   // A set without queries, or whose queries' keys end before this split, has nothing to write.
   if (kSets == 1 || (M > 0 && blk.split < blk.n_eff))
     finish_decode_block<D, kSets, kThreads>(a, blk, counters, o_s, ml_s, res, set);

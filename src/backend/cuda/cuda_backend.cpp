@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -84,6 +85,9 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+#ifdef HYSPEC_ATTN_TRACE
+    if (std::getenv("HYSPEC_ATTN_TRACE")) cuda::attention_trace_report("the last attention launch");
+#endif
     settle_hook_.reset();  // (what is deferred is dropped: no one can read its results any more)
     if (on_side_) end_side();
     if (stream_) cudaStreamSynchronize(stream_);

@@ -241,6 +241,11 @@ bool attention_head_dim_supported(int head_dim);
 int attention_splits(const AttentionParams& p, int n_sm);
 size_t attention_scratch_bytes(const AttentionParams& p, int n_splits);
 cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scratch, cudaStream_t stream);
+#ifdef HYSPEC_ATTN_TRACE
+// Builds with -DHYSPEC_ATTN_TRACE=ON: the decode kernels' per-block timeline of their last launch (the
+// phases' min / median / max in us from the first block's start, to stdout), then cleared.
+void attention_trace_report(const char* label);
+#endif
 
 // ---- recurrent ops (recurrent.cu) ----
 cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, float* conv_state, float* capture, Mat y,
