@@ -25,7 +25,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
@@ -41,11 +44,6 @@ namespace hyspec::cuda {
 enum AttnMark { kMarkStart, kMarkWaited, kMarkQStaged, kMarkLoopDone, kMarkWarpsMerged, kMarkCounted, kMarkMerged,
                 kMarkMergeFenced, kMarkMergeMl, kMarkMergeWeights, kMarkCount };
 #ifdef HYSPEC_ATTN_TRACE
-}  // namespace hyspec::cuda
-#include <cstdio>
-#include <cstring>
-#include <vector>
-namespace hyspec::cuda {
 constexpr int kTraceBlocks = 4096;
 __device__ unsigned long long g_attn_trace[kTraceBlocks * kMarkCount];
 __device__ __forceinline__ void attn_mark(AttnMark m) {
