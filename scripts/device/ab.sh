@@ -8,7 +8,9 @@
 # There: the anchor makes the 9B GGUFs (no llama-bench) while each variant's CUDA tests (test_backend's
 # filtered by AB_TESTS) and the interleaved matvec kernel benches (AB_KERNELS=0: none) run; then hyspec
 # bench on 9B Q4_K_M, variants interleaved, AB_ROUNDS times (verify widths AB_VERIFY); AB_NCU="TYPE:WIDTH:SHAPE
-# ..." adds ncu's per-instruction view of the last variant.
+# ..." adds ncu's per-instruction view of the last variant. Every variant's greedy ids on the 9B (F16 and Q8_0
+# caches) come first: a change that keeps the bits keeps them. AB_DEPTH="16384" adds tg64 at depth 0 and
+# at that depth (capacity depth + 216) for each cache type of AB_KV (default "f16 q8_0"), interleaved too.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 D=.device
@@ -71,6 +73,11 @@ if [ "${AB_SYNTH:-0}" != 1 ]; then
   # (a model still being written would fail every bench below)
   [ -f /tmp/anchor/anchor.done ] && [ -f "$M" ] || { echo "no 9B model after ${SECONDS}s: $(tail -3 /tmp/anchor/anchor.err)"; exit 3; }
 fi
+echo "== greedy ids of each variant (48 tokens; F16 and Q8_0 caches)"
+for v in $V; do for kv in f16 q8_0; do
+  echo "$v $kv $("$D/bin/hyspec_$v" run -m "$M" --backend cuda --kv-type $kv --tokens 1,2,3,4,5,6,7 -n 48 --temp 0 --ids \
+    --no-stats 2>/dev/null | md5sum | cut -c1-12)"
+done; done
 echo "== hyspec bench 9B Q4_K_M (tg128, verify-k: t/s, ms/step, x tg step)"
 for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   for v in $V; do
@@ -79,6 +86,15 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
       grep -E "tg128|verify|rror" | awk -F'|' '{print (NF > 1 ? $4 " " $5 " " $6 " " $7 : $0)}'
   done
 done | tee "$OUT/e2e_ab.md"
+if [ -n "${AB_DEPTH:-}" ]; then
+  echo "== hyspec bench 9B Q4_K_M, tg64 at depth 0 and $AB_DEPTH (ms a step), per cache type"
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for v in $V; do for kv in ${AB_KV:-f16 q8_0}; do
+      echo "-- round $round: $v $kv $("$D/bin/hyspec_$v" bench -m "$M" --backend cuda -p 0 -n 64 -d "0,$AB_DEPTH" \
+        -c $((AB_DEPTH + 216)) --kv-type "$kv" 2>&1 | grep -E "tg64" | awk -F'|' '{printf "%s ", $6}')"
+    done; done
+  done | tee "$OUT/depth_ab.md"
+fi
 for spec in ${AB_NCU:-}; do
   IFS=: read -r ty w sh <<< "$spec"
   echo "== ncu source view ($last) $ty n=$w shape $sh"
