@@ -20,9 +20,7 @@
 #include "util/half.h"
 
 #ifdef HYSPEC_ATTN_TRACE
-namespace hyspec::cuda {
-void attention_trace_report(const char* label);  // backend/cuda/kernels.h
-}
+#include "backend/cuda/kernels.h"  // attention_trace_report
 #endif
 
 namespace hyspec {

@@ -1491,7 +1491,7 @@ template <int D, typename KV>
 cudaError_t launch_mma(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream) {
   if constexpr (D == 256) {
     if (groups == 1 && decode_split_dims_enabled()) {
-      constexpr int kStages = kIsQ8<KV> ? 4 : 3;  // as the one-group launches below
+      constexpr int kStages = kIsQ8<KV> ? 4 : 3;  // the 4-warp launches' defaults (HYSPEC_ATTN_Q8_STAGES: theirs only)
       const cudaError_t e = launch_mma_stages<D, KV, kStages, 1, 2>(a, groups, counters, stream);
       if (e != cudaErrorNotSupported) return e;
     }
