@@ -442,7 +442,8 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 // One merger's sums over the splits: outputs [lo, hi) of the block's M x D (output e: query e / D, dim
 // e % D), out = sum_z w_z o_z * inv_den, z ascending. A thread takes kItems outputs at once and loads kBatch
 // splits of each before adding them, so the partials' L2 round trips overlap (kItems * kBatch loads in
-// flight a thread).
+// flight a thread). The first batch's loads go out before `weigh` (every thread calls it once; it forms
+// w and inv_den), so their round trip overlaps the weights' own.
 template <int D>
 struct SplitMerge {
   const float* part_o;  // the (kv head, query group)'s partials: [M][n_splits][D]
@@ -450,22 +451,30 @@ struct SplitMerge {
   int n_eff, lo, hi, tid;
   const float* w;        // [Q][n_eff] weights
   const float* inv_den;  // [Q]
-  template <int kItems, int kBatch, int kThreads, typename Out>
-  __device__ __forceinline__ void run(Out out_of) const {
+  template <int kItems, int kBatch, int kThreads>
+  __device__ __forceinline__ void load(float (&v)[kItems][kBatch], int e0, int z0) const {
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const int e = e0 + u * kThreads;
+      const float* p = part_o + (static_cast<int64_t>(e / D) * n_splits + z0) * D + e % D;
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k)
+        if (e < hi && z0 + k < n_eff) v[u][k] = __ldcg(p + k * D);
+    }
+  }
+  template <int kItems, int kBatch, int kThreads, typename Out, typename Weigh>
+  __device__ __forceinline__ void run(Out out_of, Weigh weigh) const {
+    float v[kItems][kBatch];
+    load<kItems, kBatch, kThreads>(v, lo + tid, 0);
+    weigh();
+    bool loaded = true;
     for (int e0 = lo + tid; e0 < hi; e0 += kItems * kThreads) {
       float acc[kItems];
 #pragma unroll
       for (int u = 0; u < kItems; ++u) acc[u] = 0.0f;
       for (int z0 = 0; z0 < n_eff; z0 += kBatch) {
-        float v[kItems][kBatch];
-#pragma unroll
-        for (int u = 0; u < kItems; ++u) {
-          const int e = e0 + u * kThreads;
-          const float* p = part_o + (static_cast<int64_t>(e / D) * n_splits + z0) * D + e % D;
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k)
-            if (e < hi && z0 + k < n_eff) v[u][k] = __ldcg(p + k * D);
-        }
+        if (!loaded) load<kItems, kBatch, kThreads>(v, e0, z0);
+        loaded = false;
 #pragma unroll
         for (int u = 0; u < kItems; ++u) {
           const int e = e0 + u * kThreads;
@@ -499,41 +508,43 @@ __device__ void merge_slice(const AttnArgs& a, void* work, int set, int tid, int
   // row merges to the decode step's bits). A thread per query walking the splits took ~1 us at 33.
   float* wz = static_cast<float*>(work);  // [Q][n_eff] maxima, then weights
   float* wl = wz + Q * n_eff;             // [Q][n_eff] sums; wl[Q * n_eff + m] = 1 / den
-  const int i_lo = m_lo * n_eff, i_hi = (m_hi + 1) * n_eff;
-  for (int i = i_lo + tid; i < i_hi; i += 2 * kThreadsPerBlock) {  // both loads before the stores
-    const int i2 = i + kThreadsPerBlock;
-    const float2 ml = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i % n_eff, i / n_eff) * 2));
-    float2 ml2 = make_float2(0.0f, 0.0f);
-    if (i2 < i_hi) ml2 = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i2 % n_eff, i2 / n_eff) * 2));
-    wz[i] = ml.x, wl[i] = ml.y;
-    if (i2 < i_hi) wz[i2] = ml2.x, wl[i2] = ml2.y;
-  }
-  set_sync<kSets>(set);
-  attn_mark(kMarkMergeMl);
-  const int lane = tid & 31;
-  for (int m = m_lo + (tid >> 5); m <= m_hi; m += kThreadsPerBlock / 32) {
-    float gmax = -INFINITY;
-    for (int zz = lane; zz < n_eff; zz += 32) gmax = fmaxf(gmax, wz[m * n_eff + zz]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) gmax = fmaxf(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
-    float den = 0.0f;
-    for (int zz = lane; zz < n_eff; zz += 32) {
-      const float f = gmax == -INFINITY ? 0.0f : expf(wz[m * n_eff + zz] - gmax);
-      den += f * wl[m * n_eff + zz];
-      wz[m * n_eff + zz] = f;
+  auto weigh = [&] {
+    const int i_lo = m_lo * n_eff, i_hi = (m_hi + 1) * n_eff;
+    for (int i = i_lo + tid; i < i_hi; i += 2 * kThreadsPerBlock) {  // both loads before the stores
+      const int i2 = i + kThreadsPerBlock;
+      const float2 ml = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i % n_eff, i / n_eff) * 2));
+      float2 ml2 = make_float2(0.0f, 0.0f);
+      if (i2 < i_hi) ml2 = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i2 % n_eff, i2 / n_eff) * 2));
+      wz[i] = ml.x, wl[i] = ml.y;
+      if (i2 < i_hi) wz[i2] = ml2.x, wl[i2] = ml2.y;
     }
+    set_sync<kSets>(set);
+    attn_mark(kMarkMergeMl);
+    const int lane = tid & 31;
+    for (int m = m_lo + (tid >> 5); m <= m_hi; m += kThreadsPerBlock / 32) {
+      float gmax = -INFINITY;
+      for (int zz = lane; zz < n_eff; zz += 32) gmax = fmaxf(gmax, wz[m * n_eff + zz]);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    if (lane == 0) wl[Q * n_eff + m] = den != 0.0f ? 1.0f / den : 0.0f;
-  }
-  set_sync<kSets>(set);
-  attn_mark(kMarkMergeWeights);
+      for (int o = 16; o > 0; o >>= 1) gmax = fmaxf(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
+      float den = 0.0f;
+      for (int zz = lane; zz < n_eff; zz += 32) {
+        const float f = gmax == -INFINITY ? 0.0f : expf(wz[m * n_eff + zz] - gmax);
+        den += f * wl[m * n_eff + zz];
+        wz[m * n_eff + zz] = f;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+      if (lane == 0) wl[Q * n_eff + m] = den != 0.0f ? 1.0f / den : 0.0f;
+    }
+    set_sync<kSets>(set);
+    attn_mark(kMarkMergeWeights);
+  };
   // out = sum_z w_z o_z / den, z ascending, whichever merger and thread takes an output.
   const SplitMerge<D> merge{a.part_o + slot_of(0, 0) * D, a.n_splits, n_eff, lo, hi, tid, wz, wl + Q * n_eff};
   if ((hi - lo + kThreadsPerBlock - 1) / kThreadsPerBlock <= 1) {  // outputs per thread
-    merge.template run<1, 32, kThreadsPerBlock>(out_of);
+    merge.template run<1, 32, kThreadsPerBlock>(out_of, weigh);
   } else {
-    merge.template run<4, 8, kThreadsPerBlock>(out_of);
+    merge.template run<4, 8, kThreadsPerBlock>(out_of, weigh);
   }
 }
 
