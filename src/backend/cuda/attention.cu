@@ -96,8 +96,8 @@ struct AttnArgs {
   bool causal;
   int n_splits;
   int chunk_tiles; // decode kernel: key tiles per split (a fixed slice of the capacity)
-  float* part_o;   // [n_splits, n_kv, M, D]; decode kernels: [n_kv, M, n_splits, D]
-  float* part_ml;  // [n_splits, n_kv, M, 2]; decode kernels: [n_kv, M, n_splits, 2]
+  float* part_o;   // [n_splits, n_kv, M, D]
+  float* part_ml;  // [n_splits, n_kv, M, 2]
   bool kv_major;   // decode kernels: grid (kv heads, splits, group blocks) instead of (group blocks, kv heads, splits)
   int mergers = 1;  // decode kernels: blocks that share a split merge (decode_mergers)
 };
@@ -439,39 +439,40 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
-// One merger's sums over the splits: outputs [lo, hi) of the block's M x D (output e: query e / D, dim
-// e % D), out = sum_z w_z o_z * inv_den, z ascending. A thread takes kItems outputs at once and loads kBatch
-// splits of each before adding them, so the partials' L2 round trips overlap (kItems * kBatch loads in
-// flight a thread). The first batch's loads go out before `weigh` (every thread calls it once; it forms
-// w and inv_den), so their round trip overlaps the weights' own.
+// One merger's sums over the splits: float4 outputs [lo, hi) of the block's M x D / 4 (output e: query
+// e / (D / 4), dims 4 (e % (D / 4)) + 0..3), out = sum_z w_z o_z * inv_den, z ascending. A thread takes
+// kItems outputs at once and loads kBatch splits of each before adding them, so the partials' L2 round trips
+// overlap. The first batch's loads go out before `weigh` (every thread calls it once; it forms w and
+// inv_den), so their round trip overlaps the weights' own.
 template <int D>
 struct SplitMerge {
-  const float* part_o;  // the (kv head, query group)'s partials: [M][n_splits][D]
-  int n_splits;
+  const float4* part_o;  // split 0's partial of the (kv head, query group)'s first query
+  int z_stride;          // float4s from one split's partials to the next's
   int n_eff, lo, hi, tid;
   const float* w;        // [Q][n_eff] weights
   const float* inv_den;  // [Q]
   template <int kItems, int kBatch, int kThreads>
-  __device__ __forceinline__ void load(float (&v)[kItems][kBatch], int e0, int z0) const {
+  __device__ __forceinline__ void load(float4 (&v)[kItems][kBatch], int e0, int z0) const {
 #pragma unroll
     for (int u = 0; u < kItems; ++u) {
       const int e = e0 + u * kThreads;
-      const float* p = part_o + (static_cast<int64_t>(e / D) * n_splits + z0) * D + e % D;
+      const float4* p = part_o + static_cast<int64_t>(z0) * z_stride + e;
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k)
-        if (e < hi && z0 + k < n_eff) v[u][k] = __ldcg(p + k * D);
+      for (int k = 0; k < kBatch; ++k, p += z_stride)
+        if (e < hi && z0 + k < n_eff) v[u][k] = __ldcg(p);
     }
   }
   template <int kItems, int kBatch, int kThreads, typename Out, typename Weigh>
   __device__ __forceinline__ void run(Out out_of, Weigh weigh) const {
-    float v[kItems][kBatch];
+    constexpr int D4 = D / 4;
+    float4 v[kItems][kBatch];
     load<kItems, kBatch, kThreads>(v, lo + tid, 0);
     weigh();
     bool loaded = true;
     for (int e0 = lo + tid; e0 < hi; e0 += kItems * kThreads) {
-      float acc[kItems];
+      float4 acc[kItems];
 #pragma unroll
-      for (int u = 0; u < kItems; ++u) acc[u] = 0.0f;
+      for (int u = 0; u < kItems; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int z0 = 0; z0 < n_eff; z0 += kBatch) {
         if (!loaded) load<kItems, kBatch, kThreads>(v, e0, z0);
         loaded = false;
@@ -482,7 +483,8 @@ struct SplitMerge {
 #pragma unroll
           for (int k = 0; k < kBatch; ++k) {
             if (z0 + k >= n_eff) break;
-            acc[u] += w[e / D * n_eff + z0 + k] * v[u][k];
+            const float wk = w[e / D4 * n_eff + z0 + k];
+            acc[u].x += wk * v[u][k].x, acc[u].y += wk * v[u][k].y, acc[u].z += wk * v[u][k].z, acc[u].w += wk * v[u][k].w;
           }
         }
       }
@@ -490,18 +492,20 @@ struct SplitMerge {
       for (int u = 0; u < kItems; ++u) {
         const int e = e0 + u * kThreads;
         if (e >= hi) break;
-        out_of(e / D)[e % D] = acc[u] * inv_den[e / D];
+        const float inv = inv_den[e / D4];
+        reinterpret_cast<float4*>(out_of(e / D4))[e % D4] =
+            make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
       }
     }
   }
 };
 
-// One merger's share of the split merge: outputs [lo, hi) (see finish_decode_block).
+// One merger's share of the split merge: float4 outputs [lo, hi) (see finish_decode_block).
 template <int D, int kSets, int kThreads, typename Out, typename Slot>
 __device__ void merge_slice(const AttnArgs& a, void* work, int set, int tid, int n_eff, int lo, int hi, Out out_of,
                             Slot slot_of) {
   constexpr int Q = kDecodeQueries, kThreadsPerBlock = kThreads;
-  const int m_lo = lo / D, m_hi = (hi - 1) / D;
+  const int m_lo = lo / (D / 4), m_hi = (hi - 1) / (D / 4);
   // The split maxima and sums first, all loads in parallel; then per query (a warp) the weights
   // e^(m_z - M) and the denominator: lane z takes splits z, z + 32, ... and a fixed xor-shuffle tree sums
   // the lanes (every lane gets the same bits; splits past a query's keys add exact zeros, so a verify
@@ -540,11 +544,13 @@ __device__ void merge_slice(const AttnArgs& a, void* work, int set, int tid, int
     attn_mark(kMarkMergeWeights);
   };
   // out = sum_z w_z o_z / den, z ascending, whichever merger and thread takes an output.
-  const SplitMerge<D> merge{a.part_o + slot_of(0, 0) * D, a.n_splits, n_eff, lo, hi, tid, wz, wl + Q * n_eff};
-  if ((hi - lo + kThreadsPerBlock - 1) / kThreadsPerBlock <= 1) {  // outputs per thread
-    merge.template run<1, 32, kThreadsPerBlock>(out_of, weigh);
+  const SplitMerge<D> merge{reinterpret_cast<const float4*>(a.part_o + slot_of(0, 0) * D),
+                            static_cast<int>((slot_of(1, 0) - slot_of(0, 0)) * D / 4), n_eff, lo, hi, tid, wz,
+                            wl + Q * n_eff};
+  if (hi - lo <= kThreadsPerBlock) {  // one float4 output a thread
+    merge.template run<1, 16, kThreadsPerBlock>(out_of, weigh);
   } else {
-    merge.template run<4, 8, kThreadsPerBlock>(out_of, weigh);
+    merge.template run<2, 8, kThreadsPerBlock>(out_of, weigh);
   }
 }
 
@@ -571,9 +577,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   auto out_of = [&](int m) {
     return a.out.data + static_cast<int64_t>(blk.row(m)) * a.out.stride + static_cast<int64_t>(blk.head(m)) * D;
   };
-  // Partials [n_kv][M_all][n_splits]: the splits of one output lie D floats apart (the merge's loads take
-  // one address and immediate offsets).
-  auto slot_of = [&](int zz, int m) { return (static_cast<int64_t>(kvh) * M_all + q0 + m) * a.n_splits + zz; };
+  auto slot_of = [&](int zz, int m) { return (static_cast<int64_t>(zz) * a.n_kv + kvh) * M_all + q0 + m; };
   if (n_eff == 1) {
     attn_mark(kMarkCounted);
     for (int i = tid; i < M * D; i += kThreadsPerBlock) {
@@ -606,9 +610,9 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   }
   __threadfence();
   attn_mark(kMarkMergeFenced);
-  // This merger's outputs: elements [lo, hi) of the block's M x D (none for the last ranks of a small M x D),
-  // queries m_lo..m_hi.
-  const int per = (M * D + mergers - 1) / mergers, lo = min(M * D, rank * per), hi = min(M * D, lo + per);
+  // This merger's outputs: float4s [lo, hi) of the block's M x D / 4 (none for the last ranks of a small one).
+  const int items = M * D / 4, per = (items + mergers - 1) / mergers, lo = min(items, rank * per),
+            hi = min(items, lo + per);
   if (lo < hi) merge_slice<D, kSets, kThreads>(a, work, set, tid, n_eff, lo, hi, out_of, slot_of);
   if (tid == 0) {  // the counter is ready for the next launch (stream order) once every merger is past its wait
     if (mergers == 1 || atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff + mergers - 1)) *counter = 0u;
