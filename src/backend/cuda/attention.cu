@@ -99,7 +99,6 @@ struct AttnArgs {
   float* part_o;   // [n_splits, n_kv, M, D]
   float* part_ml;  // [n_splits, n_kv, M, 2]
   bool kv_major;   // decode kernels: grid (kv heads, splits, group blocks) instead of (group blocks, kv heads, splits)
-  int mergers = 1;  // decode kernels: blocks that share a split merge (decode_mergers)
 };
 
 template <int D>
@@ -312,8 +311,8 @@ __global__ void attention_combine_kernel(AttnArgs a, int D) {
 // Scores: warp w takes a quarter of the head dims, lane = key, q (f32, pre-scaled) read from shared
 // memory as broadcasts; the four partial dots are summed per (query, key), an online softmax runs
 // per query (one warp per query), then P.V with each thread owning two output dims of its queries.
-// With several splits every block writes its partial (max, sum, output) and the last blocks of a
-// (kv head, query group) to finish (a self-resetting counter) merge them, so one launch does the
+// With several splits every block writes its partial (max, sum, output) and the last block of a
+// (kv head, query group) to finish (a self-resetting counter) merges them, so one launch does the
 // whole op.
 // Budget (one kv head, n=1, G=4, D=256, f16): bytes = 1 KB per key (K+V), read once; FLOPs = 4*G*D
 // per key; the capacity is split so that every SM gets blocks once the context fills it: a short
@@ -349,7 +348,7 @@ bool uses_decode_kernel(int64_t rows, int group, int n_kv) {
 
 constexpr int kMaxSplits = 256;
 constexpr int kDecodeSplitKeys = 512;  // keys per decode split at most (attention_splits)
-// Shared memory of a merging block's split merge (finish_decode_block).
+// Shared memory of the last block's split merge (finish_decode_block).
 constexpr size_t kDecodeMergeBytes = (2 * kDecodeQueries * kMaxSplits + kDecodeQueries) * sizeof(float);
 
 template <int D, typename KV>
@@ -432,134 +431,10 @@ __device__ DecodeBlock decode_block(const AttnArgs& a, int group) {
   return b;
 }
 
-// An acquire load of a counter that other blocks advance (the split merge's wait).
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// One merger's sums over the splits: float4 outputs [lo, hi) of the block's M x D / 4 (output e: query
-// e / (D / 4), dims 4 (e % (D / 4)) + 0..3), out = sum_z w_z o_z * inv_den, z ascending. A thread takes
-// kItems outputs at once and loads kBatch splits of each before adding them, so the partials' L2 round trips
-// overlap. The first batch's loads go out before `weigh` (every thread calls it once; it forms w and
-// inv_den), so their round trip overlaps the weights' own.
-template <int D>
-struct SplitMerge {
-  const float4* part_o;  // split 0's partial of the (kv head, query group)'s first query
-  int z_stride;          // float4s from one split's partials to the next's
-  int n_eff, lo, hi, tid;
-  const float* w;        // [Q][n_eff] weights
-  const float* inv_den;  // [Q]
-  template <int kItems, int kBatch, int kThreads>
-  __device__ __forceinline__ void load(float4 (&v)[kItems][kBatch], int e0, int z0) const {
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      const int e = e0 + u * kThreads;
-      const float4* p = part_o + static_cast<int64_t>(z0) * z_stride + e;
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k, p += z_stride)
-        if (e < hi && z0 + k < n_eff) v[u][k] = __ldcg(p);
-    }
-  }
-  template <int kItems, int kBatch, int kThreads, typename Out, typename Weigh>
-  __device__ __forceinline__ void run(Out out_of, Weigh weigh) const {
-    constexpr int D4 = D / 4;
-    float4 v[kItems][kBatch];
-    load<kItems, kBatch, kThreads>(v, lo + tid, 0);
-    weigh();
-    bool loaded = true;
-    for (int e0 = lo + tid; e0 < hi; e0 += kItems * kThreads) {
-      float4 acc[kItems];
-#pragma unroll
-      for (int u = 0; u < kItems; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int z0 = 0; z0 < n_eff; z0 += kBatch) {
-        if (!loaded) load<kItems, kBatch, kThreads>(v, e0, z0);
-        loaded = false;
-#pragma unroll
-        for (int u = 0; u < kItems; ++u) {
-          const int e = e0 + u * kThreads;
-          if (e >= hi) break;
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k) {
-            if (z0 + k >= n_eff) break;
-            const float wk = w[e / D4 * n_eff + z0 + k];
-            acc[u].x += wk * v[u][k].x, acc[u].y += wk * v[u][k].y, acc[u].z += wk * v[u][k].z, acc[u].w += wk * v[u][k].w;
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kItems; ++u) {
-        const int e = e0 + u * kThreads;
-        if (e >= hi) break;
-        const float inv = inv_den[e / D4];
-        reinterpret_cast<float4*>(out_of(e / D4))[e % D4] =
-            make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
-      }
-    }
-  }
-};
-
-// One merger's share of the split merge: float4 outputs [lo, hi) (see finish_decode_block).
-template <int D, int kSets, int kThreads, typename Out, typename Slot>
-__device__ void merge_slice(const AttnArgs& a, void* work, int set, int tid, int n_eff, int lo, int hi, Out out_of,
-                            Slot slot_of) {
-  constexpr int Q = kDecodeQueries, kThreadsPerBlock = kThreads;
-  const int m_lo = lo / (D / 4), m_hi = (hi - 1) / (D / 4);
-  // The split maxima and sums first, all loads in parallel; then per query (a warp) the weights
-  // e^(m_z - M) and the denominator: lane z takes splits z, z + 32, ... and a fixed xor-shuffle tree sums
-  // the lanes (every lane gets the same bits; splits past a query's keys add exact zeros, so a verify
-  // row merges to the decode step's bits). A thread per query walking the splits took ~1 us at 33.
-  float* wz = static_cast<float*>(work);  // [Q][n_eff] maxima, then weights
-  float* wl = wz + Q * n_eff;             // [Q][n_eff] sums; wl[Q * n_eff + m] = 1 / den
-  auto weigh = [&] {
-    const int i_lo = m_lo * n_eff, i_hi = (m_hi + 1) * n_eff;
-    for (int i = i_lo + tid; i < i_hi; i += 2 * kThreadsPerBlock) {  // both loads before the stores
-      const int i2 = i + kThreadsPerBlock;
-      const float2 ml = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i % n_eff, i / n_eff) * 2));
-      float2 ml2 = make_float2(0.0f, 0.0f);
-      if (i2 < i_hi) ml2 = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i2 % n_eff, i2 / n_eff) * 2));
-      wz[i] = ml.x, wl[i] = ml.y;
-      if (i2 < i_hi) wz[i2] = ml2.x, wl[i2] = ml2.y;
-    }
-    set_sync<kSets>(set);
-    attn_mark(kMarkMergeMl);
-    const int lane = tid & 31;
-    for (int m = m_lo + (tid >> 5); m <= m_hi; m += kThreadsPerBlock / 32) {
-      float gmax = -INFINITY;
-      for (int zz = lane; zz < n_eff; zz += 32) gmax = fmaxf(gmax, wz[m * n_eff + zz]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) gmax = fmaxf(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
-      float den = 0.0f;
-      for (int zz = lane; zz < n_eff; zz += 32) {
-        const float f = gmax == -INFINITY ? 0.0f : expf(wz[m * n_eff + zz] - gmax);
-        den += f * wl[m * n_eff + zz];
-        wz[m * n_eff + zz] = f;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-      if (lane == 0) wl[Q * n_eff + m] = den != 0.0f ? 1.0f / den : 0.0f;
-    }
-    set_sync<kSets>(set);
-    attn_mark(kMarkMergeWeights);
-  };
-  // out = sum_z w_z o_z / den, z ascending, whichever merger and thread takes an output.
-  const SplitMerge<D> merge{reinterpret_cast<const float4*>(a.part_o + slot_of(0, 0) * D),
-                            static_cast<int>((slot_of(1, 0) - slot_of(0, 0)) * D / 4), n_eff, lo, hi, tid, wz,
-                            wl + Q * n_eff};
-  if (hi - lo <= kThreadsPerBlock) {  // one float4 output a thread
-    merge.template run<1, 16, kThreadsPerBlock>(out_of, weigh);
-  } else {
-    merge.template run<2, 8, kThreadsPerBlock>(out_of, weigh);
-  }
-}
-
 // The end of a decode block: its unnormalised
 // output o_s [Q][D] and (max, sum) ml_s [2][Q] are in shared memory. With one split, out = o / sum;
-// with several, every block writes its partial and the last a.mergers blocks of its (kv head, query
-// group) to finish (tickets of a self-resetting counter) merge them, each a slice of the outputs:
-// out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z. One block reading all 33 partials of a 16K step
-// (132 KB) took 7-8 us of a layer's ~35 (H100, session 33's trace).
+// with several, every block writes its partial and the last block of its (kv head, query group) to
+// finish (a self-resetting counter) merges them: out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z.
 // The (max, sum) pairs go through shared memory `work` (kDecodeMergeBytes; o_s and ml_s may alias
 // it) first, so the sums over splits are independent L2 loads, not chains.
 // kSets == 2 (paired blocks, see attention_decode_mma_kernel): each set of 128 threads finishes its own
@@ -570,7 +445,7 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
                                     const float* ml_s, void* work, int set = 0) {
   static_assert(kSets == 1 || kThreads == kDecodeWarps * 32, "paired sets have 128 threads each");
   constexpr int Q = kDecodeQueries, kThreadsPerBlock = kThreads;
-  __shared__ int s_rank[kSets];
+  __shared__ int s_last[kSets];
   const int tid = static_cast<int>(threadIdx.x) % kThreadsPerBlock, kvh = blk.kvh, q0 = blk.q0, M = blk.M,
             z = blk.split, n_eff = blk.n_eff;
   const int M_all = a.n * a.group;
@@ -592,34 +467,90 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   if (tid < M) a.part_ml[slot_of(z, tid) * 2] = ml_s[tid], a.part_ml[slot_of(z, tid) * 2 + 1] = ml_s[Q + tid];
   const int n_groups = (M_all + Q - 1) / Q;
   unsigned* counter = counters + kvh * n_groups + blk.group;
-  // The last `mergers` blocks to finish (tickets n_eff - mergers .. n_eff - 1) merge a slice of the
-  // outputs each; all but the last wait for the others' partials.
-  const int mergers = min(a.mergers, n_eff);
   __threadfence();
   set_sync<kSets>(set);
-  if (tid == 0) s_rank[set] = static_cast<int>(atomicAdd(counter, 1u)) - (n_eff - mergers);
+  if (tid == 0) s_last[set] = atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff - 1);
   set_sync<kSets>(set);
   attn_mark(kMarkCounted);
-  const int rank = s_rank[set];
-  if (rank < 0) return;
-  if (rank < mergers - 1) {
-    if (tid == 0)
-      while (load_acquire(counter) < static_cast<unsigned>(n_eff)) {
-      }
-    set_sync<kSets>(set);
-  }
+  if (!s_last[set]) return;
   __threadfence();
   attn_mark(kMarkMergeFenced);
-  // This merger's outputs: float4s [lo, hi) of the block's M x D / 4 (none for the last ranks of a small one).
-  const int items = M * D / 4, per = (items + mergers - 1) / mergers, lo = min(items, rank * per),
-            hi = min(items, lo + per);
-  if (lo < hi) merge_slice<D, kSets, kThreads>(a, work, set, tid, n_eff, lo, hi, out_of, slot_of);
-  if (tid == 0) {  // the counter is ready for the next launch (stream order) once every merger is past its wait
-    if (mergers == 1 || atomicAdd(counter, 1u) == static_cast<unsigned>(n_eff + mergers - 1)) *counter = 0u;
+  // The split maxima and sums first, all loads in parallel; then per query (a warp) the weights
+  // e^(m_z - M) and the denominator: lane z takes splits z, z + 32, ... and a fixed xor-shuffle tree sums
+  // the lanes (every lane gets the same bits; splits past a query's keys add exact zeros, so a verify
+  // row merges to the decode step's bits). A thread per query walking the splits took ~1 us at 33.
+  float* wz = static_cast<float*>(work);  // [Q][n_eff] maxima, then weights
+  float* wl = wz + Q * n_eff;             // [Q][n_eff] sums; wl[Q * n_eff + m] = 1 / den
+  for (int i = tid; i < M * n_eff; i += 2 * kThreadsPerBlock) {  // both loads before the stores
+    const int i2 = i + kThreadsPerBlock;
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i % n_eff, i / n_eff) * 2));
+    float2 ml2 = make_float2(0.0f, 0.0f);
+    if (i2 < M * n_eff) ml2 = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i2 % n_eff, i2 / n_eff) * 2));
+    wz[i] = ml.x, wl[i] = ml.y;
+    if (i2 < M * n_eff) wz[i2] = ml2.x, wl[i2] = ml2.y;
   }
+  set_sync<kSets>(set);
+  attn_mark(kMarkMergeMl);
+  const int lane = tid & 31;
+  for (int m = tid >> 5; m < M; m += kThreadsPerBlock / 32) {
+    float gmax = -INFINITY;
+    for (int zz = lane; zz < n_eff; zz += 32) gmax = fmaxf(gmax, wz[m * n_eff + zz]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) gmax = fmaxf(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
+    float den = 0.0f;
+    for (int zz = lane; zz < n_eff; zz += 32) {
+      const float f = gmax == -INFINITY ? 0.0f : expf(wz[m * n_eff + zz] - gmax);
+      den += f * wl[m * n_eff + zz];
+      wz[m * n_eff + zz] = f;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (lane == 0) wl[Q * n_eff + m] = den != 0.0f ? 1.0f / den : 0.0f;
+  }
+  set_sync<kSets>(set);
+  attn_mark(kMarkMergeWeights);
+  // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
+  // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
+  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits).
+  constexpr int kItems = 2, kBatch = 8;
+  const int items = M * D / 4;
+  for (int i0 = tid; i0 < items; i0 += kItems * kThreadsPerBlock) {
+    float4 acc[kItems];
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int z0 = 0; z0 < n_eff; z0 += kBatch) {
+      float4 v[kItems][kBatch];
+#pragma unroll
+      for (int u = 0; u < kItems; ++u) {
+        const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (i < items && z0 + k < n_eff)
+            v[u][k] = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(z0 + k, m) * D) + d4);
+      }
+#pragma unroll
+      for (int u = 0; u < kItems; ++u) {
+        const int m = (i0 + u * kThreadsPerBlock) / (D / 4);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          if (i0 + u * kThreadsPerBlock >= items || z0 + k >= n_eff) break;
+          const float w = wz[m * n_eff + z0 + k];
+          acc[u].x += w * v[u][k].x, acc[u].y += w * v[u][k].y, acc[u].z += w * v[u][k].z, acc[u].w += w * v[u][k].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
+      if (i >= items) break;
+      const float inv = wl[Q * n_eff + m];
+      reinterpret_cast<float4*>(out_of(m))[d4] =
+          make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
+    }
+  }
+  if (tid == 0) *counter = 0u;  // ready for the next launch (stream order)
   attn_mark(kMarkMerged);
 }
-
 
 template <int D, typename KV>
 __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(AttnArgs a, unsigned* counters) {
@@ -1528,41 +1459,16 @@ dim3 decode_grid(const AttnArgs& a, int blocks) {
   return a.kv_major ? dim3(kv, splits, static_cast<unsigned>(blocks)) : dim3(static_cast<unsigned>(blocks), kv, splits);
 }
 
-// Blocks of `kernel` (block size `threads`, `smem` bytes of shared memory) the device holds at once.
-template <typename Kernel>
-int resident_blocks(Kernel kernel, int threads, size_t smem) {
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return per_sm * sm_count();
-}
-
-// Blocks that share the split merge of a (kv head, query group): the last ones to finish take a slice of
-// its outputs each (HYSPEC_ATTN_MERGERS, default 4; 1: the last block alone). All but the last wait for the
-// others, which is safe while the waiting blocks (at most units x (mergers - 1)) cannot fill the device:
-// some resident block always runs to its end and frees its SM for a block not yet started. The merge's
-// sums are the same whichever block takes an output, so the count does not change any bits.
-int decode_mergers(const AttnArgs& a, int groups, int resident) {
-  const int want = std::clamp(env_int("HYSPEC_ATTN_MERGERS", 4), 1, 32);  // read at each launch (tests vary it)
-  const int units = a.n_kv * groups;
-  return std::max(1, std::min(want, 1 + (resident - 1) / std::max(1, units)));
-}
-
 // The tensor-core decode kernel with S stages; cudaErrorNotSupported where the device does not grant its
 // shared memory or HYSPEC_ATTN_MMA=0. One launch: the kernel merges its own splits.
 template <int D, typename KV, int S, int kSets = 1, int kSplitD = 1>
 cudaError_t launch_mma_stages(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream) {
   constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, S, kSets>::kBytes;
-  constexpr int threads = kDecodeWarps * 32 * kSets * kSplitD;
-  const auto kernel = attention_decode_mma_kernel<D, KV, S, kSets, kSplitD>;
-  static const bool usable = decode_mma_enabled() && grants_smem(kernel, smem);
+  static const bool usable =
+      decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV, S, kSets, kSplitD>, smem);
   if (!usable) return cudaErrorNotSupported;
-  static const int resident = resident_blocks(kernel, threads, smem);
-  AttnArgs am = a;
-  am.mergers = decode_mergers(a, groups, resident);
-  return launch_pdl(kernel, decode_grid(a, (groups + kSets - 1) / kSets), dim3(threads), smem, stream, am, counters);
+  return launch_pdl(attention_decode_mma_kernel<D, KV, S, kSets, kSplitD>, decode_grid(a, (groups + kSets - 1) / kSets),
+                    dim3(kDecodeWarps * 32 * kSets * kSplitD), smem, stream, a, counters);
 }
 
 // Launches of one query group (decode, verify-1) with head dim 256 take 8 warps, the output dims split
@@ -1623,8 +1529,6 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
       if (const cudaError_t e = launch_mma<D, KV>(ad, groups, counters, stream); e != cudaErrorNotSupported)
         return e;
     }
-    static const int resident = resident_blocks(attention_decode_kernel<D, KV>, kDecodeWarps * 32, smem);
-    ad.mergers = decode_mergers(ad, groups, resident);
     return launch_pdl(attention_decode_kernel<D, KV>, decode_grid(ad, groups), dim3(kDecodeWarps * 32), smem, stream, ad,
                       counters);
   } else {
