@@ -23,13 +23,6 @@ __device__ __forceinline__ void cp_async16_if(bool pred, void* smem_dst, const v
       ::"r"(d), "l"(gmem_src), "r"(static_cast<int>(pred))
       : "memory");
 }
-// Asks the L2 to fetch [p, p + bytes) from memory (p and bytes multiples of 16; sm_90's bulk prefetch, a
-// no-op on earlier devices): nothing lands in shared memory and no wait is needed.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -149,7 +149,6 @@ struct Int8MvArgs {
   float* conv_y;
   int64_t conv_channels;
   Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
-  uint32_t l2_row_prefetch = 0;  // bytes at the start of each row of a block's first tile the L2 fetches first
 };
 
 // The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
@@ -248,19 +247,7 @@ struct StepRing {
     }
     cp_async_commit();  // one group per call, empty or not, so wait_group counts items
   }
-  // The first step's copies, after (a.l2_row_prefetch) asking the L2 for the start of every row of the
-  // first tile: all of it is issued before the kernel waits on the one before, whose run (a norm, the GDN
-  // recurrence, an attention) leaves the memory bandwidth idle. The ring reads a tile's rows from their
-  // starts, all rows at once.
-  __device__ void prime() {
-    if (a.l2_row_prefetch && my_tiles > 0 && (WT || ks == 0) && lane < kRows) {
-      const uint8_t* row = row_src(i_tile, lane);
-      const auto at = reinterpret_cast<uintptr_t>(row), from = (at + 15) & ~uintptr_t{15};
-      const uintptr_t end = at + min(static_cast<uintptr_t>(a.l2_row_prefetch), static_cast<uintptr_t>(a.row_bytes));
-      if (end > from + 15) prefetch_l2(reinterpret_cast<const void*>(from), static_cast<uint32_t>((end - from) & ~uintptr_t{15}));
-    }
-    issue();
-  }
+  __device__ void prime() { issue(); }
   // The next step's slot (its copies have landed), after queueing the copies of the one after.
   __device__ const uint8_t* next() {
     cp_async_wait<0>();  // this thread's copies of the step have landed
@@ -1262,13 +1249,6 @@ cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStrea
                     p);
 }
 
-// Bytes of each row of a block's first tile prefetched into L2 before the wait (StepRing::prime);
-// HYSPEC_L2_PREFETCH sets it (0: none).
-uint32_t l2_row_prefetch() {
-  static const uint32_t v = static_cast<uint32_t>(std::max(0, env_int("HYSPEC_L2_PREFETCH", 0)));
-  return v;
-}
-
 }  // namespace
 
 bool int8_matvec_supported(const WeightView& w, int64_t n) {
@@ -1321,7 +1301,6 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
-  a.l2_row_prefetch = l2_row_prefetch();
   if (conv) {
     if (up || !int8_conv_fold_supported(w, n) || conv->channels > w.n_out) return cudaErrorInvalidValue;
     a.conv_w = conv->w, a.conv_state = conv->state, a.conv_y = conv->y, a.conv_channels = conv->channels;
@@ -1433,7 +1412,6 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
   int64_t grid = 0;
   bool dp4a = false;
   if (!plan_multi(w, y, parts, x, qx, p, grid, dp4a)) return cudaErrorNotSupported;
-  for (int i = 0; i < p.n; ++i) p.a[i].l2_row_prefetch = l2_row_prefetch();
   const int64_t n = x.rows;
   if (conv) {
     if (!dp4a || n != 1 || conv->channels > w[0].n_out) return cudaErrorInvalidValue;
