@@ -8,8 +8,8 @@ namespace hyspec::cuda {
 
 // Every copy hints the L2 to fetch the 128-byte block around it (.L2::128B): these copies stream rows
 // (weight tiles of the matvec rings and GEMMs, K/V steps, the chunked GDN's rows) whose neighbours the
-// next copies want. 9B Q4_K_M on an H200: decode 2.200 -> 2.151 ms, verify-15 3.374 -> 3.349, depth
-// 16384 (Q8_0 cache) 2.413 -> 2.364; .L2::256B was slower than no hint (decode 2.227).
+// next copies want. 9B Q4_K_M decode on an H100: 2.555 -> 2.501 ms (.L2::64B: 2.567, as no hint), verify-15
+// 3.50 -> 3.44; on an H200 2.201 -> 2.152 (.L2::256B: 2.227, slower than no hint).
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src) : "memory");
