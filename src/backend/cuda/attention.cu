@@ -1071,7 +1071,8 @@ __device__ __forceinline__ void pair_sync(int w) {
 // gets the same operations in the same order as in a one-set block, so decode steps keep the verify
 // steps' bits, with half the P.V work per warp and two warps per scheduler where a step's dependent chain
 // (MMAs, softmax, conversions) held one. H100, 9B Q4_K_M with a Q8_0 cache: decode 2.626 -> 2.610 ms; at
-// depth 16384 unchanged (the key loop streams at ~2.7 TB/s there; PERFORMANCE.md "Session 33").
+// depth 16384 unchanged (the K/V stream at ~2 TB/s there, the prologue's copies included; PERFORMANCE.md
+// "Session 33" and "Session 34").
 template <int D, typename C, int kStages, int kSets, int kSplitD = 1>
 __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
