@@ -7,7 +7,7 @@
 # KT_BENCH replaces the bench arguments (default: 16 decode steps), e.g. KT_BENCH="-p 0 -n 0 --verify 16"
 # for verify steps; KT_STEPS divides the totals into per-step times; KT_KV (default f16) and KT_CTX
 # (default 1024) set the cache type and capacity, e.g. KT_KV=q8_0 KT_CTX=17000 to set a Q8_0 step beside
-# an F16 one.
+# an F16 one. KT_BIN runs another build (default .device/bin/hyspec).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d .device/bin ] || tar xJf .device/bin.tar.xz -C .device
@@ -16,7 +16,7 @@ M=${1:?model}; SKIP=${2:-600}; COUNT=${3:-900}
 CSV=$(mktemp)
 timeout 300 /usr/local/cuda/bin/ncu --graph-profiling node --metrics gpu__time_duration.sum --csv \
   --launch-skip "$SKIP" --launch-count "$COUNT" \
-  .device/bin/hyspec bench -m "$M" --backend cuda ${KT_BENCH:--p 0 -n 16} -c "${KT_CTX:-1024}" --kv-type "${KT_KV:-f16}" > "$CSV" 2>/dev/null
+  "${KT_BIN:-.device/bin/hyspec}" bench -m "$M" --backend cuda ${KT_BENCH:--p 0 -n 16} -c "${KT_CTX:-1024}" --kv-type "${KT_KV:-f16}" > "$CSV" 2>/dev/null
 python3 - "$CSV" "${KT_STEPS:-1}" <<'PY'
 import collections, csv, re, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
