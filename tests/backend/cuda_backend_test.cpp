@@ -1320,6 +1320,78 @@ TEST_F(CudaBackendTest, CausalConvVerifyStepsEqualOneTokenSteps) {
   }
 }
 
+// A step of several tokens' conv (kernel 4) followed by the GDN recurrence over its output runs the conv in
+// the recurrence's blocks (cuda_backend.cpp, GdnConvFold): the recurrence's output, its state or record, the
+// conv's output, state and capture are the bits of the two ops launched one by one, eagerly and in a captured
+// graph, over two steps (the second from the states the first left: the k-heads' counters were reset).
+// d = 256 takes two chunks at 17 tokens; the conv's input is a column view of a wider buffer, as the model's.
+TEST_F(CudaBackendTest, ConvFoldedIntoTheRecurrenceGivesTheOpsBits) {
+  struct Case {
+    int n_k, n_v, d;
+  };
+  for (const Case cs : {Case{2, 4, 32}, Case{16, 32, 128}, Case{1, 2, 256}, Case{2, 2, 16}})
+    for (const int64_t n : {2, 5, 16, 17, 32})
+      for (const int record : {0, 1, 2}) {  // updates, F32 states, nothing captured
+        if (cs.d == 256 && n != 17) continue;
+        const int64_t Kc = int64_t{cs.n_k} * cs.d, Vc = int64_t{cs.n_v} * cs.d, C = 2 * Kc + Vc, W = C + 40;
+        const int64_t S = int64_t{cs.n_v} * cs.d * cs.d, R = gdn_update_floats(cs.n_k, cs.n_v, cs.d);
+        std::vector<float> a_log = randn(cs.n_v), ssm_a(cs.n_v);
+        for (int h = 0; h < cs.n_v; ++h) ssm_a[h] = -std::exp(0.5f * a_log[h]);
+        const Tensor x = put(*gpu_, randn(2 * n * W)), cw = put(*gpu_, randn(C * 4, 0.5f)),
+                     beta = put(*gpu_, randn(2 * n * cs.n_v)), alpha = put(*gpu_, randn(2 * n * cs.n_v)),
+                     A = put(*gpu_, ssm_a), dt = put(*gpu_, randn(cs.n_v));
+        const std::vector<float> state0 = randn(S, 0.1f), conv0 = randn(3 * C);
+        struct Run {
+          Tensor state, conv_state, y, conv_cap, out, rec;
+        };
+        const int64_t rec_floats = record == 0 ? n * R : record == 1 ? n * S : 1;
+        auto fresh = [&] {
+          return Run{put(*gpu_, state0), put(*gpu_, conv0), poison(*gpu_, n * C), poison(*gpu_, 2 * n * 3 * C),
+                     poison(*gpu_, 2 * n * Vc), poison(*gpu_, 2 * rec_floats)};
+        };
+        // Step s (tokens [s n, s n + n) of the inputs); settle: synchronize between the ops, so nothing folds.
+        auto step = [&](Run& r, int64_t s, bool settle) {
+          const Rows X = x.rows(2 * n, W).rows(s * n, n).cols(0, C), Y = r.y.rows(n, C);
+          gpu_->causal_conv_silu(X, cw.f(), 4, r.conv_state.f(), r.conv_cap.f() + s * n * 3 * C, Y);
+          if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
+          GdnArgs a;
+          a.q = Y.cols(0, Kc);
+          a.k = Y.cols(Kc, Kc);
+          a.v = Y.cols(2 * Kc, Vc);
+          a.beta_logit = beta.rows(2 * n, cs.n_v).rows(s * n, n);
+          a.alpha = alpha.rows(2 * n, cs.n_v).rows(s * n, n);
+          a.ssm_a = A.f();
+          a.dt_bias = dt.f();
+          a.n_k_heads = cs.n_k;
+          a.n_v_heads = cs.n_v;
+          a.head_dim = cs.d;
+          a.state = r.state.f();
+          float* rec = r.rec.f() + s * rec_floats;
+          a.updates = record == 0 ? rec : nullptr;
+          a.capture = record == 1 ? rec : nullptr;
+          a.out = r.out.rows(2 * n, Vc).rows(s * n, n);
+          gpu_->gated_delta_net(a);
+        };
+        Run ref = fresh(), eager = fresh(), graph = fresh();
+        for (int64_t s = 0; s < 2; ++s) {
+          step(ref, s, true), step(eager, s, false);
+          auto g = gpu_->capture([&] { step(graph, s, false); });
+          ASSERT_TRUE(g.is_ok()) << g.message();
+          ASSERT_TRUE(g.value()->replay().is_ok());
+        }
+        const std::string what = fmt::format("n_k={} n_v={} d={} n={} record={}", cs.n_k, cs.n_v, cs.d, n, record);
+        for (const Run* r : {&eager, &graph}) {
+          const std::string how = what + (r == &eager ? ", eager: " : ", graph: ");
+          EXPECT_TRUE(same_bits(get_gpu(r->out), get_gpu(ref.out))) << how << "recurrence output";
+          EXPECT_TRUE(same_bits(get_gpu(r->state), get_gpu(ref.state))) << how << "recurrent state";
+          if (record != 2) EXPECT_TRUE(same_bits(get_gpu(r->rec), get_gpu(ref.rec))) << how << "record";
+          EXPECT_TRUE(same_bits(get_gpu(r->y), get_gpu(ref.y))) << how << "conv output (second step)";
+          EXPECT_TRUE(same_bits(get_gpu(r->conv_state), get_gpu(ref.conv_state))) << how << "conv state";
+          EXPECT_TRUE(same_bits(get_gpu(r->conv_cap), get_gpu(ref.conv_cap))) << how << "conv capture";
+        }
+      }
+}
+
 TEST_F(CudaBackendTest, GatedDeltaNetMatchesCpuRecurrentAndChunked) {
   struct Case {
     int n_k, n_v, d;
