@@ -488,15 +488,11 @@ class CudaBackend final : public Backend {
     if (!expect(kernel >= 1 && kernel <= 8 && same_shape(x, y), "causal_conv_silu: kernel {} (1..8), [{}, {}] -> [{}, {}]",
                 kernel, x.n_rows, x.n_cols, y.n_rows, y.n_cols))
       return;
-    const DeferredConv c{x, weight, conv_state, capture, y};
-    if (kernel == 4 && defer_conv(c)) return;
     check(cuda::causal_conv_silu_launch(mat(x), weight, kernel, conv_state, capture, mat(y), stream_),
           "causal_conv_silu");
   }
 
   void gated_delta_net(const GdnArgs& a) override {
-    // A deferred conv whose output this recurrence reads is folded into it (cuda::GdnConvFold).
-    std::optional<DeferredConv> conv = std::exchange(deferred_conv_, std::nullopt);
     auto prof = begin_op("gated_delta_net");
     const int64_t n = a.q.n_rows;
     if (!expect(cuda::gdn_head_dim_supported(a.head_dim), "gated_delta_net: head_dim {} (16..512, a power of 2)",
@@ -510,10 +506,8 @@ class CudaBackend final : public Backend {
                     aligned16(a.q.data) &&
                     aligned16(a.k.data) &&
                     a.q.stride % 4 == 0 && a.k.stride % 4 == 0,
-                "gated_delta_net: state, capture, q and k rows must be 16-byte aligned")) {
-      if (conv) launch_conv(*conv);
+                "gated_delta_net: state, capture, q and k rows must be 16-byte aligned"))
       return;
-    }
     cuda::GdnParams p;
     p.q = mat(a.q);
     p.k = mat(a.k);
@@ -533,27 +527,11 @@ class CudaBackend final : public Backend {
     p.updates = a.updates;
     p.update_stride = gdn_update_floats(a.n_k_heads, a.n_v_heads, a.head_dim);
     p.chunked = a.chunked;
-    cuda::GdnConvFold fold;
-    if (conv) {
-      const DeferredConv& c = *conv;
-      fold = cuda::GdnConvFold{mat(c.x), mat(c.y), c.weight, c.state, c.capture, gdn_arrivals_};
-      // What the fused kernel writes (y, the conv's state and capture) must not be what it reads elsewhere.
-      const size_t S = sizeof(float) * a.n_v_heads * a.head_dim * a.head_dim;
-      const Bytes conv_writes[] = {region(c.y), bytes(c.state, 3 * c.x.n_cols * sizeof(float)),
-                                   bytes(c.capture, c.capture ? 3 * c.x.n_cols * n * sizeof(float) : 0)};
-      const Bytes others[] = {region(c.x), region(a.beta_logit), region(a.alpha), region(a.out), bytes(a.state, S)};
-      bool ok = cuda::gdn_conv_fold_supported(p, fold);
-      for (const Bytes& w : conv_writes)
-        for (const Bytes& o : others) ok = ok && disjoint(w, o);
-      if (ok) p.conv = &fold;
-      else launch_conv(c);
-    }
     const size_t scratch_bytes = cuda::gdn_scratch_bytes(p);
     void* scratch = nullptr;
     if (scratch_bytes && !(scratch = arena(op_arena_, scratch_bytes))) return;
     check(cuda::gdn_launch(p, scratch, stream_), "gated_delta_net");
-    if (p.conv) writes_.count = -1;  // (the conv's outputs too)
-    else if (!a.capture && !a.capture_f16 && !a.updates)
+    if (!a.capture && !a.capture_f16 && !a.updates)
       wrote(a.out), wrote(a.state, sizeof(float) * a.n_v_heads * a.head_dim * a.head_dim);
   }
 
@@ -813,12 +791,6 @@ class CudaBackend final : public Backend {
       return Status::error("cudaMalloc of the attention counters failed");
     owned_.push_back(counters);
     attention_counters_ = static_cast<unsigned*>(counters);
-    void* arrivals = nullptr;
-    if (cudaMalloc(&arrivals, cuda::kGdnConvFoldMaxKHeads * sizeof(unsigned)) != cudaSuccess ||
-        cudaMemset(arrivals, 0, cuda::kGdnConvFoldMaxKHeads * sizeof(unsigned)) != cudaSuccess)
-      return Status::error("cudaMalloc of the GDN conv fold's counters failed");
-    owned_.push_back(arrivals);
-    gdn_arrivals_ = static_cast<unsigned*>(arrivals);
     // HYSPEC_NORM_QUANTIZE=0 leaves the quantizing to the matvecs (to measure what it saves).
     if (int8_matvec_ && cuda::env_int("HYSPEC_NORM_QUANTIZE", 1) != 0) {
       // Zeroed: the rows past a norm's are the padding of the matvecs' 8-token tiles.
@@ -919,40 +891,6 @@ class CudaBackend final : public Backend {
       deferred_x_.reset();
       launch_x(d);
     }
-    if (deferred_conv_) launch_conv(*std::exchange(deferred_conv_, std::nullopt));
-  }
-
-  // ---- a verify step's conv folded into the GDN recurrence that reads its output (cuda::GdnConvFold) ----
-  // A causal_conv_silu of kernel 4 over 2..kConvFoldMaxRows rows, out of place, is deferred to the next op.
-  // When that is gated_delta_net with q, k and v in the conv's output, the recurrence's blocks compute
-  // them from the conv's input and write the conv's output, state and capture too; any other op launches
-  // the conv first. Same bits either way; a verify step saves the conv launch of each GDN layer (one-row
-  // steps fold it into the input projection instead). HYSPEC_FOLD=0: off.
-  static constexpr int64_t kConvFoldMaxRows = 32;
-  struct DeferredConv {
-    Rows x;
-    const float* weight;
-    float* state;
-    float* capture;
-    Rows y;
-  };
-  bool defer_conv(const DeferredConv& c) {
-    const int64_t n = c.x.n_rows, C = c.x.n_cols;
-    const Bytes state = bytes(c.state, 3 * C * sizeof(float)), capture = bytes(c.capture, c.capture ? 3 * C * n * sizeof(float) : 0);
-    static const bool on = cuda::env_int("HYSPEC_GDN_CONV_FOLD", 1) != 0;  // 0: to measure what it saves
-    const bool ok = folds_ && on && n >= 2 && n <= kConvFoldMaxRows && gdn_arrivals_ && aligned16(c.weight) &&
-                    disjoint(region(c.y), region(c.x)) && disjoint(region(c.y), state) &&
-                    disjoint(region(c.y), capture) && disjoint(region(c.x), state) && disjoint(region(c.x), capture) &&
-                    disjoint(state, capture);
-    if (!ok) return false;
-    settle();  // (nothing is deferred behind it)
-    deferred_conv_ = c;
-    deferring_thread_ = std::this_thread::get_id();
-    return true;
-  }
-  void launch_conv(const DeferredConv& c) {
-    check(cuda::causal_conv_silu_launch(mat(c.x), c.weight, 4, c.state, c.capture, mat(c.y), stream_),
-          "causal_conv_silu");
   }
   bool fold_conv(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) {
     if (!deferred_many_) return false;
@@ -1160,15 +1098,13 @@ class CudaBackend final : public Backend {
   // HYSPEC_PROFILE_SKIP, which time ops one by one. Set in init.
   bool folds_ = false;
   std::optional<DeferredMany> deferred_many_;
-  std::optional<DeferredConv> deferred_conv_;
-  unsigned* gdn_arrivals_ = nullptr;  // cuda::GdnConvFold::arrivals
   std::optional<DeferredX> deferred_x_;
   Writes writes_;
   std::thread::id deferring_thread_;
   // settle() for the deleters of backend memory (freeing), on the thread that deferred; reset first
   // thing by the destructor.
   std::shared_ptr<std::function<void()>> settle_hook_ = std::make_shared<std::function<void()>>([this] {
-    if ((deferred_many_ || deferred_x_ || deferred_conv_) && std::this_thread::get_id() == deferring_thread_) settle();
+    if ((deferred_many_ || deferred_x_) && std::this_thread::get_id() == deferring_thread_) settle();
   });
   int n_sm_ = 1;
   std::string name_;

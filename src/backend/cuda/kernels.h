@@ -250,20 +250,6 @@ void attention_trace_report(const char* label);
 // ---- recurrent ops (recurrent.cu) ----
 cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, float* conv_state, float* capture, Mat y,
                                     cudaStream_t stream);
-// The causal conv (kernel 4) + SiLU of a step of several tokens, folded into the GDN recurrence that reads its
-// output (cuda_backend.cpp defers the conv to find the recurrence): GdnParams' q, k and v are the conv's
-// output columns q_col, k_col and v_col on, and its blocks compute them from x with causal_conv_silu_launch's
-// arithmetic, writing y, the advanced state and the capture as that launch would. Saves the conv's launch.
-// x, y, state and capture must not overlap one another or the recurrence's other operands.
-constexpr int kGdnConvFoldMaxKHeads = 256;
-struct GdnConvFold {
-  Mat x, y;                      // the conv's input and output, [n, C]
-  const float* w = nullptr;      // [C, 4], 16-byte aligned
-  float* state = nullptr;        // [3, C]
-  float* capture = nullptr;      // [n, 3, C] or null
-  unsigned* arrivals = nullptr;  // kGdnConvFoldMaxKHeads zeroed counters (left zeroed)
-  int64_t q_col = 0, k_col = 0, v_col = 0;  // set by gdn_launch
-};
 struct GdnParams {
   Mat q, k, v, beta_logit, alpha, out;
   const float* ssm_a = nullptr;
@@ -278,10 +264,7 @@ struct GdnParams {
   float* updates = nullptr;
   int64_t update_stride = 0;
   bool chunked = false;  // prompt form: the chunked kernels where they pay (gdn_launch decides)
-  const GdnConvFold* conv = nullptr;  // q, k and v computed from the conv's input (gdn_conv_fold_supported)
 };
-// Whether gdn_launch takes p with a conv fold: the recurrent kernel, q, k and v views of the conv's rows.
-bool gdn_conv_fold_supported(const GdnParams& p, const GdnConvFold& f);
 bool gdn_head_dim_supported(int head_dim);
 // Bytes of scratch gdn_launch needs for p (0 when it runs the recurrent kernel), 16-byte aligned.
 size_t gdn_scratch_bytes(const GdnParams& p);

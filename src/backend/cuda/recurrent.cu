@@ -105,7 +105,6 @@ struct GdnKArgs {
   uint16_t* capture_f16;
   float* updates;  // GdnParams::updates: keys, then coefficients dk, then decays, update_stride floats a token
   int64_t update_stride;
-  GdnConvFold conv;  // gdn_kernel<kD, true>
 };
 
 // One state value's update, S <- decay S + k dk: the one rounding sequence of gdn_kernel and its replay.
@@ -152,26 +151,16 @@ __device__ __forceinline__ int gdn_pad(int d) { return d + (d >> 5) * 4; }
 // shared-memory addressing folded), or 0: a.D. H100, 9B shapes, 16 tokens recording updates: 10.9 -> 8.8
 // us, one token 3.44 -> 3.25. (8 state values a lane, twice the blocks, took 11.3: a fourth shuffle round
 // on the per-token chain costs more than the second warp per scheduler gains.)
-// A chunk's inputs are staged with every global load of a round issued before the first store, and a
-// warp reduces the norms of up to four tokens at once (the same sums per token).
-// kConv (GdnConvFold): q, k and v are the causal conv of the conv's input, computed here. Thread c runs
-// channel c of the block's k-head's q and of its k (threads below 16: also the block's 16 v columns),
-// token by token with its window in registers: conv_kernel's sum of four products, then SiLU (the same
-// bits). Every block of a k-head computes its q and k (16 blocks on 9B shapes: ~1 us of ALU work a
-// block, against the conv launch it saves). The blocks of v-heads below n_k with blockIdx.y 0 write
-// their k-head's q and k outputs and captures, every block its v columns'; the state rows of q and k,
-// which every block of the k-head reads first, are written by the last of them to finish.
-template <int kD, bool kConv>
+template <int kD>
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   extern __shared__ float sm[];
-  __shared__ bool last_of_head;
   const int D = kD ? kD : a.D, P = D / 16, LD = gdn_pitch(D);
   float* k_s = sm;                  // [chunk][LD] (padded)
   float* q_s = k_s + chunk * LD;    // [chunk][LD]
   float* v_s = q_s + chunk * LD;    // [chunk][16]
   float* g_s = v_s + chunk * 16;    // [chunk][2]: beta, decay
   float* n_s = g_s + chunk * 2;     // [chunk][3]: 1/|k|, q_scale/|q|, k.q
-  const int tid = threadIdx.x, p = tid % P, cl = tid / P, B = blockDim.x;
+  const int tid = threadIdx.x, p = tid % P, cl = tid / P;
   const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + cl;
   const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h], q_scale = 1.0f / sqrtf(static_cast<float>(D));
   float S[16];
@@ -179,175 +168,69 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   // read and write 16*P contiguous bytes per instruction (state, capture) and distinct banks of k, q.
   float* st = a.state + (static_cast<int64_t>(h) * D + col) * D;
   load_column(st, p, P, S);
-  // kConv: the weights and state window of the thread's conv channels (q, k, v), an earlier step's state.
-  constexpr int kCh = kConv ? 3 : 1;
-  const int n_ch = tid < 16 ? 3 : 2;
-  const bool qk_owner = h < a.n_k && blockIdx.y == 0;
-  float cw[kCh][4], cwin[kCh][3];
-  int64_t ccol[kCh];
-  if constexpr (kConv) {
-    const GdnConvFold& f = a.conv;
-    const int64_t C = f.x.cols;
-    ccol[0] = f.q_col + hk * D + tid, ccol[1] = f.k_col + hk * D + tid;
-    ccol[2] = f.v_col + static_cast<int64_t>(h) * D + blockIdx.y * 16 + tid;
-#pragma unroll
-    for (int c = 0; c < 3; ++c)
-      if (c < n_ch) {
-        const float4 w = *reinterpret_cast<const float4*>(f.w + 4 * ccol[c]);
-        cw[c][0] = w.x, cw[c][1] = w.y, cw[c][2] = w.z, cw[c][3] = w.w;
-#pragma unroll
-        for (int j = 0; j < 3; ++j) cwin[c][j] = f.state[j * C + ccol[c]];
-      }
-  }
   // The state (an earlier step's, which every kernel before the conv waited for) and the weights are
-  // in flight before waiting on the conv that writes q, k and v (kConv: on the projection it reads).
+  // in flight before waiting on the conv that writes q, k and v.
   pdl_wait();
   pdl_trigger();
   const int64_t n = a.v.rows;
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
     __syncthreads();  // previous chunk consumed
-    // The gates of tokens tid and tid + B (chunk <= 2 * B: d >= 16 threads, chunks <= 32 tokens).
-    float al[2] = {0.0f, 0.0f}, bl[2] = {0.0f, 0.0f};
+    // Four float4 of k and of q per thread in flight before the first store.
+    for (int i0 = 0; i0 < tc * D / 4; i0 += 4 * blockDim.x) {
+      float4 kv[4], qv[4];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int i = tid + u * B;
-      if (i < tc) {
-        const int64_t t = t0 + i;
-        al[u] = a.alpha.data[t * a.alpha.stride + h], bl[u] = a.beta_logit.data[t * a.beta_logit.stride + h];
-      }
-    }
-    if constexpr (kConv) {
-      const GdnConvFold& f = a.conv;
-      const int64_t C = f.x.cols;
-      // Up to 16 tokens a round: every input of the thread's channels loaded, then every product sum and
-      // SiLU with no branch between them (independent, they overlap; a branch per token had serialized
-      // them, and the 16-row verify step ran slower than with the conv's own launch), then the stores.
-      // e[c][i + j] is token i's window.
-      constexpr int kBatch = 16;
-      for (int tb = 0; tb < tc; tb += kBatch) {
-        const int m = min(kBatch, tc - tb);
-        float e[3][kBatch + 3], o[3][kBatch];
-#pragma unroll
-        for (int c = 0; c < 3; ++c) {
-          e[c][0] = cwin[c][0], e[c][1] = cwin[c][1], e[c][2] = cwin[c][2];
-#pragma unroll
-          for (int i = 0; i < kBatch; ++i)
-            e[c][3 + i] = c < n_ch && i < m ? f.x.data[(t0 + tb + i) * f.x.stride + ccol[c]] : 0.0f;
-        }
-        auto sums = [&](int c) {
-#pragma unroll
-          for (int i = 0; i < kBatch; ++i) {
-            float acc = 0.0f;  // causal_conv_silu_launch's arithmetic (conv_kernel, kernel 4)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc += cw[c][j] * e[c][i + j];
-            o[c][i] = silu(acc);
-          }
-        };
-        sums(0);
-        sums(1);
-        if (n_ch == 3) sums(2);  // (warp 0's first half)
-#pragma unroll
-        for (int c = 0; c < 3; ++c) {
-          if (c >= n_ch) break;
-          const bool owner = c == 2 || qk_owner;
-#pragma unroll
-          for (int i = 0; i < kBatch; ++i) {
-            if (i >= m) break;
-            const int tt = tb + i;
-            const int64_t t = t0 + tt;
-            if (c == 2) v_s[tt * 16 + tid] = o[c][i];
-            else (c == 0 ? q_s : k_s)[tt * LD + gdn_pad(tid)] = o[c][i];
-            if (owner) {
-              f.y.data[t * f.y.stride + ccol[c]] = o[c][i];
-              if (f.capture)
-#pragma unroll
-                for (int j = 0; j < 3; ++j) f.capture[(t * 3 + j) * C + ccol[c]] = e[c][i + 1 + j];
-            }
-            if (c == 1 && a.updates && blockIdx.y == 0 && h < a.n_k)  // k-head h's keys, once
-              a.updates[t * a.update_stride + h * D + tid] = o[c][i];
-          }
-#pragma unroll
-          for (int k = 1; k <= kBatch; ++k)  // the window after the round's last token
-            if (k == m) cwin[c][0] = e[c][k], cwin[c][1] = e[c][k + 1], cwin[c][2] = e[c][k + 2];
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u * blockDim.x + tid;
+        if (i < tc * D / 4) {
+          const int64_t t = t0 + i / (D / 4);
+          const int d4 = i % (D / 4) * 4;
+          kv[u] = __ldg(reinterpret_cast<const float4*>(a.k.data + t * a.k.stride + hk * D + d4));
+          qv[u] = __ldg(reinterpret_cast<const float4*>(a.q.data + t * a.q.stride + hk * D + d4));
         }
       }
-    } else {
-      // Rounds of up to 4 float4 of k and of q and 4 values of v per thread, every load in flight before
-      // the first store.
-      const int n_kq = tc * D / 4, n_v = tc * 16;
-      for (int i0 = 0; i0 < n_kq || i0 < n_v; i0 += 4 * B) {
-        float4 kv[4], qv[4];
-        float vv[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int i = i0 + u * B + tid;
-          if (i < n_kq) {
-            const int64_t t = t0 + i / (D / 4);
-            const int d4 = i % (D / 4) * 4;
-            kv[u] = __ldg(reinterpret_cast<const float4*>(a.k.data + t * a.k.stride + hk * D + d4));
-            qv[u] = __ldg(reinterpret_cast<const float4*>(a.q.data + t * a.q.stride + hk * D + d4));
-          }
-          if (i < n_v)
-            vv[u] = a.v.data[(t0 + i / 16) * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int i = i0 + u * B + tid;
-          if (i < n_kq) {
-            const int at = i / (D / 4) * LD + gdn_pad(i % (D / 4) * 4);
-            *reinterpret_cast<float4*>(k_s + at) = kv[u], *reinterpret_cast<float4*>(q_s + at) = qv[u];
-            if (a.updates && blockIdx.y == 0 && h < a.n_k)  // k-head h's keys, once
-              *reinterpret_cast<float4*>(a.updates + (t0 + i / (D / 4)) * a.update_stride + h * D + i % (D / 4) * 4) =
-                  kv[u];
-          }
-          if (i < n_v) v_s[i] = vv[u];
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u * blockDim.x + tid;
+        if (i < tc * D / 4) {
+          const int at = i / (D / 4) * LD + gdn_pad(i % (D / 4) * 4);
+          *reinterpret_cast<float4*>(k_s + at) = kv[u], *reinterpret_cast<float4*>(q_s + at) = qv[u];
+          if (a.updates && blockIdx.y == 0 && h < a.n_k)  // k-head h's keys, once
+            *reinterpret_cast<float4*>(a.updates + (t0 + i / (D / 4)) * a.update_stride + h * D + i % (D / 4) * 4) =
+                kv[u];
         }
       }
     }
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int i = tid + u * B;
-      if (i < tc) {
-        const int64_t t = t0 + i;
-        const float x = al[u] + dt_bias;
-        g_s[2 * i] = sigmoid(bl[u]);
-        g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
-        if (a.updates && blockIdx.y == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
-      }
+    for (int i = tid; i < tc * 16; i += blockDim.x) {
+      const int64_t t = t0 + i / 16;
+      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
+    }
+    for (int i = tid; i < tc; i += blockDim.x) {
+      const int64_t t = t0 + i;
+      const float x = a.alpha.data[t * a.alpha.stride + h] + dt_bias;
+      g_s[2 * i] = sigmoid(a.beta_logit.data[t * a.beta_logit.stride + h]);
+      g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
+      if (a.updates && blockIdx.y == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
     }
     __syncthreads();
-    // Norms and k.q per token: a warp per token (lanes over d; four tokens a warp at once) from d = 32
-    // up, a thread per token below.
+    // Norms and k.q per token: a warp per token (lanes over d) from d = 32 up, a thread per token below.
     if (D >= 32) {
-      const int lane = tid & 31, warps = B >> 5;
-      for (int tt0 = tid >> 5; tt0 < tc; tt0 += 4 * warps) {
-        float kk[4] = {}, qq[4] = {}, kq[4] = {};
-        for (int d = lane; d < D; d += 32)
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int tt = tt0 + u * warps;
-            if (tt < tc) {
-              const float kv = k_s[tt * LD + gdn_pad(d)], qv = q_s[tt * LD + gdn_pad(d)];
-              kk[u] += kv * kv, qq[u] += qv * qv, kq[u] += kv * qv;
-            }
-          }
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            kk[u] += __shfl_xor_sync(0xffffffffu, kk[u], o);
-            qq[u] += __shfl_xor_sync(0xffffffffu, qq[u], o);
-            kq[u] += __shfl_xor_sync(0xffffffffu, kq[u], o);
-          }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int tt = tt0 + u * warps;
-          if (lane == 0 && tt < tc)
-            n_s[3 * tt] = rsqrtf(kk[u] + a.eps), n_s[3 * tt + 1] = rsqrtf(qq[u] + a.eps) * q_scale, n_s[3 * tt + 2] = kq[u];
+      const int lane = tid & 31;
+      for (int tt = tid >> 5; tt < tc; tt += blockDim.x >> 5) {
+        float kk = 0.0f, qq = 0.0f, kq = 0.0f;
+        for (int d = lane; d < D; d += 32) {
+          const float kv = k_s[tt * LD + gdn_pad(d)], qv = q_s[tt * LD + gdn_pad(d)];
+          kk += kv * kv, qq += qv * qv, kq += kv * qv;
         }
+        for (int o = 16; o > 0; o >>= 1) {
+          kk += __shfl_xor_sync(0xffffffffu, kk, o);
+          qq += __shfl_xor_sync(0xffffffffu, qq, o);
+          kq += __shfl_xor_sync(0xffffffffu, kq, o);
+        }
+        if (lane == 0) n_s[3 * tt] = rsqrtf(kk + a.eps), n_s[3 * tt + 1] = rsqrtf(qq + a.eps) * q_scale, n_s[3 * tt + 2] = kq;
       }
     } else {
-      for (int tt = tid; tt < tc; tt += B) {
+      for (int tt = tid; tt < tc; tt += blockDim.x) {
         float kk = 0.0f, qq = 0.0f, kq = 0.0f;
         for (int d = 0; d < D; ++d) {
           const float kv = k_s[tt * LD + gdn_pad(d)], qv = q_s[tt * LD + gdn_pad(d)];
@@ -404,24 +287,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         }
       }
     }
-  }
-  if constexpr (kConv) {  // the conv's state: v columns by their block, q and k by the k-head's last block
-    const GdnConvFold& f = a.conv;
-    const int64_t C = f.x.cols;
-    if (n_ch == 3)
-#pragma unroll
-      for (int j = 0; j < 3; ++j) f.state[j * C + ccol[2]] = cwin[2][j];
-    __syncthreads();  // every thread's state loads were consumed
-    if (tid == 0) {
-      __threadfence();
-      const unsigned blocks = static_cast<unsigned>(a.n_v / a.n_k) * gridDim.y;
-      last_of_head = atomicAdd(&f.arrivals[hk], 1u) + 1 == blocks;
-      if (last_of_head) atomicExch(&f.arrivals[hk], 0u);
-    }
-    __syncthreads();
-    if (last_of_head)
-#pragma unroll
-      for (int j = 0; j < 3; ++j) f.state[j * C + ccol[0]] = cwin[0][j], f.state[j * C + ccol[1]] = cwin[1][j];
   }
   if (a.updates) return;  // the state stays as it was: a rollback replays the updates it keeps
   store_column(st, p, P, S);
@@ -923,26 +788,7 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   while (chunk > 1 && chunk * per_token > 40960) chunk /= 2;
   const size_t smem = chunk * per_token;
   const dim3 grid(p.n_v_heads, D / 16);
-  if (p.conv) {
-    if (!gdn_conv_fold_supported(p, *p.conv)) return cudaErrorInvalidValue;
-    a.conv = *p.conv;
-    a.conv.q_col = p.q.data - p.conv->y.data, a.conv.k_col = p.k.data - p.conv->y.data;
-    a.conv.v_col = p.v.data - p.conv->y.data;
-    return launch_pdl(D == 128 ? gdn_kernel<128, true> : gdn_kernel<0, true>, grid, dim3(D), smem, stream, a, chunk);
-  }
-  return launch_pdl(D == 128 ? gdn_kernel<128, false> : gdn_kernel<0, false>, grid, dim3(D), smem, stream, a, chunk);
-}
-
-bool gdn_conv_fold_supported(const GdnParams& p, const GdnConvFold& f) {
-  const int64_t n = p.q.rows, D = p.head_dim, C = f.y.cols;
-  const auto in_y = [&](const Mat& v, int64_t width) {  // columns of y's rows
-    const int64_t off = v.data - f.y.data;
-    return v.rows == n && v.cols == width && (n == 1 || v.stride == f.y.stride) && off >= 0 && off + width <= C;
-  };
-  return !gdn_uses_chunked(p) && gdn_head_dim_supported(p.head_dim) && p.n_k_heads > 0 &&
-         p.n_k_heads <= kGdnConvFoldMaxKHeads && p.n_v_heads % p.n_k_heads == 0 && f.x.rows == n && f.y.rows == n &&
-         f.x.cols == C && f.w && f.state && f.arrivals && (reinterpret_cast<uintptr_t>(f.w) & 15) == 0 &&
-         in_y(p.q, p.n_k_heads * D) && in_y(p.k, p.n_k_heads * D) && in_y(p.v, p.n_v_heads * D);
+  return launch_pdl(D == 128 ? gdn_kernel<128> : gdn_kernel<0>, grid, dim3(D), smem, stream, a, chunk);
 }
 
 cudaError_t gdn_replay_launch(const GdnReplayList& l, int64_t n_tokens, int n_k_heads, int n_v_heads, int head_dim,
