@@ -151,30 +151,23 @@ __device__ __forceinline__ int gdn_pad(int d) { return d + (d >> 5) * 4; }
 // shared-memory addressing folded), or 0: a.D. H100, 9B shapes, 16 tokens recording updates: 10.9 -> 8.8
 // us, one token 3.44 -> 3.25. (8 state values a lane, twice the blocks, took 11.3: a fourth shuffle round
 // on the per-token chain costs more than the second warp per scheduler gains.)
-// kCols: the state columns a thread carries (columns cl and cl + 16 of a block's 16 * kCols). With 2,
-// each k and q value read from shared memory serves two columns and the 9B's 4096 columns take 128
-// blocks, one an SM: a verify step's token loop had run twice as long on the SMs that held two
-// 16-column blocks (8 warps sharing the shared-memory pipe) as on those that held one (session 35's
-// timeline). Each column's arithmetic is the same either way.
-template <int kD, int kCols>
+template <int kD>
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   extern __shared__ float sm[];
-  constexpr int kV = 16 * kCols;   // columns a block
   const int D = kD ? kD : a.D, P = D / 16, LD = gdn_pitch(D);
   float* k_s = sm;                  // [chunk][LD] (padded)
   float* q_s = k_s + chunk * LD;    // [chunk][LD]
-  float* v_s = q_s + chunk * LD;    // [chunk][kV]
-  float* g_s = v_s + chunk * kV;    // [chunk][2]: beta, decay
+  float* v_s = q_s + chunk * LD;    // [chunk][16]
+  float* g_s = v_s + chunk * 16;    // [chunk][2]: beta, decay
   float* n_s = g_s + chunk * 2;     // [chunk][3]: 1/|k|, q_scale/|q|, k.q
   const int tid = threadIdx.x, p = tid % P, cl = tid / P;
-  const int h = blockIdx.x, hk = h % a.n_k, col0 = blockIdx.y * kV + cl;
+  const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + cl;
   const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h], q_scale = 1.0f / sqrtf(static_cast<float>(D));
-  float S[kCols][16];
+  float S[16];
   // Lane p of a column holds its float4s p, p + P, p + 2P, p + 3P (16 values): the P lanes of a column
   // read and write 16*P contiguous bytes per instruction (state, capture) and distinct banks of k, q.
-  float* st = a.state + (static_cast<int64_t>(h) * D + col0) * D;  // column col0 + 16 c at + 16 c D
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) load_column(st + 16 * c * D, p, P, S[c]);
+  float* st = a.state + (static_cast<int64_t>(h) * D + col) * D;
+  load_column(st, p, P, S);
   // The state (an earlier step's, which every kernel before the conv waited for) and the weights are
   // in flight before waiting on the conv that writes q, k and v.
   pdl_wait();
@@ -208,9 +201,9 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         }
       }
     }
-    for (int i = tid; i < tc * kV; i += blockDim.x) {
-      const int64_t t = t0 + i / kV;
-      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * kV + i % kV];
+    for (int i = tid; i < tc * 16; i += blockDim.x) {
+      const int64_t t = t0 + i / 16;
+      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
     }
     for (int i = tid; i < tc; i += blockDim.x) {
       const int64_t t = t0 + i;
@@ -259,50 +252,44 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         q[4 * i] = qv.x, q[4 * i + 1] = qv.y, q[4 * i + 2] = qv.z, q[4 * i + 3] = qv.w;
       }
       const float beta = g_s[2 * tt], decay = g_s[2 * tt + 1];
+      float sk0 = 0.0f, sk1 = 0.0f, sq0 = 0.0f, sq1 = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; i += 2) {
+        sk0 += S[i] * k[i], sk1 += S[i + 1] * k[i + 1];
+        sq0 += S[i] * q[i], sq1 += S[i + 1] * q[i + 1];
+      }
+      float sk = sk0 + sk1, sq = sq0 + sq1;
+#pragma unroll
+      for (int o = P / 2; o > 0; o >>= 1) {
+        sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      }
       const float k_inv = n_s[3 * tt], q_inv = n_s[3 * tt + 1], kq = n_s[3 * tt + 2];
+      const float delta = beta * (v_s[tt * 16 + cl] - decay * sk * k_inv);
+      const float dk = delta * k_inv;
+      const float o = q_inv * (decay * sq + dk * kq);
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        float (&Sc)[16] = S[c];
-        float sk0 = 0.0f, sk1 = 0.0f, sq0 = 0.0f, sq1 = 0.0f;
+      for (int i = 0; i < 16; ++i) S[i] = gdn_decay_add(S[i], decay, k[i], dk);
+      if (p == 0) {
+        a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
+        if (a.updates) a.updates[t * a.update_stride + (a.n_k + h) * D + col] = dk;
+      }
+      if (a.capture) {
+        float4* cap = reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
 #pragma unroll
-        for (int i = 0; i < 16; i += 2) {
-          sk0 += Sc[i] * k[i], sk1 += Sc[i + 1] * k[i + 1];
-          sq0 += Sc[i] * q[i], sq1 += Sc[i + 1] * q[i + 1];
-        }
-        float sk = sk0 + sk1, sq = sq0 + sq1;
+        for (int i = 0; i < 4; ++i) cap[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
+      } else if (a.capture_f16) {
+        uint2* cap = reinterpret_cast<uint2*>(a.capture_f16 + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
 #pragma unroll
-        for (int o = P / 2; o > 0; o >>= 1) {
-          sk += __shfl_xor_sync(0xffffffffu, sk, o);
-          sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        }
-        const int col = col0 + 16 * c;
-        const float delta = beta * (v_s[tt * kV + cl + 16 * c] - decay * sk * k_inv);
-        const float dk = delta * k_inv;
-        const float o = q_inv * (decay * sq + dk * kq);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) Sc[i] = gdn_decay_add(Sc[i], decay, k[i], dk);
-        if (p == 0) {
-          a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
-          if (a.updates) a.updates[t * a.update_stride + (a.n_k + h) * D + col] = dk;
-        }
-        if (a.capture) {
-          float4* cap = reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
-#pragma unroll
-          for (int i = 0; i < 4; ++i) cap[p + P * i] = make_float4(Sc[4 * i], Sc[4 * i + 1], Sc[4 * i + 2], Sc[4 * i + 3]);
-        } else if (a.capture_f16) {
-          uint2* cap = reinterpret_cast<uint2*>(a.capture_f16 + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const __half2 lo = __floats2half2_rn(Sc[4 * i], Sc[4 * i + 1]), hi = __floats2half2_rn(Sc[4 * i + 2], Sc[4 * i + 3]);
-            cap[p + P * i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-          }
+        for (int i = 0; i < 4; ++i) {
+          const __half2 lo = __floats2half2_rn(S[4 * i], S[4 * i + 1]), hi = __floats2half2_rn(S[4 * i + 2], S[4 * i + 3]);
+          cap[p + P * i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
         }
       }
     }
   }
   if (a.updates) return;  // the state stays as it was: a rollback replays the updates it keeps
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) store_column(st + 16 * c * D, p, P, S[c]);
+  store_column(st, p, P, S);
 }
 
 // gdn_kernel's state updates alone, from the updates it recorded: a block per (v-head, 16 columns,
@@ -795,15 +782,13 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
              p.state, p.capture, p.capture_f16, p.updates, p.update_stride};
   if (gdn_uses_chunked(p)) return gdn_chunked_launch(a, static_cast<float*>(scratch), stream);
-  // Head dim 128: two state columns a thread (gdn_kernel). Tokens staged per chunk: as many as fit in
-  // 48 KB, up to 32 (32 for d = 128).
-  const int cols = D == 128 ? 2 : 1;
-  const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 * cols + 2 + 3) * sizeof(float);
+  // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
+  const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
   int chunk = 32;
-  while (chunk > 1 && chunk * per_token > 49152) chunk /= 2;
+  while (chunk > 1 && chunk * per_token > 40960) chunk /= 2;
   const size_t smem = chunk * per_token;
-  const dim3 grid(p.n_v_heads, D / (16 * cols));
-  return launch_pdl(D == 128 ? gdn_kernel<128, 2> : gdn_kernel<0, 1>, grid, dim3(D), smem, stream, a, chunk);
+  const dim3 grid(p.n_v_heads, D / 16);
+  return launch_pdl(D == 128 ? gdn_kernel<128> : gdn_kernel<0>, grid, dim3(D), smem, stream, a, chunk);
 }
 
 cudaError_t gdn_replay_launch(const GdnReplayList& l, int64_t n_tokens, int n_k_heads, int n_v_heads, int head_dim,
