@@ -757,7 +757,8 @@ TEST_P(CudaMatmulTest, ConvFoldedIntoTheMatvecGivesTheOpsBits) {
 // op in the matvec's staging of x (cuda_backend.cpp, Int8XFold): the matmul's outputs and the op's own output
 // are the bits of the two ops launched one by one, eagerly and in a captured graph, whether the op before
 // them wrote the gate (which the matvec then reads after the wait) or another buffer; so are the rows of a
-// 3-token step (no fold). K = 1024 leaves warps without a block of x; 6144 gives each warp three.
+// 3-token step (no fold; its sigmoid gate runs with the matmul's quantize in one launch,
+// sigmoid_gate_quantize_launch). K = 1024 leaves warps without a block of x; 6144 gives each warp three.
 TEST_P(CudaMatmulTest, GateOpsFoldedIntoTheMatvecGiveTheOpsBits) {
   const int64_t N = 80, D = 256;
   const Weight before = load_random_weight(*gpu_, GgmlType::Q4_K, 256, 64, rng_);

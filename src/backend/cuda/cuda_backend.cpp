@@ -266,6 +266,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Weight& w, Rows x, Rows y) override {
+    launch_gate_quantized(w, x);                         // (before begin_op, which would launch the op alone)
     const cuda::Int8XFold xfold = take_x_fold(w, x, y);  // (before begin_op, which would launch the op)
     auto prof = begin_op("matmul", &w, /*reads_only_x=*/true);
     if (!expect(w.present(), "matmul: weight '{}' is not loaded", w.name) ||
@@ -918,7 +919,8 @@ class CudaBackend final : public Backend {
   // applies the op as it quantizes x in-block and stores the op's output too; any other op launches the
   // op first, as it was asked. Same bits either way; a decode step saves the gated norm of each GDN layer
   // and the gate of each attention layer. The op's output must not overlap its inputs (the model's
-  // calls write elsewhere: the matvec's blocks read x while others store y). HYSPEC_FOLD=0: off.
+  // calls write elsewhere: the matvec's blocks read x while others store y). A sigmoid_mul of several
+  // rows is deferred too, for launch_gate_quantized. HYSPEC_FOLD=0: off.
   struct DeferredX {
     cuda::Int8XFold::Kind kind;
     Rows x, gate, y;
@@ -939,8 +941,10 @@ class CudaBackend final : public Backend {
   static bool packed(const Rows& r) { return r.n_rows == 1 || r.stride == r.n_cols; }
   bool defer_x(DeferredX d) {
     const int64_t K = d.x.n_rows * d.x.n_cols;
-    const bool ok = folds_ && same_shape(d.x, d.y) && packed(d.x) && packed(d.y) && K % 256 == 0 &&
-                    K <= cuda::kInt8XFoldMaxK && d.x.n_cols % 8 == 0 && aligned16(d.x.data) && aligned16(d.y.data) &&
+    const bool size_ok = K <= cuda::kInt8XFoldMaxK || (d.kind == cuda::Int8XFold::kSigmoidGate && quantize_into() &&
+                                                        K <= cuda::kInt8MvMaxWidth * cuda::kQuantizedXMaxK);
+    const bool ok = folds_ && same_shape(d.x, d.y) && packed(d.x) && packed(d.y) && K % 256 == 0 && size_ok &&
+                    d.x.n_cols % 8 == 0 && aligned16(d.x.data) && aligned16(d.y.data) &&
                     aligned16(d.gate.data) && d.gate.stride % 4 == 0 && aligned16(d.w) &&
                     (d.kind != cuda::Int8XFold::kGatedNorm || (d.x.n_rows == 1 && d.x.n_cols % d.group == 0)) &&
                     disjoint(region(d.y), region(d.x)) && disjoint(region(d.y), region(d.gate));
@@ -986,6 +990,27 @@ class CudaBackend final : public Backend {
     x = Rows(d.x.data, 1, K);
     deferred_x_.reset();
     return f;
+  }
+  // A deferred sigmoid_mul whose output a matmul of 2..kInt8MvMaxWidth rows on the int8 matvecs reads (as
+  // [n, K]) is launched with the quantize that matmul would launch next (cuda::sigmoid_gate_quantize_launch):
+  // the matmul then reads the quantized rows, as after a norm. Same bits; a verify step saves a launch in
+  // each attention layer (one-row steps fold the gate into the matvec instead).
+  void launch_gate_quantized(const Weight& w, Rows x) {
+    const cuda::QuantizedX* qx = quantize_into();
+    if (!deferred_x_ || deferred_x_->kind != cuda::Int8XFold::kSigmoidGate || !qx) return;
+    const DeferredX& d = *deferred_x_;
+    const int64_t n = x.n_rows, K = x.n_cols;
+    if (!(n >= 2 && n <= cuda::kInt8MvMaxWidth && x.data == d.y.data && n * K == d.y.n_rows * d.y.n_cols &&
+          packed(x) && K % 256 == 0 && K <= cuda::kQuantizedXMaxK && d.gate.n_cols % 8 == 0 && w.present() &&
+          w.n_in == K && cuda::int8_matvec_supported(view(w), n)))
+      return;
+    const DeferredX g = d;
+    deferred_x_.reset();
+    const int64_t gate_stride = g.gate.n_rows == 1 ? g.gate.n_cols : g.gate.stride;
+    check(cuda::sigmoid_gate_quantize_launch(g.x.data, g.gate.data, g.gate.n_cols, gate_stride, g.y.data, n, K, *qx,
+                                             stream_),
+          "sigmoid_mul");
+    norm_wrote(x, true);
   }
   // What the stream's last kernel wrote, where its op declares it (matmuls, the GDN recurrence, attention):
   // a folded op's gate outside it may be read before that kernel is done. count -1: unknown.

@@ -706,6 +706,49 @@ cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream) {
              : launch_pdl(binary_kernel<1>, dim3(gx, gy), dim3(256), 0, stream, op, a, b, y);
 }
 
+namespace {
+// A warp per (row, 256-block): its 8 values a lane as binary_kernel's SigmoidMul computes them, stored, then
+// quantized as quantize_span does (so the codes quantize_q8k_kernel would make of the stored y). Bytes: x,
+// the gate and y once, the Q8K rows once.
+__global__ void sigmoid_gate_quantize_kernel(const float* __restrict__ x, const float* __restrict__ gate, int64_t group,
+                                             int64_t gate_stride, float* __restrict__ y, int64_t n, int64_t K,
+                                             QuantizedX qx) {
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x & 31;
+  const int64_t w = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5, blocks = K / 256;
+  if (w >= n * blocks) return;
+  const int64_t r = w / blocks, j = w - r * blocks, f = r * K + 256 * j + 8 * lane;
+  const float* g = gate + f / group * gate_stride + f % group;  // (8 values of one gate row: group % 8 == 0)
+  const float4 x0 = reinterpret_cast<const float4*>(x + f)[0], x1 = reinterpret_cast<const float4*>(x + f)[1];
+  const float4 g0 = reinterpret_cast<const float4*>(g)[0], g1 = reinterpret_cast<const float4*>(g)[1];
+  const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+  float v[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = xv[e] * sigmoid(gv[e]);
+  reinterpret_cast<float4*>(y + f)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(y + f)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  const Q8KLane q = quantize_lane(v);
+  const int64_t b = j * padded_tokens(n) + r;  // the 256-block of the Q8K rows
+#pragma unroll
+  for (int o = 0; o < 3; ++o) store_codes(q, lane, qx.q[o] + b * 256, static_cast<XOrder>(o));
+  store_sums(q, lane, reinterpret_cast<__half*>(qx.bs) + b * 16, qx.d + b);
+}
+}  // namespace
+
+cudaError_t sigmoid_gate_quantize_launch(const float* x, const float* gate, int64_t group, int64_t gate_stride, float* y,
+                                         int64_t n, int64_t K, const QuantizedX& qx, cudaStream_t stream) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (n == 0) return cudaSuccess;
+  if (n > kInt8MvMaxWidth || K % 256 != 0 || K > kQuantizedXMaxK || group % 8 != 0 || gate_stride % 4 != 0 ||
+      !aligned(x) || !aligned(gate) || !aligned(y) || !qx.d)
+    return cudaErrorInvalidValue;
+  const int64_t warps = n * (K / 256);
+  return launch_pdl(sigmoid_gate_quantize_kernel, dim3(static_cast<unsigned>((warps + 7) / 8)), dim3(256), 0, stream, x,
+                    gate, group, gate_stride, y, n, K, qx);
+}
+
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
                              cudaStream_t stream) {
   const int64_t total = x.rows * (x.cols / head_dim) * (n_rot / 2);

@@ -172,6 +172,12 @@ cudaError_t add_rms_norm_launch(Mat x, Mat delta, const float* w, int64_t group,
                                 cudaStream_t stream, const QuantizedX* qx = nullptr, bool* quantized = nullptr);
 enum class Binary { Add, SwiGlu, SigmoidMul, AddSigmoidScaled };
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream);
+// binary_launch(SigmoidMul, x, gate, y) over n rows of K values (x and y packed; the gate's rows of `group`
+// values, a multiple of 8, at gate_stride, 16-byte aligned), with y also quantized into qx as a norm quantizes
+// its output: one launch where a several-token step's attention gate took two (the op, then the next
+// matmul's quantize_q8k). n <= kInt8MvMaxWidth, K % 256 == 0, K <= kQuantizedXMaxK.
+cudaError_t sigmoid_gate_quantize_launch(const float* x, const float* gate, int64_t group, int64_t gate_stride, float* y,
+                                         int64_t n, int64_t K, const QuantizedX& qx, cudaStream_t stream);
 cudaError_t rope_neox_launch(Mat x, int head_dim, int n_rot, const int32_t* positions, float freq_base,
                              cudaStream_t stream);
 // A KV cache as the kernels address it (backend.h KvLayer): the slot of position p and kv head h at
