@@ -240,28 +240,18 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       }
     }
     __syncthreads();
-    // A token's inputs are read from shared memory one token ahead, so their latency overlaps the
-    // previous token's chain (the reduction rounds of S.k) instead of opening the next one.
-    struct TokenIn {
-      float k[16], q[16], beta, decay, k_inv, q_inv, kq, v;
-    };
-    auto fetch = [&](int tt, TokenIn& in) {
+#pragma unroll 2
+    for (int tt = 0; tt < tc; ++tt) {
+      const int64_t t = t0 + tt;
+      float k[16], q[16];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float4 kv = *reinterpret_cast<const float4*>(k_s + tt * LD + gdn_pad(4 * (p + P * i)));
         const float4 qv = *reinterpret_cast<const float4*>(q_s + tt * LD + gdn_pad(4 * (p + P * i)));
-        in.k[4 * i] = kv.x, in.k[4 * i + 1] = kv.y, in.k[4 * i + 2] = kv.z, in.k[4 * i + 3] = kv.w;
-        in.q[4 * i] = qv.x, in.q[4 * i + 1] = qv.y, in.q[4 * i + 2] = qv.z, in.q[4 * i + 3] = qv.w;
+        k[4 * i] = kv.x, k[4 * i + 1] = kv.y, k[4 * i + 2] = kv.z, k[4 * i + 3] = kv.w;
+        q[4 * i] = qv.x, q[4 * i + 1] = qv.y, q[4 * i + 2] = qv.z, q[4 * i + 3] = qv.w;
       }
-      in.beta = g_s[2 * tt], in.decay = g_s[2 * tt + 1];
-      in.k_inv = n_s[3 * tt], in.q_inv = n_s[3 * tt + 1], in.kq = n_s[3 * tt + 2];
-      in.v = v_s[tt * 16 + cl];
-    };
-    auto token = [&](int tt, const TokenIn& in) {
-      const int64_t t = t0 + tt;
-      const float(&k)[16] = in.k;
-      const float(&q)[16] = in.q;
-      const float beta = in.beta, decay = in.decay;
+      const float beta = g_s[2 * tt], decay = g_s[2 * tt + 1];
       float sk0 = 0.0f, sk1 = 0.0f, sq0 = 0.0f, sq1 = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; i += 2) {
@@ -274,8 +264,8 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         sk += __shfl_xor_sync(0xffffffffu, sk, o);
         sq += __shfl_xor_sync(0xffffffffu, sq, o);
       }
-      const float k_inv = in.k_inv, q_inv = in.q_inv, kq = in.kq;
-      const float delta = beta * (in.v - decay * sk * k_inv);
+      const float k_inv = n_s[3 * tt], q_inv = n_s[3 * tt + 1], kq = n_s[3 * tt + 2];
+      const float delta = beta * (v_s[tt * 16 + cl] - decay * sk * k_inv);
       const float dk = delta * k_inv;
       const float o = q_inv * (decay * sq + dk * kq);
 #pragma unroll
@@ -296,15 +286,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
           cap[p + P * i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
         }
       }
-    };
-    TokenIn A, B;
-    fetch(0, A);
-    for (int tt = 0; tt < tc; tt += 2) {  // two tokens a round: A and B swap roles without copies
-      if (tt + 1 < tc) fetch(tt + 1, B);
-      token(tt, A);
-      if (tt + 1 >= tc) break;
-      if (tt + 2 < tc) fetch(tt + 2, A);
-      token(tt + 1, B);
     }
   }
   if (a.updates) return;  // the state stays as it was: a rollback replays the updates it keeps
