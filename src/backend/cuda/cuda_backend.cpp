@@ -88,6 +88,9 @@ class CudaBackend final : public Backend {
 #ifdef HYSPEC_ATTN_TRACE
     if (std::getenv("HYSPEC_ATTN_TRACE")) cuda::attention_trace_report("the last attention launch");
 #endif
+#ifdef HYSPEC_GDN_TRACE
+    if (std::getenv("HYSPEC_GDN_TRACE")) cuda::gdn_trace_report("the last GDN recurrence launch");
+#endif
     settle_hook_.reset();  // (what is deferred is dropped: no one can read its results any more)
     if (on_side_) end_side();
     if (stream_) cudaStreamSynchronize(stream_);

@@ -252,6 +252,10 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
 // phases' min / median / max in us from the first block's start, to stdout), then cleared.
 void attention_trace_report(const char* label);
 #endif
+#ifdef HYSPEC_GDN_TRACE
+// Builds with -DHYSPEC_GDN_TRACE=ON: gdn_kernel's per-block timeline of its last launch, as above.
+void gdn_trace_report(const char* label);
+#endif
 
 // ---- recurrent ops (recurrent.cu) ----
 cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, float* conv_state, float* capture, Mat y,

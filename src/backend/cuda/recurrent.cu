@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
 
 #include "backend/cuda/activations.cuh"
 #include "backend/cuda/async_copy.cuh"
@@ -11,6 +14,46 @@
 #include "backend/cuda/launch_util.h"
 
 namespace hyspec::cuda {
+
+// ---- gdn_kernel's timeline (cmake -DHYSPEC_GDN_TRACE=ON; compiled out otherwise) ----
+// Thread 0 of each block stores %globaltimer at the phases below, the last launch's values kept
+// (gdn_trace_report). PERFORMANCE.md "Session 35" read a verify step's recurrence with it.
+enum GdnMark { kGdnStart, kGdnWaited, kGdnStaged, kGdnNormed, kGdnLoopDone, kGdnEnd, kGdnMarks };
+#ifdef HYSPEC_GDN_TRACE
+constexpr int kGdnTraceBlocks = 4096;
+__device__ unsigned long long g_gdn_trace[kGdnTraceBlocks * kGdnMarks];
+__device__ __forceinline__ void gdn_mark(GdnMark m) {
+  const unsigned b = blockIdx.x + gridDim.x * blockIdx.y;
+  if (threadIdx.x != 0 || b >= kGdnTraceBlocks) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_gdn_trace[b * kGdnMarks + m] = t;
+}
+void gdn_trace_report(const char* label) {
+  static unsigned long long t[kGdnTraceBlocks * kGdnMarks];
+  cudaDeviceSynchronize();
+  cudaMemcpyFromSymbol(t, g_gdn_trace, sizeof(t));
+  unsigned long long t0 = ~0ull;
+  int n = 0;
+  for (int b = 0; b < kGdnTraceBlocks; ++b)
+    if (t[b * kGdnMarks]) t0 = std::min(t0, t[b * kGdnMarks]), ++n;
+  std::printf("TRACE %s: %d blocks (us from the first start: min / median / max)\n", label, n);
+  const char* names[kGdnMarks] = {"start", "waited", "staged", "normed", "loop done", "end"};
+  for (int m = 0; n > 0 && m < kGdnMarks; ++m) {
+    std::vector<double> v;  // this launch's marks (an earlier launch's are older than t0)
+    for (int b = 0; b < kGdnTraceBlocks; ++b)
+      if (t[b * kGdnMarks + m] >= t0) v.push_back(1e-3 * static_cast<double>(t[b * kGdnMarks + m] - t0));
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf("TRACE   %-10s n=%4zu %8.2f %8.2f %8.2f\n", names[m], v.size(), v.front(), v[v.size() / 2], v.back());
+  }
+  std::memset(t, 0, sizeof(t));
+  cudaMemcpyToSymbol(g_gdn_trace, t, sizeof(t));
+}
+#else
+__device__ __forceinline__ void gdn_mark(GdnMark) {}
+#endif
+
 namespace {
 
 constexpr int kMaxConvKernel = 8;
@@ -166,12 +209,14 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   float S[16];
   // Lane p of a column holds its float4s p, p + P, p + 2P, p + 3P (16 values): the P lanes of a column
   // read and write 16*P contiguous bytes per instruction (state, capture) and distinct banks of k, q.
+  gdn_mark(kGdnStart);
   float* st = a.state + (static_cast<int64_t>(h) * D + col) * D;
   load_column(st, p, P, S);
   // The state (an earlier step's, which every kernel before the conv waited for) and the weights are
   // in flight before waiting on the conv that writes q, k and v.
   pdl_wait();
   pdl_trigger();
+  gdn_mark(kGdnWaited);
   const int64_t n = a.v.rows;
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
@@ -213,6 +258,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       if (a.updates && blockIdx.y == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
     }
     __syncthreads();
+    gdn_mark(kGdnStaged);
     // Norms and k.q per token: a warp per token (lanes over d) from d = 32 up, a thread per token below.
     if (D >= 32) {
       const int lane = tid & 31;
@@ -240,6 +286,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       }
     }
     __syncthreads();
+    gdn_mark(kGdnNormed);
 #pragma unroll 2
     for (int tt = 0; tt < tc; ++tt) {
       const int64_t t = t0 + tt;
@@ -288,8 +335,10 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       }
     }
   }
+  gdn_mark(kGdnLoopDone);
   if (a.updates) return;  // the state stays as it was: a rollback replays the updates it keeps
   store_column(st, p, P, S);
+  gdn_mark(kGdnEnd);
 }
 
 // gdn_kernel's state updates alone, from the updates it recorded: a block per (v-head, 16 columns,
