@@ -4,14 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <vector>
 
 #include "backend/cuda/activations.cuh"
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
+#ifdef HYSPEC_GDN_TRACE
+#include "backend/cuda/timeline.cuh"
+#endif
 
 namespace hyspec::cuda {
 
@@ -20,35 +20,11 @@ namespace hyspec::cuda {
 // (gdn_trace_report). PERFORMANCE.md "Session 35" read a verify step's recurrence with it.
 enum GdnMark { kGdnStart, kGdnWaited, kGdnStaged, kGdnNormed, kGdnLoopDone, kGdnEnd, kGdnMarks };
 #ifdef HYSPEC_GDN_TRACE
-constexpr int kGdnTraceBlocks = 4096;
-__device__ unsigned long long g_gdn_trace[kGdnTraceBlocks * kGdnMarks];
-__device__ __forceinline__ void gdn_mark(GdnMark m) {
-  const unsigned b = blockIdx.x + gridDim.x * blockIdx.y;
-  if (threadIdx.x != 0 || b >= kGdnTraceBlocks) return;
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  g_gdn_trace[b * kGdnMarks + m] = t;
-}
+__device__ BlockTimeline<4096, kGdnMarks> g_gdn_trace;
+__device__ __forceinline__ void gdn_mark(GdnMark m) { timeline_mark(g_gdn_trace, blockIdx.x + gridDim.x * blockIdx.y, m); }
 void gdn_trace_report(const char* label) {
-  static unsigned long long t[kGdnTraceBlocks * kGdnMarks];
-  cudaDeviceSynchronize();
-  cudaMemcpyFromSymbol(t, g_gdn_trace, sizeof(t));
-  unsigned long long t0 = ~0ull;
-  int n = 0;
-  for (int b = 0; b < kGdnTraceBlocks; ++b)
-    if (t[b * kGdnMarks]) t0 = std::min(t0, t[b * kGdnMarks]), ++n;
-  std::printf("TRACE %s: %d blocks (us from the first start: min / median / max)\n", label, n);
-  const char* names[kGdnMarks] = {"start", "waited", "staged", "normed", "loop done", "end"};
-  for (int m = 0; n > 0 && m < kGdnMarks; ++m) {
-    std::vector<double> v;  // this launch's marks (an earlier launch's are older than t0)
-    for (int b = 0; b < kGdnTraceBlocks; ++b)
-      if (t[b * kGdnMarks + m] >= t0) v.push_back(1e-3 * static_cast<double>(t[b * kGdnMarks + m] - t0));
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::printf("TRACE   %-10s n=%4zu %8.2f %8.2f %8.2f\n", names[m], v.size(), v.front(), v[v.size() / 2], v.back());
-  }
-  std::memset(t, 0, sizeof(t));
-  cudaMemcpyToSymbol(g_gdn_trace, t, sizeof(t));
+  const char* const names[kGdnMarks] = {"start", "waited", "staged", "normed", "loop done", "end"};
+  timeline_report(g_gdn_trace, names, label);
 }
 #else
 __device__ __forceinline__ void gdn_mark(GdnMark) {}
