@@ -25,16 +25,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <vector>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/tensor_core.cuh"
+#ifdef HYSPEC_ATTN_TRACE
+#include "backend/cuda/timeline.cuh"
+#endif
 
 namespace hyspec::cuda {
 
@@ -44,36 +44,14 @@ namespace hyspec::cuda {
 enum AttnMark { kMarkStart, kMarkWaited, kMarkQStaged, kMarkLoopDone, kMarkWarpsMerged, kMarkCounted, kMarkMerged,
                 kMarkMergeFenced, kMarkMergeMl, kMarkMergeWeights, kMarkCount };
 #ifdef HYSPEC_ATTN_TRACE
-constexpr int kTraceBlocks = 4096;
-__device__ unsigned long long g_attn_trace[kTraceBlocks * kMarkCount];
+__device__ BlockTimeline<4096, kMarkCount> g_attn_trace;
 __device__ __forceinline__ void attn_mark(AttnMark m) {
-  const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (threadIdx.x != 0 || b >= kTraceBlocks) return;
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  g_attn_trace[b * kMarkCount + m] = t;
+  timeline_mark(g_attn_trace, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), m);
 }
 void attention_trace_report(const char* label) {
-  static unsigned long long t[kTraceBlocks * kMarkCount];
-  cudaDeviceSynchronize();
-  cudaMemcpyFromSymbol(t, g_attn_trace, sizeof(t));
-  unsigned long long t0 = ~0ull;
-  int n = 0;
-  for (int b = 0; b < kTraceBlocks; ++b)
-    if (t[b * kMarkCount]) t0 = std::min(t0, t[b * kMarkCount]), ++n;
-  std::printf("TRACE %s: %d blocks (us from the first start: min / median / max)\n", label, n);
-  const char* names[kMarkCount] = {"start", "waited", "q staged", "loop done", "warps merged", "counted",
-                                   "merged", "merge: fenced", "merge: ml", "merge: weights"};
-  for (int m = 0; n > 0 && m < kMarkCount; ++m) {
-    std::vector<double> v;  // this launch's marks (an earlier launch's are older than t0)
-    for (int b = 0; b < kTraceBlocks; ++b)
-      if (t[b * kMarkCount + m] >= t0) v.push_back(1e-3 * static_cast<double>(t[b * kMarkCount + m] - t0));
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::printf("TRACE   %-14s n=%4zu %8.2f %8.2f %8.2f\n", names[m], v.size(), v.front(), v[v.size() / 2], v.back());
-  }
-  std::memset(t, 0, sizeof(t));
-  cudaMemcpyToSymbol(g_attn_trace, t, sizeof(t));
+  const char* const names[kMarkCount] = {"start", "waited", "q staged", "loop done", "warps merged", "counted",
+                                         "merged", "merge: fenced", "merge: ml", "merge: weights"};
+  timeline_report(g_attn_trace, names, label);
 }
 #else
 __device__ __forceinline__ void attn_mark(AttnMark) {}

@@ -931,6 +931,7 @@ class CudaBackend final : public Backend {
     int64_t group;
     float eps;
     bool gate_early = false;  // the gate was not written by the op before this one (writes_)
+    int64_t gate_stride() const { return gate.n_rows == 1 ? gate.n_cols : gate.stride; }
   };
   // Byte ranges of device memory: the bytes at p, a region's (rows of a stride), and whether two overlap.
   using Bytes = std::pair<const char*, size_t>;
@@ -985,7 +986,7 @@ class CudaBackend final : public Backend {
     f.kind = d.kind;
     f.gate = d.gate.data;
     f.gate_group = d.gate.n_cols;
-    f.gate_stride = d.gate.n_rows == 1 ? d.gate.n_cols : d.gate.stride;
+    f.gate_stride = d.gate_stride();
     f.norm_w = d.w;
     f.eps = d.eps;
     f.y = d.y.data;
@@ -1009,8 +1010,7 @@ class CudaBackend final : public Backend {
       return;
     const DeferredX g = d;
     deferred_x_.reset();
-    const int64_t gate_stride = g.gate.n_rows == 1 ? g.gate.n_cols : g.gate.stride;
-    check(cuda::sigmoid_gate_quantize_launch(g.x.data, g.gate.data, g.gate.n_cols, gate_stride, g.y.data, n, K, *qx,
+    check(cuda::sigmoid_gate_quantize_launch(g.x.data, g.gate.data, g.gate.n_cols, g.gate_stride(), g.y.data, n, K, *qx,
                                              stream_),
           "sigmoid_mul");
     norm_wrote(x, true);

@@ -1,5 +1,4 @@
-// The per-block timelines of the trace builds (HYSPEC_GDN_TRACE; attention.cu's HYSPEC_ATTN_TRACE has its own
-// copy, kept while its kernels' code cannot be measured again after the move): thread 0 of each block
+// The per-block timelines of the trace builds (HYSPEC_ATTN_TRACE, HYSPEC_GDN_TRACE): thread 0 of each block
 // stores %globaltimer at a kernel's marks into a __device__ BlockTimeline, the last launch's values kept, and
 // the host prints each mark's spread over the blocks.
 #pragma once
