@@ -45,18 +45,22 @@ constexpr int kMaxConvKernel = 8;
 // capture) take it: 512 tokens of 8192 channels 42 -> 21 us on the H200. Decode and verify steps keep
 // the plain expression: with fmaf a 9B Q4_K_M verify-16 step ran 4.97 ms against 4.75 (H100, session 20),
 // and a verify row must get the decode step's bits whatever its width.
-template <bool kFma>
-__global__ void conv_kernel(Mat x, const float* __restrict__ w, int K, float* state, float* capture, Mat y,
+// kK: the kernel size as a constant (4: Qwen3.5's; the loops over the window then unroll to it instead of
+// kMaxConvKernel, which had made the kernel 49 KB of SASS, code each launch fetches cold), or 0: K.
+template <bool kFma, int kK = 0>
+__global__ void conv_kernel(Mat x, const float* __restrict__ w, int K_arg, float* state, float* capture, Mat y,
                             int span) {
+  constexpr int kWin = kK ? kK : kMaxConvKernel;  // the window arrays and loops
+  const int K = kK ? kK : K_arg;
   const int64_t C = x.cols;
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * span, t1 = min(t0 + span, x.rows);
   // The weights and the window's state rows first, while the previous kernel (the projection that
   // writes x) finishes: the state was written by an earlier step, which every kernel before that
   // projection waited for. win[j] holds in(t0 - K + 1 + j) for j < K-1 before the first token.
-  float win[kMaxConvKernel], wc[kMaxConvKernel];
+  float win[kWin], wc[kWin];
 #pragma unroll
-  for (int j = 0; j < kMaxConvKernel; ++j) {
+  for (int j = 0; j < kWin; ++j) {
     const int64_t tau = t0 - K + 1 + j;
     wc[j] = c < C && j < K ? w[c * K + j] : 0.0f;
     win[j] = c < C && j < K - 1 && tau < 0 ? state[(K - 1 + tau) * C + c] : 0.0f;
@@ -65,7 +69,7 @@ __global__ void conv_kernel(Mat x, const float* __restrict__ w, int K, float* st
   pdl_trigger();
   if (c >= C) return;
 #pragma unroll
-  for (int j = 0; j < kMaxConvKernel; ++j) {
+  for (int j = 0; j < kWin; ++j) {
     const int64_t tau = t0 - K + 1 + j;
     if (j < K - 1 && tau >= 0) win[j] = x.data[tau * x.stride + c];
   }
@@ -83,7 +87,7 @@ __global__ void conv_kernel(Mat x, const float* __restrict__ w, int K, float* st
       if (t >= t1) break;
       float acc = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kMaxConvKernel; ++j) {
+      for (int j = 0; j < kWin; ++j) {
         if (j == K - 1) win[j] = xs[i];
         if constexpr (kFma) {
           if (j < K) acc = fmaf(wc[j], win[j], acc);
@@ -94,21 +98,21 @@ __global__ void conv_kernel(Mat x, const float* __restrict__ w, int K, float* st
       y.data[t * y.stride + c] = silu(acc);
       if (capture) {
 #pragma unroll
-        for (int j = 0; j + 1 < kMaxConvKernel; ++j)
+        for (int j = 0; j + 1 < kWin; ++j)
           if (j < K - 1) capture[(t * (K - 1) + j) * C + c] = win[j + 1];
       }
 #pragma unroll
-      for (int j = 0; j + 1 < kMaxConvKernel; ++j)
+      for (int j = 0; j + 1 < kWin; ++j)
         if (j < K - 1) win[j] = win[j + 1];
     }
   }
   if (gridDim.y == 1) {
 #pragma unroll
-    for (int j = 0; j + 1 < kMaxConvKernel; ++j)
+    for (int j = 0; j + 1 < kWin; ++j)
       if (j < K - 1) state[j * C + c] = win[j];
   } else if (blockIdx.y == 0) {
 #pragma unroll
-    for (int j = 0; j + 1 < kMaxConvKernel; ++j)
+    for (int j = 0; j + 1 < kWin; ++j)
       if (j < K - 1) state[j * C + c] = x.data[(x.rows - K + 1 + j) * x.stride + c];
   }
 }
@@ -787,7 +791,8 @@ cudaError_t causal_conv_silu_launch(Mat x, const float* weight, int kernel, floa
   }
   span = std::min<int64_t>(x.rows, std::max<int64_t>(span, kernel - 1));
   const dim3 grid(static_cast<unsigned>((x.cols + 127) / 128), static_cast<unsigned>((x.rows + span - 1) / span));
-  auto* kernel_fn = x.rows <= 64 || capture ? conv_kernel<false> : conv_kernel<true>;
+  auto* kernel_fn = x.rows <= 64 || capture ? (kernel == 4 ? conv_kernel<false, 4> : conv_kernel<false>)
+                                             : conv_kernel<true>;
   return launch_pdl(kernel_fn, grid, dim3(128), 0, stream, x, weight, kernel, conv_state, capture, y,
                     static_cast<int>(span));
 }
