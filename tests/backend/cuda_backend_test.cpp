@@ -704,48 +704,6 @@ TEST_P(CudaMatmulTest, MatmulOfNormOutputReadsTheNormsQuantizedCopy) {
   }
 }
 
-// A SwiGLU of 2+ rows on the int8 matvecs also writes its output quantized (cuda::SwiGluQuantize: the
-// block that finishes a 256-column group quantizes it), and a matmul of exactly those rows (the FFN down
-// projection) reads that copy: its products are the bits of a matmul of the same values that nothing
-// quantized, for each gate/up type and down type and every width, launch after launch (each launch leaves
-// the group counts zeroed for the next). Rows rewritten behind the backend's back show that the copy is
-// what the matmul read (from two rows: one row is staged in the down projection's own blocks).
-TEST_P(CudaMatmulTest, MatmulOfSwiGluOutputReadsItsQuantizedCopy) {
-  const int64_t K = 1024, N = 768, M = 256;  // the SwiGLU's output: three 256-column groups
-  auto made = create_backend(BackendKind::Cuda, options_);
-  ASSERT_TRUE(made.is_ok()) << made.message();
-  const std::unique_ptr<Backend> other = std::move(made).value();
-  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-    const Weight gate = load_random_weight(*gpu_, type, K, N, rng_), up = load_random_weight(*gpu_, type, K, N, rng_);
-    for (GgmlType down_type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
-      const Weight down = load_random_weight(*gpu_, down_type, N, M, rng_);
-      for (int64_t n : {1, 2, 3, 8, 17, 24}) {
-        const std::string what = fmt::format("{} -> {} n={}", ggml_type_name(type), ggml_type_name(down_type), n);
-        const Tensor x = put(*gpu_, randn(n * K)), ys = poison(*gpu_, n * N), ys2 = poison(*gpu_, n * N);
-        const Tensor y = poison(*gpu_, n * M), y2 = poison(*gpu_, n * M), y3 = poison(*gpu_, n * M);
-        const std::vector<float> other_rows = randn(n * N);
-        ASSERT_TRUE(gpu_->matmul_swiglu(gate, up, x.rows(n, K), ys.rows(n, N))) << what;
-        gpu_->matmul(down, ys.rows(n, N), y.rows(n, M));
-        gpu_->copy_rows(ys.rows(n, N), ys2.rows(n, N));  // the same values, quantized by the matmul
-        gpu_->matmul(down, ys2.rows(n, N), y2.rows(n, M));
-        const auto ref = get_gpu(y2);
-        EXPECT_TRUE(same_bits(get_gpu(y), ref)) << what;
-
-        gpu_->matmul_swiglu(gate, up, x.rows(n, K), ys.rows(n, N));
-        ASSERT_TRUE(gpu_->synchronize().is_ok());
-        other->upload(ys.f(), other_rows.data(), other_rows.size() * sizeof(float));
-        ASSERT_TRUE(other->synchronize().is_ok());
-        gpu_->matmul(down, ys.rows(n, N), y3.rows(n, M));
-        if (options_.int8_matvec && n >= 2) {
-          EXPECT_TRUE(same_bits(get_gpu(y3), ref)) << what << ": the matmul read the SwiGLU's quantized copy";
-        } else {
-          EXPECT_FALSE(same_bits(get_gpu(y3), ref)) << what << ": nothing quantized the SwiGLU's output";
-        }
-      }
-    }
-  }
-}
-
 // A one-row matmul_many (or matmul) followed by the causal conv (kernel 4, no capture) of a column prefix of
 // its first part's output runs the conv in the matvec's epilogue (cuda_backend.cpp, Int8ConvFold): the outputs, the
 // conv's output and its advanced state are the bits of the two ops launched one by one, step after step,

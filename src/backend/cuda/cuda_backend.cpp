@@ -330,14 +330,9 @@ class CudaBackend final : public Backend {
       return true;
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(g, x.n_rows));
     if (!s) return true;
-    // Several rows: y quantized too, for the down projection (on the main line: one set of counts).
-    const bool qy = swiglu_q_.counts && !on_side_ && quantized(x) != &swiglu_q_.q &&
-                    cuda::swiglu_quantize_supported(g, mat(x), mat(y));
-    check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_, quantized(x),
-                                     qy ? &swiglu_q_ : nullptr),
+    check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_, quantized(x)),
           "matmul_swiglu");
     matmul_wrote(y);
-    if (qy) quantized_rows_ = y, quantized_in_ = &swiglu_q_.q;
     return true;
   }
 
@@ -809,17 +804,6 @@ class CudaBackend final : public Backend {
         return Status::error("cudaMalloc of the quantized activations failed");
       owned_.push_back(q);
       quantized_x_ = cuda::quantized_x_at(q);
-      // A several-row SwiGLU's output quantized in its launch (HYSPEC_SWIGLU_QUANTIZE=0: by a quantize
-      // launch before the down projection, as before).
-      if (cuda::env_int("HYSPEC_SWIGLU_QUANTIZE", 1) != 0) {
-        void* sq = nullptr;
-        const size_t counts = cuda::kSwiGluQuantizeGroups * sizeof(unsigned);
-        if (cudaMalloc(&sq, bytes + counts) != cudaSuccess || cudaMemset(sq, 0, bytes + counts) != cudaSuccess)
-          return Status::error("cudaMalloc of the quantized SwiGLU rows failed");
-        owned_.push_back(sq);
-        swiglu_q_.q = cuda::quantized_x_at(sq);
-        swiglu_q_.counts = reinterpret_cast<unsigned*>(static_cast<char*>(sq) + bytes);
-      }
     }
     // Enough for every decode-width op of the real models; prefill grows them once.
     if (!arena(matmul_arena_, size_t(8) << 20) || !arena(op_arena_, size_t(32) << 20)) return synchronize();
@@ -1051,13 +1035,12 @@ class CudaBackend final : public Backend {
   const cuda::QuantizedX* quantize_into() const { return quantized_x_.d ? &quantized_x_ : nullptr; }
   void norm_wrote(Rows y, bool quantized) {
     quantized_rows_ = quantized ? y : Rows();
-    quantized_in_ = &quantized_x_;
   }
   const cuda::QuantizedX* quantized(Rows x) const {
     const Rows& q = quantized_rows_;
     const bool same =
         q.data && x.data == q.data && x.n_rows == q.n_rows && x.n_cols == q.n_cols && x.stride == q.stride;
-    return same ? quantized_in_ : nullptr;
+    return same ? &quantized_x_ : nullptr;
   }
   // After a matmul wrote y: the quantized rows are stale if y overlaps them.
   void matmul_wrote(Rows y) {
@@ -1169,13 +1152,10 @@ class CudaBackend final : public Backend {
   void* side_cublas_ws_ = nullptr;
   bool on_side_ = false, side_pending_ = false;
   unsigned* attention_counters_ = nullptr;
-  // The rows the last norm (or several-row SwiGLU) also quantized for the int8 matvecs (into
-  // quantized_in_: quantized_x_, or swiglu_q_'s rows), while no op since may have rewritten them: a matmul
-  // of exactly these rows reads that copy instead of quantizing its input. Every other op, memory op,
-  // capture and replay forgets them.
+  // The rows the last norm also quantized for the int8 matvecs (into quantized_x_), while no op since
+  // may have rewritten them: a matmul of exactly these rows reads quantized_x_ instead of quantizing
+  // its input. Every other op, memory op, capture and replay forgets them.
   cuda::QuantizedX quantized_x_;
-  cuda::SwiGluQuantize swiglu_q_;  // (its own rows: the SwiGLU reads x's copy in quantized_x_)
-  const cuda::QuantizedX* quantized_in_ = nullptr;
   Rows quantized_rows_;
   std::vector<void*> owned_;
 };

@@ -69,20 +69,8 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
 // matmul_scratch_bytes(gate, n).
 constexpr int64_t kMmvSwiGluMaxWidth = 24;
 bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64_t n);
-// A SwiGLU of 2..kMmvSwiGluMaxWidth rows on the int8 matvecs may also write its output y as Q8K rows (every
-// XOrder, as a norm does), for the matmul that reads y next (a verify step's FFN down projection: no
-// quantize launch there). The block that writes a 256-column group's last tile quantizes the group;
-// `counts` (kSwiGluQuantizeGroups, zeroed once) counts the written tiles and is left zeroed by every
-// launch, so launches that share it must not overlap (one stream).
-struct SwiGluQuantize {
-  QuantizedX q;
-  unsigned* counts = nullptr;
-};
-constexpr int64_t kSwiGluQuantizeGroups = kQuantizedXMaxK / 256;
-bool swiglu_quantize_supported(const WeightView& gate, Mat x, Mat y);
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
-                                 cudaStream_t stream, const QuantizedX* qx = nullptr,
-                                 const SwiGluQuantize* qy = nullptr);
+                                 cudaStream_t stream, const QuantizedX* qx = nullptr);
 
 // Q4_K, Q5_K and Q6_K at widths 1..kInt8MvMaxWidth (matvec_int8.cu): activations quantized to int8 per 256
 // elements, integer dot products (dp4a / int8 mma); matmul_launch and matmul_swiglu_launch route such
@@ -126,8 +114,7 @@ constexpr int64_t kInt8XFoldGroup = 128, kInt8XFoldMaxK = 6144, kInt8PlainMaxK =
 bool int8_xfold_supported(const WeightView& w, int64_t n);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx = nullptr,
-                               const Int8ConvFold* conv = nullptr, const Int8XFold* xfold = nullptr,
-                               const SwiGluQuantize* qy = nullptr);
+                               const Int8ConvFold* conv = nullptr, const Int8XFold* xfold = nullptr);
 
 // y[i] = W[i] x for several Q4_K / Q6_K weights of one input in one launch (the blocks shared out by
 // bytes), the bits of one int8_matvec_launch each: widths 1..24 whose x the dp4a kernels quantize

@@ -26,7 +26,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <set>
@@ -851,18 +850,10 @@ bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64
          fast_path(gate) && n >= 1 && n <= kMmvSwiGluMaxWidth;
 }
 
-bool swiglu_quantize_supported(const WeightView& gate, Mat x, Mat y) {
-  return x.rows >= 2 && x.rows <= kMmvSwiGluMaxWidth && int8_matvec_supported(gate, x.rows) &&
-         gate.n_out % 256 == 0 && gate.n_out <= kQuantizedXMaxK && (reinterpret_cast<uintptr_t>(y.data) & 15) == 0 &&
-         y.stride % 4 == 0;
-}
-
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
-                                 cudaStream_t stream, const QuantizedX* qx, const SwiGluQuantize* qy) {
-  if (!matmul_swiglu_supported(gate, up, x.rows) || (qy && !swiglu_quantize_supported(gate, x, y)))
-    return cudaErrorInvalidValue;
-  if (int8_matvec_supported(gate, x.rows))
-    return int8_matvec_launch(gate, up.data, x, y, scratch.data, stream, qx, nullptr, nullptr, qy);
+                                 cudaStream_t stream, const QuantizedX* qx) {
+  if (!matmul_swiglu_supported(gate, up, x.rows)) return cudaErrorInvalidValue;
+  if (int8_matvec_supported(gate, x.rows)) return int8_matvec_launch(gate, up.data, x, y, scratch.data, stream, qx);
   cudaError_t err = cudaErrorInvalidValue;
   with_type(gate.type, [&](auto tag) {
     using T = decltype(tag);

@@ -149,7 +149,6 @@ struct Int8MvArgs {
   float* conv_y;
   int64_t conv_channels;
   Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
-  SwiGluQuantize qy;  // fused SwiGLU of 2+ rows: y also as Q8K rows (qy.counts null: not)
 };
 
 // The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
@@ -1042,67 +1041,25 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 __device__ __forceinline__ BlockSlot launch_slot() {
   return BlockSlot{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x)};
 }
-
-// A fused SwiGLU launch with a.qy (SwiGluQuantize, kernels.h), after the block's last tile: each of its
-// tiles counts toward its 256-column group, and the block whose count completes a group (every tile of it
-// stored, each writer's stores fenced before its block counts) quantizes the group's rows of y into a.qy
-// in every XOrder and zeroes the group's count for the next launch. q8k.cuh's lane arithmetic on the
-// stored values: the codes quantize_q8k_kernel would make of y. Runs in the launch's tail, where blocks
-// finish one by one, instead of a quantize launch between the SwiGLU and the down projection.
-__device__ void quantize_finished_groups(const Int8MvArgs& a, BlockSlot slot) {
-  constexpr int kTilesPerGroup = 256 / (kRows / 2);  // (kRows / 2 outputs a SwiGLU tile)
-  __shared__ int done[kSwiGluQuantizeGroups], n_done;
-  if (!a.qy.counts) return;
-  if (threadIdx.x == 0) n_done = 0;
-  __threadfence();  // this thread's stores of y, before its block's counts
-  __syncthreads();
-  const int64_t tiles = a.n_out / (kRows / 2);
-  for (int64_t t = slot.idx + int64_t{threadIdx.x} * slot.count; t < tiles; t += int64_t{blockDim.x} * slot.count) {
-    const int g = static_cast<int>(t / kTilesPerGroup);
-    if (atomicAdd(a.qy.counts + g, 1u) == kTilesPerGroup - 1) {
-      a.qy.counts[g] = 0;
-      done[atomicAdd(&n_done, 1)] = g;
-    }
-  }
-  __syncthreads();
-  if (n_done == 0) return;
-  __threadfence();  // the other blocks' stores of the completed groups, before they are read
-  const int lane = threadIdx.x & 31, n = a.n, P = static_cast<int>(padded_tokens(n));
-  for (int i = threadIdx.x >> 5; i < n_done * n; i += kWarps) {
-    const int g = done[i / n], c = i - i / n * n;
-    const float4* src = reinterpret_cast<const float4*>(a.y + c * a.y_stride + 256 * g) + 2 * lane;
-    const float4 v0 = __ldcg(src), v1 = __ldcg(src + 1);  // (from L2: written by other SMs)
-    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    const Q8KLane q = quantize_lane(v);
-    const int64_t b = int64_t{g} * P + c;
-#pragma unroll
-    for (int o = 0; o < 3; ++o) store_codes(q, lane, a.qy.q.q[o] + b * 256, static_cast<XOrder>(o));
-    store_sums(q, lane, reinterpret_cast<__half*>(a.qy.q.bs) + b * 16, a.qy.q.d + b);
-  }
-}
 template <int NMAX, bool SW, bool Q5 = false, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_dp4a_body<NMAX, SW, Q5, false, kConv, kXFold>(a, smem, launch_slot());
-  if constexpr (SW && NMAX > 1) quantize_finished_groups(a, launch_slot());
 }
 template <int NT, bool SW, bool Q5 = false, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
-  if constexpr (SW) quantize_finished_groups(a, launch_slot());
 }
 template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   s16_dp4a_body<C, NMAX, SW, false, kConv, kXFold>(a, smem, launch_slot());
-  if constexpr (SW && NMAX > 1) quantize_finished_groups(a, launch_slot());
 }
 template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   s16_mma_body<C, NT, SW>(a, smem, launch_slot());
-  if constexpr (SW) quantize_finished_groups(a, launch_slot());
 }
 
 // Several matvecs of one input in one launch (int8_matvec_multi_launch): blocks first[i] ..
@@ -1340,14 +1297,10 @@ bool int8_xfold_supported(const WeightView& w, int64_t n) {
 
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx, const Int8ConvFold* conv,
-                               const Int8XFold* xfold, const SwiGluQuantize* qy) {
+                               const Int8XFold* xfold) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
-  if (qy) {  // (swiglu_quantize_supported checked the shapes)
-    if (!up || !qy->counts || n < 2) return cudaErrorInvalidValue;
-    a.qy = *qy;
-  }
   if (conv) {
     if (up || !int8_conv_fold_supported(w, n) || conv->channels > w.n_out) return cudaErrorInvalidValue;
     a.conv_w = conv->w, a.conv_state = conv->state, a.conv_y = conv->y, a.conv_channels = conv->channels;
