@@ -233,6 +233,11 @@ __device__ __forceinline__ RopeAngle rope_angle(int32_t pos, int i, int n_rot, f
   sincos(static_cast<double>(pos) * inv_freq, &r.s, &r.c);
   return r;
 }
+// rope_angle as one function of its own: qk_prep_kernel's unrolled pairs had each inlined the double pow and
+// sincos (code every launch fetches cold); computed before its PDL wait, the calls cost it nothing there.
+__device__ __noinline__ RopeAngle rope_angle_call(int32_t pos, int i, int n_rot, float freq_base) {
+  return rope_angle(pos, i, n_rot, freq_base);
+}
 __device__ __forceinline__ void rope_apply(float& x0, float& x1, RopeAngle r) {
   const float a = x0, b = x1;
   x0 = static_cast<float>(a * r.c - b * r.s);
@@ -300,12 +305,16 @@ __global__ void kv_store_q8_kernel(Mat k, Mat v, uint8_t* __restrict__ kc, uint8
 // k and v into the cache. Replaces five launches (two norms, two RoPEs, the store); bytes: q, k, v read
 // once, q, k and the cache rows written once. Latency: one global round trip (every load first), the
 // RoPE angles (double pow and sincos) computed while the previous kernel finishes.
-template <typename C>
+// kD: the head dim as a constant (256: the Qwen3.5 attention's), or 0: a.head_dim. The loops over a lane's
+// elements then unroll to what the head has instead of kQkPrepMaxHeadDim's 16 (the generic Q8_0 form is 115 KB
+// of SASS, code each launch fetches cold).
+template <typename C, int kD>
 __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams a, uint8_t* __restrict__ kc,
                                                                      uint8_t* __restrict__ vc) {
   __shared__ __align__(16) float head_s[kQkPrepWarps][kQkPrepMaxHeadDim];
-  constexpr int kMaxPer = kQkPrepMaxHeadDim / 32;  // a lane's elements of a head (and RoPE pairs, half)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = a.head_dim;
+  constexpr int kMaxPer = (kD ? kD : kQkPrepMaxHeadDim) / 32;  // a lane's elements of a head (and RoPE pairs, half)
+  constexpr int kVec4 = kD ? kD / 128 : kNormMaxVec4;           // the float4s of a lane (vec4 form)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = kD ? kD : a.head_dim;
   const int heads = a.n_head + a.n_kv_head;
   const int64_t item = blockIdx.x * int64_t{kQkPrepWarps} + warp;
   const bool valid = item < a.k.rows * heads;
@@ -317,7 +326,7 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   RopeAngle ang[kMaxPer / 2];
 #pragma unroll
   for (int p = 0; p < kMaxPer / 2; ++p)
-    if (lane + 32 * p < half) ang[p] = rope_angle(pos, lane + 32 * p, a.n_rot, a.freq_base);
+    if (lane + 32 * p < half) ang[p] = rope_angle_call(pos, lane + 32 * p, a.n_rot, a.freq_base);
   pdl_wait();
   pdl_trigger();
   if (!valid) return;
@@ -340,19 +349,19 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   float* hs = head_s[warp];
   float ss = 0.0f;
   if (vec4 > 0) {  // lane owns float4s lane, lane + 32, ...
-    float4 v[kNormMaxVec4], wv[kNormMaxVec4];
+    float4 v[kVec4], wv[kVec4];
 #pragma unroll
-    for (int k = 0; k < kNormMaxVec4; ++k)
+    for (int k = 0; k < kVec4; ++k)
       if (k < vec4) {
         v[k] = reinterpret_cast<const float4*>(x)[k * 32 + lane];
         if (w) wv[k] = reinterpret_cast<const float4*>(w)[k * 32 + lane];
       }
 #pragma unroll
-    for (int k = 0; k < kNormMaxVec4; ++k)
+    for (int k = 0; k < kVec4; ++k)
       if (k < vec4) ss = add_squares(ss, v[k]);
     const float inv = group_inv_rms(ss, 32, nullptr, D, a.eps);
 #pragma unroll
-    for (int k = 0; k < kNormMaxVec4; ++k) {
+    for (int k = 0; k < kVec4; ++k) {
       if (k >= vec4) break;
       const int c = (k * 32 + lane) * 4;
       float o[4] = {v[k].x * inv, v[k].y * inv, v[k].z * inv, v[k].w * inv};
@@ -787,8 +796,9 @@ cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, cudaStr
                        p.k_norm, D);
   const unsigned blocks = static_cast<unsigned>((n * (p.n_head + p.n_kv_head) + kQkPrepWarps - 1) / kQkPrepWarps);
   return with_cache_type(p.kv.type, [&](auto c) {
-    return launch_pdl(qk_prep_kernel<decltype(c)>, dim3(blocks), dim3(kQkPrepWarps * 32), 0, stream, p,
-                      static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache));
+    using C = decltype(c);
+    return launch_pdl(D == 256 ? qk_prep_kernel<C, 256> : qk_prep_kernel<C, 0>, dim3(blocks), dim3(kQkPrepWarps * 32),
+                      0, stream, p, static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache));
   });
 }
 
