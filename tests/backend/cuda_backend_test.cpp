@@ -753,53 +753,6 @@ TEST_P(CudaMatmulTest, ConvFoldedIntoTheMatvecGivesTheOpsBits) {
   }
 }
 
-// A several-row matmul_many followed by the causal conv (kernel 4) of a column prefix of its first part's
-// output, with each token's window captured or not (a verify step's), runs the conv in the launch's tiles
-// (conv_rows, Int8ConvFold): the outputs, the conv's output, its capture and its advanced state are the bits
-// of the two ops launched one by one, eagerly and in a captured graph, at every width of the dp4a and the
-// tensor-core kernels (2: dp4a; 3..24: one to three n-tiles; their x quantized by the norm before, as in
-// the model), with a state as the step before left it.
-TEST_P(CudaMatmulTest, ConvFoldedIntoASeveralRowStepGivesTheOpsBits) {
-  const int64_t K = 1024, C = 768, Z = 96, W = C + 32 + Z;
-  const Weight qkv = load_random_weight(*gpu_, GgmlType::Q6_K, K, C + 32, rng_);  // conv over C of the C + 32
-  const Weight z = load_random_weight(*gpu_, GgmlType::Q4_K, K, Z, rng_);
-  const Tensor cw = put(*gpu_, randn(C * 4)), norm_w = put(*gpu_, randn(K));
-  for (const int64_t n : {2, 3, 8, 16, 17, 24})
-    for (const bool capture : {true, false}) {
-      const std::string what = fmt::format("n={}{}", n, capture ? ", captured windows" : "");
-      const Tensor x = put(*gpu_, randn(n * K)), h = poison(*gpu_, n * K);
-      const std::vector<float> state0 = randn(3 * C);
-      struct Run {
-        Tensor y, conv, state, cap;
-      };
-      auto fresh = [&] {
-        return Run{poison(*gpu_, n * W), poison(*gpu_, n * C), put(*gpu_, state0), poison(*gpu_, n * 3 * C)};
-      };
-      // The step (settle: synchronize between the ops, so nothing folds).
-      auto step = [&](Run& r, bool settle) {
-        const Rows yr = r.y.rows(n, W);
-        const Backend::MatmulPart parts[] = {{&qkv, yr.cols(0, C + 32)}, {&z, yr.cols(C + 32, Z)}};
-        gpu_->rms_norm(x.rows(n, K), norm_w.f(), K, 1e-6f, h.rows(n, K));
-        gpu_->matmul_many(h.rows(n, K), parts, 2);
-        if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
-        gpu_->causal_conv_silu(yr.cols(0, C), cw.f(), 4, r.state.f(), capture ? r.cap.f() : nullptr, r.conv.rows(n, C));
-      };
-      Run ref = fresh(), eager = fresh(), graph = fresh();
-      step(ref, true);
-      step(eager, false);
-      auto g = gpu_->capture([&] { step(graph, false); });
-      ASSERT_TRUE(g.is_ok()) << g.message();
-      ASSERT_TRUE(g.value()->replay().is_ok());
-      for (const Run* r : {&eager, &graph}) {
-        const std::string how = what + (r == &eager ? ", eager" : ", graph");
-        EXPECT_TRUE(same_bits(get_gpu(r->y), get_gpu(ref.y))) << how << ": matvec outputs";
-        EXPECT_TRUE(same_bits(get_gpu(r->conv), get_gpu(ref.conv))) << how << ": conv outputs";
-        EXPECT_TRUE(same_bits(get_gpu(r->state), get_gpu(ref.state))) << how << ": conv state";
-        if (capture) EXPECT_TRUE(same_bits(get_gpu(r->cap), get_gpu(ref.cap))) << how << ": captured windows";
-      }
-    }
-}
-
 // A one-row gated_rms_norm (groups of 128) or sigmoid_mul followed by a one-row matmul of its output runs the
 // op in the matvec's staging of x (cuda_backend.cpp, Int8XFold): the matmul's outputs and the op's own output
 // are the bits of the two ops launched one by one, eagerly and in a captured graph, whether the op before

@@ -901,18 +901,15 @@ class CudaBackend final : public Backend {
     const DeferredMany& m = *deferred_many_;
     const cuda::Mat& y0 = m.y[0];
     const int64_t C = x.n_cols;
-    const int64_t n = x.n_rows;
-    const Bytes out = region(y), in = region(Rows(y0.data, n, y0.cols, y0.stride)),
-                state = bytes(conv_state, 3 * C * sizeof(float)), cap = bytes(capture, n * 3 * C * sizeof(float));
-    // One row (a decode step): no capture; several (verify steps): a multi launch's tensor-core or dp4a tiles.
-    const bool ok = kernel == 4 && (n == 1 ? !capture : m.count > 1) && n == m.x.n_rows && y.n_rows == n &&
-                    y.n_cols == C && x.data == y0.data && (n == 1 || x.stride == y0.stride) && C <= y0.cols &&
-                    aligned16(weight) && disjoint(out, in) && disjoint(out, state) && disjoint(state, in) &&
-                    (!capture || (disjoint(cap, in) && disjoint(cap, out) && disjoint(cap, state)));
+    const Bytes out = bytes(y.data, C * sizeof(float)), in = bytes(y0.data, y0.cols * sizeof(float)),
+                state = bytes(conv_state, 3 * C * sizeof(float));
+    const bool ok = kernel == 4 && !capture && x.n_rows == 1 && y.n_rows == 1 && y.n_cols == C && x.data == y0.data &&
+                    C <= y0.cols && aligned16(weight) && disjoint(out, in) && disjoint(out, state) &&
+                    disjoint(state, in);
     if (!ok) return false;
     const DeferredMany d = m;
     deferred_many_.reset();
-    const cuda::Int8ConvFold conv{weight, conv_state, y.data, C, y.stride, capture};
+    const cuda::Int8ConvFold conv{weight, conv_state, y.data, C};
     launch_many(d, &conv);
     forget_quantized();
     writes_.count = -1;  // (the conv's output and state too)

@@ -79,18 +79,15 @@ cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, M
 constexpr int64_t kInt8MvMaxWidth = 32;
 bool int8_matvec_supported(const WeightView& w, int64_t n);
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
-// A step's depthwise causal conv of kernel 4 + SiLU (causal_conv_silu_launch) folded into the launch that
-// writes its input: a one-row launch (or part 0 of a multi launch) without capture, or a multi launch of
-// several rows (a verify step's, with capture or not). Outputs c < channels also give y[t][c] = silu(sum_j
-// w[c][j] in_j) over the window of the state rows and the outputs, capture each token's window, and advance
-// the state, with the conv kernel's arithmetic (cuda_backend.cpp defers the launch to find the conv).
+// A decode step's depthwise causal conv of kernel 4 + SiLU (causal_conv_silu_launch, no capture) folded into
+// a one-row launch (or part 0 of a multi launch) that writes its input: outputs c < channels also give
+// y[c] = silu(sum_j w[c][j] in_j) over the 3 state rows and the output, and advance the state, with the
+// conv kernel's arithmetic (cuda_backend.cpp defers the launch to find the conv).
 struct Int8ConvFold {
   const float* w;  // [channels, 4]
   float* state;    // [3, channels]
-  float* y;        // [n][y_stride]
+  float* y;        // [channels]
   int64_t channels;
-  int64_t y_stride = 0;
-  float* capture = nullptr;  // [n][3][channels]: the window after each token (several rows only), or null
 };
 bool int8_conv_fold_supported(const WeightView& w, int64_t n);
 // The op that writes a one-row matvec's input, folded into the dp4a kernel's in-block quantization of x:

@@ -148,8 +148,6 @@ struct Int8MvArgs {
   float* conv_state;
   float* conv_y;
   int64_t conv_channels;
-  int64_t conv_y_stride;  // several rows: conv_y's (and the rows of conv_capture, [n][3][conv_channels])
-  float* conv_capture;    // several rows: each token's window after it (null: none)
   Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
 };
 
@@ -300,18 +298,16 @@ __device__ __forceinline__ int dot8(const uint32_t (&w)[8], int4 x0, int4 x1) {
 
 // A conv-folded tile's conv inputs (Int8ConvFold): thread r < 16's channel's 3 state values and 4
 // weights, loaded when the tile starts (read at the write, their latency would end every tile).
-// kRowsAll (several tokens): every thread's, for channel threadIdx.x % 16 (write_tile's conv items).
 struct ConvPre {
   float s[3];
   float4 w;
 };
-template <bool kConv, bool kRowsAll = false>
+template <bool kConv>
 __device__ __forceinline__ ConvPre conv_before(const Int8MvArgs& a, int64_t tile) {
   ConvPre p{};
   if constexpr (kConv) {
-    const int r = kRowsAll ? threadIdx.x % kRows : threadIdx.x;
-    const int64_t row = tile * kRows + r, C = a.conv_channels;
-    if (r < kRows && row < C) {
+    const int64_t row = tile * kRows + threadIdx.x, C = a.conv_channels;
+    if (threadIdx.x < kRows && row < C) {
       p.s[0] = a.conv_state[row], p.s[1] = a.conv_state[C + row], p.s[2] = a.conv_state[2 * C + row];
       p.w = *reinterpret_cast<const float4*>(a.conv_w + 4 * row);
     }
@@ -319,45 +315,11 @@ __device__ __forceinline__ ConvPre conv_before(const Int8MvArgs& a, int64_t tile
   return p;
 }
 
-// A several-token tile's conv (Int8ConvFold over n rows, a verify step's): item (token t, row rr) of the
-// tile's outputs out[t][rr] (thread i, i + 256: t = i / 16, rr = i % 16, the channel of conv_before<kConv,
-// true>'s pre) is conv_kernel's output for that token, each token's window after it is captured, and the
-// threads of token 0 write the new state (the last 3 inputs): the arithmetic and stores of
-// causal_conv_silu_launch (kernel 4), which a separate launch would make of the stored rows.
-template <int NMAX>
-__device__ void conv_rows(const Int8MvArgs& a, const float* out, int64_t tile, const ConvPre& pre) {
-  const int64_t C = a.conv_channels, row = tile * kRows + threadIdx.x % kRows;
-  if (row >= C) return;
-  const int n = a.n, rr = threadIdx.x % kRows;
-  // in(tau): the input of token tau, or state row 3 + tau before the first token.
-  auto in = [&](int tau) { return tau >= 0 ? out[tau * kRows + rr] : pre.s[3 + tau]; };
-  const float wc[4] = {pre.w.x, pre.w.y, pre.w.z, pre.w.w};
-  for (int i = threadIdx.x; i < n * kRows; i += kWarps * 32) {
-    const int t = i / kRows;
-    const float win[4] = {in(t - 3), in(t - 2), in(t - 1), in(t)};
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc += wc[j] * win[j];
-    a.conv_y[t * a.conv_y_stride + row] = silu(acc);
-    if (a.conv_capture) {
-#pragma unroll
-      for (int j = 0; j < 3; ++j) a.conv_capture[(int64_t{t} * 3 + j) * C + row] = win[j + 1];
-    }
-  }
-  if (threadIdx.x < kRows) {  // (the old state was read into pre when the tile started)
-    const float s0 = in(n - 3), s1 = in(n - 2), s2 = in(n - 1);
-    a.conv_state[row] = s0, a.conv_state[C + row] = s1, a.conv_state[2 * C + row] = s2;
-  }
-}
-
 // Sum the warps' partials red[warp][token][row] in order and write the tile (SW: silu(gate) * up).
-// kConv: the conv of Int8ConvFold on outputs < conv_channels too, from conv_before's pre (one row), or,
-// with several rows, conv_rows over the tile's outputs.
+// kConv: the conv of Int8ConvFold on outputs < conv_channels too (one row), from conv_before's pre.
 template <int NMAX, bool SW, bool kConv = false>
 __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, const ConvPre& pre = ConvPre{}) {
   constexpr int kOut = SW ? kRows / 2 : kRows;
-  constexpr bool kConvRows = kConv && NMAX > 1;
-  __shared__ float tile_out[kConvRows ? NMAX * kRows : 1];  // kConvRows: the tile's outputs [token][row]
   for (int i = threadIdx.x; i < a.n * kOut; i += kWarps * 32) {
     const int c = i / kOut, rr = i - c * kOut;
     const int64_t row = tile * kOut + rr;
@@ -372,9 +334,7 @@ __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, 
       v = silu(v) * u;  // the formula of the swiglu op (elementwise.cu)
     }
     a.y[c * a.y_stride + row] = v;
-    if constexpr (kConvRows) {
-      tile_out[i] = v;
-    } else if constexpr (kConv) {
+    if constexpr (kConv) {
       const int64_t C = a.conv_channels;
       if (row < C) {  // causal_conv_silu_launch's arithmetic (conv_kernel, kernel 4): one product sum, then SiLU
         const float win[4] = {pre.s[0], pre.s[1], pre.s[2], v}, wc[4] = {pre.w.x, pre.w.y, pre.w.z, pre.w.w};
@@ -385,10 +345,6 @@ __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, 
         a.conv_state[row] = pre.s[1], a.conv_state[C + row] = pre.s[2], a.conv_state[2 * C + row] = v;
       }
     }
-  }
-  if constexpr (kConvRows) {
-    __syncthreads();  // tile_out is complete
-    conv_rows<NMAX>(a, tile_out, tile, pre);
   }
 }
 
@@ -603,7 +559,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
-    const ConvPre pre = conv_before<kConv, (NMAX > 1)>(a, tile);
+    const ConvPre pre = conv_before<kConv>(a, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -693,9 +649,9 @@ __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t 
 
 // A tensor-core kernel's tile: lane (g, t)'s outputs (rows g, g+8; tokens 2t, 2t+1 of each n-tile) to
 // red, then the warps summed in order and written.
-template <int NT, bool SW, bool kConv = false>
+template <int NT, bool SW>
 __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, const float (&acc)[NT][4], int64_t tile,
-                                               int g, int t, int ks, const ConvPre& pre = ConvPre{}) {
+                                               int g, int t, int ks) {
   constexpr int NMAX = NT * 8;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -705,8 +661,8 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
       if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];
     }
   __syncthreads();
-  write_tile<NMAX, SW, kConv>(a, red, tile, pre);
-  __syncthreads();  // red (and write_tile's tile_out) is rewritten by the next tile
+  write_tile<NMAX, SW>(a, red, tile);
+  __syncthreads();  // red is rewritten by the next tile
 }
 
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k32 per sub-block and 8 tokens gives the
@@ -716,7 +672,7 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
 // block, so sum_k A B = sum_i m_i bsum_i, exactly. The k order inside a sub-block is permuted (lane
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
-template <int NT, bool SW, bool Q5 = false, bool kConv = false>
+template <int NT, bool SW, bool Q5 = false>
 __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
@@ -731,7 +687,6 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = slot.idx + j * slot.count;
-    const ConvPre pre = conv_before<kConv, true>(a, tile);
     float acc[NT][4];  // [n-tile][(row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)]
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -797,7 +752,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
         return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
       });
     }
-    write_mma_tile<NT, SW, kConv>(a, red, acc, tile, g, t, ks, pre);
+    write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -934,7 +889,7 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
-    const ConvPre pre = conv_before<kConv, (NMAX > 1)>(a, tile);
+    const ConvPre pre = conv_before<kConv>(a, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -1001,7 +956,7 @@ __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k16 per 16-code sub-block and 8 tokens
 // (lane t's fragment columns 4t..4t+3 = the sub-block's elements 4t..4t+3); msum is one f16
 // mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
-template <class C, int NT, bool SW, bool kConv = false>
+template <class C, int NT, bool SW>
 __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31;
@@ -1015,7 +970,6 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = slot.idx + j * slot.count;
-    const ConvPre pre = conv_before<kConv, true>(a, tile);
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -1078,7 +1032,7 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
         return add_s16_super_block<C>(ac, is, ms, r1 ? d1 : d0, dx);
       });
     }
-    write_mma_tile<NT, SW, kConv>(a, red, acc, tile, g, t, ks, pre);
+    write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -1128,8 +1082,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_cons
     if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false, false, kConv>(p.a[i], smem, slot);
     else q4k_dp4a_body<W, false, false, false, kConv>(p.a[i], smem, slot);
   } else {
-    if (p.s16[i]) s16_mma_body<Q6KCodes, W, false, kConv>(p.a[i], smem, slot);
-    else q4k_mma_body<W, false, false, kConv>(p.a[i], smem, slot);
+    if (p.s16[i]) s16_mma_body<Q6KCodes, W, false>(p.a[i], smem, slot);
+    else q4k_mma_body<W, false>(p.a[i], smem, slot);
   }
 }
 
@@ -1449,7 +1403,7 @@ bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, cons
 
 bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
   bool dp4a = false;
-  return plans_multi(w, parts, n, qx, dp4a) && (n > 1 || dp4a);  // (plans_multi: n <= 24)
+  return n == 1 && plans_multi(w, parts, n, qx, dp4a) && dp4a;
 }
 
 cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
@@ -1459,15 +1413,11 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
   bool dp4a = false;
   if (!plan_multi(w, y, parts, x, qx, p, grid, dp4a)) return cudaErrorNotSupported;
   const int64_t n = x.rows;
-  if (conv) {  // one row: the dp4a kernel's conv, without capture; several: conv_rows
-    if ((n == 1 && (!dp4a || conv->capture)) || conv->channels > w[0].n_out) return cudaErrorInvalidValue;
-    Int8MvArgs& a = p.a[0];
-    a.conv_w = conv->w, a.conv_state = conv->state, a.conv_y = conv->y, a.conv_channels = conv->channels;
-    a.conv_y_stride = conv->y_stride, a.conv_capture = conv->capture;
-    if (dp4a) return n == 1 ? launch_multi<1, true, true>(p, grid, 1, stream) : launch_multi<2, true, true>(p, grid, 2, stream);
-    if (n <= 8) return launch_multi<1, false, true>(p, grid, 8, stream);
-    if (n <= 16) return launch_multi<2, false, true>(p, grid, 16, stream);
-    return launch_multi<3, false, true>(p, grid, 24, stream);
+  if (conv) {
+    if (!dp4a || n != 1 || conv->channels > w[0].n_out) return cudaErrorInvalidValue;
+    p.a[0].conv_w = conv->w, p.a[0].conv_state = conv->state, p.a[0].conv_y = conv->y;
+    p.a[0].conv_channels = conv->channels;
+    return launch_multi<1, true, true>(p, grid, 1, stream);
   }
   if (dp4a) return n == 1 ? launch_multi<1, true>(p, grid, 1, stream) : launch_multi<2, true>(p, grid, 2, stream);
   if (n <= 8) return launch_multi<1, false>(p, grid, 8, stream);
