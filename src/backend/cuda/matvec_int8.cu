@@ -400,13 +400,12 @@ __device__ __forceinline__ void xfold_before(const Int8MvArgs& a, XFoldPre& pre)
   }
 }
 // The folded op on the warp's blocks of x (a.xf, one row), stored to the op's output by one block each,
-// and quantized into the staged x (pitch 1). kPlain (no op) takes rows of up to kInt8PlainMaxK in up to
-// three rounds of kXFoldBlocks blocks a warp, and kN = 2 rows of it at once (pitch 2: a 2-row launch).
+// and quantized into the staged x (pitch 1). kPlain (no op) takes rows of up to kInt8PlainMaxK in two
+// rounds of kXFoldBlocks blocks a warp.
 constexpr int kXFoldRounds = static_cast<int>(kInt8PlainMaxK / kInt8XFoldMaxK);
 static_assert(kXFoldRounds * kInt8XFoldMaxK == kInt8PlainMaxK);
-template <int kXFold, int kN = 1>
+template <int kXFold>
 __device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x, XFoldPre& pre) {
-  static_assert(kN == 1 || kXFold == kStagePlain, "several rows: x itself only");
   const Int8XFold& f = a.xfold;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, nb = static_cast<int>(a.K / 256);
 #pragma unroll
@@ -416,50 +415,46 @@ __device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x
     constexpr bool op = kXFold == kStageFold;
     // Every block's loads first: one L2 round trip (the stores into shared memory between would otherwise
     // keep each block's loads behind the previous block's, for all the compiler knows).
-    float xv[kN][kXFoldBlocks][8];
+    float xv[kXFoldBlocks][8];
 #pragma unroll
     for (int i = 0; i < kXFoldBlocks; ++i) {
       if (first + kWarps * i >= nb) break;  // warp-uniform
       if (op && !f.gate_early) xfold_gate(a, i, pre);
-#pragma unroll
-      for (int t = 0; t < kN; ++t) load8(a.xf + t * a.xf_stride + 256 * (first + kWarps * i) + 8 * lane, xv[t][i]);
+      load8(a.xf + 256 * (first + kWarps * i) + 8 * lane, xv[i]);
     }
 #pragma unroll
     for (int i = 0; i < kXFoldBlocks; ++i) {
       const int b = first + kWarps * i;
       if (b >= nb) break;  // warp-uniform
+      const int c = 256 * b + 8 * lane;
+      float(&v)[8] = xv[i];
+      if (op && f.kind == Int8XFold::kGatedNorm) {
+        // rms_norm_kernel's group of 128 (a warp, lane t: elements 4t..4t+3, summed over xor 16, 8, 4, 2, 1)
+        // is a half warp here, lane l holding its lanes 2l' and 2l'+1 (l' = l % 16): xor 8, 4, 2, 1 on each
+        // of the two, then their sum, is the same tree.
+        float se = add_squares(0.0f, make_float4(v[0], v[1], v[2], v[3]));
+        float so = add_squares(0.0f, make_float4(v[4], v[5], v[6], v[7]));
 #pragma unroll
-      for (int t = 0; t < kN; ++t) {
-        const int c = 256 * b + 8 * lane, xb = b * kN + t;  // xb: the staged block
-        float(&v)[8] = xv[t][i];
-        if (op && f.kind == Int8XFold::kGatedNorm) {
-          // rms_norm_kernel's group of 128 (a warp, lane t: elements 4t..4t+3, summed over xor 16, 8, 4, 2, 1)
-          // is a half warp here, lane l holding its lanes 2l' and 2l'+1 (l' = l % 16): xor 8, 4, 2, 1 on each
-          // of the two, then their sum, is the same tree.
-          float se = add_squares(0.0f, make_float4(v[0], v[1], v[2], v[3]));
-          float so = add_squares(0.0f, make_float4(v[4], v[5], v[6], v[7]));
-#pragma unroll
-          for (int o = 8; o > 0; o >>= 1) {
-            se += __shfl_xor_sync(0xffffffffu, se, o);
-            so += __shfl_xor_sync(0xffffffffu, so, o);
-          }
-          const float inv = 1.0f / sqrtf((se + so) / static_cast<float>(kInt8XFoldGroup) + f.eps);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            v[e] = v[e] * inv;
-            v[e] *= pre.w[i][e];
-            v[e] *= pre.s[i][e];
-          }
-        } else if (op) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = v[e] * pre.s[i][e];
+        for (int o = 8; o > 0; o >>= 1) {
+          se += __shfl_xor_sync(0xffffffffu, se, o);
+          so += __shfl_xor_sync(0xffffffffu, so, o);
         }
-        if (op && b % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x)) {
-          reinterpret_cast<float4*>(f.y + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
-          reinterpret_cast<float4*>(f.y + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
+        const float inv = 1.0f / sqrtf((se + so) / static_cast<float>(kInt8XFoldGroup) + f.eps);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          v[e] = v[e] * inv;
+          v[e] *= pre.w[i][e];
+          v[e] *= pre.s[i][e];
         }
-        quantize_values(v, lane, x.q + xb * 256, x.bs + xb * 16, x.d + xb, XOrder::kNatural);
+      } else if (op) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = v[e] * pre.s[i][e];
       }
+      if (op && b % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x)) {
+        reinterpret_cast<float4*>(f.y + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        reinterpret_cast<float4*>(f.y + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
+      }
+      quantize_values(v, lane, x.q + b * 256, x.bs + b * 16, x.d + b, XOrder::kNatural);
     }
   }
 }
@@ -477,8 +472,9 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red, XFoldPre& pre) {
   x.q = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
   x.bs = reinterpret_cast<__half*>(x.q + n * K);
   x.d = reinterpret_cast<float*>(x.bs + n * K / 16);
-  if constexpr (kXFold != kStageNone) {  // the folded op (one row) or x in rounds (NMAX rows: n = NMAX), quantized
-    stage_folded_x<kXFold, NMAX>(a, x, pre);
+  if constexpr (kXFold != kStageNone) {  // the folded op or x in rounds, quantized (one row)
+    static_assert(NMAX == 1);
+    stage_folded_x<kXFold>(a, x, pre);
   } else if (a.xf) {  // every block quantizes x for itself
     for (int b = ks; b < n * nb; b += kWarps) quantize_x_block(a.xf, a.xf_stride, static_cast<int>(n), b, lane, x);
   } else {  // or copies the rows of what quantize_q8k_kernel or a norm made (pitch 8: n <= 2 here)
@@ -544,7 +540,7 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // runs first and the blocks copy its output.
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
 // kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers);
-// kXFold: x staged through Int8XFold (one row: kStageFold; one or two rows, n = NMAX: kStagePlain).
+// kXFold: x staged through Int8XFold (one row: kStageFold, kStagePlain).
 template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone>
 __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
@@ -1140,8 +1136,7 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!SW) {
     if (dp4a && a.conv_y) return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, true>>(a, false, stream, true);  // (n = 1)
     if (dp4a && a.xfold.kind == Int8XFold::kPlain)
-      return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStagePlain>>(a, false, stream, true)
-                    : launch<L, 2, q4k_dp4a_kernel<2, false, Q5, false, kStagePlain>>(a, false, stream, true);
+      return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
       return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStageFold>>(a, false, stream, true);  // (n = 1)
   }
@@ -1160,8 +1155,7 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
     if (dp4a && a.conv_y) return launch<L, 1, s16_dp4a_kernel<C, 1, false, true>>(a, false, stream, true);  // (n = 1)
     if (dp4a && a.xfold.kind == Int8XFold::kPlain)
-      return n == 1 ? launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStagePlain>>(a, false, stream, true)
-                    : launch<L, 2, s16_dp4a_kernel<C, 2, false, false, kStagePlain>>(a, false, stream, true);
+      return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
       return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStageFold>>(a, false, stream, true);  // (n = 1)
   }
@@ -1280,17 +1274,15 @@ QuantizedX quantized_x_at(void* base) {
 }
 
 namespace {
-// A Q4_K/Q5_K/Q6_K launch of n rows on the dp4a kernels (n <= 2).
-bool dp4a_kquant(const WeightView& w, int64_t n) {
+// A one-row Q4_K/Q5_K/Q6_K launch on the dp4a kernels: the instantiations with a conv or x fold.
+bool one_row_dp4a_kquant(const WeightView& w, int64_t n) {
   bool dp4a = false;
-  if (int8_matvec_supported(w, n) && (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K))
+  if (n == 1 && int8_matvec_supported(w, n) &&
+      (w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K))
     with_int8_family(w.type, [&](auto family) { dp4a = use_dp4a<typename decltype(family)::L>(n, w.n_in); });
   return dp4a;
 }
-// One row: the instantiations with a conv or x fold.
-bool one_row_dp4a_kquant(const WeightView& w, int64_t n) { return n == 1 && dp4a_kquant(w, n); }
-// HYSPEC_PLAIN_IN_BLOCK=0: one- and two-row dp4a launches past kInBlockMaxK inputs quantize x in a launch of
-// their own.
+// HYSPEC_PLAIN_IN_BLOCK=0: one-row dp4a launches past kInBlockMaxK inputs quantize x in a launch of its own.
 bool plain_in_block() {
   static const bool on = env_int("HYSPEC_PLAIN_IN_BLOCK", 1) != 0;
   return on;
@@ -1321,8 +1313,8 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
       return cudaErrorInvalidValue;
     a.xfold = f;
   } else if (!up && !qx && !conv && K > kInBlockMaxK && K <= kInt8PlainMaxK && plain_in_block() &&
-             dp4a_kquant(w, n)) {
-    a.xfold.kind = Int8XFold::kPlain;  // (one or two rows past kInBlockMaxK: staged in rounds, no quantize launch)
+             one_row_dp4a_kquant(w, n)) {
+    a.xfold.kind = Int8XFold::kPlain;  // (one row past kInBlockMaxK: staged in rounds, no quantize launch)
   }
   cudaError_t err = cudaErrorInvalidValue;
   with_int8_family(w.type, [&](auto family) {
