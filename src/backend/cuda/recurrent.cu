@@ -45,8 +45,8 @@ constexpr int kMaxConvKernel = 8;
 // capture) take it: 512 tokens of 8192 channels 42 -> 21 us on the H200. Decode and verify steps keep
 // the plain expression: with fmaf a 9B Q4_K_M verify-16 step ran 4.97 ms against 4.75 (H100, session 20),
 // and a verify row must get the decode step's bits whatever its width.
-// kK: the kernel size as a constant (4: Qwen3.5's; the loops over the window then unroll to it instead of
-// kMaxConvKernel, which had made the kernel 49 KB of SASS, code each launch fetches cold), or 0: K.
+// kK: the kernel size as a constant (4: Qwen3.5's), or 0: K. The loops over the window then unroll to 4
+// instead of kMaxConvKernel's 8 predicated slots (49 -> 20 KB of SASS): a verify-15 step -1.1% (session 36).
 template <bool kFma, int kK = 0>
 __global__ void conv_kernel(Mat x, const float* __restrict__ w, int K_arg, float* state, float* capture, Mat y,
                             int span) {
