@@ -59,6 +59,13 @@ __device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial
   return 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
 }
 
+// A warp's quantized 256-block (quantize_lane) into block b of the Q8K rows qx, in every XOrder.
+__device__ __forceinline__ void store_quantized_x(const Q8KLane& q, int lane, const QuantizedX& qx, int64_t b) {
+#pragma unroll
+  for (int o = 0; o < 3; ++o) store_codes(q, lane, qx.q[o] + b * 256, static_cast<XOrder>(o));
+  store_sums(q, lane, reinterpret_cast<__half*>(qx.bs) + b * 16, qx.d + b);
+}
+
 // The block's groups (whole 256-blocks of one row, staged in span[] by the norm) -> Q8K rows of qx in
 // every XOrder, a warp per 256-block: the codes quantize_q8k_kernel would make of the stored y.
 __device__ void quantize_span(const NormArgs& a, const float* span) {
@@ -71,10 +78,7 @@ __device__ void quantize_span(const NormArgs& a, const float* span) {
     const float4 v1 = reinterpret_cast<const float4*>(span + 256 * j)[2 * lane + 1];
     const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
     const Q8KLane q = quantize_lane(v);
-    const int64_t b = (c0 / 256 + j) * padded_tokens(a.x.rows) + r;  // the 256-block of the Q8K rows
-#pragma unroll
-    for (int o = 0; o < 3; ++o) store_codes(q, lane, a.qx.q[o] + b * 256, static_cast<XOrder>(o));
-    store_sums(q, lane, reinterpret_cast<__half*>(a.qx.bs) + b * 16, a.qx.d + b);
+    store_quantized_x(q, lane, a.qx, (c0 / 256 + j) * padded_tokens(a.x.rows) + r);  // (its 256-block of the rows)
   }
 }
 
@@ -740,10 +744,7 @@ __global__ void sigmoid_gate_quantize_kernel(const float* __restrict__ x, const 
   reinterpret_cast<float4*>(y + f)[0] = make_float4(v[0], v[1], v[2], v[3]);
   reinterpret_cast<float4*>(y + f)[1] = make_float4(v[4], v[5], v[6], v[7]);
   const Q8KLane q = quantize_lane(v);
-  const int64_t b = j * padded_tokens(n) + r;  // the 256-block of the Q8K rows
-#pragma unroll
-  for (int o = 0; o < 3; ++o) store_codes(q, lane, qx.q[o] + b * 256, static_cast<XOrder>(o));
-  store_sums(q, lane, reinterpret_cast<__half*>(qx.bs) + b * 16, qx.d + b);
+  store_quantized_x(q, lane, qx, j * padded_tokens(n) + r);  // (its 256-block of the rows)
 }
 }  // namespace
 
