@@ -989,6 +989,101 @@ TEST_F(CudaBackendTest, QkNormRopeStoreIsBitIdenticalToTheOpsItReplaces) {
   }
 }
 
+// A decode or verify-1 step's qk_norm_rope_store followed by the attention of its q runs as one launch
+// (cuda_backend.cpp, DeferredPrep: the attention's blocks norm and rope their queries, the block of each
+// position's split stores its K/V rows). Its q and k outputs, the cache and the attention's output are the
+// bits of the two ops launched one after the other, eagerly and in a captured graph, for every cache type
+// the fold takes, at positions in the first split, across a split boundary (9000 slots: 33 splits of 288 keys
+// on 132 SMs), at the end of the cache and past it (not stored).
+TEST_F(CudaBackendTest, QkPrepFoldedIntoTheAttentionGivesTheOpsBits) {
+  const int H = 16, Hkv = 4, D = 256;
+  const int64_t cap = 9000, W = Hkv * D, QW = H * D;
+  for (const GgmlType kv_type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+    const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
+    // Earlier keys and values at every slot, the same bytes in each run's cache.
+    Tensor hk = put(*gpu_, randn(cap * W)), hv = put(*gpu_, randn(cap * W));
+    std::vector<int32_t> all(cap);
+    for (int64_t i = 0; i < cap; ++i) all[i] = static_cast<int32_t>(i);
+    Buffer all_pos = put_i32(*gpu_, all);
+    for (const int64_t n : {1, 2}) {
+      for (const int32_t s : {5, 287, 4000, 8999, 9000}) {
+        const std::string what = fmt::format("{} n={} first position {}", ggml_type_name(kv_type), n, s);
+        std::vector<int32_t> pos(n);
+        for (int64_t t = 0; t < n; ++t) pos[t] = s + static_cast<int32_t>(t);
+        const auto qg = randn(n * 2 * QW, 2.0f), kv = randn(n * W, 2.0f), vv = randn(n * W);
+        const auto qw = randn(D), kw = randn(D);
+        struct Run {
+          Tensor qg, q, k, v, qw, kw, out;
+          Buffer pos, kc, vc;
+        };
+        auto fresh = [&] {
+          Run r{put(*gpu_, qg), poison(*gpu_, n * QW), put(*gpu_, kv), put(*gpu_, vv), put(*gpu_, qw), put(*gpu_, kw),
+                poison(*gpu_, n * QW), put_i32(*gpu_, pos), gpu_->alloc(cap * row).value(),
+                gpu_->alloc(cap * row).value()};
+          const KvLayer kvl{r.kc.data(), r.vc.data(), kv_type, cap, W, D};
+          gpu_->kv_store(hk.rows(cap, W), hv.rows(cap, W), kvl, all_pos.as<int32_t>());
+          EXPECT_TRUE(gpu_->synchronize().is_ok());
+          return r;
+        };
+        // settle: synchronize between the ops, so nothing folds.
+        auto step = [&](Run& r, bool settle) {
+          const KvLayer kvl{r.kc.data(), r.vc.data(), kv_type, cap, W, D};
+          QkPrepArgs p;
+          p.q_in = r.qg.rows(n, 2 * QW);
+          p.q_pitch = 2 * D;
+          p.q = r.q.rows(n, QW);
+          p.k = r.k.rows(n, W);
+          p.v = r.v.rows(n, W);
+          p.q_norm = r.qw.f();
+          p.k_norm = r.kw.f();
+          p.n_head = H;
+          p.n_kv_head = Hkv;
+          p.head_dim = D;
+          p.n_rot = D / 4;
+          p.eps = 1e-6f;
+          p.freq_base = 1e7f;
+          p.positions = r.pos.as<int32_t>();
+          p.kv = kvl;
+          gpu_->qk_norm_rope_store(p);
+          if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
+          AttentionArgs a;
+          a.q = r.q.rows(n, QW);
+          a.kv = kvl;
+          a.positions = r.pos.as<int32_t>();
+          a.n_head = H;
+          a.n_kv_head = Hkv;
+          a.head_dim = D;
+          a.scale = 1.0f / 16.0f;
+          a.out = r.out.rows(n, QW);
+          gpu_->attention(a);
+        };
+        Run ref = fresh(), eager = fresh(), graph = fresh();
+        step(ref, true);
+        step(eager, false);
+        auto g = gpu_->capture([&] { step(graph, false); });
+        ASSERT_TRUE(g.is_ok()) << g.message();
+        ASSERT_TRUE(g.value()->replay().is_ok());
+        auto bytes = [&](const Buffer& b) {
+          std::vector<uint8_t> h(b.size);
+          gpu_->download(h.data(), b.data(), b.size);
+          EXPECT_TRUE(gpu_->synchronize().is_ok());
+          return h;
+        };
+        const auto out = get_gpu(ref.out);
+        EXPECT_EQ(std::count_if(out.begin(), out.end(), [](float x) { return !std::isfinite(x); }), 0) << what;
+        for (const Run* r : {&eager, &graph}) {
+          const std::string how = what + (r == &eager ? ", eager" : ", graph");
+          EXPECT_TRUE(same_bits(get_gpu(r->out), out)) << how << ": attention output";
+          EXPECT_TRUE(same_bits(get_gpu(r->q), get_gpu(ref.q))) << how << ": q";
+          EXPECT_TRUE(same_bits(get_gpu(r->k), get_gpu(ref.k))) << how << ": k";
+          EXPECT_EQ(bytes(r->kc), bytes(ref.kc)) << how << ": K cache";
+          EXPECT_EQ(bytes(r->vc), bytes(ref.vc)) << how << ": V cache";
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, ArgmaxFirstIndexOnTies) {
   const int64_t n = 6, C = 5000;
   auto xv = randn(n * C);
