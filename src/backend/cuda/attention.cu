@@ -31,7 +31,6 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
-#include "backend/cuda/qk_prep.cuh"
 #include "backend/cuda/tensor_core.cuh"
 #ifdef HYSPEC_ATTN_TRACE
 #include "backend/cuda/timeline.cuh"
@@ -879,10 +878,8 @@ constexpr int q8_digits_bytes(int D) { return q8_digit_scales_at(D) + D / 32 * k
 
 // Q (pre-scaled, kDecodeQueries vectors of the block; absent ones are zeros) -> digits: two threads per
 // (query, 32-dim block), each loading its 16 dims before any store (one L2 round trip).
-// prep: the block's queries in shared memory ([M][D], unscaled: a kPrep launch), or nullptr (a.q).
 template <int D>
-__device__ __forceinline__ void stage_q_digits(uint8_t* q_sm, const AttnArgs& a, const DecodeBlock& blk, int tid,
-                                               const float* prep = nullptr) {
+__device__ __forceinline__ void stage_q_digits(uint8_t* q_sm, const AttnArgs& a, const DecodeBlock& blk, int tid) {
   constexpr int NB = D / 32;
   static_assert(kDecodeQueries * NB * 2 <= kDecodeWarps * 32, "one pass of two threads per (query, block)");
   const int p = tid >> 1, half = tid & 1, qm = p / NB, b = p % NB;
@@ -890,7 +887,6 @@ __device__ __forceinline__ void stage_q_digits(uint8_t* q_sm, const AttnArgs& a,
   const float* src = valid && qm < blk.M ? a.q.data + static_cast<int64_t>(blk.row(qm)) * a.q.stride +
                                                static_cast<int64_t>(blk.head(qm)) * D + 32 * b + 16 * half
                                          : nullptr;
-  if (prep) src = valid && qm < blk.M ? prep + qm * D + 32 * b + 16 * half : nullptr;
   float v[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) v[i] = src ? src[i] * a.scale : 0.0f;
@@ -1046,17 +1042,6 @@ __device__ __forceinline__ void pair_sync(int w) {
   asm volatile("barrier.sync %0, %1;" ::"r"(3 + w), "r"(64) : "memory");
 }
 
-// A kPrep launch's qk_prep items (see the kernel): item i = t (G + 1) + j of a block is query head kvh G + j
-// of row t (j < G) or key head kvh of row t (j = G); warp w of the 8 takes items w and w + 8 (n (G + 1) <= 16
-// where G n <= 8). Their shared memory after the stages: the block's queries and its rows' keys (D floats each).
-constexpr int kPrepRounds = 2;
-constexpr size_t prep_smem_bytes(int D) { return size_t{kDecodeQueries + 2} * D * sizeof(float); }
-// Whether the block of split blk.split stores the K/V row of position pos (each position in the cache
-// belongs to one split).
-__device__ __forceinline__ bool prep_stores(const AttnArgs& a, int32_t pos, const DecodeBlock& blk) {
-  return pos >= 0 && pos < a.kv_capacity && pos >= blk.k0 && pos < blk.k0 + a.chunk_tiles * kDecodeKeys;
-}
-
 // kSplitD == 2 (launches of one query group, head dim 256): 8 warps on one query group. Warps w and w + 4
 // walk the steps of a one-set block's warp w and share its stages as a pair does (warp w copies the K rows,
 // warp w + 4 the V rows, pair_sync per step); both form the step's scores and softmax (the same bits), and
@@ -1066,21 +1051,11 @@ __device__ __forceinline__ bool prep_stores(const AttnArgs& a, int32_t pos, cons
 // (MMAs, softmax, conversions) held one. H100, 9B Q4_K_M with a Q8_0 cache: decode 2.626 -> 2.610 ms; at
 // depth 16384 unchanged (the K/V stream at ~2 TB/s there, the prologue's copies included; PERFORMANCE.md
 // "Session 33" and "Session 34").
-//
-// kPrep (with kSplitD == 2: decode and verify-1 steps): the launch runs the step's qk_prep for its kv heads
-// itself (qk_norm_rope_store folded into the attention, cuda_backend.cpp), so its blocks wait on the q/k/v
-// projection instead of on a qk_prep launch (sessions 33-34's traces: the attention's wait was that launch's
-// run, 4.3-4.8 us a layer). Every block norms and ropes its G * n query heads into shared memory with
-// qk_prep_head (qk_prep_kernel's code: the same bits) and stages Q from there. The block of the split that
-// holds row t's position does row t's key head too and stores its K and V rows before it copies any keys
-// (its own stores, ordered by the block barrier), so the other splits copy theirs at once. Split 0 writes
-// the op's q output, and a key head that no block stores (its position outside the cache) is normed there.
-template <int D, typename C, int kStages, int kSets, int kSplitD = 1, bool kPrep = false>
+template <int D, typename C, int kStages, int kSets, int kSplitD = 1>
 __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
-    attention_decode_mma_kernel(AttnArgs a, unsigned* counters, QkPrepParams p) {
+    attention_decode_mma_kernel(AttnArgs a, unsigned* counters) {
   static_assert(kSets == 1 || kSets == 2, "one query group per block, or a pair");
   static_assert(kSplitD == 1 || (kSplitD == 2 && kSets == 1), "dims split over warp pairs: one query group");
-  static_assert(!kPrep || kSplitD == 2, "qk_prep's items over the 8 warps of one query group");
   constexpr bool kPaired = kSets == 2 || kSplitD == 2;  // warps w and w + 4 share warp w's stages
   constexpr int kThreads = kDecodeWarps * 32 * kSplitD;  // a set's threads
   // A split past the queries' keys exits before waiting on the previous kernel: the positions it reads
@@ -1096,23 +1071,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     k1_all = max(k1_all, other.k1), n_eff_all = max(n_eff_all, other.n_eff);
   }
   if (blk.split >= n_eff_all) return;
-  // kPrep: the RoPE angles of this warp's qk_prep items (prep_item) and whether the block stores a K/V row,
-  // from the positions (step inputs) before the wait.
-  RopeAngle ang[kPrep ? kPrepRounds : 1][kPrep ? qk_prep_per_lane<D>() / 2 : 1];
-  bool owner = false;
-  if constexpr (kPrep) {
-    const int lane = threadIdx.x & 31, w8 = threadIdx.x >> 5;
-    for (int t = 0; t < a.n; ++t) owner = owner || prep_stores(a, a.positions[t], blk);
-#pragma unroll
-    for (int r = 0; r < kPrepRounds; ++r) {
-      const int i = w8 + 8 * r, t = i / (a.group + 1);
-      if (i >= a.n * (a.group + 1)) break;
-      const int32_t pos = a.positions[t];
-#pragma unroll
-      for (int e = 0; e < qk_prep_per_lane<D>() / 2; ++e)
-        if (lane + 32 * e < p.n_rot / 2) ang[r][e] = rope_angle_call(pos, lane + 32 * e, p.n_rot, p.freq_base);
-    }
-  }
   pdl_wait();  // as attention_decode_kernel
   pdl_trigger();
   attn_mark(kMarkWaited);
@@ -1151,42 +1109,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   };
   constexpr int kStride = SK * kDecodeWarps;  // keys between a warp's steps
   int ks = k0 + SK * warp;
-  auto prime = [&] {
-    for (int st = 0; st + 1 < L::kStages; ++st) {
-      if (ks + st * kStride < k1_all) {
-        issue(ks + st * kStride, st);
-      } else {
-        cp_async_commit();  // empty groups keep wait_group's count
-      }
+  for (int st = 0; st + 1 < L::kStages; ++st) {
+    if (ks + st * kStride < k1_all) {
+      issue(ks + st * kStride, st);
+    } else {
+      cp_async_commit();  // empty groups keep wait_group's count
     }
-  };
-  if (!owner) prime();
-  float* const prep_s = reinterpret_cast<float*>(sm + L::kBytes);  // kPrep: query m at m * D, row t's key at (M + t) * D
-  if constexpr (kPrep) {
-    const int w8 = tid >> 5, G = a.group;
-    uint8_t* const kc = static_cast<uint8_t*>(const_cast<void*>(a.k));
-    uint8_t* const vc = static_cast<uint8_t*>(const_cast<void*>(a.v));
-#pragma unroll 1
-    for (int r = 0; r < kPrepRounds; ++r) {  // (one call site: qk_prep_head's code once in the kernel)
-      const int i = w8 + 8 * r, t = i / (G + 1), j = i % (G + 1);
-      if (i >= a.n * (G + 1)) break;
-      const int32_t pos = a.positions[t];
-      const bool is_q = j < G, store = !is_q && prep_stores(a, pos, blk);
-      if (!is_q && !store && !(blk.split == 0 && !(pos >= 0 && pos < a.kv_capacity))) continue;
-      RopeAngle round_ang[qk_prep_per_lane<D>() / 2];
-#pragma unroll
-      for (int e = 0; e < qk_prep_per_lane<D>() / 2; ++e) round_ang[e] = r == 0 ? ang[0][e] : ang[1][e];
-      // Query head kvh * G + j of row t (query m = t * G + j of the block), or key head kvh of row t (in place).
-      const int h = kvh * G + j;
-      float* const hs = prep_s + (is_q ? t * G + j : M + t) * D;
-      float* const key = p.k.data + t * p.k.stride + kvh * D;
-      qk_prep_head<C, D>(is_q ? p.q_in.data + t * p.q_in.stride + h * p.q_pitch : key, is_q ? p.q_norm : p.k_norm,
-                         is_q ? p.vec4_q : p.vec4_k, !is_q ? key : blk.split == 0 ? p.q.data + t * p.q.stride + h * D : hs,
-                         hs, store, p.v.data + t * p.v.stride + kvh * D, kc, vc,
-                         int64_t{pos} * a.row_bytes + kvh * a.head_bytes, D, p.n_rot / 2, p.eps, round_ang, lane);
-    }
-    __syncthreads();  // the queries are staged, and an owner's K/V rows stored before its copies read them
-    if (owner) prime();
   }
 
   // Q, pre-scaled, as T hi (rows 0-7) and lo (rows 8-15), or for Q8_0 caches as int8 digits
@@ -1197,15 +1125,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   uint8_t* const q_sm = sm + L::kQ + set * 16 * P;
   if constexpr (kQ8) {
     static_assert(q8_digits_bytes(D) <= 16 * P, "the digits fit the Q rows' space");
-    if (kSplitD == 1 || tid < kDecodeWarps * 32) stage_q_digits<D>(q_sm, a, blk, tid, kPrep ? prep_s : nullptr);
+    if (kSplitD == 1 || tid < kDecodeWarps * 32) stage_q_digits<D>(q_sm, a, blk, tid);
   } else if (kSplitD == 1 || tid < kDecodeWarps * 32) {
     constexpr int kTpq = kDecodeWarps * 32 / Q, kPer = D / kTpq;  // threads per query, dims per thread
     static_assert(kDecodeWarps * 32 % Q == 0 && D % kTpq == 0, "whole queries per thread group");
     const int qm = tid / kTpq, qd = tid % kTpq;
-    const float* qsrc = qm >= M ? nullptr
-                        : kPrep ? prep_s + qm * D
-                                : a.q.data + static_cast<int64_t>(blk.row(qm)) * a.q.stride +
-                                      static_cast<int64_t>(blk.head(qm)) * D;
+    const float* qsrc =
+        qm < M ? a.q.data + static_cast<int64_t>(blk.row(qm)) * a.q.stride + static_cast<int64_t>(blk.head(qm)) * D : nullptr;
     float qv[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) qv[j] = qsrc ? qsrc[qd + kTpq * j] * a.scale : 0.0f;
@@ -1514,16 +1440,14 @@ dim3 decode_grid(const AttnArgs& a, int blocks) {
 
 // The tensor-core decode kernel with S stages; cudaErrorNotSupported where the device does not grant its
 // shared memory or HYSPEC_ATTN_MMA=0. One launch: the kernel merges its own splits.
-// kPrep: with the step's qk_prep (prep).
-template <int D, typename KV, int S, int kSets = 1, int kSplitD = 1, bool kPrep = false>
-cudaError_t launch_mma_stages(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream,
-                              const QkPrepParams& prep = QkPrepParams{}) {
-  constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, S, kSets>::kBytes + (kPrep ? prep_smem_bytes(D) : 0);
-  constexpr auto kernel = attention_decode_mma_kernel<D, KV, S, kSets, kSplitD, kPrep>;
-  static const bool usable = decode_mma_enabled() && grants_smem(kernel, smem);
+template <int D, typename KV, int S, int kSets = 1, int kSplitD = 1>
+cudaError_t launch_mma_stages(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream) {
+  constexpr size_t smem = MmaDecodeSmem<D, kIsQ8<KV>, S, kSets>::kBytes;
+  static const bool usable =
+      decode_mma_enabled() && grants_smem(attention_decode_mma_kernel<D, KV, S, kSets, kSplitD>, smem);
   if (!usable) return cudaErrorNotSupported;
-  return launch_pdl(kernel, decode_grid(a, (groups + kSets - 1) / kSets), dim3(kDecodeWarps * 32 * kSets * kSplitD), smem,
-                    stream, a, counters, prep);
+  return launch_pdl(attention_decode_mma_kernel<D, KV, S, kSets, kSplitD>, decode_grid(a, (groups + kSets - 1) / kSets),
+                    dim3(kDecodeWarps * 32 * kSets * kSplitD), smem, stream, a, counters);
 }
 
 // Launches of one query group (decode, verify-1) with head dim 256 take 8 warps, the output dims split
@@ -1542,19 +1466,15 @@ bool decode_pairs_enabled() {
   return v;
 }
 
-// prep (a step's qk_prep to run in the launch): only launches of one query group with head dim 256 take it;
-// cudaErrorNotSupported, having launched nothing, for the others.
 template <int D, typename KV>
-cudaError_t launch_mma(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream, const QkPrepParams* prep) {
+cudaError_t launch_mma(const AttnArgs& a, int groups, unsigned* counters, cudaStream_t stream) {
   if constexpr (D == 256) {
     if (groups == 1 && decode_split_dims_enabled()) {
       constexpr int kStages = kIsQ8<KV> ? 4 : 3;  // the 4-warp launches' defaults (HYSPEC_ATTN_Q8_STAGES: theirs only)
-      const cudaError_t e = prep ? launch_mma_stages<D, KV, kStages, 1, 2, true>(a, groups, counters, stream, *prep)
-                                 : launch_mma_stages<D, KV, kStages, 1, 2>(a, groups, counters, stream);
+      const cudaError_t e = launch_mma_stages<D, KV, kStages, 1, 2>(a, groups, counters, stream);
       if (e != cudaErrorNotSupported) return e;
     }
   }
-  if (prep) return cudaErrorNotSupported;
   if constexpr (D == 256 && !kIsQ8<KV>) {
     if (groups >= 2 && decode_pairs_enabled())
       if (const cudaError_t e = launch_mma_stages<D, KV, 3, 2>(a, groups, counters, stream); e != cudaErrorNotSupported)
@@ -1569,12 +1489,11 @@ cudaError_t launch_mma(const AttnArgs& a, int groups, unsigned* counters, cudaSt
 }
 
 template <int D, typename KV>
-cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream, const QkPrepParams* prep) {
+cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(
       attention_kernel<D, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(attention_smem<D>()));
   if (attr != cudaSuccess) return attr;
   const int M = a.n * a.group;
-  if (prep && !(uses_decode_kernel(a.n, a.group, a.n_kv) && M <= kDecodeQueries && a.causal)) return cudaErrorNotSupported;
   if (uses_decode_kernel(a.n, a.group, a.n_kv)) {
     constexpr size_t smem = DecodeSmem<D, KV>::kBytes;
     static const cudaError_t dattr = cudaFuncSetAttribute(
@@ -1586,10 +1505,9 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
     // The tensor-core kernel for F16/BF16/Q8_0 KV, where the device grants its shared memory (sm_86/89 have
     // 99 KB: the SIMT kernel runs there); HYSPEC_ATTN_MMA=0 picks the SIMT kernel (benchmarks).
     if constexpr (sizeof(KV) == 2 || kIsQ8<KV>) {
-      if (const cudaError_t e = launch_mma<D, KV>(ad, groups, counters, stream, prep); e != cudaErrorNotSupported || prep)
+      if (const cudaError_t e = launch_mma<D, KV>(ad, groups, counters, stream); e != cudaErrorNotSupported)
         return e;
     }
-    if (prep) return cudaErrorNotSupported;
     return launch_pdl(attention_decode_kernel<D, KV>, decode_grid(ad, groups), dim3(kDecodeWarps * 32), smem, stream, ad,
                       counters);
   } else {
@@ -1609,8 +1527,8 @@ cudaError_t launch_kv(const AttnArgs& a, unsigned* counters, cudaStream_t stream
 }
 
 template <int D>
-cudaError_t launch(const AttnArgs& a, GgmlType kv_type, unsigned* counters, cudaStream_t stream, const QkPrepParams* prep) {
-  return with_cache_type(kv_type, [&](auto kv) { return launch_kv<D, decltype(kv)>(a, counters, stream, prep); });
+cudaError_t launch(const AttnArgs& a, GgmlType kv_type, unsigned* counters, cudaStream_t stream) {
+  return with_cache_type(kv_type, [&](auto kv) { return launch_kv<D, decltype(kv)>(a, counters, stream); });
 }
 
 }  // namespace
@@ -1664,10 +1582,10 @@ cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scra
              static_cast<int>(p.q.rows), p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
              scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false};
   switch (p.head_dim) {
-    case 32: return launch<32>(a, p.kv.type, p.counters, stream, p.prep);
-    case 64: return launch<64>(a, p.kv.type, p.counters, stream, p.prep);
-    case 128: return launch<128>(a, p.kv.type, p.counters, stream, p.prep);
-    case 256: return launch<256>(a, p.kv.type, p.counters, stream, p.prep);
+    case 32: return launch<32>(a, p.kv.type, p.counters, stream);
+    case 64: return launch<64>(a, p.kv.type, p.counters, stream);
+    case 128: return launch<128>(a, p.kv.type, p.counters, stream);
+    case 256: return launch<256>(a, p.kv.type, p.counters, stream);
     default: return cudaErrorInvalidValue;
   }
 }

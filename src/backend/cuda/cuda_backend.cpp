@@ -443,12 +443,10 @@ class CudaBackend final : public Backend {
     p.freq_base = a.freq_base;
     p.positions = a.positions;
     p.kv = geometry(a.kv);
-    if (defer_prep(a, p)) return;
     check(cuda::qk_prep_launch(p, a.kv.k, a.kv.v, stream_), "qk_norm_rope_store");
   }
 
   void attention(const AttentionArgs& a) override {
-    std::optional<DeferredPrep> prep = take_prep(a);
     auto prof = begin_op("attention");
     const int64_t width = static_cast<int64_t>(a.n_head) * a.head_dim;
     if (!expect(cuda::attention_head_dim_supported(a.head_dim), "attention: head_dim {} (32, 64, 128 or 256)",
@@ -484,17 +482,6 @@ class CudaBackend final : public Backend {
     float* scratch = nullptr;
     if (splits > 1 && !(scratch = static_cast<float*>(arena(op_arena_, cuda::attention_scratch_bytes(p, splits)))))
       return;
-    if (prep) {
-      p.prep = &prep->p;
-      const cudaError_t e = cuda::attention_launch(p, splits, scratch, stream_);
-      if (e != cudaErrorNotSupported) {
-        check(e, "attention (with qk_norm_rope_store)");
-        wrote(a.out), wrote(prep->q), wrote(prep->k);
-        return;
-      }
-      p.prep = nullptr;  // (nothing launched: the ops one after the other)
-      check(cuda::qk_prep_launch(prep->p, a.kv.k, a.kv.v, stream_), "qk_norm_rope_store");
-    }
     check(cuda::attention_launch(p, splits, scratch, stream_), "attention");
     wrote(a.out);
   }
@@ -781,7 +768,6 @@ class CudaBackend final : public Backend {
     if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
     folds_ = int8_matvec_ && !profiler_ && !profile_skip_ && cuda::env_int("HYSPEC_FOLD", 1) != 0;
-    prep_fold_ = folds_ && fused_ops_ && cuda::env_int("HYSPEC_ATTN_PREP", 1) != 0;
     if (profile_skip_)
       fmt::print(stderr, "HYSPEC_PROFILE_SKIP={}: {}; every result is meaningless\n", profile_skip_,
                  profile_skip_ == 1 ? "only the weight matmuls' kernels are launched"
@@ -909,11 +895,6 @@ class CudaBackend final : public Backend {
       deferred_x_.reset();
       launch_x(d);
     }
-    if (deferred_prep_) {
-      const DeferredPrep d = *deferred_prep_;
-      deferred_prep_.reset();
-      check(cuda::qk_prep_launch(d.p, d.k_cache, d.v_cache, stream_), "qk_norm_rope_store");
-    }
   }
   bool fold_conv(Rows x, const float* weight, int kernel, float* conv_state, float* capture, Rows y) {
     if (!deferred_many_) return false;
@@ -1034,54 +1015,6 @@ class CudaBackend final : public Backend {
           "sigmoid_mul");
     norm_wrote(x, true);
   }
-  // ---- qk_norm_rope_store folded into the attention that reads its q (cuda::AttentionParams::prep) ----
-  // A decode or verify-1 step's qk_norm_rope_store (G * n <= 8 query heads of 256 a kv head, a 16-bit or
-  // Q8_0 cache) is deferred to the next op. When that is the attention of its q, cache and positions, one
-  // launch runs both: its blocks norm and rope their queries themselves and the block of a position's
-  // split stores its K/V rows, so the attention waits on the q/k/v projection instead of on the qk_prep
-  // launch. Any other op launches qk_prep first, as it was asked. Same bits either way. Every block reads
-  // q_in while split 0's block writes q and a key's block writes k in place, so q must not overlap q_in, k
-  // or v, nor k q_in or v; nor the attention's output any of them. HYSPEC_FOLD=0 or HYSPEC_ATTN_PREP=0: off.
-  struct DeferredPrep {
-    cuda::QkPrepParams p;
-    void* k_cache;
-    void* v_cache;
-    Rows q_in, q, k, v;
-  };
-  bool defer_prep(const QkPrepArgs& a, cuda::QkPrepParams p) {
-    const int64_t n = a.k.n_rows;
-    const bool cache_ok = a.kv.type == GgmlType::F16 || a.kv.type == GgmlType::BF16 || a.kv.type == GgmlType::Q8_0;
-    const bool ok = prep_fold_ && a.q.data && cache_ok && a.head_dim == 256 && a.n_kv_head > 0 &&
-                    a.n_head % a.n_kv_head == 0 && n >= 1 && n * (a.n_head / a.n_kv_head) <= 8 &&
-                    disjoint(region(a.q), region(a.q_in)) && disjoint(region(a.q), region(a.k)) &&
-                    disjoint(region(a.q), region(a.v)) && disjoint(region(a.k), region(a.q_in)) &&
-                    disjoint(region(a.k), region(a.v));
-    if (!ok) return false;
-    cuda::qk_prep_set_vec4(p);
-    deferred_prep_ = DeferredPrep{p, a.kv.k, a.kv.v, a.q_in, a.q, a.k, a.v};
-    deferring_thread_ = std::this_thread::get_id();
-    return true;
-  }
-  // The deferred qk_norm_rope_store if attention(a) reads its output (taken), else nothing (begin_op then
-  // launches it).
-  std::optional<DeferredPrep> take_prep(const AttentionArgs& a) {
-    if (!deferred_prep_) return std::nullopt;
-    const DeferredPrep& d = *deferred_prep_;
-    const cuda::QkPrepParams& p = d.p;
-    const Bytes out = region(a.out);
-    const bool ok = a.causal && a.q.data == d.q.data && a.q.n_rows == d.q.n_rows && a.q.n_cols == d.q.n_cols &&
-                    a.q.stride == d.q.stride && a.kv.k == d.k_cache && a.kv.v == d.v_cache &&
-                    geometry(a.kv).row_bytes == p.kv.row_bytes && geometry(a.kv).head_bytes == p.kv.head_bytes &&
-                    a.kv.type == p.kv.type && a.kv.capacity == p.kv.capacity && a.positions == p.positions &&
-                    a.n_head == p.n_head && a.n_kv_head == p.n_kv_head && a.head_dim == p.head_dim &&
-                    disjoint(out, region(d.q_in)) && disjoint(out, region(d.q)) && disjoint(out, region(d.k)) &&
-                    disjoint(out, region(d.v));
-    if (!ok) return std::nullopt;
-    std::optional<DeferredPrep> taken = std::move(deferred_prep_);
-    deferred_prep_.reset();
-    return taken;
-  }
-
   // What the stream's last kernel wrote, where its op declares it (matmuls, the GDN recurrence, attention):
   // a folded op's gate outside it may be read before that kernel is done. count -1: unknown.
   struct Writes {
@@ -1192,16 +1125,14 @@ class CudaBackend final : public Backend {
   // Deferred launches for the conv and x folds (see settle); off under the op profiler and
   // HYSPEC_PROFILE_SKIP, which time ops one by one. Set in init.
   bool folds_ = false;
-  bool prep_fold_ = false;  // folds_, fused ops and not HYSPEC_ATTN_PREP=0 (see DeferredPrep)
   std::optional<DeferredMany> deferred_many_;
   std::optional<DeferredX> deferred_x_;
-  std::optional<DeferredPrep> deferred_prep_;
   Writes writes_;
   std::thread::id deferring_thread_;
   // settle() for the deleters of backend memory (freeing), on the thread that deferred; reset first
   // thing by the destructor.
   std::shared_ptr<std::function<void()>> settle_hook_ = std::make_shared<std::function<void()>>([this] {
-    if ((deferred_many_ || deferred_x_ || deferred_prep_) && std::this_thread::get_id() == deferring_thread_) settle();
+    if ((deferred_many_ || deferred_x_) && std::this_thread::get_id() == deferring_thread_) settle();
   });
   int n_sm_ = 1;
   std::string name_;

@@ -13,7 +13,6 @@
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/q8k.cuh"
-#include "backend/cuda/qk_prep.cuh"
 
 namespace hyspec::cuda {
 namespace {
@@ -21,6 +20,11 @@ namespace {
 unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {
   int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
 enum class NormKind { Plain, Gated, AddResidual };
@@ -36,11 +40,24 @@ struct NormArgs {
   int vec4;  // > 0: every thread's elements as `vec4` float4s, all loaded at once (see the kernel)
   QuantizedX qx;  // qx.d set: also quantize y for the int8 matvecs (vec4 form; see norm_launch)
 };
+constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip form
 
 // y = x / sqrt(mean(x^2) + eps) * w  [* silu(z)] over each group of columns; 2 reads + 1 write.
 // AddResidual first stores x += z (the add of binary_kernel, element by element) and norms the sum:
 // 3 reads + 2 writes, with the arithmetic of an add followed by a plain norm. A group's arithmetic
 // (lane split, reduction order) depends on the group size only, never on the number of rows.
+// 1 / sqrt(mean of squares + eps) of a group from each thread's partial sum of squares: over the warp,
+// or (tpg > 32) over the block through `partial`, in a fixed order. Every thread of the block calls it.
+__device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial, int64_t group, float eps) {
+  ss = warp_sum(ss);
+  if (tpg > 32) {
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    ss = 0.0f;
+    for (int i = 0; i < tpg / 32; ++i) ss += partial[i];
+  }
+  return 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
+}
 
 // A warp's quantized 256-block (quantize_lane) into block b of the Q8K rows qx, in every XOrder.
 __device__ __forceinline__ void store_quantized_x(const Q8KLane& q, int lane, const QuantizedX& qx, int64_t b) {
@@ -208,6 +225,29 @@ __global__ void binary_kernel(Binary op, Mat a, Mat b, Mat y) {
   }
 }
 
+// NeoX RoPE: the pair (x0, x1) = (i, i + n_rot/2) of a head rotated by pos * base^(-2i/n_rot). As the
+// CPU backend: inv_freq rounded to f32, the angle and its sin/cos in double (positions reach 1e5+, where
+// an f32 angle would be off by ~1e-2 rad).
+struct RopeAngle {
+  double c, s;
+};
+__device__ __forceinline__ RopeAngle rope_angle(int32_t pos, int i, int n_rot, float freq_base) {
+  const double inv_freq = static_cast<float>(pow(static_cast<double>(freq_base), -2.0 * i / n_rot));
+  RopeAngle r;
+  sincos(static_cast<double>(pos) * inv_freq, &r.s, &r.c);
+  return r;
+}
+// rope_angle as one function of its own: qk_prep_kernel's unrolled pairs had each inlined the double pow and
+// sincos; computed before its PDL wait, the calls cost it nothing there (inlined, a Q8_0-cache decode step
+// took 2.171 ms against 2.162, session 36).
+__device__ __noinline__ RopeAngle rope_angle_call(int32_t pos, int i, int n_rot, float freq_base) {
+  return rope_angle(pos, i, n_rot, freq_base);
+}
+__device__ __forceinline__ void rope_apply(float& x0, float& x1, RopeAngle r) {
+  const float a = x0, b = x1;
+  x0 = static_cast<float>(a * r.c - b * r.s);
+  x1 = static_cast<float>(a * r.s + b * r.c);
+}
 __device__ __forceinline__ void rope_rotate(float& x0, float& x1, int32_t pos, int i, int n_rot, float freq_base) {
   rope_apply(x0, x1, rope_angle(pos, i, n_rot, freq_base));
 }
@@ -264,10 +304,12 @@ __global__ void kv_store_q8_kernel(Mat k, Mat v, uint8_t* __restrict__ kc, uint8
   }
 }
 
-// QkPrepArgs (backend.h) in one kernel, a warp per (token, head) (qk_prep_head, qk_prep.cuh). Replaces five
-// launches (two norms, two RoPEs, the store); bytes: q, k, v read once, q, k and the cache rows written once.
-// Latency: one global round trip (every load first), the RoPE angles (double pow and sincos) computed while
-// the previous kernel finishes.
+// QkPrepArgs (backend.h) in one kernel, a warp per (token, head): the norm as rms_norm_kernel's warp
+// form computes it (tpg = 32: the same lane split and order, so the same bits), the head staged in
+// shared memory for RoPE (its pairs sit 16..32 lanes apart), then q or k written and, for a key head,
+// k and v into the cache. Replaces five launches (two norms, two RoPEs, the store); bytes: q, k, v read
+// once, q, k and the cache rows written once. Latency: one global round trip (every load first), the
+// RoPE angles (double pow and sincos) computed while the previous kernel finishes.
 // kD: the head dim as a constant (256: the Qwen3.5 attention's), or 0: a.head_dim. The loops over a lane's
 // elements then unroll to the head's 8 instead of kQkPrepMaxHeadDim's 16 predicated ones (the Q8_0 form 115 ->
 // 47 KB of SASS): a Q8_0-cache decode step -0.9% (session 36).
@@ -275,7 +317,8 @@ template <typename C, int kD>
 __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams a, uint8_t* __restrict__ kc,
                                                                      uint8_t* __restrict__ vc) {
   __shared__ __align__(16) float head_s[kQkPrepWarps][kQkPrepMaxHeadDim];
-  constexpr int kMaxPer = qk_prep_per_lane<kD>();
+  constexpr int kMaxPer = (kD ? kD : kQkPrepMaxHeadDim) / 32;  // a lane's elements of a head (and RoPE pairs, half)
+  constexpr int kVec4 = kD ? kD / 128 : kNormMaxVec4;           // the float4s of a lane (vec4 form)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = kD ? kD : a.head_dim;
   const int heads = a.n_head + a.n_kv_head;
   const int64_t item = blockIdx.x * int64_t{kQkPrepWarps} + warp;
@@ -297,10 +340,89 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   const int kh = j - a.n_head;
   const float* x = is_q ? a.q_in.data + t * a.q_in.stride + j * a.q_pitch : a.k.data + t * a.k.stride + kh * D;
   float* y = is_q ? a.q.data + t * a.q.stride + j * D : a.k.data + t * a.k.stride + kh * D;
+  const float* w = is_q ? a.q_norm : a.k_norm;
+  const int vec4 = is_q ? a.vec4_q : a.vec4_k;
   const bool store_kv = !is_q && pos >= 0 && pos < a.kv.capacity;
-  qk_prep_head<C, kD>(x, is_q ? a.q_norm : a.k_norm, is_q ? a.vec4_q : a.vec4_k, y, head_s[warp], store_kv,
-                      a.v.data + t * a.v.stride + kh * D, kc, vc, pos * a.kv.row_bytes + kh * a.kv.head_bytes, D, half,
-                      a.eps, ang, lane);
+  // Every global load of the warp first (x, the norm weights, a key head's v row): one round trip.
+  float vr[kMaxPer];
+  if (store_kv) {
+    const float* v = a.v.data + t * a.v.stride + kh * D;
+#pragma unroll
+    for (int e = 0; e < kMaxPer; ++e)
+      if (lane + 32 * e < D) vr[e] = v[lane + 32 * e];
+  }
+  float* hs = head_s[warp];
+  float ss = 0.0f;
+  if (vec4 > 0) {  // lane owns float4s lane, lane + 32, ...
+    float4 v[kVec4], wv[kVec4];
+#pragma unroll
+    for (int k = 0; k < kVec4; ++k)
+      if (k < vec4) {
+        v[k] = reinterpret_cast<const float4*>(x)[k * 32 + lane];
+        if (w) wv[k] = reinterpret_cast<const float4*>(w)[k * 32 + lane];
+      }
+#pragma unroll
+    for (int k = 0; k < kVec4; ++k)
+      if (k < vec4) ss = add_squares(ss, v[k]);
+    const float inv = group_inv_rms(ss, 32, nullptr, D, a.eps);
+#pragma unroll
+    for (int k = 0; k < kVec4; ++k) {
+      if (k >= vec4) break;
+      const int c = (k * 32 + lane) * 4;
+      float o[4] = {v[k].x * inv, v[k].y * inv, v[k].z * inv, v[k].w * inv};
+      if (w) o[0] *= wv[k].x, o[1] *= wv[k].y, o[2] *= wv[k].z, o[3] *= wv[k].w;
+      *reinterpret_cast<float4*>(hs + c) = make_float4(o[0], o[1], o[2], o[3]);
+    }
+  } else {  // lane owns elements lane, lane + 32, ...
+    for (int c = lane; c < D; c += 32) ss = add_square(ss, x[c]);
+    const float inv = group_inv_rms(ss, 32, nullptr, D, a.eps);
+    for (int c = lane; c < D; c += 32) {
+      float o = x[c] * inv;
+      if (w) o *= w[c];
+      hs[c] = o;
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int p = 0; p < kMaxPer / 2; ++p)
+    if (lane + 32 * p < half) rope_apply(hs[lane + 32 * p], hs[lane + 32 * p + half], ang[p]);
+  __syncwarp();
+  for (int c = lane; c < D; c += 32) y[c] = hs[c];
+  if (!store_kv) return;
+  const int64_t slot = pos * a.kv.row_bytes + kh * a.kv.head_bytes;
+  if constexpr (kIsQ8<C>) {  // D % 32 == 0: element e of the lane is in block e
+    // The maxima of four K and four V blocks at a time (K block e0 + i at 2i, V at 2i + 1), then their
+    // stores; block by block, each store had waited on its own 5-shuffle chain (H100, 9B Q4_K_M with a
+    // Q8_0 cache: decode 2.606 -> 2.599 ms).
+    constexpr int kAtOnce = 4;
+#pragma unroll
+    for (int e0 = 0; e0 < kMaxPer; e0 += kAtOnce) {
+      if (32 * e0 >= D) break;
+      float x[2 * kAtOnce], amax[2 * kAtOnce];
+#pragma unroll
+      for (int i = 0; i < kAtOnce; ++i) {
+        const bool in = 32 * (e0 + i) < D;
+        x[2 * i] = in ? hs[lane + 32 * (e0 + i)] : 0.0f, x[2 * i + 1] = in ? vr[e0 + i] : 0.0f;
+      }
+      q8_block_amax(x, amax, 2 * min(kAtOnce, D / 32 - e0));
+#pragma unroll
+      for (int i = 0; i < kAtOnce; ++i) {
+        if (32 * (e0 + i) >= D) break;
+        store_q8_block(kc + slot, D, e0 + i, x[2 * i], amax[2 * i], lane);
+        store_q8_block(vc + slot, D, e0 + i, x[2 * i + 1], amax[2 * i + 1], lane);
+      }
+    }
+  } else {
+    C* kd = reinterpret_cast<C*>(kc + slot);
+    C* vd = reinterpret_cast<C*>(vc + slot);
+#pragma unroll
+    for (int e = 0; e < kMaxPer; ++e) {
+      const int c = lane + 32 * e;
+      if (c >= D) break;
+      kd[c] = to_cache<C>(hs[c]);
+      vd[c] = to_cache<C>(vr[e]);
+    }
+  }
 }
 
 // Better of (v, i) and (ov, oi): larger value, then smaller index.
@@ -663,22 +785,17 @@ cudaError_t kv_store_launch(Mat k, Mat v, void* k_cache, void* v_cache, const Kv
   });
 }
 
-void qk_prep_set_vec4(QkPrepParams& p) {
+cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, cudaStream_t stream) {
   const int64_t D = p.head_dim, n = p.k.rows;
+  if (n == 0) return cudaSuccess;
+  if (!qk_prep_supported(static_cast<int>(D)) || (p.kv.type == GgmlType::Q8_0 && D % 32 != 0))
+    return cudaErrorInvalidValue;
   // The vec4 choice of rms_norm_launch for the same views ([n * heads, D] rows), so the same bits.
   p.vec4_q = p.n_head ? norm_vec4(Mat{p.q_in.data, n * p.n_head, D, p.q_pitch}, Mat{p.q.data, n * p.n_head, D, D},
                                   nullptr, 0, p.q_norm, D)
                       : 0;
   p.vec4_k = norm_vec4(Mat{p.k.data, n * p.n_kv_head, D, D}, Mat{p.k.data, n * p.n_kv_head, D, D}, nullptr, 0,
                        p.k_norm, D);
-}
-
-cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, cudaStream_t stream) {
-  const int64_t D = p.head_dim, n = p.k.rows;
-  if (n == 0) return cudaSuccess;
-  if (!qk_prep_supported(static_cast<int>(D)) || (p.kv.type == GgmlType::Q8_0 && D % 32 != 0))
-    return cudaErrorInvalidValue;
-  qk_prep_set_vec4(p);
   const unsigned blocks = static_cast<unsigned>((n * (p.n_head + p.n_kv_head) + kQkPrepWarps - 1) / kQkPrepWarps);
   return with_cache_type(p.kv.type, [&](auto c) {
     using C = decltype(c);

@@ -207,8 +207,6 @@ struct QkPrepParams {
   int vec4_q, vec4_k;  // set by the launcher
 };
 cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, cudaStream_t stream);
-// The vec4 fields (the norms' float4 form, as rms_norm_launch would choose for the same views).
-void qk_prep_set_vec4(QkPrepParams& p);
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 cudaError_t argmax_launch(Mat x, int32_t* out, void* scratch, cudaStream_t stream);  // scratch: argmax_scratch_bytes
 // Backend::logit_summary (scratch: argmax_scratch_bytes) and Backend::select_logits.
@@ -242,11 +240,6 @@ struct AttentionParams {
   bool causal = true;
   // >= n_kv_head zeroed counters the decode kernel uses to merge its splits (left zeroed).
   unsigned* counters = nullptr;
-  // The step's qk_prep (vec4 fields set: qk_prep_set_vec4) to run in the launch, on the rows of q's step; its q
-  // output is q's rows, its cache this cache. Decode and verify-1 steps (G * n <= 8, causal) with head dim 256
-  // and a 16-bit or Q8_0 cache take it: attention_launch returns cudaErrorNotSupported, having launched
-  // nothing, for the others.
-  const QkPrepParams* prep = nullptr;
 };
 constexpr int kAttentionMaxKvHeads = 1024;
 bool attention_head_dim_supported(int head_dim);
