@@ -1109,14 +1109,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   };
   constexpr int kStride = SK * kDecodeWarps;  // keys between a warp's steps
   int ks = k0 + SK * warp;
-  for (int st = 0; st + 1 < L::kStages; ++st) {
-    if (ks + st * kStride < k1_all) {
-      issue(ks + st * kStride, st);
-    } else {
-      cp_async_commit();  // empty groups keep wait_group's count
-    }
-  }
-
   // Q, pre-scaled, as T hi (rows 0-7) and lo (rows 8-15), or for Q8_0 caches as int8 digits
   // (stage_q_digits); absent queries are zero rows. A thread takes dims of one query and issues all its
   // loads before its first store: one L2 round trip. (A loop of
@@ -1137,6 +1129,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     for (int j = 0; j < kPer; ++j) qv[j] = qsrc ? qsrc[qd + kTpq * j] * a.scale : 0.0f;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) store_q_hi_lo<T, kQ8>(q_sm, P, qm, qd + kTpq * j, qv[j]);
+  }
+  // The first steps' copies after Q's loads: queued behind the copies, Q's L2 round trip took ~6 us of a
+  // 16K step's prologue (session 33's trace).
+  for (int st = 0; st + 1 < L::kStages; ++st) {
+    if (ks + st * kStride < k1_all) {
+      issue(ks + st * kStride, st);
+    } else {
+      cp_async_commit();  // empty groups keep wait_group's count
+    }
   }
   __syncthreads();
   attn_mark(kMarkQStaged);
