@@ -317,12 +317,10 @@ __device__ __forceinline__ ConvPre conv_before(const Int8MvArgs& a, int64_t tile
 
 // Sum the warps' partials red[warp][token][row] in order and write the tile (SW: silu(gate) * up).
 // kConv: the conv of Int8ConvFold on outputs < conv_channels too (one row), from conv_before's pre.
-// Threads i0, i0 + di, ... take the outputs (the block's, or one warp's lanes).
 template <int NMAX, bool SW, bool kConv = false>
-__device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, const ConvPre& pre = ConvPre{},
-                           int i0 = threadIdx.x, int di = kWarps * 32) {
+__device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, const ConvPre& pre = ConvPre{}) {
   constexpr int kOut = SW ? kRows / 2 : kRows;
-  for (int i = i0; i < a.n * kOut; i += di) {
+  for (int i = threadIdx.x; i < a.n * kOut; i += kWarps * 32) {
     const int c = i / kOut, rr = i - c * kOut;
     const int64_t row = tile * kOut + rr;
     if (row >= a.n_out) continue;
@@ -649,36 +647,12 @@ __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t 
   }
 }
 
-// The tensor-core kernels' tile sums (write_mma_tile) without block barriers: two buffers of the warps'
-// partials (tiles j and j + 1 of a block), then per buffer an arrival count and the rounds summed.
-template <int NMAX>
-struct MmaTileSums {
-  static constexpr int kBuf = kWarps * NMAX * kRows;  // floats: partials [warp][token][row]
-  static constexpr size_t kBytes = 2 * kBuf * sizeof(float) + 4 * sizeof(int);
-  float* red;
-  int* arrived;          // [2]
-  volatile int* rounds;  // [2]: tiles of the buffer summed
-  __device__ explicit MmaTileSums(float* r)
-      : red(r), arrived(reinterpret_cast<int*>(r + 2 * kBuf)), rounds(reinterpret_cast<int*>(r + 2 * kBuf) + 2) {
-    if (threadIdx.x < 4) arrived[threadIdx.x] = 0;  // (arrived and rounds)
-    __syncthreads();
-  }
-};
-
-// A tensor-core kernel's j-th tile: lane (g, t)'s outputs (rows g, g+8; tokens 2t, 2t+1 of each n-tile) to
-// the tile's buffer, and the warp to arrive last sums the warps in order and writes the tile: the same sums
-// as the block's barrier-separated form, so the same bits. A warp that is done moves on to its next tile
-// (its copies are in flight already) instead of waiting at two barriers per tile for the slowest warp
-// (ncu, Q4_K 4096 x 12288 at 16 tokens: 13% of the warps' stall samples were that barrier). A buffer is
-// rewritten (tile j + 2) once its sum is done.
+// A tensor-core kernel's tile: lane (g, t)'s outputs (rows g, g+8; tokens 2t, 2t+1 of each n-tile) to
+// red, then the warps summed in order and written.
 template <int NT, bool SW>
-__device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, const MmaTileSums<NT * 8>& sums,
-                                               const float (&acc)[NT][4], int64_t tile, int64_t j, int g, int t, int ks) {
+__device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, const float (&acc)[NT][4], int64_t tile,
+                                               int g, int t, int ks) {
   constexpr int NMAX = NT * 8;
-  const int lane = threadIdx.x & 31, b = static_cast<int>(j & 1), round = static_cast<int>(j >> 1);
-  float* const red = sums.red + b * MmaTileSums<NMAX>::kBuf;
-  while (sums.rounds[b] < round) {
-  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -686,19 +660,9 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, const MmaTil
       const int c = nt * 8 + 2 * t + (e & 1), rr = g + (e >= 2 ? 8 : 0);
       if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];
     }
-  __threadfence_block();  // the partials before the arrival
-  __syncwarp();
-  int last = 0;
-  if (lane == 0) last = atomicAdd(&sums.arrived[b], 1) == kWarps - 1;
-  if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  __threadfence_block();  // every warp's partials after its arrival
-  write_tile<NMAX, SW>(a, red, tile, ConvPre{}, lane, 32);
-  __syncwarp();  // every lane has read the buffer
-  if (lane == 0) {
-    sums.arrived[b] = 0;
-    __threadfence_block();
-    sums.rounds[b] = round + 1;
-  }
+  __syncthreads();
+  write_tile<NMAX, SW>(a, red, tile);
+  __syncthreads();  // red is rewritten by the next tile
 }
 
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k32 per sub-block and 8 tokens gives the
@@ -715,7 +679,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   StepRing<L, SW> ring(a, smem, slot);
-  const MmaTileSums<NT * 8> sums(ring.red);
+  float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
   ring.prime();
   pdl_wait();
@@ -788,7 +752,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
         return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
       });
     }
-    write_mma_tile<NT, SW>(a, sums, acc, tile, j, g, t, ks);
+    write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -998,7 +962,7 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
   StepRing<L, SW> ring(a, smem, slot);
-  const MmaTileSums<NT * 8> sums(ring.red);
+  float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
   ring.prime();
   pdl_wait();
@@ -1068,7 +1032,7 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
         return add_s16_super_block<C>(ac, is, ms, r1 ? d1 : d0, dx);
       });
     }
-    write_mma_tile<NT, SW>(a, sums, acc, tile, j, g, t, ks);
+    write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -1132,13 +1096,11 @@ size_t bs_bytes(int64_t n, int64_t K) {
   return align_up(static_cast<size_t>(padded_tokens(n) * (K / 16)) * sizeof(__half), 256);
 }
 
-// Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX);
-// else a tensor-core launch's second buffer of partials and counters (MmaTileSums).
+// Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX).
 template <class L>
 size_t smem_bytes(int nmax, bool staged) {
-  const size_t red = static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float);
   return static_cast<size_t>(kWarps) * StepRing<L, false>::kStages * kRows * L::kSlotBytes +
-         (staged ? red + kMaxStagedX : 2 * red + 4 * sizeof(int));
+         static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) + (staged ? kMaxStagedX : 0);
 }
 
 // Whether the dp4a kernels' shared memory fits the device (not on sm_86/89's 99 KB for Q6_K; the
