@@ -691,13 +691,28 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     for (int m = 0; m < ring.cnt; ++m) {
+      const int64_t s = ks + int64_t{kWarps} * m;
+      // Half a step's B fragments (sub-blocks 4hh..4hh+3, two 16-byte loads per n-tile in the kFragQ4
+      // layout, at constant offsets from the step's block of token g). Padding tokens of the last n-tile
+      // load nothing (their codes are zeros). The first half's loads go out before the step's wait and the
+      // next step's copies (next()), so that they do not queue behind those copies.
+      const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 16 * t);
+      auto load_x = [&](int hh, uint4 (&bx)[NT][2]) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const bool real = nt < NT - 1 || nt * 8 + g < a.n;
+          bx[nt][0] = real ? __ldg(xs + nt * 128 + 8 * hh) : make_uint4(0u, 0u, 0u, 0u);
+          bx[nt][1] = real ? __ldg(xs + nt * 128 + 8 * hh + 4) : make_uint4(0u, 0u, 0u, 0u);
+        }
+      };
+      uint4 bx_first[NT][2];
+      load_x(0, bx_first);
       const uint8_t* slot = ring.next();
       const uint8_t* b0 = slot + g * L::kBlockBytes;
       const uint8_t* b1 = slot + (g + 8) * L::kBlockBytes;
       // Q5: fifth bits of elements 8t..8t+7 (qh bytes 8t..) of every sub-block, rows g and g+8.
       const uint2 qh0 = Q5 ? *reinterpret_cast<const uint2*>(b0 + 16 + 8 * t) : make_uint2(0u, 0u);
       const uint2 qh1 = Q5 ? *reinterpret_cast<const uint2*>(b1 + 16 + 8 * t) : make_uint2(0u, 0u);
-      const int64_t s = ks + int64_t{kWarps} * m;
       const uint4 hdr0 = *reinterpret_cast<const uint4*>(b0), hdr1 = *reinterpret_cast<const uint4*>(b1);
       const uint32_t sc0[2] = {q4k_sc(hdr0, 0), q4k_sc(hdr0, 1)}, sc1[2] = {q4k_sc(hdr1, 0), q4k_sc(hdr1, 1)};
       // msum's A fragment: m_t (columns 2t, 2t+1) and m_{t+4} (2t+8, 2t+9) of rows g and g+8.
@@ -706,19 +721,14 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
       int isum[NT][4];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
-      // Half a step's B fragments first (sub-blocks 4hh..4hh+3, two 16-byte loads per n-tile in the
-      // kFragQ4 layout, at constant offsets from the step's block of token g): their L1/L2 latency then
-      // hides behind the A decoding. Padding tokens of the last n-tile load nothing (their codes are
-      // zeros).
-      const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 16 * t);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         uint4 bx[NT][2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
+        if (hh == 0) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const bool real = nt < NT - 1 || nt * 8 + g < a.n;
-          bx[nt][0] = real ? __ldg(xs + nt * 128 + 8 * hh) : make_uint4(0u, 0u, 0u, 0u);
-          bx[nt][1] = real ? __ldg(xs + nt * 128 + 8 * hh + 4) : make_uint4(0u, 0u, 0u, 0u);
+          for (int nt = 0; nt < NT; ++nt) bx[nt][0] = bx_first[nt][0], bx[nt][1] = bx_first[nt][1];
+        } else {
+          load_x(1, bx);  // its latency hides behind the A decoding
         }
 #pragma unroll
         for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
@@ -975,8 +985,24 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     const int mis0 = ring.row_misalignment(tile, g), mis1 = ring.row_misalignment(tile, g + 8);
     for (int m = 0; m < ring.cnt; ++m) {
-      const uint8_t* slot = ring.next();
       const int64_t s = ks + int64_t{kWarps} * m;
+      // x of sub-blocks 8h + jl for token g of each n-tile: two 16-byte loads in the kFragQ6 layout
+      // (padding tokens of the last n-tile load nothing: their codes are zeros). The first half's go out
+      // before the step's wait and the next step's copies (next()), so that they do not queue behind them.
+      auto load_x = [&](int h, uint32_t (&bx)[NT][8]) {
+        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 128 * h + 16 * t);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const bool real = nt < NT - 1 || nt * 8 + g < a.n;
+          const uint4 v0 = real ? __ldg(xs + nt * 128) : make_uint4(0u, 0u, 0u, 0u);
+          const uint4 v1 = real ? __ldg(xs + nt * 128 + 4) : make_uint4(0u, 0u, 0u, 0u);
+          bx[nt][0] = v0.x, bx[nt][1] = v0.y, bx[nt][2] = v0.z, bx[nt][3] = v0.w;
+          bx[nt][4] = v1.x, bx[nt][5] = v1.y, bx[nt][6] = v1.z, bx[nt][7] = v1.w;
+        }
+      };
+      uint32_t bx_first[NT][8];
+      load_x(0, bx_first);
+      const uint8_t* slot = ring.next();
       const SlotBlock<L> p0(ring.block(slot, g, mis0, s)), p1(ring.block(slot, g + 8, mis1, s));
       uint32_t sc0[4], sc1[4];
 #pragma unroll
@@ -986,17 +1012,14 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
       for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        // x of sub-blocks 8h + jl for token g of each n-tile: two 16-byte loads in the kFragQ6 layout
-        // (padding tokens of the last n-tile load nothing: their codes are zeros).
         uint32_t bx[NT][8];
-        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 128 * h + 16 * t);
+        if (h == 0) {
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const bool real = nt < NT - 1 || nt * 8 + g < a.n;
-          const uint4 v0 = real ? __ldg(xs + nt * 128) : make_uint4(0u, 0u, 0u, 0u);
-          const uint4 v1 = real ? __ldg(xs + nt * 128 + 4) : make_uint4(0u, 0u, 0u, 0u);
-          bx[nt][0] = v0.x, bx[nt][1] = v0.y, bx[nt][2] = v0.z, bx[nt][3] = v0.w;
-          bx[nt][4] = v1.x, bx[nt][5] = v1.y, bx[nt][6] = v1.z, bx[nt][7] = v1.w;
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) bx[nt][e] = bx_first[nt][e];
+        } else {
+          load_x(1, bx);
         }
 #pragma unroll
         for (int L16 = 0; L16 < 2; ++L16) {  // elements 16 L16 + 4t.. of each 32-element group
