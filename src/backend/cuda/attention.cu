@@ -1131,7 +1131,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     for (int j = 0; j < kPer; ++j) store_q_hi_lo<T, kQ8>(q_sm, P, qm, qd + kTpq * j, qv[j]);
   }
   // The first steps' copies after Q's loads: queued behind the copies, Q's L2 round trip took ~6 us of a
-  // 16K step's prologue (session 33's trace).
+  // 16K step's prologue (session 33's trace). H200, 9B Q4_K_M, Q8_0 cache at depth 16384: 2.345 -> 2.322 ms
+  // a step; F16 caches and depth 0 unchanged.
   for (int st = 0; st + 1 < L::kStages; ++st) {
     if (ks + st * kStride < k1_all) {
       issue(ks + st * kStride, st);
