@@ -690,79 +690,148 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
     float acc[NT][4];  // [n-tile][(row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)]
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    for (int m = 0; m < ring.cnt; ++m) {
-      const int64_t s = ks + int64_t{kWarps} * m;
-      // Half a step's B fragments (sub-blocks 4hh..4hh+3, two 16-byte loads per n-tile in the kFragQ4
-      // layout, at constant offsets from the step's block of token g). Padding tokens of the last n-tile
-      // load nothing (their codes are zeros). The first half's loads go out before the step's wait and the
-      // next step's copies (next()), so that they do not queue behind those copies (H100, 9B Q4_K_M: a
-      // 17-row verify step 3.78 -> 3.57 ms, 16 rows 3.39 -> 3.38; at 16 tokens the fused SwiGLU's kernel
-      // bench went 7% slower and Q6_K's 2-5% faster).
-      const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 16 * t);
-      auto load_x = [&](int hh, uint4 (&bx)[NT][2]) {
+    // The fused SwiGLU at two n-tiles keeps the step's earlier order (x after next()): with x first its
+    // 16-token kernel bench was 7% slower. Each form stays as measured (nvcc's code for these kernels
+    // follows the source's form: a shared loop with the order as a constant gave other kernels other code,
+    // PERFORMANCE.md "Session 37").
+    if constexpr (SW && NT == 2) {
+      for (int m = 0; m < ring.cnt; ++m) {
+        const uint8_t* slot = ring.next();
+        const uint8_t* b0 = slot + g * L::kBlockBytes;
+        const uint8_t* b1 = slot + (g + 8) * L::kBlockBytes;
+        // Q5: fifth bits of elements 8t..8t+7 (qh bytes 8t..) of every sub-block, rows g and g+8.
+        const uint2 qh0 = Q5 ? *reinterpret_cast<const uint2*>(b0 + 16 + 8 * t) : make_uint2(0u, 0u);
+        const uint2 qh1 = Q5 ? *reinterpret_cast<const uint2*>(b1 + 16 + 8 * t) : make_uint2(0u, 0u);
+        const int64_t s = ks + int64_t{kWarps} * m;
+        const uint4 hdr0 = *reinterpret_cast<const uint4*>(b0), hdr1 = *reinterpret_cast<const uint4*>(b1);
+        const uint32_t sc0[2] = {q4k_sc(hdr0, 0), q4k_sc(hdr0, 1)}, sc1[2] = {q4k_sc(hdr1, 0), q4k_sc(hdr1, 1)};
+        // msum's A fragment: m_t (columns 2t, 2t+1) and m_{t+4} (2t+8, 2t+9) of rows g and g+8.
+        const uint32_t ma[4] = {dup_half(byte_of(q4k_mn(hdr0, 0), t)), dup_half(byte_of(q4k_mn(hdr1, 0), t)),
+                                dup_half(byte_of(q4k_mn(hdr0, 1), t)), dup_half(byte_of(q4k_mn(hdr1, 1), t))};
+        int isum[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const bool real = nt < NT - 1 || nt * 8 + g < a.n;
-          bx[nt][0] = real ? __ldg(xs + nt * 128 + 8 * hh) : make_uint4(0u, 0u, 0u, 0u);
-          bx[nt][1] = real ? __ldg(xs + nt * 128 + 8 * hh + 4) : make_uint4(0u, 0u, 0u, 0u);
-        }
-      };
-      uint4 bx_first[NT][2];
-      load_x(0, bx_first);
-      const uint8_t* slot = ring.next();
-      const uint8_t* b0 = slot + g * L::kBlockBytes;
-      const uint8_t* b1 = slot + (g + 8) * L::kBlockBytes;
-      // Q5: fifth bits of elements 8t..8t+7 (qh bytes 8t..) of every sub-block, rows g and g+8.
-      const uint2 qh0 = Q5 ? *reinterpret_cast<const uint2*>(b0 + 16 + 8 * t) : make_uint2(0u, 0u);
-      const uint2 qh1 = Q5 ? *reinterpret_cast<const uint2*>(b1 + 16 + 8 * t) : make_uint2(0u, 0u);
-      const uint4 hdr0 = *reinterpret_cast<const uint4*>(b0), hdr1 = *reinterpret_cast<const uint4*>(b1);
-      const uint32_t sc0[2] = {q4k_sc(hdr0, 0), q4k_sc(hdr0, 1)}, sc1[2] = {q4k_sc(hdr1, 0), q4k_sc(hdr1, 1)};
-      // msum's A fragment: m_t (columns 2t, 2t+1) and m_{t+4} (2t+8, 2t+9) of rows g and g+8.
-      const uint32_t ma[4] = {dup_half(byte_of(q4k_mn(hdr0, 0), t)), dup_half(byte_of(q4k_mn(hdr1, 0), t)),
-                              dup_half(byte_of(q4k_mn(hdr0, 1), t)), dup_half(byte_of(q4k_mn(hdr1, 1), t))};
-      int isum[NT][4];
+        for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
+        // Half a step's B fragments first (sub-blocks 4hh..4hh+3, two 16-byte loads per n-tile in the
+        // kFragQ4 layout, at constant offsets from the step's block of token g): their L1/L2 latency then
+        // hides behind the A decoding. Padding tokens of the last n-tile load nothing (their codes are
+        // zeros).
+        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 16 * t);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
+        for (int hh = 0; hh < 2; ++hh) {
+          uint4 bx[NT][2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        uint4 bx[NT][2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
-        if (hh == 0) {
+          for (int nt = 0; nt < NT; ++nt) {
+            const bool real = nt < NT - 1 || nt * 8 + g < a.n;
+            bx[nt][0] = real ? __ldg(xs + nt * 128 + 8 * hh) : make_uint4(0u, 0u, 0u, 0u);
+            bx[nt][1] = real ? __ldg(xs + nt * 128 + 8 * hh + 4) : make_uint4(0u, 0u, 0u, 0u);
+          }
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) bx[nt][0] = bx_first[nt][0], bx[nt][1] = bx_first[nt][1];
-        } else {
-          load_x(1, bx);  // its latency hides behind the A decoding
-        }
+          for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
+            const int gg = 2 * hh + gh;
+            const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + kQs + 32 * gg + 8 * t);
+            const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + kQs + 32 * gg + 8 * t);
 #pragma unroll
-        for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
-          const int gg = 2 * hh + gh;
-          const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + kQs + 32 * gg + 8 * t);
-          const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + kQs + 32 * gg + 8 * t);
+            for (int hi = 0; hi < 2; ++hi) {
+              const int i = 2 * gg + hi;
+              const int sh = 4 * hi;
+              uint32_t a0 = (w0.x >> sh) & 0x0f0f0f0fu, a2 = (w0.y >> sh) & 0x0f0f0f0fu;
+              uint32_t a1 = (w1.x >> sh) & 0x0f0f0f0fu, a3 = (w1.y >> sh) & 0x0f0f0f0fu;
+              if constexpr (Q5) {
+                a0 |= ((qh0.x >> i) & 0x01010101u) << 4, a2 |= ((qh0.y >> i) & 0x01010101u) << 4;
+                a1 |= ((qh1.x >> i) & 0x01010101u) << 4, a3 |= ((qh1.y >> i) & 0x01010101u) << 4;
+              }
+              const int s0 = byte_of(sc0[i >> 2], i & 3), s1 = byte_of(sc1[i >> 2], i & 3);
 #pragma unroll
-          for (int hi = 0; hi < 2; ++hi) {
-            const int i = 2 * gg + hi;
-            const int sh = 4 * hi;
-            uint32_t a0 = (w0.x >> sh) & 0x0f0f0f0fu, a2 = (w0.y >> sh) & 0x0f0f0f0fu;
-            uint32_t a1 = (w1.x >> sh) & 0x0f0f0f0fu, a3 = (w1.y >> sh) & 0x0f0f0f0fu;
-            if constexpr (Q5) {
-              a0 |= ((qh0.x >> i) & 0x01010101u) << 4, a2 |= ((qh0.y >> i) & 0x01010101u) << 4;
-              a1 |= ((qh1.x >> i) & 0x01010101u) << 4, a3 |= ((qh1.y >> i) & 0x01010101u) << 4;
-            }
-            const int s0 = byte_of(sc0[i >> 2], i & 3), s1 = byte_of(sc1[i >> 2], i & 3);
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              int d[4];
-              const uint4& b = bx[nt][gh];
-              mma_s8(d, a0, a1, a2, a3, hi ? b.z : b.x, hi ? b.w : b.y);
-              isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
-              isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
+              for (int nt = 0; nt < NT; ++nt) {
+                int d[4];
+                const uint4& b = bx[nt][gh];
+                mma_s8(d, a0, a1, a2, a3, hi ? b.z : b.x, hi ? b.w : b.y);
+                isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
+                isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
+              }
             }
           }
         }
+        const float2 dm0 = __half22float2(as_half2(hdr0.x)), dm1 = __half22float2(as_half2(hdr1.x));
+        finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
+          return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
+        });
       }
-      const float2 dm0 = __half22float2(as_half2(hdr0.x)), dm1 = __half22float2(as_half2(hdr1.x));
-      finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
-        return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
-      });
+    } else {
+      for (int m = 0; m < ring.cnt; ++m) {
+        const int64_t s = ks + int64_t{kWarps} * m;
+        // Half a step's B fragments (sub-blocks 4hh..4hh+3, two 16-byte loads per n-tile in the kFragQ4
+        // layout, at constant offsets from the step's block of token g). Padding tokens of the last n-tile
+        // load nothing (their codes are zeros). The first half's loads go out before the step's wait and the
+        // next step's copies (next()), so that they do not queue behind those copies (H100, 9B Q4_K_M: a
+        // 17-row verify step 3.78 -> 3.57 ms, 16 rows 3.39 -> 3.38; at 16 tokens the fused SwiGLU's kernel
+        // bench went 7% slower and Q6_K's 2-5% faster).
+        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 16 * t);
+        auto load_x = [&](int hh, uint4 (&bx)[NT][2]) {
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const bool real = nt < NT - 1 || nt * 8 + g < a.n;
+            bx[nt][0] = real ? __ldg(xs + nt * 128 + 8 * hh) : make_uint4(0u, 0u, 0u, 0u);
+            bx[nt][1] = real ? __ldg(xs + nt * 128 + 8 * hh + 4) : make_uint4(0u, 0u, 0u, 0u);
+          }
+        };
+        uint4 bx_first[NT][2];
+        load_x(0, bx_first);
+        const uint8_t* slot = ring.next();
+        const uint8_t* b0 = slot + g * L::kBlockBytes;
+        const uint8_t* b1 = slot + (g + 8) * L::kBlockBytes;
+        // Q5: fifth bits of elements 8t..8t+7 (qh bytes 8t..) of every sub-block, rows g and g+8.
+        const uint2 qh0 = Q5 ? *reinterpret_cast<const uint2*>(b0 + 16 + 8 * t) : make_uint2(0u, 0u);
+        const uint2 qh1 = Q5 ? *reinterpret_cast<const uint2*>(b1 + 16 + 8 * t) : make_uint2(0u, 0u);
+        const uint4 hdr0 = *reinterpret_cast<const uint4*>(b0), hdr1 = *reinterpret_cast<const uint4*>(b1);
+        const uint32_t sc0[2] = {q4k_sc(hdr0, 0), q4k_sc(hdr0, 1)}, sc1[2] = {q4k_sc(hdr1, 0), q4k_sc(hdr1, 1)};
+        // msum's A fragment: m_t (columns 2t, 2t+1) and m_{t+4} (2t+8, 2t+9) of rows g and g+8.
+        const uint32_t ma[4] = {dup_half(byte_of(q4k_mn(hdr0, 0), t)), dup_half(byte_of(q4k_mn(hdr1, 0), t)),
+                                dup_half(byte_of(q4k_mn(hdr0, 1), t)), dup_half(byte_of(q4k_mn(hdr1, 1), t))};
+        int isum[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          uint4 bx[NT][2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
+          if (hh == 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) bx[nt][0] = bx_first[nt][0], bx[nt][1] = bx_first[nt][1];
+          } else {
+            load_x(1, bx);  // its latency hides behind the A decoding
+          }
+#pragma unroll
+          for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
+            const int gg = 2 * hh + gh;
+            const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + kQs + 32 * gg + 8 * t);
+            const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + kQs + 32 * gg + 8 * t);
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+              const int i = 2 * gg + hi;
+              const int sh = 4 * hi;
+              uint32_t a0 = (w0.x >> sh) & 0x0f0f0f0fu, a2 = (w0.y >> sh) & 0x0f0f0f0fu;
+              uint32_t a1 = (w1.x >> sh) & 0x0f0f0f0fu, a3 = (w1.y >> sh) & 0x0f0f0f0fu;
+              if constexpr (Q5) {
+                a0 |= ((qh0.x >> i) & 0x01010101u) << 4, a2 |= ((qh0.y >> i) & 0x01010101u) << 4;
+                a1 |= ((qh1.x >> i) & 0x01010101u) << 4, a3 |= ((qh1.y >> i) & 0x01010101u) << 4;
+              }
+              const int s0 = byte_of(sc0[i >> 2], i & 3), s1 = byte_of(sc1[i >> 2], i & 3);
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                int d[4];
+                const uint4& b = bx[nt][gh];
+                mma_s8(d, a0, a1, a2, a3, hi ? b.z : b.x, hi ? b.w : b.y);
+                isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
+                isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
+              }
+            }
+          }
+        }
+        const float2 dm0 = __half22float2(as_half2(hdr0.x)), dm1 = __half22float2(as_half2(hdr1.x));
+        finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
+          return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
+        });
+      }
     }
     write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
   }
