@@ -665,6 +665,51 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
   __syncthreads();  // red is rewritten by the next tile
 }
 
+// Sub-blocks 4hh..4hh+3 of a q4k_mma_body step (rows g, g + 8's blocks b0, b1, their fifth bits qh (Q5) and
+// scales sc) against the tokens' B fragments bx, added to lane (g, t)'s integer sums.
+template <int NT, bool Q5, int kQs>
+__device__ __forceinline__ void q4k_mma_half(int hh, const uint4 (&bx)[NT][2], const uint8_t* b0, const uint8_t* b1,
+                                             uint2 qh0, uint2 qh1, const uint32_t (&sc0)[2], const uint32_t (&sc1)[2],
+                                             int t, int (&isum)[NT][4]) {
+#pragma unroll
+  for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
+    const int gg = 2 * hh + gh;
+    const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + kQs + 32 * gg + 8 * t);
+    const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + kQs + 32 * gg + 8 * t);
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int i = 2 * gg + hi;
+      const int sh = 4 * hi;
+      uint32_t a0 = (w0.x >> sh) & 0x0f0f0f0fu, a2 = (w0.y >> sh) & 0x0f0f0f0fu;
+      uint32_t a1 = (w1.x >> sh) & 0x0f0f0f0fu, a3 = (w1.y >> sh) & 0x0f0f0f0fu;
+      if constexpr (Q5) {
+        a0 |= ((qh0.x >> i) & 0x01010101u) << 4, a2 |= ((qh0.y >> i) & 0x01010101u) << 4;
+        a1 |= ((qh1.x >> i) & 0x01010101u) << 4, a3 |= ((qh1.y >> i) & 0x01010101u) << 4;
+      }
+      const int s0 = byte_of(sc0[i >> 2], i & 3), s1 = byte_of(sc1[i >> 2], i & 3);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        int d[4];
+        const uint4& b = bx[nt][gh];
+        mma_s8(d, a0, a1, a2, a3, hi ? b.z : b.x, hi ? b.w : b.y);
+        isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
+        isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
+      }
+    }
+  }
+}
+
+// The end of a q4k_mma_body step: finish_super_block with the rows' d and dmin (block headers hdr0, hdr1).
+template <int NT>
+__device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int64_t s, int g, int t, uint4 hdr0,
+                                                       uint4 hdr1, const uint32_t (&ma)[4], const int (&isum)[NT][4],
+                                                       float (&acc)[NT][4]) {
+  const float2 dm0 = __half22float2(as_half2(hdr0.x)), dm1 = __half22float2(as_half2(hdr1.x));
+  finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
+    return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
+  });
+}
+
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k32 per sub-block and 8 tokens gives the
 // exact dot_i of 16 rows; lane (g, t) = (lane / 4, lane % 4) holds rows g, g+8 and tokens 2t, 2t+1 of
 // each n-tile and adds sc_i * dot_i to its integer sums. msum is one f16 mma.m16n8k16 per super-block
@@ -693,7 +738,8 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
     // The fused SwiGLU at two n-tiles keeps the step's earlier order (x after next()): with x first its
     // 16-token kernel bench was 7% slower. Each form stays as measured (nvcc's code for these kernels
     // follows the source's form: a shared loop with the order as a constant gave other kernels other code,
-    // PERFORMANCE.md "Session 37").
+    // PERFORMANCE.md "Session 37"); both take the step's MMAs from q4k_mma_half and its end from
+    // q4k_finish_super_block, which leave every kernel's code as it was.
     if constexpr (SW && NT == 2) {
       for (int m = 0; m < ring.cnt; ++m) {
         const uint8_t* slot = ring.next();
@@ -725,37 +771,9 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
             bx[nt][0] = real ? __ldg(xs + nt * 128 + 8 * hh) : make_uint4(0u, 0u, 0u, 0u);
             bx[nt][1] = real ? __ldg(xs + nt * 128 + 8 * hh + 4) : make_uint4(0u, 0u, 0u, 0u);
           }
-#pragma unroll
-          for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
-            const int gg = 2 * hh + gh;
-            const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + kQs + 32 * gg + 8 * t);
-            const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + kQs + 32 * gg + 8 * t);
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-              const int i = 2 * gg + hi;
-              const int sh = 4 * hi;
-              uint32_t a0 = (w0.x >> sh) & 0x0f0f0f0fu, a2 = (w0.y >> sh) & 0x0f0f0f0fu;
-              uint32_t a1 = (w1.x >> sh) & 0x0f0f0f0fu, a3 = (w1.y >> sh) & 0x0f0f0f0fu;
-              if constexpr (Q5) {
-                a0 |= ((qh0.x >> i) & 0x01010101u) << 4, a2 |= ((qh0.y >> i) & 0x01010101u) << 4;
-                a1 |= ((qh1.x >> i) & 0x01010101u) << 4, a3 |= ((qh1.y >> i) & 0x01010101u) << 4;
-              }
-              const int s0 = byte_of(sc0[i >> 2], i & 3), s1 = byte_of(sc1[i >> 2], i & 3);
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt) {
-                int d[4];
-                const uint4& b = bx[nt][gh];
-                mma_s8(d, a0, a1, a2, a3, hi ? b.z : b.x, hi ? b.w : b.y);
-                isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
-                isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
-              }
-            }
-          }
+          q4k_mma_half<NT, Q5, kQs>(hh, bx, b0, b1, qh0, qh1, sc0, sc1, t, isum);
         }
-        const float2 dm0 = __half22float2(as_half2(hdr0.x)), dm1 = __half22float2(as_half2(hdr1.x));
-        finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
-          return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
-        });
+        q4k_finish_super_block<NT>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
       }
     } else {
       for (int m = 0; m < ring.cnt; ++m) {
@@ -800,37 +818,9 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
           } else {
             load_x(1, bx);  // its latency hides behind the A decoding
           }
-#pragma unroll
-          for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
-            const int gg = 2 * hh + gh;
-            const uint2 w0 = *reinterpret_cast<const uint2*>(b0 + kQs + 32 * gg + 8 * t);
-            const uint2 w1 = *reinterpret_cast<const uint2*>(b1 + kQs + 32 * gg + 8 * t);
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-              const int i = 2 * gg + hi;
-              const int sh = 4 * hi;
-              uint32_t a0 = (w0.x >> sh) & 0x0f0f0f0fu, a2 = (w0.y >> sh) & 0x0f0f0f0fu;
-              uint32_t a1 = (w1.x >> sh) & 0x0f0f0f0fu, a3 = (w1.y >> sh) & 0x0f0f0f0fu;
-              if constexpr (Q5) {
-                a0 |= ((qh0.x >> i) & 0x01010101u) << 4, a2 |= ((qh0.y >> i) & 0x01010101u) << 4;
-                a1 |= ((qh1.x >> i) & 0x01010101u) << 4, a3 |= ((qh1.y >> i) & 0x01010101u) << 4;
-              }
-              const int s0 = byte_of(sc0[i >> 2], i & 3), s1 = byte_of(sc1[i >> 2], i & 3);
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt) {
-                int d[4];
-                const uint4& b = bx[nt][gh];
-                mma_s8(d, a0, a1, a2, a3, hi ? b.z : b.x, hi ? b.w : b.y);
-                isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
-                isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
-              }
-            }
-          }
+          q4k_mma_half<NT, Q5, kQs>(hh, bx, b0, b1, qh0, qh1, sc0, sc1, t, isum);
         }
-        const float2 dm0 = __half22float2(as_half2(hdr0.x)), dm1 = __half22float2(as_half2(hdr1.x));
-        finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
-          return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
-        });
+        q4k_finish_super_block<NT>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
       }
     }
     write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
