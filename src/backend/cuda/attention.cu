@@ -418,10 +418,9 @@ __device__ DecodeBlock decode_block(const AttnArgs& a, int group) {
 // kSets == 2 (paired blocks, see attention_decode_mma_kernel): each set of 128 threads finishes its own
 // query group, with barriers of its own (set_sync).
 // kThreads: a set's threads (a block of 8 warps on one query group, kSplitD == 2: 256).
-// work_bytes: the bytes at `work` the merge may use (o_s and ml_s inside them are free by then).
 template <int D, int kSets = 1, int kThreads = kDecodeWarps * 32>
 __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, unsigned* counters, const float* o_s,
-                                    const float* ml_s, void* work, size_t work_bytes, int set = 0) {
+                                    const float* ml_s, void* work, int set = 0) {
   static_assert(kSets == 1 || kThreads == kDecodeWarps * 32, "paired sets have 128 threads each");
   constexpr int Q = kDecodeQueries, kThreadsPerBlock = kThreads;
   __shared__ int s_last[kSets];
@@ -460,41 +459,11 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   // row merges to the decode step's bits). A thread per query walking the splits took ~1 us at 33.
   float* wz = static_cast<float*>(work);  // [Q][n_eff] maxima, then weights
   float* wl = wz + Q * n_eff;             // [Q][n_eff] sums; wl[Q * n_eff + m] = 1 / den
-  // The partials o_z go to shared memory after wz and wl by cp.async, `batch` splits a round trip, all
-  // of a batch's copies in flight at once (no registers held): at 16K a decode step's 33 splits are one
-  // round trip, where loads into registers, 8 splits at a time, waited on five (session 33's trace: the
-  // partials 3-5 us of a 7-8 us merge). Where fewer than 8 splits fit, the register loads below.
-  const int items = M * D / 4;  // float4 outputs; a split's partials are `items` contiguous float4
-  const size_t head = (static_cast<size_t>(2 * Q * n_eff + Q) * sizeof(float) + 15) / 16 * 16;
-  float4* staged = reinterpret_cast<float4*>(static_cast<uint8_t*>(work) + head);
-  const size_t fit = work_bytes > head ? (work_bytes - head) / (items * sizeof(float4)) : 0;
-  const int batch = static_cast<int>(fit < static_cast<size_t>(n_eff) ? fit : n_eff);
-  const bool stage = batch >= min(n_eff, 8);
-  auto issue_batch = [&](int zb) {  // splits zb .. zb + batch - 1 (those that exist), one commit group
-    for (int k = 0; k < batch && zb + k < n_eff; ++k) {
-      const float4* src = reinterpret_cast<const float4*>(a.part_o + slot_of(zb + k, 0) * D);
-      for (int i = tid; i < items; i += kThreadsPerBlock) cp_async16(staged + k * items + i, src + i);
-    }
-    cp_async_commit();
-  };
-  auto ml_at = [&](int i) {
-    return __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i % n_eff, i / n_eff) * 2));
-  };
-  {  // the first pairs' loads go out before the partials' copies (queued behind them, they would wait for them)
-    float2 ml[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-      if (tid + u * kThreadsPerBlock < M * n_eff) ml[u] = ml_at(tid + u * kThreadsPerBlock);
-    if (stage) issue_batch(0);
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-      if (const int i = tid + u * kThreadsPerBlock; i < M * n_eff) wz[i] = ml[u].x, wl[i] = ml[u].y;
-  }
-  for (int i = tid + 2 * kThreadsPerBlock; i < M * n_eff; i += 2 * kThreadsPerBlock) {  // both loads before the stores
+  for (int i = tid; i < M * n_eff; i += 2 * kThreadsPerBlock) {  // both loads before the stores
     const int i2 = i + kThreadsPerBlock;
-    const float2 ml = ml_at(i);
+    const float2 ml = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i % n_eff, i / n_eff) * 2));
     float2 ml2 = make_float2(0.0f, 0.0f);
-    if (i2 < M * n_eff) ml2 = ml_at(i2);
+    if (i2 < M * n_eff) ml2 = __ldcg(reinterpret_cast<const float2*>(a.part_ml + slot_of(i2 % n_eff, i2 / n_eff) * 2));
     wz[i] = ml.x, wl[i] = ml.y;
     if (i2 < M * n_eff) wz[i2] = ml2.x, wl[i2] = ml2.y;
   }
@@ -518,71 +487,43 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   }
   set_sync<kSets>(set);
   attn_mark(kMarkMergeWeights);
-  auto store_out = [&](int i, const float4& acc) {
-    const int m = i / (D / 4), d4 = i % (D / 4);
-    const float inv = wl[Q * n_eff + m];
-    reinterpret_cast<float4*>(out_of(m))[d4] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-  };
-  // out = sum_z w_z o_z / den, z ascending (both paths: the same bits).
-  if (stage) {
-    constexpr int kMaxItems = (Q * D / 4 + kThreadsPerBlock - 1) / kThreadsPerBlock;
-    float4 acc[kMaxItems];
+  // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
+  // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
+  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits).
+  constexpr int kItems = 2, kBatch = 8;
+  const int items = M * D / 4;
+  for (int i0 = tid; i0 < items; i0 += kItems * kThreadsPerBlock) {
+    float4 acc[kItems];
 #pragma unroll
-    for (int u = 0; u < kMaxItems; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int zb = 0; zb < n_eff; zb += batch) {
-      cp_async_wait<0>();
-      set_sync<kSets>(set);  // every thread's copies of the batch have landed
+    for (int u = 0; u < kItems; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int z0 = 0; z0 < n_eff; z0 += kBatch) {
+      float4 v[kItems][kBatch];
 #pragma unroll
-      for (int u = 0; u < kMaxItems; ++u) {
-        const int i = tid + u * kThreadsPerBlock;
-        if (i >= items) break;
-        const float* w = wz + i / (D / 4) * n_eff + zb;
-        for (int k = 0; k < batch && zb + k < n_eff; ++k) {
-          const float4 v = staged[k * items + i];
-          acc[u].x += w[k] * v.x, acc[u].y += w[k] * v.y, acc[u].z += w[k] * v.z, acc[u].w += w[k] * v.w;
-        }
+      for (int u = 0; u < kItems; ++u) {
+        const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (i < items && z0 + k < n_eff)
+            v[u][k] = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(z0 + k, m) * D) + d4);
       }
-      if (zb + batch < n_eff) {
-        set_sync<kSets>(set);  // the batch is read before its space is refilled
-        issue_batch(zb + batch);
+#pragma unroll
+      for (int u = 0; u < kItems; ++u) {
+        const int m = (i0 + u * kThreadsPerBlock) / (D / 4);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          if (i0 + u * kThreadsPerBlock >= items || z0 + k >= n_eff) break;
+          const float w = wz[m * n_eff + z0 + k];
+          acc[u].x += w * v[u][k].x, acc[u].y += w * v[u][k].y, acc[u].z += w * v[u][k].z, acc[u].w += w * v[u][k].w;
+        }
       }
     }
 #pragma unroll
-    for (int u = 0; u < kMaxItems; ++u)
-      if (tid + u * kThreadsPerBlock < items) store_out(tid + u * kThreadsPerBlock, acc[u]);
-  } else {
-    // A thread takes kItems float4 outputs at once and loads kBatch splits of each before adding them: the
-    // partials' L2 round trips overlap (two outputs walked one after the other, 8 splits at a time, waited
-    // on ~10 round trips at 33 splits).
-    constexpr int kItems = 2, kBatch = 8;
-    for (int i0 = tid; i0 < items; i0 += kItems * kThreadsPerBlock) {
-      float4 acc[kItems];
-#pragma unroll
-      for (int u = 0; u < kItems; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int z0 = 0; z0 < n_eff; z0 += kBatch) {
-        float4 v[kItems][kBatch];
-#pragma unroll
-        for (int u = 0; u < kItems; ++u) {
-          const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k)
-            if (i < items && z0 + k < n_eff)
-              v[u][k] = __ldcg(reinterpret_cast<const float4*>(a.part_o + slot_of(z0 + k, m) * D) + d4);
-        }
-#pragma unroll
-        for (int u = 0; u < kItems; ++u) {
-          const int m = (i0 + u * kThreadsPerBlock) / (D / 4);
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k) {
-            if (i0 + u * kThreadsPerBlock >= items || z0 + k >= n_eff) break;
-            const float w = wz[m * n_eff + z0 + k];
-            acc[u].x += w * v[u][k].x, acc[u].y += w * v[u][k].y, acc[u].z += w * v[u][k].z, acc[u].w += w * v[u][k].w;
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kItems; ++u)
-        if (i0 + u * kThreadsPerBlock < items) store_out(i0 + u * kThreadsPerBlock, acc[u]);
+    for (int u = 0; u < kItems; ++u) {
+      const int i = i0 + u * kThreadsPerBlock, m = i / (D / 4), d4 = i % (D / 4);
+      if (i >= items) break;
+      const float inv = wl[Q * n_eff + m];
+      reinterpret_cast<float4*>(out_of(m))[d4] =
+          make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
     }
   }
   if (tid == 0) *counter = 0u;  // ready for the next launch (stream order)
@@ -764,7 +705,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
     if (m < Q && lane == 0) misc[Q + m] = m_run[j], misc[2 * Q + m] = l_run[j];
   }
   __syncthreads();
-  finish_decode_block<D>(a, blk, counters, o_s, misc + Q, sm, DecodeSmem<D, KV>::kQ);
+  finish_decode_block<D>(a, blk, counters, o_s, misc + Q, sm);
 }
 
 // Decode/verify attention on tensor cores, F16 or BF16 KV (T). Same blocks, splits and merge as
@@ -1302,7 +1243,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   attn_mark(kMarkWarpsMerged);
   // A set without queries, or whose queries' keys end before this split, has nothing to write.
   if (kSets == 1 || (M > 0 && blk.split < blk.n_eff))
-    finish_decode_block<D, kSets, kThreads>(a, blk, counters, o_s, ml_s, res, kSets == 1 ? L::kBytes : L::kSetResults, set);
+    finish_decode_block<D, kSets, kThreads>(a, blk, counters, o_s, ml_s, res, set);
 }
 
 // Prompt steps (more than kDecodeMaxRows rows) on tensor cores, F16, BF16 or Q8_0 KV (C; Q8_0 through
