@@ -324,9 +324,6 @@ bool uses_decode_kernel(int64_t rows, int group, int n_kv) {
   return rows <= kDecodeMaxRows && n_kv * groups <= kAttentionMaxKvHeads;
 }
 
-#ifndef HYSPEC_MERGE_BATCH
-#define HYSPEC_MERGE_BATCH 16
-#endif
 constexpr int kMaxSplits = 256;
 constexpr int kDecodeSplitKeys = 512;  // keys per decode split at most (attention_splits)
 // Shared memory of the last block's split merge (finish_decode_block).
@@ -492,11 +489,8 @@ __device__ void finish_decode_block(const AttnArgs& a, const DecodeBlock& blk, u
   attn_mark(kMarkMergeWeights);
   // out = sum_z w_z o_z / den, z ascending. A thread takes kItems float4 outputs at once and loads
   // kBatch splits of each before adding them: the partials' L2 round trips overlap (two outputs walked one
-  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits). One SM pulls the partials
-  // at what it has in flight (at 16K a decode step's 33 splits x 4 queries: 135 KB, 2.9-4.1 us at 8 splits
-  // a round trip, session 38's trace), so 256-thread sets, whose decode steps leave the second item idle,
-  // take kBatchWide splits a round trip.
-  constexpr int kItems = kThreadsPerBlock >= 256 ? 1 : 2, kBatch = kThreadsPerBlock >= 256 ? HYSPEC_MERGE_BATCH : 8;
+  // after the other, 8 splits at a time, waited on ~10 round trips at 33 splits).
+  constexpr int kItems = 2, kBatch = 8;
   const int items = M * D / 4;
   for (int i0 = tid; i0 < items; i0 += kItems * kThreadsPerBlock) {
     float4 acc[kItems];
