@@ -128,6 +128,8 @@ struct GdnKArgs {
   uint16_t* capture_f16;
   float* updates;  // GdnParams::updates: keys, then coefficients dk, then decays, update_stride floats a token
   int64_t update_stride;
+  const uint8_t* prefetch;  // GdnParams::prefetch (recurrent kernel only)
+  int64_t prefetch_lines;   // 128-byte lines from prefetch
 };
 
 // One state value's update, S <- decay S + k dk: the one rounding sequence of gdn_kernel and its replay.
@@ -196,6 +198,10 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   // in flight before waiting on the conv that writes q, k and v.
   pdl_wait();
   pdl_trigger();
+  // The next op's weights asked of the L2 (fire and forget): the recurrence leaves the memory idle.
+  for (int64_t i = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + tid; i < a.prefetch_lines;
+       i += static_cast<int64_t>(gridDim.x) * gridDim.y * blockDim.x)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.prefetch + 128 * i));
   gdn_mark(kGdnWaited);
   const int64_t n = a.v.rows;
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
@@ -810,7 +816,8 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int D = p.head_dim;
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
-             p.state, p.capture, p.capture_f16, p.updates, p.update_stride};
+             p.state, p.capture, p.capture_f16, p.updates, p.update_stride,
+             static_cast<const uint8_t*>(p.prefetch), static_cast<int64_t>(p.prefetch_bytes / 128)};
   if (gdn_uses_chunked(p)) return gdn_chunked_launch(a, static_cast<float*>(scratch), stream);
   // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
   const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
