@@ -198,10 +198,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   // in flight before waiting on the conv that writes q, k and v.
   pdl_wait();
   pdl_trigger();
-  // The next op's weights asked of the L2 (fire and forget): the recurrence leaves the memory idle.
-  for (int64_t i = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + tid; i < a.prefetch_lines;
-       i += static_cast<int64_t>(gridDim.x) * gridDim.y * blockDim.x)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.prefetch + 128 * i));
   gdn_mark(kGdnWaited);
   const int64_t n = a.v.rows;
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
@@ -245,6 +241,12 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
     }
     __syncthreads();
     gdn_mark(kGdnStaged);
+    // The next op's weights asked of the L2 (fire and forget) once the inputs are staged (issued before,
+    // the staging's loads queued behind them): the norms and the token loop leave the memory idle.
+    if (t0 == 0)
+      for (int64_t i = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + tid;
+           i < a.prefetch_lines; i += static_cast<int64_t>(gridDim.x) * gridDim.y * blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a.prefetch + 128 * i));
     // Norms and k.q per token: a warp per token (lanes over d) from d = 32 up, a thread per token below.
     if (D >= 32) {
       const int lane = tid & 31;
