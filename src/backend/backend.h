@@ -149,10 +149,6 @@ struct GdnArgs {
   float* updates = nullptr;
   bool chunked = false;            // chunked (prompt) form; must equal the recurrent form
   Rows out;                        // [n, n_v_heads*d]
-  // A hint: bytes the op after the mixer reads (its output projection's weights), which a backend may ask
-  // its cache for while the latency-bound recurrence leaves the memory idle. Changes no result.
-  const void* next_weights = nullptr;
-  size_t next_weight_bytes = 0;
 };
 
 // Floats per token of a GdnArgs::updates record: one key per k-head, and per v-head one coefficient per

@@ -51,8 +51,6 @@ void gdn_mixer(const Ctx& c, const GdnWeights& w, Rows x, SequenceState& st, int
   }
   g.chunked = chunked;
   g.out = o;
-  g.next_weights = w.ssm_out.data;
-  g.next_weight_bytes = static_cast<size_t>(w.ssm_out.n_out) * w.ssm_out.row_bytes;
   c.be.gated_delta_net(g);
   // The norm writes over the conv's output (read by the recurrence only), not in place: CUDA folds the
   // norm into the one-token matvec that reads it, whose blocks read o while others store the norm's output.

@@ -531,8 +531,6 @@ class CudaBackend final : public Backend {
     p.updates = a.updates;
     p.update_stride = gdn_update_floats(a.n_k_heads, a.n_v_heads, a.head_dim);
     p.chunked = a.chunked;
-    static const bool prefetch = cuda::env_int("HYSPEC_GDN_PREFETCH", 1) != 0;
-    if (prefetch) p.prefetch = a.next_weights, p.prefetch_bytes = a.next_weight_bytes;
     const size_t scratch_bytes = cuda::gdn_scratch_bytes(p);
     void* scratch = nullptr;
     if (scratch_bytes && !(scratch = arena(op_arena_, scratch_bytes))) return;

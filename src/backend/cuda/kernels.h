@@ -274,8 +274,6 @@ struct GdnParams {
   float* updates = nullptr;
   int64_t update_stride = 0;
   bool chunked = false;  // prompt form: the chunked kernels where they pay (gdn_launch decides)
-  const void* prefetch = nullptr;  // bytes the recurrent kernel asks the L2 for (GdnArgs::next_weights)
-  size_t prefetch_bytes = 0;
 };
 bool gdn_head_dim_supported(int head_dim);
 // Bytes of scratch gdn_launch needs for p (0 when it runs the recurrent kernel), 16-byte aligned.

@@ -128,8 +128,6 @@ struct GdnKArgs {
   uint16_t* capture_f16;
   float* updates;  // GdnParams::updates: keys, then coefficients dk, then decays, update_stride floats a token
   int64_t update_stride;
-  const uint8_t* prefetch;  // GdnParams::prefetch (recurrent kernel only)
-  int64_t prefetch_lines;   // 128-byte lines from prefetch
 };
 
 // One state value's update, S <- decay S + k dk: the one rounding sequence of gdn_kernel and its replay.
@@ -241,12 +239,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
     }
     __syncthreads();
     gdn_mark(kGdnStaged);
-    // The next op's weights asked of the L2 (fire and forget) once the inputs are staged (issued before,
-    // the staging's loads queued behind them): the norms and the token loop leave the memory idle.
-    if (t0 == 0)
-      for (int64_t i = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + tid;
-           i < a.prefetch_lines; i += static_cast<int64_t>(gridDim.x) * gridDim.y * blockDim.x)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a.prefetch + 128 * i));
     // Norms and k.q per token: a warp per token (lanes over d) from d = 32 up, a thread per token below.
     if (D >= 32) {
       const int lane = tid & 31;
@@ -818,8 +810,7 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int D = p.head_dim;
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
-             p.state, p.capture, p.capture_f16, p.updates, p.update_stride,
-             static_cast<const uint8_t*>(p.prefetch), static_cast<int64_t>(p.prefetch_bytes / 128)};
+             p.state, p.capture, p.capture_f16, p.updates, p.update_stride};
   if (gdn_uses_chunked(p)) return gdn_chunked_launch(a, static_cast<float*>(scratch), stream);
   // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
   const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
