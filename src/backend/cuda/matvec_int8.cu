@@ -648,7 +648,9 @@ __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t 
 }
 
 // A tensor-core kernel's tile: lane (g, t)'s outputs (rows g, g+8; tokens 2t, 2t+1 of each n-tile) to
-// red, then the warps summed in order and written.
+// red, then the warps summed in order and written. red alternates between two buffers by tile (mma_red), so
+// one barrier a tile does: a warp writes a buffer only after every thread passed the barrier that follows
+// its reads of it, two tiles back.
 template <int NT, bool SW>
 __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, const float (&acc)[NT][4], int64_t tile,
                                                int g, int t, int ks) {
@@ -662,7 +664,14 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
     }
   __syncthreads();
   write_tile<NMAX, SW>(a, red, tile);
-  __syncthreads();  // red is rewritten by the next tile
+  if constexpr (!(SW && NT == 2)) __syncthreads();  // red is rewritten by the next tile
+}
+// The partial sums' buffer of a tensor-core kernel's j-th tile (two after the rings: smem_bytes; in a launch
+// sized for the dp4a kernels, the second lies in the room for their activations).
+static_assert(size_t{kWarps} * 32 * kRows * sizeof(float) <= kMaxStagedX, "a second buffer of partial sums fits");
+template <int NT, bool SW>
+__device__ __forceinline__ float* mma_red(float* red, int64_t j) {
+  return SW && NT == 2 ? red + (j & 1) * (kWarps * NT * 8 * kRows) : red;
 }
 
 // Sub-blocks 4hh..4hh+3 of a q4k_mma_body step (rows g, g + 8's blocks b0, b1, their fifth bits qh (Q5) and
@@ -823,7 +832,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
         q4k_finish_super_block<NT>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
       }
     }
-    write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
+    write_mma_tile<NT, SW>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -1117,7 +1126,7 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
         return add_s16_super_block<C>(ac, is, ms, r1 ? d1 : d0, dx);
       });
     }
-    write_mma_tile<NT, SW>(a, red, acc, tile, g, t, ks);
+    write_mma_tile<NT, SW>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -1181,11 +1190,12 @@ size_t bs_bytes(int64_t n, int64_t K) {
   return align_up(static_cast<size_t>(padded_tokens(n) * (K / 16)) * sizeof(__half), 256);
 }
 
-// Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX).
+// Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX),
+// else (the tensor-core kernels) two buffers of partial sums (mma_red).
 template <class L>
 size_t smem_bytes(int nmax, bool staged) {
   return static_cast<size_t>(kWarps) * StepRing<L, false>::kStages * kRows * L::kSlotBytes +
-         static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) + (staged ? kMaxStagedX : 0);
+         static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) * (staged ? 1 : 2) + (staged ? kMaxStagedX : 0);
 }
 
 // Whether the dp4a kernels' shared memory fits the device (not on sm_86/89's 99 KB for Q6_K; the
