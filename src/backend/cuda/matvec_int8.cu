@@ -647,10 +647,26 @@ __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t 
   }
 }
 
+// Buffers of partial sums a tensor-core kernel alternates between by tile: two for the fused SwiGLU at two
+// n-tiles, so that one barrier a tile does (a warp writes a buffer only after every thread passed the barrier
+// that follows its reads of it, two tiles back); one, and a second barrier, elsewhere. H100 (PERFORMANCE.md
+// "Session 38"): one barrier a tile took the fused SwiGLU's 16-token kernel bench from 30.0 to 27.3 us (Q4_K
+// 4096 x 12288; Q6_K 40.9 -> 38.2) and a 16-row verify step of the 9B from 3.332 to 3.301 ms; in every
+// tensor-core kernel it ran 17-row steps 1.3% slower, so the others keep their code.
+template <int NT, bool SW>
+constexpr int kMmaRedBuffers = SW && NT == 2 ? 2 : 1;
+// smem_bytes provides two buffers for every tensor-core launch; in a launch sized for the dp4a kernels the
+// second lies in the room for their activations.
+static_assert(size_t{kWarps} * 32 * kRows * sizeof(float) <= kMaxStagedX, "a second buffer of partial sums fits");
+
+// The partial sums' buffer of a tensor-core kernel's j-th tile.
+template <int NT, bool SW>
+__device__ __forceinline__ float* mma_red(float* red, int64_t j) {
+  return kMmaRedBuffers<NT, SW> == 2 ? red + (j & 1) * (kWarps * NT * 8 * kRows) : red;
+}
+
 // A tensor-core kernel's tile: lane (g, t)'s outputs (rows g, g+8; tokens 2t, 2t+1 of each n-tile) to
-// red, then the warps summed in order and written. red alternates between two buffers by tile (mma_red), so
-// one barrier a tile does: a warp writes a buffer only after every thread passed the barrier that follows
-// its reads of it, two tiles back.
+// red (mma_red), then the warps summed in order and written.
 template <int NT, bool SW>
 __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, const float (&acc)[NT][4], int64_t tile,
                                                int g, int t, int ks) {
@@ -664,14 +680,7 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
     }
   __syncthreads();
   write_tile<NMAX, SW>(a, red, tile);
-  if constexpr (!(SW && NT == 2)) __syncthreads();  // red is rewritten by the next tile
-}
-// The partial sums' buffer of a tensor-core kernel's j-th tile (two after the rings: smem_bytes; in a launch
-// sized for the dp4a kernels, the second lies in the room for their activations).
-static_assert(size_t{kWarps} * 32 * kRows * sizeof(float) <= kMaxStagedX, "a second buffer of partial sums fits");
-template <int NT, bool SW>
-__device__ __forceinline__ float* mma_red(float* red, int64_t j) {
-  return SW && NT == 2 ? red + (j & 1) * (kWarps * NT * 8 * kRows) : red;
+  if constexpr (kMmaRedBuffers<NT, SW> == 1) __syncthreads();  // red is rewritten by the next tile
 }
 
 // Sub-blocks 4hh..4hh+3 of a q4k_mma_body step (rows g, g + 8's blocks b0, b1, their fifth bits qh (Q5) and
