@@ -653,21 +653,21 @@ __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t 
 // "Session 38"): one barrier a tile took the fused SwiGLU's 16-token kernel bench from 30.0 to 27.3 us (Q4_K
 // 4096 x 12288; Q6_K 40.9 -> 38.2) and a 16-row verify step of the 9B from 3.332 to 3.301 ms; in every
 // tensor-core kernel it ran 17-row steps 1.3% slower, so the others keep their code.
-template <int NT, bool SW, bool kQ4 = false>
-constexpr int kMmaRedBuffers = NT == 2 && (SW || kQ4) ? 2 : 1;
+template <int NT, bool SW>
+constexpr int kMmaRedBuffers = SW && NT == 2 ? 2 : 1;
 // smem_bytes provides two buffers for every tensor-core launch; in a launch sized for the dp4a kernels the
 // second lies in the room for their activations.
 static_assert(size_t{kWarps} * 32 * kRows * sizeof(float) <= kMaxStagedX, "a second buffer of partial sums fits");
 
 // The partial sums' buffer of a tensor-core kernel's j-th tile.
-template <int NT, bool SW, bool kQ4 = false>
+template <int NT, bool SW>
 __device__ __forceinline__ float* mma_red(float* red, int64_t j) {
-  return kMmaRedBuffers<NT, SW, kQ4> == 2 ? red + (j & 1) * (kWarps * NT * 8 * kRows) : red;
+  return kMmaRedBuffers<NT, SW> == 2 ? red + (j & 1) * (kWarps * NT * 8 * kRows) : red;
 }
 
 // A tensor-core kernel's tile: lane (g, t)'s outputs (rows g, g+8; tokens 2t, 2t+1 of each n-tile) to
 // red (mma_red), then the warps summed in order and written.
-template <int NT, bool SW, bool kQ4 = false>
+template <int NT, bool SW>
 __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, const float (&acc)[NT][4], int64_t tile,
                                                int g, int t, int ks) {
   constexpr int NMAX = NT * 8;
@@ -680,7 +680,7 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
     }
   __syncthreads();
   write_tile<NMAX, SW>(a, red, tile);
-  if constexpr (kMmaRedBuffers<NT, SW, kQ4> == 1) __syncthreads();  // red is rewritten by the next tile
+  if constexpr (kMmaRedBuffers<NT, SW> == 1) __syncthreads();  // red is rewritten by the next tile
 }
 
 // Sub-blocks 4hh..4hh+3 of a q4k_mma_body step (rows g, g + 8's blocks b0, b1, their fifth bits qh (Q5) and
@@ -841,7 +841,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
         q4k_finish_super_block<NT>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
       }
     }
-    write_mma_tile<NT, SW, true>(a, mma_red<NT, SW, true>(red, j), acc, tile, g, t, ks);
+    write_mma_tile<NT, SW>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
