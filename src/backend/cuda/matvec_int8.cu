@@ -654,7 +654,7 @@ __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t 
 // 4096 x 12288; Q6_K 40.9 -> 38.2) and a 16-row verify step of the 9B from 3.332 to 3.301 ms; in every
 // tensor-core kernel it ran 17-row steps 1.3% slower, so the others keep their code.
 template <int NT, bool SW>
-constexpr int kMmaRedBuffers = SW && NT <= 2 ? 2 : 1;
+constexpr int kMmaRedBuffers = SW && NT == 2 ? 2 : 1;
 // smem_bytes provides two buffers for every tensor-core launch; in a launch sized for the dp4a kernels the
 // second lies in the room for their activations.
 static_assert(size_t{kWarps} * 32 * kRows * sizeof(float) <= kMaxStagedX, "a second buffer of partial sums fits");
