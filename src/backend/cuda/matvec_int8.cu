@@ -652,12 +652,10 @@ __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t 
 // that follows its reads of it, two tiles back); one, and a second barrier, elsewhere. H100 (PERFORMANCE.md
 // "Session 38"): one barrier a tile took the fused SwiGLU's 16-token kernel bench from 30.0 to 27.3 us (Q4_K
 // 4096 x 12288; Q6_K 40.9 -> 38.2) and a 16-row verify step of the 9B from 3.332 to 3.301 ms; in every
-// tensor-core kernel it ran 17-row steps 1.3% slower, so the others keep their code.
+// tensor-core kernel it ran 17-row steps 1.3% slower, so the others keep their code. launch() sizes each
+// kernel's shared memory by it.
 template <int NT, bool SW>
 constexpr int kMmaRedBuffers = SW && NT == 2 ? 2 : 1;
-// smem_bytes provides two buffers for every tensor-core launch; in a launch sized for the dp4a kernels the
-// second lies in the room for their activations.
-static_assert(size_t{kWarps} * 32 * kRows * sizeof(float) <= kMaxStagedX, "a second buffer of partial sums fits");
 
 // The partial sums' buffer of a tensor-core kernel's j-th tile.
 template <int NT, bool SW>
@@ -1199,12 +1197,12 @@ size_t bs_bytes(int64_t n, int64_t K) {
   return align_up(static_cast<size_t>(padded_tokens(n) * (K / 16)) * sizeof(__half), 256);
 }
 
-// Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX),
-// else (the tensor-core kernels) two buffers of partial sums (mma_red).
+// Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX);
+// red_buffers: buffers of partial sums (kMmaRedBuffers).
 template <class L>
-size_t smem_bytes(int nmax, bool staged) {
+size_t smem_bytes(int nmax, bool staged, int red_buffers = 1) {
   return static_cast<size_t>(kWarps) * StepRing<L, false>::kStages * kRows * L::kSlotBytes +
-         static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) * (staged ? 1 : 2) + (staged ? kMaxStagedX : 0);
+         static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) * red_buffers + (staged ? kMaxStagedX : 0);
 }
 
 // Whether the dp4a kernels' shared memory fits the device (not on sm_86/89's 99 KB for Q6_K; the
@@ -1222,7 +1220,9 @@ bool dp4a_fits() {
 
 template <class L, int NMAX, auto kernel, int MB = 2>
 cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false) {
-  const size_t smem = smem_bytes<L>(NMAX, staged);
+  // (a tensor-core kernel's NT = NMAX / 8; the dp4a kernels' NMAX of 1 or 2 keep one buffer)
+  const int red_buffers = sw ? kMmaRedBuffers<NMAX / 8, true> : kMmaRedBuffers<NMAX / 8, false>;
+  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers);
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
