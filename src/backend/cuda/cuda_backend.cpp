@@ -346,7 +346,6 @@ class CudaBackend final : public Backend {
     norm_wrote(y, q);
   }
   void gated_rms_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) override {
-    if (fold_gdn_norm(x, z, w, group, eps, y)) return;
     if (group == cuda::kInt8XFoldGroup && w && same_shape(x, z) &&
         defer_x(DeferredX{cuda::Int8XFold::kGatedNorm, x, z, y, w, group, eps}))
       return;
@@ -533,11 +532,6 @@ class CudaBackend final : public Backend {
     p.update_stride = gdn_update_floats(a.n_k_heads, a.n_v_heads, a.head_dim);
     p.chunked = a.chunked;
     const size_t scratch_bytes = cuda::gdn_scratch_bytes(p);
-    if (folds_ && scratch_bytes == 0 && quantize_into() && cuda::gdn_norm_fold_ok(p)) {
-      deferred_gdn_ = DeferredGdn{p, {region(a.q), region(a.k), region(a.v), region(a.beta_logit), region(a.alpha)}};
-      deferring_thread_ = std::this_thread::get_id();
-      return;
-    }
     void* scratch = nullptr;
     if (scratch_bytes && !(scratch = arena(op_arena_, scratch_bytes))) return;
     check(cuda::gdn_launch(p, scratch, stream_), "gated_delta_net");
@@ -891,11 +885,6 @@ class CudaBackend final : public Backend {
   // Launches what is deferred; the stream's last kernel then wrote what no one declared.
   void settle() {
     writes_.count = -1;
-    if (deferred_gdn_) {
-      const cuda::GdnParams p = deferred_gdn_->p;
-      deferred_gdn_.reset();
-      check(cuda::gdn_launch(p, nullptr, stream_), "gated_delta_net");
-    }
     if (deferred_many_) {
       const DeferredMany m = *deferred_many_;
       deferred_many_.reset();
@@ -954,42 +943,6 @@ class CudaBackend final : public Backend {
   static bool disjoint(Bytes a, Bytes b) { return a.first + a.second <= b.first || b.first + b.second <= a.first; }
   // Rows held one after the other (stride == n_cols, or one row).
   static bool packed(const Rows& r) { return r.n_rows == 1 || r.stride == r.n_cols; }
-
-  // ---- a verify step's gated norm folded into the GDN recurrence (cuda::gdn_norm_fold_ok) ----
-  // A gated_delta_net of 2..kInt8MvMaxWidth tokens (head dim 128) is deferred to the next op. When that is
-  // the gated_rms_norm of its output (group = head dim), quantized for the int8 matvecs as a norm would
-  // be, one launch runs both (the recurrence's blocks of two v-heads in a cluster: recurrent.cu,
-  // gdn_gated_norm); any other op first launches the recurrence as it was asked. Same bits either way; a
-  // verify step saves a launch in each GDN layer. HYSPEC_GDN_NORM_FOLD=0 (or HYSPEC_FOLD=0): off.
-  struct DeferredGdn {
-    cuda::GdnParams p;
-    Bytes inputs[5];  // q, k, v, beta, alpha: read by blocks that may still run when others store the norm
-  };
-  bool fold_gdn_norm(Rows x, Rows z, const float* w, int64_t group, float eps, Rows y) {
-    if (!deferred_gdn_) return false;
-    const DeferredGdn d = *deferred_gdn_;
-    const cuda::Mat& out = d.p.out;
-    const cuda::QuantizedX* qx = quantize_into();
-    bool ok = qx && w && aligned16(w) && group == d.p.head_dim && x.data == out.data && x.n_rows == out.rows &&
-              x.n_cols == out.cols && x.stride == out.stride && x.n_cols == int64_t{d.p.n_v_heads} * d.p.head_dim &&
-              x.n_cols <= cuda::kQuantizedXMaxK && same_shape(x, z) && same_shape(x, y) && aligned16(z.data) &&
-              z.stride % 4 == 0 && aligned16(y.data) && y.stride % 4 == 0 && disjoint(region(y), region(x)) &&
-              disjoint(region(y), region(z)) && disjoint(region(z), region(x));
-    for (const Bytes& in : d.inputs) ok = ok && disjoint(region(y), in);
-    if (!ok) return false;
-    deferred_gdn_.reset();
-    auto prof = begin_op("gated_delta_net");
-    cuda::GdnParams p = d.p;
-    p.norm_w = w;
-    p.norm_z = z.data;
-    p.norm_z_stride = z.stride;
-    p.norm_eps = eps;
-    p.norm_y = mat(y);
-    p.norm_qx = *qx;
-    check(cuda::gdn_launch(p, nullptr, stream_), "gated_delta_net");
-    norm_wrote(y, true);
-    return true;
-  }
   bool defer_x(DeferredX d) {
     const int64_t K = d.x.n_rows * d.x.n_cols;
     const bool size_ok = K <= cuda::kInt8XFoldMaxK || (d.kind == cuda::Int8XFold::kSigmoidGate && quantize_into() &&
@@ -1174,13 +1127,12 @@ class CudaBackend final : public Backend {
   bool folds_ = false;
   std::optional<DeferredMany> deferred_many_;
   std::optional<DeferredX> deferred_x_;
-  std::optional<DeferredGdn> deferred_gdn_;
   Writes writes_;
   std::thread::id deferring_thread_;
   // settle() for the deleters of backend memory (freeing), on the thread that deferred; reset first
   // thing by the destructor.
   std::shared_ptr<std::function<void()>> settle_hook_ = std::make_shared<std::function<void()>>([this] {
-    if ((deferred_many_ || deferred_x_ || deferred_gdn_) && std::this_thread::get_id() == deferring_thread_) settle();
+    if ((deferred_many_ || deferred_x_) && std::this_thread::get_id() == deferring_thread_) settle();
   });
   int n_sm_ = 1;
   std::string name_;

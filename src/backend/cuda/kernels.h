@@ -274,21 +274,8 @@ struct GdnParams {
   float* updates = nullptr;
   int64_t update_stride = 0;
   bool chunked = false;  // prompt form: the chunked kernels where they pay (gdn_launch decides)
-  // Set (gdn_norm_fold_ok): the gated norm that reads `out` runs in the same launch, with
-  // gated_rms_norm's bits (group head_dim): norm_y = out / rms * norm_w * silu(norm_z), also quantized
-  // into norm_qx for the int8 matvecs (as a norm that quantizes its output).
-  const float* norm_w = nullptr;
-  const float* norm_z = nullptr;
-  int64_t norm_z_stride = 0;
-  float norm_eps = 0.0f;
-  Mat norm_y;
-  QuantizedX norm_qx;
 };
 bool gdn_head_dim_supported(int head_dim);
-// Whether p's gated norm may be folded into the recurrence: a verify step (2..kInt8MvMaxWidth tokens) of
-// head dim 128 and an even number of v-heads (a cluster of 16 blocks: the two v-heads of a 256-value
-// quantized block), on a device with clusters (sm_90+); HYSPEC_GDN_NORM_FOLD=0: never.
-bool gdn_norm_fold_ok(const GdnParams& p);
 // Bytes of scratch gdn_launch needs for p (0 when it runs the recurrent kernel), 16-byte aligned.
 size_t gdn_scratch_bytes(const GdnParams& p);
 // q, k: 16-byte aligned rows (float4 loads); state and capture 16-byte aligned.

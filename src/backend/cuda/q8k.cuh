@@ -39,8 +39,13 @@ struct Q8KLane {
   float d;
 };
 
-// A lane's 8 codes given its block's max |v| (pair_sum: the sum of its own 8 codes).
-__device__ __forceinline__ Q8KLane quantize_codes(const float (&v)[8], float amax) {
+// Every lane of the warp calls it (shuffles).
+__device__ __forceinline__ Q8KLane quantize_lane(const float (&v)[8]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   // q = round(v * (127 / amax)): one division per block, not one per element (|v| <= amax keeps
   // |q| <= 127); the 16-code sums are exact whatever the codes.
   Q8KLane r{{0u, 0u}, 0, amax / 127.0f};
@@ -51,17 +56,6 @@ __device__ __forceinline__ Q8KLane quantize_codes(const float (&v)[8], float ama
     r.pair_sum += qv;
     r.codes[e / 4] |= (static_cast<uint32_t>(qv) & 0xffu) << (8 * (e % 4));
   }
-  return r;
-}
-
-// Every lane of the warp calls it (shuffles).
-__device__ __forceinline__ Q8KLane quantize_lane(const float (&v)[8]) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  Q8KLane r = quantize_codes(v, amax);
   r.pair_sum += __shfl_xor_sync(0xffffffffu, r.pair_sum, 1);
   return r;
 }

@@ -1,17 +1,14 @@
 // The recurrent ops of the Gated DeltaNet mixer: the causal depthwise conv with its rolling state,
 // and the delta-rule recurrence (QWEN35.md, "Gated DeltaNet mixer").
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 
 #include "backend/cuda/activations.cuh"
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
-#include "backend/cuda/q8k.cuh"
 #ifdef HYSPEC_GDN_TRACE
 #include "backend/cuda/timeline.cuh"
 #endif
@@ -132,16 +129,6 @@ struct GdnKArgs {
   float* updates;  // GdnParams::updates: keys, then coefficients dk, then decays, update_stride floats a token
   int64_t update_stride;
 };
-// gdn_kernel<128, true>'s gated norm (GdnParams::norm_*): a parameter of its own after GdnKArgs and the
-// chunk, so that the other kernels' parameters keep their offsets (and their code its bytes).
-struct GdnNormArgs {
-  const float* w;
-  const float* z;
-  int64_t z_stride;
-  float eps;
-  Mat y;
-  QuantizedX qx;
-};
 
 // One state value's update, S <- decay S + k dk: the one rounding sequence of gdn_kernel and its replay.
 __device__ __forceinline__ float gdn_decay_add(float s, float decay, float k, float dk) {
@@ -183,17 +170,12 @@ __device__ __forceinline__ void store_column(float* st, int p, int P, const floa
 __host__ __device__ constexpr int gdn_pitch(int D) { return D + (D >= 32 ? D / 8 : 4); }  // rows stay 16-byte aligned
 __device__ __forceinline__ int gdn_pad(int d) { return d + (d >> 5) * 4; }
 
-__device__ void gdn_gated_norm(const GdnNormArgs& a, float* o_s, float* x_s, int h, int cb, int n);
-constexpr int kGdnNormScratch = 32 * 16 + 32 * 4 + 32;  // floats: o_s, then x_s (gdn_gated_norm)
-
 // kD: the head dim as a constant (the 9B's and 27B's 128: the lanes' reduction rounds unrolled and the
 // shared-memory addressing folded), or 0: a.D. H100, 9B shapes, 16 tokens recording updates: 10.9 -> 8.8
 // us, one token 3.44 -> 3.25. (8 state values a lane, twice the blocks, took 11.3: a fourth shuffle round
 // on the per-token chain costs more than the second warp per scheduler gains.)
-// kNorm (kD = 128): the gated norm after the loop (gdn_gated_norm); the grid is (16, n_v / 2) in clusters
-// of 16, block x of a cluster holding columns 16 (x % 8) of v-head 2 y + x / 8.
-template <int kD, bool kNorm = false>
-__global__ void gdn_kernel(GdnKArgs a, int chunk, GdnNormArgs norm) {
+template <int kD>
+__global__ void gdn_kernel(GdnKArgs a, int chunk) {
   extern __shared__ float sm[];
   const int D = kD ? kD : a.D, P = D / 16, LD = gdn_pitch(D);
   float* k_s = sm;                  // [chunk][LD] (padded)
@@ -201,11 +183,8 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk, GdnNormArgs norm) {
   float* v_s = q_s + chunk * LD;    // [chunk][16]
   float* g_s = v_s + chunk * 16;    // [chunk][2]: beta, decay
   float* n_s = g_s + chunk * 2;     // [chunk][3]: 1/|k|, q_scale/|q|, k.q
-  float* o_s = n_s + chunk * 3;     // kNorm: [32][16] the block's outputs, then kGdnNormScratch's rest
   const int tid = threadIdx.x, p = tid % P, cl = tid / P;
-  const int h = kNorm ? 2 * blockIdx.y + blockIdx.x / 8 : blockIdx.x;
-  const unsigned cb = kNorm ? blockIdx.x % 8 : blockIdx.y;  // (unsigned, as blockIdx.y: the same code)
-  const int hk = h % a.n_k, col = cb * 16 + cl;
+  const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + cl;
   const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h], q_scale = 1.0f / sqrtf(static_cast<float>(D));
   float S[16];
   // Lane p of a column holds its float4s p, p + P, p + 2P, p + 3P (16 values): the P lanes of a column
@@ -241,7 +220,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk, GdnNormArgs norm) {
         if (i < tc * D / 4) {
           const int at = i / (D / 4) * LD + gdn_pad(i % (D / 4) * 4);
           *reinterpret_cast<float4*>(k_s + at) = kv[u], *reinterpret_cast<float4*>(q_s + at) = qv[u];
-          if (a.updates && cb == 0 && h < a.n_k)  // k-head h's keys, once
+          if (a.updates && blockIdx.y == 0 && h < a.n_k)  // k-head h's keys, once
             *reinterpret_cast<float4*>(a.updates + (t0 + i / (D / 4)) * a.update_stride + h * D + i % (D / 4) * 4) =
                 kv[u];
         }
@@ -249,14 +228,14 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk, GdnNormArgs norm) {
     }
     for (int i = tid; i < tc * 16; i += blockDim.x) {
       const int64_t t = t0 + i / 16;
-      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + cb * 16 + i % 16];
+      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
     }
     for (int i = tid; i < tc; i += blockDim.x) {
       const int64_t t = t0 + i;
       const float x = a.alpha.data[t * a.alpha.stride + h] + dt_bias;
       g_s[2 * i] = sigmoid(a.beta_logit.data[t * a.beta_logit.stride + h]);
       g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
-      if (a.updates && cb == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
+      if (a.updates && blockIdx.y == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
     }
     __syncthreads();
     gdn_mark(kGdnStaged);
@@ -321,7 +300,6 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk, GdnNormArgs norm) {
       if (p == 0) {
         a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
         if (a.updates) a.updates[t * a.update_stride + (a.n_k + h) * D + col] = dk;
-        if constexpr (kNorm) o_s[t * 16 + cl] = o;
       }
       if (a.capture) {
         float4* cap = reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
@@ -338,101 +316,9 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk, GdnNormArgs norm) {
     }
   }
   gdn_mark(kGdnLoopDone);
-  if constexpr (kNorm) {
-    if (!a.updates) store_column(st, p, P, S);
-    gdn_gated_norm(norm, o_s, o_s + 32 * 16, h, cb, static_cast<int>(n));
-    return;
-  }
   if (a.updates) return;  // the state stays as it was: a rollback replays the updates it keeps
   store_column(st, p, P, S);
   gdn_mark(kGdnEnd);
-}
-
-// gdn_kernel<128, true>'s gated norm of its n tokens (o_s: the block's 16 outputs a token), with
-// rms_norm_kernel's bits for a group of 128 and quantize_lane's for the Q8K rows of the out-projection.
-// A v-head's 128 outputs lie in 8 blocks and a 256-value Q8K block in two v-heads, so the 16 blocks of a
-// cluster share through distributed shared memory, per token: each block's four float4 sums of squares
-// (the norm kernel's warp lanes 4 cb .. 4 cb + 3), and each block's max |y| (exact in any order). Thread
-// (token t, float4 li) reads its token's 32 sums (8 float4 loads: one round trip) and adds them in the
-// norm's butterfly order (xor 16, 8, 4, 2, 1), so no shuffles or block barriers sit between the two
-// cluster barriers; threads li = 0, 1 then quantize as quantize_lane's lanes 2k, 2k + 1 (k: the block's
-// 16 values in the 256-block). Bytes: z and y once, the codes; DSMEM: 48 floats a token a thread pair.
-__device__ void gdn_gated_norm(const GdnNormArgs& a, float* o_s, float* x_s, int h, int cb, int n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
-  float* sq_s = x_s;          // [32][4] the block's float4 sums of squares
-  float* am_s = sq_s + 128;   // [32] the block's max |y|
-  const int tid = threadIdx.x, t = tid / 4, li = tid % 4;  // thread: token t, float4 li of the block's 16
-  const bool mine = tid < 4 * n;                            // (blockDim.x = 128 >= 4 * 32)
-  const int64_t hc = static_cast<int64_t>(h) * 128 + cb * 16 + 4 * li;  // its first column
-  float4 v{}, w{};
-  float sz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  __syncthreads();  // o_s is complete
-  if (mine) {
-    v = reinterpret_cast<const float4*>(o_s)[tid];
-    w = *reinterpret_cast<const float4*>(a.w + cb * 16 + 4 * li);
-    const float4 z = *reinterpret_cast<const float4*>(a.z + t * a.z_stride + hc);
-    sz[0] = silu(z.x), sz[1] = silu(z.y), sz[2] = silu(z.z), sz[3] = silu(z.w);
-    sq_s[tid] = add_squares(0.0f, v);
-  }
-  cluster.sync();
-  float amax = 0.0f;
-  if (mine) {
-    // The head's 32 float4 sums of squares in the norm's lane order (lane l: block l / 4's float4 l % 4),
-    // then its butterfly: s[l] + s[l ^ 16], ..., as lane 0 adds them.
-    const unsigned head0 = (h & 1) * 8;  // the cluster rank of this head's first block
-    float s[32];
-#pragma unroll
-    for (int b = 0; b < 8; ++b) {
-      const float4 q = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sq_s, head0 + b) + 4 * t);
-      s[4 * b] = q.x, s[4 * b + 1] = q.y, s[4 * b + 2] = q.z, s[4 * b + 3] = q.w;
-    }
-#pragma unroll
-    for (int l = 0; l < 16; ++l) s[l] += s[l + 16];
-#pragma unroll
-    for (int l = 0; l < 8; ++l) s[l] += s[l + 8];
-#pragma unroll
-    for (int l = 0; l < 4; ++l) s[l] += s[l + 4];
-    s[0] += s[2], s[1] += s[3];
-    s[0] += s[1];
-    const float inv = 1.0f / sqrtf(s[0] / 128.0f + a.eps);
-    float o[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};
-    const float wk[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      o[e] *= wk[e];
-      o[e] *= sz[e];
-      amax = fmaxf(amax, fabsf(o[e]));
-    }
-    const float4 y = make_float4(o[0], o[1], o[2], o[3]);
-    *reinterpret_cast<float4*>(a.y.data + t * a.y.stride + hc) = y;
-    reinterpret_cast<float4*>(o_s)[tid] = y;
-  }
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  if (mine && li == 0) am_s[t] = amax;
-  cluster.sync();
-  // The 256-block's max over the cluster's 16 blocks (one round trip), then the codes.
-  float m = 0.0f;
-  if (mine && li < 2)
-#pragma unroll
-    for (int r = 0; r < 16; ++r) m = fmaxf(m, *cluster.map_shared_rank(am_s + t, r));
-  cluster.barrier_arrive();  // (this block's reads of the others' am_s are done)
-  const float4 lo = reinterpret_cast<const float4*>(o_s)[4 * t + 2 * (li & 1)];
-  const float4 hi = reinterpret_cast<const float4*>(o_s)[4 * t + 2 * (li & 1) + 1];
-  const float e8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  Q8KLane q = quantize_codes(e8, m);
-  q.pair_sum += __shfl_xor_sync(0xffffffffu, q.pair_sum, 1);
-  if (mine && li < 2) {
-    const int lane = 2 * ((h & 1) * 8 + cb) + li;             // quantize_lane's lane in the 256-block
-    const int64_t b = (h / 2) * padded_tokens(n) + t;          // the token's 256-block h / 2 (q8k.cuh's order)
-#pragma unroll
-    for (int o = 0; o < 3; ++o) store_codes(q, lane, a.qx.q[o] + b * 256, static_cast<XOrder>(o));
-    store_sums(q, lane, reinterpret_cast<__half*>(a.qx.bs) + b * 16, a.qx.d + b);
-  }
-  cluster.barrier_wait();  // no block leaves while another reads its am_s
-#endif
 }
 
 // gdn_kernel's state updates alone, from the updates it recorded: a block per (v-head, 16 columns,
@@ -920,76 +806,19 @@ size_t gdn_scratch_bytes(const GdnParams& p) {
          sizeof(float);
 }
 
-namespace {
-// The device allows gdn_kernel<128, true>'s clusters of 16 (non-portable: sm_90's limit), once.
-bool gdn_norm_clusters() {
-  static const bool ok = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        major < 9 || env_int("HYSPEC_GDN_NORM_FOLD", 1) == 0)
-      return false;
-    const bool set = cudaFuncSetAttribute(gdn_kernel<128, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-                     cudaSuccess;
-    cudaFuncSetAttribute(gdn_kernel<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);  // PROBE
-    cudaGetLastError();
-    {  // PROBE
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(16, 16);
-      cfg.blockDim = dim3(128);
-      cfg.dynamicSmemBytes = env_int("HYSPEC_GDN_NORM_SMEM", 42 * 1024);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 16, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int clusters = -1;
-      const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, gdn_kernel<128, true>, &cfg);
-      fprintf(stderr, "PROBE gdn norm fold: smem %zu, max active clusters of 16: %d (%s)\n", cfg.dynamicSmemBytes, clusters, cudaGetErrorString(e));
-      cudaGetLastError();
-    }
-    return set;
-  }();
-  return ok;
-}
-}  // namespace
-
-bool gdn_norm_fold_ok(const GdnParams& p) {
-  const int64_t n = p.q.rows;
-  return n >= 2 && n <= kInt8MvMaxWidth && !gdn_uses_chunked(p) && p.head_dim == 128 && p.n_v_heads % 2 == 0 &&
-         gdn_norm_clusters();
-}
-
 cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int D = p.head_dim;
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
              p.state, p.capture, p.capture_f16, p.updates, p.update_stride};
-  const GdnNormArgs norm{p.norm_w, p.norm_z, p.norm_z_stride, p.norm_eps, p.norm_y, p.norm_qx};
   if (gdn_uses_chunked(p)) return gdn_chunked_launch(a, static_cast<float*>(scratch), stream);
   // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
   const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
   int chunk = 32;
   while (chunk > 1 && chunk * per_token > 40960) chunk /= 2;
   const size_t smem = chunk * per_token;
-  if (p.norm_w) {
-    if (!gdn_norm_fold_ok(p)) return cudaErrorInvalidValue;
-    if (skip_launches()) return cudaSuccess;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(16, p.n_v_heads / 2);
-    cfg.blockDim = dim3(D);
-    cfg.dynamicSmemBytes = std::max<size_t>(smem + kGdnNormScratch * sizeof(float), env_int("HYSPEC_GDN_NORM_SMEM", 0));  // PROBE
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 16, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = use_pdl() ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, gdn_kernel<128, true>, a, chunk, norm);
-  }
   const dim3 grid(p.n_v_heads, D / 16);
-  return launch_pdl(D == 128 ? gdn_kernel<128> : gdn_kernel<0>, grid, dim3(D), smem, stream, a, chunk, norm);
+  return launch_pdl(D == 128 ? gdn_kernel<128> : gdn_kernel<0>, grid, dim3(D), smem, stream, a, chunk);
 }
 
 cudaError_t gdn_replay_launch(const GdnReplayList& l, int64_t n_tokens, int n_k_heads, int n_v_heads, int head_dim,
