@@ -625,11 +625,11 @@ __device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2
 // the type's small integers per 16-code group; B = the tokens' 16-code sums) and the type's addition of
 // the super-block to lane (g, t)'s four outputs (`add(acc, isum, msum, row_half, dx)`).
 // The activations are padded to whole n-tiles (pitch NT * 8), so no token needs a bounds check.
-template <int NT, bool kMsum = true, int kPitch = NT * 8, class Add>
+template <int NT, bool kMsum = true, class Add>
 __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t s, int g, int t, const uint32_t (&ma)[4],
                                                    const int (&isum)[NT][4], float (&acc)[NT][4], Add add) {
-  const __half* bs = a.x.bs + (s * kPitch + g) * 16 + 2 * t;  // token g's sums 2t, 2t+1 (+ 8 tokens per n-tile)
-  const float* dx = a.x.d + s * kPitch + 2 * t;               // tokens 2t, 2t + 1 (+ 8 per n-tile)
+  const __half* bs = a.x.bs + (s * (NT * 8) + g) * 16 + 2 * t;  // token g's sums 2t, 2t+1 (+ 8 tokens per n-tile)
+  const float* dx = a.x.d + s * (NT * 8) + 2 * t;               // tokens 2t, 2t + 1 (+ 8 per n-tile)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     float msum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -658,18 +658,17 @@ template <int NT, bool SW>
 constexpr int kMmaRedBuffers = SW && NT == 2 ? 2 : 1;
 
 // The partial sums' buffer of a tensor-core kernel's j-th tile.
-template <int NT, bool SW, bool X1 = false>
+template <int NT, bool SW>
 __device__ __forceinline__ float* mma_red(float* red, int64_t j) {
-  return kMmaRedBuffers<NT, SW> == 2 ? red + (j & 1) * (kWarps * (NT * 8 + X1) * kRows) : red;
+  return kMmaRedBuffers<NT, SW> == 2 ? red + (j & 1) * (kWarps * NT * 8 * kRows) : red;
 }
 
 // A tensor-core kernel's tile: lane (g, t)'s outputs (rows g, g+8; tokens 2t, 2t+1 of each n-tile) to
 // red (mma_red), then the warps summed in order and written.
-// X1: and token NT * 8 (acc1: rows g, g + 8; every lane of the quad holds them).
-template <int NT, bool SW, bool X1 = false>
+template <int NT, bool SW>
 __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, const float (&acc)[NT][4], int64_t tile,
-                                               int g, int t, int ks, const float (&acc1)[2] = {0.0f, 0.0f}) {
-  constexpr int NMAX = NT * 8 + X1;
+                                               int g, int t, int ks) {
+  constexpr int NMAX = NT * 8;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -677,9 +676,6 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
       const int c = nt * 8 + 2 * t + (e & 1), rr = g + (e >= 2 ? 8 : 0);
       if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];
     }
-  if constexpr (X1) {
-    if (t == 0) red[(ks * NMAX + NT * 8) * kRows + g] = acc1[0], red[(ks * NMAX + NT * 8) * kRows + g + 8] = acc1[1];
-  }
   __syncthreads();
   write_tile<NMAX, SW>(a, red, tile);
   if constexpr (kMmaRedBuffers<NT, SW> == 1) __syncthreads();  // red is rewritten by the next tile
@@ -687,12 +683,10 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
 
 // Sub-blocks 4hh..4hh+3 of a q4k_mma_body step (rows g, g + 8's blocks b0, b1, their fifth bits qh (Q5) and
 // scales sc) against the tokens' B fragments bx, added to lane (g, t)'s integer sums.
-// X1: also token NT * 8 (its x bx1, its sums isum1 for rows g, g + 8) by dp4a on the same A fragments: lane
-// t's 8 elements of each sub-block, summed over the quad at the super-block's end (q4k_x1_finish).
-template <int NT, bool Q5, int kQs, bool X1 = false>
+template <int NT, bool Q5, int kQs>
 __device__ __forceinline__ void q4k_mma_half(int hh, const uint4 (&bx)[NT][2], const uint8_t* b0, const uint8_t* b1,
                                              uint2 qh0, uint2 qh1, const uint32_t (&sc0)[2], const uint32_t (&sc1)[2],
-                                             int t, int (&isum)[NT][4], const uint4 (&bx1)[2], int (&isum1)[2]) {
+                                             int t, int (&isum)[NT][4]) {
 #pragma unroll
   for (int gh = 0; gh < 2; ++gh) {  // qs group gg = 2hh + gh: sub-blocks 2gg (low nibbles) and 2gg + 1
     const int gg = 2 * hh + gh;
@@ -717,47 +711,17 @@ __device__ __forceinline__ void q4k_mma_half(int hh, const uint4 (&bx)[NT][2], c
         isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
         isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
       }
-      if constexpr (X1) {
-        const uint4& b = bx1[gh];
-        const int x0 = static_cast<int>(hi ? b.z : b.x), x1 = static_cast<int>(hi ? b.w : b.y);
-        isum1[0] += s0 * __dp4a(static_cast<int>(a2), x1, __dp4a(static_cast<int>(a0), x0, 0));
-        isum1[1] += s1 * __dp4a(static_cast<int>(a3), x1, __dp4a(static_cast<int>(a1), x0, 0));
-      }
     }
   }
 }
 
-// The end of a q4k_mma_body step for token NT * 8 (X1): its integer sums over the quad, msum from lane t's
-// mins m_t, m_{t+4} of rows g, g + 8 and the token's 32-code sums of those sub-blocks (exact integers, as
-// the f16 MMA's), then add_super_block: the bits of the dp4a kernel's token.
-template <int NT, int kPitch>
-__device__ __forceinline__ void q4k_x1_finish(const Int8MvArgs& a, int64_t s, int t, uint4 hdr0, uint4 hdr1,
-                                              int (&isum1)[2], float (&acc1)[2]) {
-  const int64_t xb = s * kPitch + NT * 8;  // the token's 256-block of super-block s
-  const __half2* bs = reinterpret_cast<const __half2*>(a.x.bs + xb * 16);
-  const float2 lo = __half22float2(__ldg(bs + t)), hi = __half22float2(__ldg(bs + t + 4));  // sums 2t, 2t+1; 2t+8, 2t+9
-  const int b_lo = __float2int_rn(lo.x + lo.y), b_hi = __float2int_rn(hi.x + hi.y);
-  int msum[2] = {byte_of(q4k_mn(hdr0, 0), t) * b_lo + byte_of(q4k_mn(hdr0, 1), t) * b_hi,
-                 byte_of(q4k_mn(hdr1, 0), t) * b_lo + byte_of(q4k_mn(hdr1, 1), t) * b_hi};
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    isum1[r] += __shfl_xor_sync(0xffffffffu, isum1[r], 1);
-    msum[r] += __shfl_xor_sync(0xffffffffu, msum[r], 1);
-    isum1[r] += __shfl_xor_sync(0xffffffffu, isum1[r], 2);
-    msum[r] += __shfl_xor_sync(0xffffffffu, msum[r], 2);
-  }
-  const float dx = __ldg(a.x.d + xb);
-  acc1[0] = add_super_block(acc1[0], isum1[0], __int2float_rn(msum[0]), __half22float2(as_half2(hdr0.x)), dx);
-  acc1[1] = add_super_block(acc1[1], isum1[1], __int2float_rn(msum[1]), __half22float2(as_half2(hdr1.x)), dx);
-}
-
 // The end of a q4k_mma_body step: finish_super_block with the rows' d and dmin (block headers hdr0, hdr1).
-template <int NT, int kPitch = NT * 8>
+template <int NT>
 __device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int64_t s, int g, int t, uint4 hdr0,
                                                        uint4 hdr1, const uint32_t (&ma)[4], const int (&isum)[NT][4],
                                                        float (&acc)[NT][4]) {
   const float2 dm0 = __half22float2(as_half2(hdr0.x)), dm1 = __half22float2(as_half2(hdr1.x));
-  finish_super_block<NT, true, kPitch>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
+  finish_super_block<NT>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
     return add_super_block(ac, is, ms, r1 ? dm1 : dm0, dx);
   });
 }
@@ -769,12 +733,9 @@ __device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int6
 // block, so sum_k A B = sum_i m_i bsum_i, exactly. The k order inside a sub-block is permuted (lane
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
-// X1 (NT = 2, 17 tokens): the 17th token by dp4a beside the two n-tiles (q4k_mma_half), in place of a third
-// n-tile of MMAs for one token; the activations' pitch is then three n-tiles.
-template <int NT, bool SW, bool Q5 = false, bool X1 = false>
+template <int NT, bool SW, bool Q5 = false>
 __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
-  constexpr int kPitch = (NT + X1) * 8;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -790,7 +751,6 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
     float acc[NT][4];  // [n-tile][(row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)]
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    float acc1[2] = {0.0f, 0.0f};  // X1: token NT * 8, rows g and g + 8
     // The fused SwiGLU at two n-tiles keeps the step's earlier order (x after next()): with x first its
     // 16-token kernel bench was 7% slower. Each form stays as measured (nvcc's code for these kernels
     // follows the source's form: a shared loop with the order as a constant gave other kernels other code,
@@ -810,29 +770,26 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
         // msum's A fragment: m_t (columns 2t, 2t+1) and m_{t+4} (2t+8, 2t+9) of rows g and g+8.
         const uint32_t ma[4] = {dup_half(byte_of(q4k_mn(hdr0, 0), t)), dup_half(byte_of(q4k_mn(hdr1, 0), t)),
                                 dup_half(byte_of(q4k_mn(hdr0, 1), t)), dup_half(byte_of(q4k_mn(hdr1, 1), t))};
-        int isum[NT][4], isum1[2] = {0, 0};
+        int isum[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
         // Half a step's B fragments first (sub-blocks 4hh..4hh+3, two 16-byte loads per n-tile in the
         // kFragQ4 layout, at constant offsets from the step's block of token g): their L1/L2 latency then
         // hides behind the A decoding. Padding tokens of the last n-tile load nothing (their codes are
         // zeros).
-        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * kPitch + g) * 256 + 16 * t);
-        const uint4* xs1 = reinterpret_cast<const uint4*>(a.x.q + (s * kPitch + NT * 8) * 256 + 16 * t);  // X1
+        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 16 * t);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          uint4 bx[NT][2], bx1[2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
+          uint4 bx[NT][2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             const bool real = nt < NT - 1 || nt * 8 + g < a.n;
             bx[nt][0] = real ? __ldg(xs + nt * 128 + 8 * hh) : make_uint4(0u, 0u, 0u, 0u);
             bx[nt][1] = real ? __ldg(xs + nt * 128 + 8 * hh + 4) : make_uint4(0u, 0u, 0u, 0u);
           }
-          if constexpr (X1) bx1[0] = __ldg(xs1 + 8 * hh), bx1[1] = __ldg(xs1 + 8 * hh + 4);
-          q4k_mma_half<NT, Q5, kQs, X1>(hh, bx, b0, b1, qh0, qh1, sc0, sc1, t, isum, bx1, isum1);
+          q4k_mma_half<NT, Q5, kQs>(hh, bx, b0, b1, qh0, qh1, sc0, sc1, t, isum);
         }
-        q4k_finish_super_block<NT, kPitch>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
-        if constexpr (X1) q4k_x1_finish<NT, kPitch>(a, s, t, hdr0, hdr1, isum1, acc1);
+        q4k_finish_super_block<NT>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
       }
     } else {
       for (int m = 0; m < ring.cnt; ++m) {
@@ -843,19 +800,17 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
         // next step's copies (next()), so that they do not queue behind those copies (H100, 9B Q4_K_M: a
         // 17-row verify step 3.78 -> 3.57 ms, 16 rows 3.39 -> 3.38; at 16 tokens the fused SwiGLU's kernel
         // bench went 7% slower and Q6_K's 2-5% faster).
-        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * kPitch + g) * 256 + 16 * t);
-        const uint4* xs1 = reinterpret_cast<const uint4*>(a.x.q + (s * kPitch + NT * 8) * 256 + 16 * t);  // X1
-        auto load_x = [&](int hh, uint4 (&bx)[NT][2], uint4 (&bx1)[2]) {
+        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 16 * t);
+        auto load_x = [&](int hh, uint4 (&bx)[NT][2]) {
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             const bool real = nt < NT - 1 || nt * 8 + g < a.n;
             bx[nt][0] = real ? __ldg(xs + nt * 128 + 8 * hh) : make_uint4(0u, 0u, 0u, 0u);
             bx[nt][1] = real ? __ldg(xs + nt * 128 + 8 * hh + 4) : make_uint4(0u, 0u, 0u, 0u);
           }
-          if constexpr (X1) bx1[0] = __ldg(xs1 + 8 * hh), bx1[1] = __ldg(xs1 + 8 * hh + 4);
         };
-        uint4 bx_first[NT][2], bx1_first[2];
-        load_x(0, bx_first, bx1_first);
+        uint4 bx_first[NT][2];
+        load_x(0, bx_first);
         const uint8_t* slot = ring.next();
         const uint8_t* b0 = slot + g * L::kBlockBytes;
         const uint8_t* b1 = slot + (g + 8) * L::kBlockBytes;
@@ -867,26 +822,24 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
         // msum's A fragment: m_t (columns 2t, 2t+1) and m_{t+4} (2t+8, 2t+9) of rows g and g+8.
         const uint32_t ma[4] = {dup_half(byte_of(q4k_mn(hdr0, 0), t)), dup_half(byte_of(q4k_mn(hdr1, 0), t)),
                                 dup_half(byte_of(q4k_mn(hdr0, 1), t)), dup_half(byte_of(q4k_mn(hdr1, 1), t))};
-        int isum[NT][4], isum1[2] = {0, 0};
+        int isum[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          uint4 bx[NT][2], bx1[2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
+          uint4 bx[NT][2];  // sub-blocks 4hh + 2j (.x, .y) and 4hh + 2j + 1 (.z, .w)
           if (hh == 0) {
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) bx[nt][0] = bx_first[nt][0], bx[nt][1] = bx_first[nt][1];
-            if constexpr (X1) bx1[0] = bx1_first[0], bx1[1] = bx1_first[1];
           } else {
-            load_x(1, bx, bx1);  // its latency hides behind the A decoding
+            load_x(1, bx);  // its latency hides behind the A decoding
           }
-          q4k_mma_half<NT, Q5, kQs, X1>(hh, bx, b0, b1, qh0, qh1, sc0, sc1, t, isum, bx1, isum1);
+          q4k_mma_half<NT, Q5, kQs>(hh, bx, b0, b1, qh0, qh1, sc0, sc1, t, isum);
         }
-        q4k_finish_super_block<NT, kPitch>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
-        if constexpr (X1) q4k_x1_finish<NT, kPitch>(a, s, t, hdr0, hdr1, isum1, acc1);
+        q4k_finish_super_block<NT>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
       }
     }
-    write_mma_tile<NT, SW, X1>(a, mma_red<NT, SW, X1>(red, j), acc, tile, g, t, ks, acc1);
+    write_mma_tile<NT, SW>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -1194,10 +1147,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_kernel(Int8MvArgs a) 
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_dp4a_body<NMAX, SW, Q5, false, kConv, kXFold>(a, smem, launch_slot());
 }
-template <int NT, bool SW, bool Q5 = false, int MB = (NT >= 4 ? 1 : 2), bool X1 = false>
+template <int NT, bool SW, bool Q5 = false, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  q4k_mma_body<NT, SW, Q5, X1>(a, smem, launch_slot());
+  q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
 }
 template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
@@ -1295,10 +1248,6 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
                           : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
   if (n <= 8) return launch<L, 8, q4k_mma_kernel<1, SW, Q5>>(a, SW, stream);
   if (n <= 16) return launch<L, 16, q4k_mma_kernel<2, SW, Q5>>(a, SW, stream);
-  // 17 tokens (a verify step of 16 drafts): two n-tiles and a dp4a token (q4k_mma_body's X1). HYSPEC_MV_X1=0: a
-  // third n-tile.
-  static const bool x1 = env_int("HYSPEC_MV_X1", 1) != 0;
-  if (n == 17 && x1) return launch<L, 17, q4k_mma_kernel<2, SW, Q5, 2, true>>(a, SW, stream);
   if (n <= 24) return launch<L, 24, q4k_mma_kernel<3, SW, Q5>>(a, SW, stream);
   if constexpr (!SW) return launch<L, 32, q4k_mma_kernel<4, false, Q5, 1>, 1>(a, false, stream);
   return cudaErrorInvalidValue;
