@@ -655,7 +655,7 @@ __device__ __forceinline__ void finish_super_block(const Int8MvArgs& a, int64_t 
 // tensor-core kernel it ran 17-row steps 1.3% slower, so the others keep their code. launch() sizes each
 // kernel's shared memory by it.
 template <int NT, bool SW>
-constexpr int kMmaRedBuffers = SW && (NT == 2 || NT == 3) ? 2 : 1;
+constexpr int kMmaRedBuffers = SW && NT == 2 ? 2 : 1;
 
 // The partial sums' buffer of a tensor-core kernel's j-th tile.
 template <int NT, bool SW>
@@ -756,7 +756,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
     // follows the source's form: a shared loop with the order as a constant gave other kernels other code,
     // PERFORMANCE.md "Session 37"); both take the step's MMAs from q4k_mma_half and its end from
     // q4k_finish_super_block, which leave every kernel's code as it was.
-    if constexpr (SW && NT >= 2) {
+    if constexpr (SW && NT == 2) {
       for (int m = 0; m < ring.cnt; ++m) {
         const uint8_t* slot = ring.next();
         const uint8_t* b0 = slot + g * L::kBlockBytes;
