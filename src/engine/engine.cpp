@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -18,6 +17,10 @@ constexpr int kProbeRounds = 2;          // speculative rounds that decide a pro
 constexpr int kMinBackoffRounds = 16;    // first plain stretch after speculation lost
 constexpr int kMaxBackoffRounds = 1024;
 constexpr double kSpecWinMargin = 0.97;  // speculation must emit at least this share of plain's rate
+// Every this many speculative rounds draft one more than the best length: the estimates past it
+// (the next position's acceptance, the next width's cost) change only when it is drafted, and one
+// unlucky round there must not keep the length below it for good.
+constexpr int kExploreEvery = 4;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -287,7 +290,8 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   stats_ = SessionStats{};
   stats_.prompt_tokens = n;
   logprobs_.clear();
-  ema_accept_ = 2.0;
+  acceptance_ = DraftAcceptance{};
+  rounds_since_explore_ = 0;
   ema_spec_rate_ = plain_rate_ = 0;
   plain_rounds_left_ = options.adaptive ? kProbeRounds : 0;  // measure plain decoding first
   new_plain_stretch_ = true;
@@ -391,13 +395,13 @@ int Session::choose_draft_length() {
   k = static_cast<int>(std::min<int64_t>({k, room_ctx, room_out}));
   if (k <= 0) return 0;
   if (!options_.adaptive) return k;
-  // Adaptive: draft about twice the recent acceptance. Speculation that emits fewer tokens per
-  // second than plain decoding (both rates measured on this sequence) is switched off for a stretch
-  // of plain rounds, then probed for kProbeRounds rounds; each failed probe doubles the stretch (up
-  // to kMaxBackoffRounds), so a drafter that never pays costs a vanishing share of the time, while
-  // one that pays again on a later stretch of text (repetitive code, quotes of the prompt) is back
-  // within one stretch. A sequence starts with kProbeRounds plain rounds (the reference rate), then a
-  // probe.
+  // Adaptive: the length with the most expected tokens per second (draft_length.h), one more every
+  // kExploreEvery rounds. Speculation that emits fewer tokens per second than plain decoding (both
+  // rates measured on this sequence) is switched off for a stretch of plain rounds, then probed for
+  // kProbeRounds rounds; each failed probe doubles the stretch (up to kMaxBackoffRounds), so a
+  // drafter that never pays costs a vanishing share of the time, while one that pays again on a later
+  // stretch of text (repetitive code, quotes of the prompt) is back within one stretch. A sequence
+  // starts with kProbeRounds plain rounds (the reference rate), then a probe.
   if (plain_rounds_left_ > 0) {
     if (--plain_rounds_left_ == 0) {  // the next timed speculative rounds are a probe
       probe_rounds_left_ = kProbeRounds;
@@ -410,7 +414,12 @@ int Session::choose_draft_length() {
     back_off();
     return 0;
   }
-  return std::clamp(static_cast<int>(std::ceil(2.0 * ema_accept_ + 1.0)), 1, k);
+  int best = best_draft_length(acceptance_, engine_.round_costs_, k);
+  if (++rounds_since_explore_ >= kExploreEvery && best < k) {
+    rounds_since_explore_ = 0;
+    ++best;
+  }
+  return best;
 }
 
 Status Session::decode_round(std::vector<int32_t>& out) {
@@ -424,13 +433,18 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   // 1. draft
   std::vector<int32_t> drafts;
   const int k_max = choose_draft_length();
+  double draft_dt = 0;
+  bool drafter_recorded = false;
   if (k_max > 0) {
     const double t0 = now_s();
+    const int64_t recordings = drafter_->graphs_recorded();
     HS_ASSIGN_OR_RETURN(drafts, drafter_->propose(k_max));
     if (static_cast<int>(drafts.size()) > k_max) drafts.resize(k_max);
     for (int32_t d : drafts)
       if (d < 0 || d >= hp.n_vocab) return Status::errorf("drafter '{}' proposed token {} outside the vocabulary", drafter_->name(), d);
-    stats_.draft_s += now_s() - t0;
+    draft_dt = now_s() - t0;
+    drafter_recorded = drafter_->graphs_recorded() != recordings;
+    stats_.draft_s += draft_dt;
   }
   const int k = static_cast<int>(drafts.size());
 
@@ -498,7 +512,8 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     }
   }
   const int n_accepted = static_cast<int>(emitted.size()) - 1;
-  stats_.verify_s += now_s() - t1;
+  const double verify_dt = now_s() - t1;
+  stats_.verify_s += verify_dt;
 
   // 4. emit until a stop condition, then commit exactly what was emitted
   const double t2 = now_s();
@@ -522,7 +537,8 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     rows.next_tokens.assign(emitted.begin(), emitted.begin() + kept);
     HS_RETURN_IF_ERROR(drafter_->observe(rows));
   }
-  stats_.commit_s += now_s() - t2;
+  const double commit_dt = now_s() - t2;
+  stats_.commit_s += commit_dt;
 
   // 5. statistics and adaptation
   ++stats_.rounds;
@@ -533,10 +549,14 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     stats_.drafted += k;
     stats_.accepted += n_accepted;
     ++stats_.accept_histogram[std::min(n_accepted, 64)];
-    ema_accept_ = 0.8 * ema_accept_ + 0.2 * n_accepted;
+    acceptance_.record(k, n_accepted);
   }
-  // Rates: a round that recorded a CUDA graph for a new step width timed the recording, not the step.
-  if (!recorded_graph_) {
+  // Rates and costs: a round that recorded a CUDA graph (a new step width, a new draft step) timed the
+  // recording, not the step.
+  if (!recorded_graph_ && !drafter_recorded) {
+    if (k > 0) e.round_costs_.record_draft(k, draft_dt);
+    e.round_costs_.record_verify(static_cast<int>(n), verify_dt);
+    e.round_costs_.record_commit(kept, commit_dt);
     if (k > 0) {
       ema_spec_rate_ = ema_spec_rate_ == 0 ? rate : 0.8 * ema_spec_rate_ + 0.2 * rate;
       if (probe_rounds_left_ > 0) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/draft_length.h"
 #include "engine/sampler.h"
 #include "engine/spec/drafter.h"
 #include "model/qwen35.h"
@@ -135,14 +136,16 @@ class Session {
   std::vector<EmittedLogprobs> logprobs_;
   StepGraphs graphs_;  // decode and verify steps
   // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
-  double ema_accept_ = 2.0, ema_spec_rate_ = 0;
+  DraftAcceptance acceptance_;  // this sequence's, by draft position
+  int rounds_since_explore_ = 0;  // speculative rounds since one drafted past the best length
+  double ema_spec_rate_ = 0;
   double plain_rate_ = 0;  // the fastest plain round of the latest plain stretch (decode_round)
   bool new_plain_stretch_ = true;  // the next timed plain round starts plain decoding's reference rate
   int plain_rounds_left_ = 0;  // plain rounds before the next probe
   int probe_rounds_left_ = 0;  // speculative rounds left in the running probe
   int backoff_rounds_ = 0;     // the next plain stretch: doubles after each failed probe
   double probe_tokens_ = 0, probe_s_ = 0;
-  bool recorded_graph_ = false;  // this round recorded a step graph (its time is not a rate sample)
+  bool recorded_graph_ = false;  // this round recorded a target step graph (its time is not a rate sample)
 };
 
 class Engine {
@@ -188,6 +191,7 @@ class Engine {
   Buffer sampling_;  // LogitRows' scratch for max_verify_ rows
   int64_t feature_width_ = 0;
   DrafterNeeds needs_;
+  RoundCosts round_costs_;  // what rounds cost on this engine, measured by its sessions' rounds
 };
 
 }  // namespace hyspec

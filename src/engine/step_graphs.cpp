@@ -14,6 +14,7 @@ Status StepGraphs::run(const Key& key, const std::function<Status()>& step, bool
       return step();
     }
     graph = std::move(g).value();
+    ++recordings_;
     if (recorded) *recorded = true;
   }
   return graph->replay();

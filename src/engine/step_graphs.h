@@ -21,10 +21,12 @@ class StepGraphs {
   // Run `step` as the graph recorded for `key` (recording it first: *recorded = true then).
   Status run(const Key& key, const std::function<Status()>& step, bool* recorded = nullptr);
   void clear() { graphs_.clear(); }
+  int64_t recordings() const { return recordings_; }  // graphs recorded so far (a round that did is not timed)
 
  private:
   Backend& be_;
   bool enabled_;
+  int64_t recordings_ = 0;
   std::map<Key, std::unique_ptr<StepGraph>> graphs_;
 };
 

@@ -79,6 +79,15 @@ TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {
   EXPECT_EQ(ngram_lookup(seq, 2, 4, 3), (std::vector<int32_t>{7, 8, 5}));
   EXPECT_EQ(ngram_lookup(seq, 2, 4, 1), (std::vector<int32_t>{7}));
   EXPECT_TRUE(ngram_lookup({1, 2, 3, 4}, 2, 4, 3).empty());
+  EXPECT_TRUE(ngram_lookup(seq, 2, 4, 0).empty());
+}
+
+TEST(NgramLookup, ALoopContinuesPastTheEndOfTheSequenceAsFarAsItHasHeld) {
+  // The most recent match of the suffix overlaps it: what follows is the loop itself, drafted for as
+  // many tokens as the sequence has followed it after its first period (7, 4 and 2 here).
+  EXPECT_EQ(ngram_lookup({4, 5, 6, 5, 6, 5, 6, 5, 6}, 2, 4, 5), (std::vector<int32_t>{5, 6, 5, 6, 5}));
+  EXPECT_EQ(ngram_lookup({3, 7, 7, 7, 7, 7}, 2, 4, 9), (std::vector<int32_t>{7, 7, 7, 7, 7}));
+  EXPECT_EQ(ngram_lookup({1, 2, 3, 1, 2}, 2, 4, 6), (std::vector<int32_t>{3, 1, 2, 3, 1}));
 }
 
 }  // namespace

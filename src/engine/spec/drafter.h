@@ -40,6 +40,8 @@ class Drafter {
   virtual Result<std::vector<int32_t>> propose(int max_k) = 0;
   // The most tokens one proposal can hold (DFlash: block_size - 1).
   virtual int max_draft() const { return 64; }
+  // Step graphs recorded so far: a proposal that recorded one took longer than the next one will.
+  virtual int64_t graphs_recorded() const { return 0; }
 };
 
 enum class SpecMethod { None, Ngram, Mtp, Dflash };

@@ -35,6 +35,7 @@ class MtpDrafter final : public Drafter {
   std::string name() const override { return "mtp"; }
   DrafterNeeds needs() const override { return {true, {}}; }
   int max_draft() const override { return kMaxSteps; }
+  int64_t graphs_recorded() const override { return steps_.recordings(); }
   Status reset(SequenceState& state) override {
     if (state_ != &state) steps_.clear();  // recorded against the old state's KV
     state_ = &state;

@@ -11,10 +11,17 @@ std::vector<int32_t> ngram_lookup(const std::vector<int32_t>& tokens, int min_ng
     // Most recent earlier match first: recent context predicts best.
     for (int64_t start = len - n - 1; start >= 0; --start) {
       if (!std::equal(suffix, suffix + n, tokens.data() + start)) continue;
-      const int64_t from = start + n;
-      const int64_t count = std::min<int64_t>(max_k, len - from);
-      if (count <= 0) continue;
-      return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + count);
+      // What followed the match, up to max_k tokens of it. Where that runs into the end of the sequence
+      // the text is a loop of period len - from ("a b a b" -> "a b a b ..."): the draft goes on around
+      // it for as many tokens as the loop has already held (a long loop, as a model repeating itself,
+      // drafts whole blocks; two repeats in passing draft a token or two).
+      const int64_t from = start + n, period = len - from;
+      int64_t held = 0;
+      while (len - 1 - held - period >= 0 && tokens[len - 1 - held] == tokens[len - 1 - held - period]) ++held;
+      std::vector<int32_t> draft;
+      for (int64_t i = 0; i < max_k && from + i < len + held; ++i)
+        draft.push_back(from + i < len ? tokens[from + i] : draft[from + i - len]);
+      return draft;
     }
   }
   return {};
@@ -57,6 +64,7 @@ class LongestOfDrafter final : public Drafter {
     return n;
   }
   int max_draft() const override { return std::max(a_->max_draft(), b_->max_draft()); }
+  int64_t graphs_recorded() const override { return a_->graphs_recorded() + b_->graphs_recorded(); }
   Status reset(SequenceState& s) override {
     HS_RETURN_IF_ERROR(a_->reset(s));
     return b_->reset(s);

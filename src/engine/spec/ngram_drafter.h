@@ -17,7 +17,9 @@ std::unique_ptr<Drafter> make_ngram_drafter(const NgramOptions& options = {});
 // whichever of the two offers the longer draft (n-gram wins on repeated text, the model elsewhere).
 std::unique_ptr<Drafter> make_longest_of(std::unique_ptr<Drafter> model, std::unique_ptr<Drafter> ngram);
 
-// Longest-suffix lookup over `tokens` (exposed for tests and for composing with model drafters).
+// Longest-suffix lookup over `tokens`: up to max_k tokens of what followed the most recent match, a
+// loop continued past the end as far as it has held (exposed for tests and for composing with model
+// drafters).
 std::vector<int32_t> ngram_lookup(const std::vector<int32_t>& tokens, int min_ngram, int max_ngram, int max_k);
 
 }  // namespace hyspec

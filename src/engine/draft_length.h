@@ -1,0 +1,62 @@
+// How many tokens a speculative round drafts: the length with the most expected tokens per second,
+//
+//   rate(k) = (1 + E[accepted drafts of k]) / (draft time of k + verify time of k + 1 rows + E[commit time])
+//
+// from what this sequence's drafts were accepted at each position (DraftAcceptance) and what rounds
+// cost on this engine (RoundCosts). Acceptance alone cannot decide it: on CUDA a 9B verify step of 16
+// rows costs 1.30x a decode step and one of 17 rows 1.41x (the int8 matvecs' 8-token tiles), 24 rows
+// 2.0x; an MTP draft step costs the same at every position, a DFlash block the same at every length.
+#pragma once
+#include <array>
+
+namespace hyspec {
+
+inline constexpr int kMaxDraftLength = 64;
+
+// Per-position acceptance: position i (0-based) is reached when the drafts before it were accepted.
+// Recent rounds weigh more (each reach decays the position's counts by kDecay), and every position
+// starts from the same prior: a deep position is not assumed worse than the first (once a drafter is
+// on a stretch it knows, such as a quote of the prompt, the next draft is accepted more often, not
+// less), so a length held short by a bad stretch grows again as soon as drafts are accepted.
+class DraftAcceptance {
+ public:
+  void record(int drafted, int accepted);  // one round: `accepted` of `drafted` drafts (a prefix)
+  double rate(int i) const;                 // P(draft i accepted | drafts 0..i-1 were)
+  double expected_accepted(int k) const;    // E[accepted drafts] when drafting k
+
+ private:
+  static constexpr double kDecay = 0.9, kPriorWeight = 1.0, kPrior = 0.75;
+  std::array<double, kMaxDraftLength> reached_{}, accepted_{};
+};
+
+// Seconds a round's parts cost: the drafter's proposal by draft length, the target's verify step
+// (with the acceptance) by width, and the commit (the rollback, the drafter observing the kept rows)
+// by rows kept, which follows acceptance, not the draft length. Between measured points an estimate
+// is linear; past the last one it follows the mean slope of the measured ones (one point alone: a
+// verify width 1/8 of its cost a row, the others flat). So a length is tried when its estimate looks best,
+// and then its cost is known: a backend's steps (a new tile of rows) show once measured. Samples
+// enter an average clipped to 1.5x either way of the estimate (a preempted round says little about
+// the next), with the same weight whichever way they move it, so a width measured often does not
+// look cheaper for being measured often.
+class RoundCosts {
+ public:
+  void record_draft(int k, double seconds);
+  void record_verify(int width, double seconds);
+  void record_commit(int kept, double seconds);
+  double draft(int k) const;       // 0 for k = 0, or before any draft was measured
+  double verify(int width) const;  // 0 before any round was measured
+  double commit(int kept) const;
+
+ private:
+  using Table = std::array<double, kMaxDraftLength + 2>;  // by length, width or rows kept; 0: not measured
+  static void update(Table& table, int i, double sample);
+  Table draft_{}, verify_{}, commit_{};
+};
+
+// The draft length in 1..k_max with the best rate (the commit's cost averaged over the rows acceptance
+// keeps), preferring the shortest within kTolerance of it
+// (a longer draft that adds under 1% wastes drafting and verify rows on noise). With no cost measured
+// yet every length costs alike, and acceptance alone decides.
+int best_draft_length(const DraftAcceptance& acceptance, const RoundCosts& costs, int k_max);
+
+}  // namespace hyspec
