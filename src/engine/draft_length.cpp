@@ -38,8 +38,13 @@ void DraftAcceptance::record(int drafted, int accepted) {
 }
 
 double DraftAcceptance::rate(int i) const {
-  i = std::clamp(i, 0, kMaxDraftLength - 1);
-  return (accepted_[i] + kPriorWeight * kPrior) / (reached_[i] + kPriorWeight);
+  double prior = kPrior;
+  double r = 0;
+  for (int j = 0; j <= std::clamp(i, 0, kMaxDraftLength - 1); ++j) {
+    r = (accepted_[j] + kPriorWeight * prior) / (reached_[j] + kPriorWeight);
+    prior = std::max(kPrior, r);  // a deep position, rarely reached, leans on the one before it
+  }
+  return r;
 }
 
 double DraftAcceptance::expected_accepted(int k) const {

@@ -14,10 +14,10 @@ namespace hyspec {
 inline constexpr int kMaxDraftLength = 64;
 
 // Per-position acceptance: position i (0-based) is reached when the drafts before it were accepted.
-// Recent rounds weigh more (each reach decays the position's counts by kDecay), and every position
-// starts from the same prior: a deep position is not assumed worse than the first (once a drafter is
-// on a stretch it knows, such as a quote of the prompt, the next draft is accepted more often, not
-// less), so a length held short by a bad stretch grows again as soon as drafts are accepted.
+// Recent rounds weigh more (each reach decays the position's counts by kDecay). A position's prior is
+// the rate of the one before it, or kPrior where that is lower: a draft that got this far is often
+// one the drafter knows (a quote of the prompt, a loop), so deep positions, rarely reached, are not
+// assumed worse than shallow ones, and one bad round at the first positions does not condemn them.
 class DraftAcceptance {
  public:
   void record(int drafted, int accepted);  // one round: `accepted` of `drafted` drafts (a prefix)

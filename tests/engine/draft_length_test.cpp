@@ -20,7 +20,10 @@ TEST(DraftAcceptance, RatesFollowEachPosition) {
   for (int r = 0; r < 200; ++r) a.record(2, r % 2 ? 2 : 0);  // half the rounds take both drafts, half none
   EXPECT_NEAR(a.rate(0), 0.5, 0.08);  // ~10 recent rounds and the prior decide
   EXPECT_GT(a.rate(1), 0.9);                  // reached only when the first was accepted, then always accepted
-  EXPECT_NEAR(a.rate(2), 0.75, 1e-12);        // never reached: the prior
+  EXPECT_NEAR(a.rate(2), a.rate(1), 1e-12);   // never reached: leans on the position before
+  DraftAcceptance b;
+  for (int r = 0; r < 50; ++r) b.record(3, 0);
+  EXPECT_NEAR(b.rate(1), 0.75, 1e-12);        // but not below the prior
   EXPECT_NEAR(a.expected_accepted(2), a.rate(0) * (1 + a.rate(1)), 1e-12);
   EXPECT_EQ(a.expected_accepted(0), 0.0);
 }
