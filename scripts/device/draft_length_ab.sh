@@ -29,4 +29,5 @@ done 2>&1 | tee "$OUT/9b_ab.log"
   --verify 1,2,3,4,5,6,7,8,9,10,12,15,16,17,20,23,24,25,32 2>&1 | tee "$OUT/9b_verify.log"
 # The engine tests on CUDA when the bundle has them (HYSPEC_DEVICE_BINS="test_engine", fixtures
 # "qwen35-tiny qwen35moe-tiny dflash-tiny").
-[ ! -x .device/bin/test_engine ] || HYSPEC_TEST_BACKEND=cuda HYSPEC_FIXTURES=.device/fixtures .device/bin/test_engine 2>&1 | tail -3
+[ ! -x .device/bin/test_engine ] || HYSPEC_TEST_BACKEND=cuda HYSPEC_FIXTURES=.device/fixtures .device/bin/test_engine 2>&1 |
+  grep -E "^\[  (PASSED|FAILED) |tests ran"

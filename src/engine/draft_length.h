@@ -4,8 +4,9 @@
 //
 // from what this sequence's drafts were accepted at each position (DraftAcceptance) and what rounds
 // cost on this engine (RoundCosts). Acceptance alone cannot decide it: on CUDA a 9B verify step of 16
-// rows costs 1.30x a decode step and one of 17 rows 1.41x (the int8 matvecs' 8-token tiles), 24 rows
-// 2.0x; an MTP draft step costs the same at every position, a DFlash block the same at every length.
+// rows costs 1.30x a decode step, 17 rows 1.41x, 24 rows 1.54x, 25 rows 2.03x (the int8 matvecs' 8-token
+// tiles, three at most a pass); an MTP draft step costs the same at every position, a DFlash block the
+// same at every length.
 #pragma once
 #include <array>
 
@@ -33,11 +34,11 @@ class DraftAcceptance {
 // (with the acceptance) by width, and the commit (the rollback, the drafter observing the kept rows)
 // by rows kept, which follows acceptance, not the draft length. Between measured points an estimate
 // is linear; past the last one it follows the mean slope of the measured ones (one point alone: a
-// verify width 1/8 of its cost a row, the others flat). So a length is tried when its estimate looks best,
-// and then its cost is known: a backend's steps (a new tile of rows) show once measured. Samples
-// enter an average clipped to 1.5x either way of the estimate (a preempted round says little about
-// the next), with the same weight whichever way they move it, so a width measured often does not
-// look cheaper for being measured often.
+// verify width 1/8 of its cost a row, the others flat). So a length is tried when its estimate looks
+// best, and then its cost is known: a backend's steps (a new tile of rows) show once measured.
+// Samples enter an average clipped to 1.5x either way of the estimate (a preempted round says little
+// about the next), with the same weight whichever way they move it, so a width measured often does
+// not look cheaper for being measured often.
 class RoundCosts {
  public:
   void record_draft(int k, double seconds);
@@ -54,9 +55,8 @@ class RoundCosts {
 };
 
 // The draft length in 1..k_max with the best rate (the commit's cost averaged over the rows acceptance
-// keeps), preferring the shortest within kTolerance of it
-// (a longer draft that adds under 1% wastes drafting and verify rows on noise). With no cost measured
-// yet every length costs alike, and acceptance alone decides.
+// keeps), preferring the shortest within 1% of it (a longer draft that adds less spends drafting and
+// verify rows on noise). With no cost measured yet every length costs alike, and acceptance decides.
 int best_draft_length(const DraftAcceptance& acceptance, const RoundCosts& costs, int k_max);
 
 }  // namespace hyspec
