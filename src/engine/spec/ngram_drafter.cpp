@@ -17,7 +17,8 @@ std::vector<int32_t> ngram_lookup(const std::vector<int32_t>& tokens, int min_ng
       // drafts whole blocks; two repeats in passing draft a token or two).
       const int64_t from = start + n, period = len - from;
       int64_t held = 0;
-      while (len - 1 - held - period >= 0 && tokens[len - 1 - held] == tokens[len - 1 - held - period]) ++held;
+      while (held < max_k && len - 1 - held - period >= 0 && tokens[len - 1 - held] == tokens[len - 1 - held - period])
+        ++held;  // (the draft goes no further than max_k past the end)
       std::vector<int32_t> draft;
       for (int64_t i = 0; i < max_k && from + i < len + held; ++i)
         draft.push_back(from + i < len ? tokens[from + i] : draft[from + i - len]);
