@@ -8,8 +8,10 @@ namespace {
 constexpr double kTolerance = 0.01;
 constexpr double kWeight = 0.2, kMaxStep = 1.5;  // cost samples: EMA weight, a sample's bound
 
-// Piecewise linear through the measured entries (> 0) of costs[1..]; past the last one, the mean slope
-// from the first to the last (one step, such as a new tile of rows, does not repeat every row), or
+// An unmeasured entry between measured ones (> 0) of costs[1..] costs what the one below it does: the
+// most it can cost less (costs do not fall as rows are added), so it is tried when that would make it
+// the best, which finds the cheap width just below a step (16 rows before a tile of 17). Past the last
+// measured entry: the mean slope from the first to the last (one step does not repeat every row), or
 // lone_slope(cost) with one.
 template <size_t N, class LoneSlope>
 double estimate(const std::array<double, N>& costs, int i, LoneSlope lone_slope) {
@@ -19,7 +21,7 @@ double estimate(const std::array<double, N>& costs, int i, LoneSlope lone_slope)
   int lo = i - 1, hi = i + 1;
   while (lo >= 1 && costs[lo] == 0) --lo;
   while (hi < static_cast<int>(N) && costs[hi] == 0) ++hi;
-  if (lo >= 1 && hi < static_cast<int>(N)) return costs[lo] + (costs[hi] - costs[lo]) * (i - lo) / (hi - lo);
+  if (lo >= 1 && hi < static_cast<int>(N)) return costs[lo];
   if (hi < static_cast<int>(N)) return costs[hi];  // nothing measured below
   if (lo < 1) return 0;                            // nothing measured
   int first = 1;
@@ -95,6 +97,15 @@ int best_draft_length(const DraftAcceptance& acceptance, const RoundCosts& costs
   for (int k = 1; k <= k_max; ++k)
     if (rates[k] >= (1.0 - kTolerance) * best) return k;
   return k_max;
+}
+
+int DraftLengthPolicy::choose(const RoundCosts& costs, int k_max) {
+  int k = best_draft_length(acceptance_, costs, k_max);
+  if (++choices_since_explore_ >= kExploreEvery && k < k_max) {
+    choices_since_explore_ = 0;
+    ++k;
+  }
+  return k;
 }
 
 }  // namespace hyspec

@@ -33,9 +33,11 @@ class DraftAcceptance {
 // Seconds a round's parts cost: the drafter's proposal by draft length, the target's verify step
 // (with the acceptance) by width, and the commit (the rollback, the drafter observing the kept rows)
 // by rows kept, which follows acceptance, not the draft length. Between measured points an estimate
-// is linear; past the last one it follows the mean slope of the measured ones (one point alone: a
-// verify width 1/8 of its cost a row, the others flat). So a length is tried when its estimate looks
-// best, and then its cost is known: a backend's steps (a new tile of rows) show once measured.
+// is the cost of the point below (a lower bound: costs do not fall as rows are added); past the last
+// one it follows the mean slope of the measured ones (one point alone: a verify width 1/8 of its cost
+// a row, the others flat). So a length is tried when its estimate looks best, and then its cost is
+// known: a backend's steps (a new tile of rows) show once measured, and so does the cheap width
+// just below one.
 // Samples enter an average clipped to 1.5x either way of the estimate (a preempted round says little
 // about the next), with the same weight whichever way they move it, so a width measured often does
 // not look cheaper for being measured often.
@@ -58,5 +60,21 @@ class RoundCosts {
 // keeps), preferring the shortest within 1% of it (a longer draft that adds less spends drafting and
 // verify rows on noise). With no cost measured yet every length costs alike, and acceptance decides.
 int best_draft_length(const DraftAcceptance& acceptance, const RoundCosts& costs, int k_max);
+
+// One sequence's adaptive length: best_draft_length over its acceptance, except that every
+// kExploreEvery-th choice drafts one more. The estimates past the best length (the next position's
+// acceptance, the next width's cost) change only when it is drafted, so without this one unlucky round
+// there (a rejected draft, a slow first replay) would keep the length below it for good.
+class DraftLengthPolicy {
+ public:
+  int choose(const RoundCosts& costs, int k_max);
+  void record(int drafted, int accepted) { acceptance_.record(drafted, accepted); }
+  const DraftAcceptance& acceptance() const { return acceptance_; }
+
+ private:
+  static constexpr int kExploreEvery = 4;
+  DraftAcceptance acceptance_;
+  int choices_since_explore_ = 0;
+};
 
 }  // namespace hyspec

@@ -17,10 +17,6 @@ constexpr int kProbeRounds = 2;          // speculative rounds that decide a pro
 constexpr int kMinBackoffRounds = 16;    // first plain stretch after speculation lost
 constexpr int kMaxBackoffRounds = 1024;
 constexpr double kSpecWinMargin = 0.97;  // speculation must emit at least this share of plain's rate
-// Every this many speculative rounds draft one more than the best length: the estimates past it
-// (the next position's acceptance, the next width's cost) change only when it is drafted, and one
-// unlucky round there must not keep the length below it for good.
-constexpr int kExploreEvery = 4;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -290,8 +286,7 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   stats_ = SessionStats{};
   stats_.prompt_tokens = n;
   logprobs_.clear();
-  acceptance_ = DraftAcceptance{};
-  rounds_since_explore_ = 0;
+  draft_length_ = DraftLengthPolicy{};
   ema_spec_rate_ = plain_rate_ = 0;
   plain_rounds_left_ = options.adaptive ? kProbeRounds : 0;  // measure plain decoding first
   new_plain_stretch_ = true;
@@ -395,8 +390,8 @@ int Session::choose_draft_length() {
   k = static_cast<int>(std::min<int64_t>({k, room_ctx, room_out}));
   if (k <= 0) return 0;
   if (!options_.adaptive) return k;
-  // Adaptive: the length with the most expected tokens per second (draft_length.h), one more every
-  // kExploreEvery rounds. Speculation that emits fewer tokens per second than plain decoding (both
+  // Adaptive: the length with the most expected tokens per second, one more now and then
+  // (DraftLengthPolicy). Speculation that emits fewer tokens per second than plain decoding (both
   // rates measured on this sequence) is switched off for a stretch of plain rounds, then probed for
   // kProbeRounds rounds; each failed probe doubles the stretch (up to kMaxBackoffRounds), so a
   // drafter that never pays costs a vanishing share of the time, while one that pays again on a later
@@ -414,12 +409,7 @@ int Session::choose_draft_length() {
     back_off();
     return 0;
   }
-  int best = best_draft_length(acceptance_, engine_.round_costs_, k);
-  if (++rounds_since_explore_ >= kExploreEvery && best < k) {
-    rounds_since_explore_ = 0;
-    ++best;
-  }
-  return best;
+  return draft_length_.choose(engine_.round_costs_, k);
 }
 
 Status Session::decode_round(std::vector<int32_t>& out) {
@@ -549,7 +539,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     stats_.drafted += k;
     stats_.accepted += n_accepted;
     ++stats_.accept_histogram[std::min(n_accepted, 64)];
-    acceptance_.record(k, n_accepted);
+    draft_length_.record(k, n_accepted);
   }
   // Rates and costs: a round that recorded a CUDA graph (a new step width, a new draft step) timed the
   // recording, not the step.

@@ -136,8 +136,7 @@ class Session {
   std::vector<EmittedLogprobs> logprobs_;
   StepGraphs graphs_;  // decode and verify steps
   // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
-  DraftAcceptance acceptance_;  // this sequence's, by draft position
-  int rounds_since_explore_ = 0;  // speculative rounds since one drafted past the best length
+  DraftLengthPolicy draft_length_;  // this sequence's acceptance by draft position
   double ema_spec_rate_ = 0;
   double plain_rate_ = 0;  // the fastest plain round of the latest plain stretch (decode_round)
   bool new_plain_stretch_ = true;  // the next timed plain round starts plain decoding's reference rate

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 namespace hyspec {
 namespace {
 
@@ -35,13 +39,13 @@ TEST(DraftAcceptance, RecentRoundsOutweighOldOnes) {
   EXPECT_LT(a.rate(0), 0.15);
 }
 
-TEST(RoundCosts, EstimatesAreLinearBetweenAndPastMeasuredPoints) {
+TEST(RoundCosts, EstimatesBetweenMeasuredPointsAreLowerBoundsAndPastThemFollowTheSlope) {
   RoundCosts c;
   EXPECT_EQ(c.verify(3), 0.0);
   c.record_verify(1, 1.0);
   EXPECT_DOUBLE_EQ(c.verify(9), 2.0);  // one width alone: 1/8 of its cost a row
   c.record_verify(4, 2.0);
-  EXPECT_DOUBLE_EQ(c.verify(3), 1.0 + 2.0 / 3);
+  EXPECT_DOUBLE_EQ(c.verify(3), 1.0);   // between: what the width below costs
   EXPECT_DOUBLE_EQ(c.verify(10), 4.0);  // the measured points' slope
   c.record_verify(5, 3.0);               // a step (a new tile) at width 5
   EXPECT_DOUBLE_EQ(c.verify(9), 5.0);   // past it the mean slope, 2/4 a row, not the step's 1 a row
@@ -115,6 +119,40 @@ TEST(BestDraftLength, TriesAnUnmeasuredWidthThenHeedsItsCost) {
   EXPECT_GT(first, 3);  // wider widths look as cheap as width 4 until measured
   for (int w = 5; w <= 9; ++w) c.record_verify(w, 10.0);  // they are not
   EXPECT_EQ(best_draft_length(a, c, 8), 3);
+}
+
+// A session's rounds against a 9B-like cost table (decode = 1; 16 rows 1.30x, 17..24 rows 1.41-1.54x,
+// 25 rows 2.03x), every draft accepted except in the first probe, whose fourth draft is rejected and whose
+// verify step runs 1.4x slow (a first replay). Returns the lengths chosen.
+std::vector<int> simulate_rounds(int rounds, int k_max) {
+  auto verify_cost = [](int w) {
+    if (w <= 16) return 1.0 + 0.02 * (w - 1);
+    if (w <= 24) return 1.41 + 0.0186 * (w - 17);
+    return 2.03 + 0.06 * (w - 25);
+  };
+  RoundCosts costs;
+  costs.record_verify(1, 1.0);  // the opening plain rounds
+  DraftLengthPolicy policy;
+  std::vector<int> chosen;
+  for (int r = 0; r < rounds; ++r) {
+    const int k = policy.choose(costs, k_max);
+    chosen.push_back(k);
+    policy.record(k, r == 0 ? std::min(k, 3) : k);
+    costs.record_verify(k + 1, verify_cost(k + 1) * (r == 0 ? 1.4 : 1.0));
+  }
+  return chosen;
+}
+
+TEST(DraftLengthPolicy, ClimbsPastAnUnluckyFirstProbeToTheCheapestTile) {
+  // With at most 16 drafts: 15 (16 rows, 1.30x) beats 16 (17 rows, 1.41x); with at most 32, 23 (24 rows,
+  // 1.54x: 15.6 tokens a decode step's time) beats both 15 (12.3) and 32 (33 rows, 2.51x: 13.1). In the
+  // last 20 rounds every choice is that length but the explored one above it, every fourth round.
+  for (auto [k_max, best] : {std::pair{16, 15}, std::pair{32, 23}}) {
+    const std::vector<int> chosen = simulate_rounds(60, k_max);
+    int at_best = 0;
+    for (size_t r = 40; r < chosen.size(); ++r) at_best += chosen[r] == best;
+    EXPECT_EQ(at_best, 15) << "at most " << k_max << " drafts: rounds 40..59 should choose " << best;
+  }
 }
 
 }  // namespace
