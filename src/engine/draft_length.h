@@ -22,6 +22,7 @@ inline constexpr int kMaxDraftLength = 64;
 class DraftAcceptance {
  public:
   void record(int drafted, int accepted);  // one round: `accepted` of `drafted` drafts (a prefix)
+  void rates(int k, double* out) const;     // rate(0..k-1), in one pass
   double rate(int i) const;                 // P(draft i accepted | drafts 0..i-1 were)
   double expected_accepted(int k) const;    // E[accepted drafts] when drafting k
 
@@ -49,11 +50,14 @@ class RoundCosts {
   double draft(int k) const;       // 0 for k = 0, or before any draft was measured
   double verify(int width) const;  // 0 before any round was measured
   double commit(int kept) const;
+  // The three estimates for entries 0..n (n <= kMaxDraftLength + 1) in one pass each.
+  void estimates(int n, double* draft, double* verify, double* commit) const;
+
+  using Table = std::array<double, kMaxDraftLength + 2>;  // by length, width or rows kept
 
  private:
-  using Table = std::array<double, kMaxDraftLength + 2>;  // by length, width or rows kept; 0: not measured
   static void update(Table& table, int i, double sample);
-  Table draft_{}, verify_{}, commit_{};
+  Table draft_{}, verify_{}, commit_{};  // 0: not measured
 };
 
 // The draft length in 1..k_max with the best rate (the commit's cost averaged over the rows acceptance
@@ -69,7 +73,6 @@ class DraftLengthPolicy {
  public:
   int choose(const RoundCosts& costs, int k_max);
   void record(int drafted, int accepted) { acceptance_.record(drafted, accepted); }
-  const DraftAcceptance& acceptance() const { return acceptance_; }
 
  private:
   static constexpr int kExploreEvery = 4;
