@@ -418,22 +418,19 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const Qwen35Hparams& hp = e.model_->hparams();
   const int64_t V = hp.n_vocab;
   const double t_round = now_s();
-  recorded_graph_ = false;
+  const int64_t recordings = graphs_recorded();
 
   // 1. draft
   std::vector<int32_t> drafts;
   const int k_max = choose_draft_length();
   double draft_dt = 0;
-  bool drafter_recorded = false;
   if (k_max > 0) {
     const double t0 = now_s();
-    const int64_t recordings = drafter_->graphs_recorded();
     HS_ASSIGN_OR_RETURN(drafts, drafter_->propose(k_max));
     if (static_cast<int>(drafts.size()) > k_max) drafts.resize(k_max);
     for (int32_t d : drafts)
       if (d < 0 || d >= hp.n_vocab) return Status::errorf("drafter '{}' proposed token {} outside the vocabulary", drafter_->name(), d);
     draft_dt = now_s() - t0;
-    drafter_recorded = drafter_->graphs_recorded() != recordings;
     stats_.draft_s += draft_dt;
   }
   const int k = static_cast<int>(drafts.size());
@@ -541,9 +538,9 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     ++stats_.accept_histogram[std::min(n_accepted, 64)];
     draft_length_.record(k, n_accepted);
   }
-  // Rates and costs: a round that recorded a CUDA graph (a new step width, a new draft step) timed the
-  // recording, not the step.
-  if (!recorded_graph_ && !drafter_recorded) {
+  // Rates and costs: a round that recorded a CUDA graph (a new step width, a new draft step, a drafter's
+  // new observe width) timed the recording, not the step.
+  if (graphs_recorded() == recordings) {
     if (k > 0) e.round_costs_.record_draft(k, draft_dt);
     e.round_costs_.record_verify(static_cast<int>(n), verify_dt);
     e.round_costs_.record_commit(kept, commit_dt);
@@ -577,7 +574,11 @@ Status Session::decode_round(std::vector<int32_t>& out) {
 Status Session::run_step(const ForwardArgs& args) {
   const StepGraphs::Key key = {args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
                                args.features.data != nullptr};
-  return graphs_.run(key, [this, args] { return engine_.run_forward(args, state_); }, &recorded_graph_);
+  return graphs_.run(key, [this, args] { return engine_.run_forward(args, state_); });
+}
+
+int64_t Session::graphs_recorded() const {
+  return graphs_.recordings() + (drafter_ ? drafter_->graphs_recorded() : 0);
 }
 
 Result<std::vector<float>> Session::probe_next_logits() {

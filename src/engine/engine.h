@@ -118,6 +118,7 @@ class Session {
   // A decode/verify forward: recorded once per shape as a backend graph and replayed (CUDA), so a
   // step costs one launch; every per-step input lives in the engine's fixed device buffers.
   Status run_step(const ForwardArgs& args);
+  int64_t graphs_recorded() const;  // the target's and the drafter's (a round that recorded one is not timed)
   Status decode_round(std::vector<int32_t>& out);
   int choose_draft_length();
   void back_off();  // speculation lost: plain rounds for the current back-off stretch, then double it
@@ -144,7 +145,6 @@ class Session {
   int probe_rounds_left_ = 0;  // speculative rounds left in the running probe
   int backoff_rounds_ = 0;     // the next plain stretch: doubles after each failed probe
   double probe_tokens_ = 0, probe_s_ = 0;
-  bool recorded_graph_ = false;  // this round recorded a target step graph (its time is not a rate sample)
 };
 
 class Engine {

@@ -2,7 +2,7 @@
 
 namespace hyspec {
 
-Status StepGraphs::run(const Key& key, const std::function<Status()>& step, bool* recorded) {
+Status StepGraphs::run(const Key& key, const std::function<Status()>& step) {
   if (!enabled_) return step();
   std::unique_ptr<StepGraph>& graph = graphs_[key];
   if (!graph) {
@@ -15,7 +15,6 @@ Status StepGraphs::run(const Key& key, const std::function<Status()>& step, bool
     }
     graph = std::move(g).value();
     ++recordings_;
-    if (recorded) *recorded = true;
   }
   return graph->replay();
 }

@@ -18,8 +18,8 @@ class StepGraphs {
   // enabled: record at all (the caller's --no-graphs); only backends that replay graphs (CUDA) do.
   StepGraphs(Backend& be, bool enabled) : be_(be), enabled_(enabled && be.kind() == BackendKind::Cuda) {}
 
-  // Run `step` as the graph recorded for `key` (recording it first: *recorded = true then).
-  Status run(const Key& key, const std::function<Status()>& step, bool* recorded = nullptr);
+  // Run `step` as the graph recorded for `key` (recording it first).
+  Status run(const Key& key, const std::function<Status()>& step);
   void clear() { graphs_.clear(); }
   int64_t recordings() const { return recordings_; }  // graphs recorded so far (a round that did is not timed)
 
