@@ -40,8 +40,10 @@ def main():
     target = os.path.join(args.models, "qwen35-demo-q8_0.gguf")
     drafter = os.path.join(args.models, "qwen35-demo-dflash-q8_0.gguf")
     adapt = [] if args.adapt else ["--no-adapt"]
-    methods = [("none", []), ("mtp", ["--draft-max", "3"] + adapt), ("mtp15", ["--draft-max", "15"] + adapt),
-               ("dflash", ["--draft-model", drafter, "--draft-max", "15"] + adapt), ("ngram", adapt)]
+    methods = [("none", ["--spec", "none"]), ("mtp", ["--spec", "mtp", "--draft-max", "3"] + adapt),
+               ("mtp15", ["--spec", "mtp", "--draft-max", "15"] + adapt),
+               ("dflash", ["--spec", "dflash", "--draft-model", drafter, "--draft-max", "15"] + adapt),
+               ("ngram", ["--spec", "ngram"] + adapt)]
     binaries = args.hyspec.split(",")
     outputs = {}
     totals = {(b, name): [0, 0, 0, 0.0] for b in binaries for name, _ in methods}  # rounds, accepted, generated, s
@@ -51,8 +53,8 @@ def main():
         for name, extra in methods:  # the methods take turns, so load changes on the machine hit all alike
             for b in binaries if i % 2 == 0 else binaries[::-1]:
                 cmd = [b, "run", "-m", target, "--tokens", ",".join(map(str, p["prompt_ids"])), "--ids",
-                       "--temp", "0", "-n", str(args.tokens), "-t", str(args.threads), "--backend", args.backend,
-                       "--spec", name.rstrip("0123456789")] + extra + args.run_args.split()
+                       "--temp", "0", "-n", str(args.tokens), "-t", str(args.threads),
+                       "--backend", args.backend] + extra + args.run_args.split()
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 if r.returncode != 0:
                     sys.exit(f"{' '.join(cmd)}\n{r.stderr}")
