@@ -221,13 +221,6 @@ class Backend {
   }
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual Status synchronize() = 0;
-  // [base, base + bytes): memory every decode/verify step reads and rewrites (a sequence's recurrent
-  // states), for the ops enqueued (and recorded) from now on. A hint: a backend may keep it cached
-  // between steps (CUDA: an L2 persisting window); null or 0 bytes: none.
-  virtual void keep_resident(const void* base, size_t bytes) {
-    (void)base;
-    (void)bytes;
-  }
 
   // Make a GGUF tensor usable as a weight (CPU: zero-copy view; CUDA: uploaded once, and types it has
   // no kernels for re-quantized to Q8_0 on the way: the Weight's type says what is stored).

@@ -140,27 +140,15 @@ Result<SequenceState> Qwen35Model::create_state(int64_t n_ctx, int max_capture, 
   s.ssm_capture_f16.assign(hp_.n_layer, nullptr);
   s.ssm_updates.assign(hp_.n_layer, nullptr);
   const int64_t update_size = gdn_update_floats(hp_.ssm_k_heads, hp_.ssm_v_heads, hp_.ssm_d);
-  // Every GDN layer's recurrent and conv state in one range (ssm states, then conv windows, each 256-byte
-  // aligned), which every step reads and rewrites: the backend may keep it cached (keep_resident).
-  auto align256 = [](size_t b) { return (b + 255) / 256 * 256; };
-  const size_t ssm_bytes = align256(static_cast<size_t>(ssm_size) * sizeof(float));
-  const size_t conv_bytes = align256(static_cast<size_t>(hist * C) * sizeof(float));
-  const int n_gdn = hp_.n_recurrent_layers();
-  uint8_t* states = nullptr;
-  if (n_gdn > 0) {
-    s.resident_bytes = static_cast<size_t>(n_gdn) * (ssm_bytes + conv_bytes);
-    HS_ASSIGN_OR_RETURN(void* p, alloc(s.resident_bytes));
-    states = static_cast<uint8_t*>(p);
-    s.resident = p;
-  }
-  for (int i = 0, g = 0; i < hp_.n_layer; ++i) {
+  for (int i = 0; i < hp_.n_layer; ++i) {
     if (!hp_.recurrent[i]) {
       HS_ASSIGN_OR_RETURN(s.kv[i], make_kv());
       continue;
     }
-    s.ssm[i] = reinterpret_cast<float*>(states + static_cast<size_t>(g) * ssm_bytes);
-    s.conv[i] = reinterpret_cast<float*>(states + static_cast<size_t>(n_gdn) * ssm_bytes + static_cast<size_t>(g) * conv_bytes);
-    ++g;
+    HS_ASSIGN_OR_RETURN(void* conv, alloc(static_cast<size_t>(hist * C) * sizeof(float)));
+    HS_ASSIGN_OR_RETURN(void* ssm, alloc(static_cast<size_t>(ssm_size) * sizeof(float)));
+    s.conv[i] = static_cast<float*>(conv);
+    s.ssm[i] = static_cast<float*>(ssm);
     if (s.max_capture > 0) {
       HS_ASSIGN_OR_RETURN(void* cc, alloc(static_cast<size_t>(s.max_capture * hist * C) * sizeof(float)));
       s.conv_capture[i] = static_cast<float*>(cc);
@@ -209,7 +197,6 @@ void Qwen35Model::restore_captured(SequenceState& s, int slot, int verified) con
   std::vector<Backend::CopyPart> copies;  // every layer's in one op (48 copies for a 9B)
   std::vector<Backend::GdnReplayPart> replays;
   const bool conv_final = slot == verified - 1;  // Updates after a whole accepted step: the conv is current
-  backend_.keep_resident(s.resident, s.resident_bytes);
   for (int i = 0; i < hp_.n_layer; ++i) {
     if (!s.conv[i] || !s.conv_capture[i]) continue;
     if (!conv_final) copies.push_back({s.conv[i], s.conv_capture[i] + slot * conv_size, conv_bytes});

@@ -33,8 +33,6 @@ struct SequenceState {
   std::vector<uint16_t*> ssm_capture_f16;  // the same as halves (F16 capture: half the bytes, lossy rollback)
   std::vector<float*> ssm_updates;     // or [max_capture, gdn_update_floats(..)] (Updates capture)
   KvLayer mtp_kv;                      // the MTP block's own cache (when the model has one)
-  void* resident = nullptr;            // ssm and conv states of every GDN layer: one range of
-  size_t resident_bytes = 0;           // resident_bytes (Backend::keep_resident)
   std::vector<Buffer> storage;
 };
 

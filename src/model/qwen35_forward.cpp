@@ -168,7 +168,6 @@ Status Qwen35Model::forward(const ForwardArgs& args, SequenceState& st) {
     return Status::errorf("capture of {} tokens exceeds the state's capture room of {}", n, st.max_capture);
   if (args.logits.n_rows > n) return Status::error("more logits rows requested than tokens");
   Ctx c{backend_, hp_, I, n};
-  backend_.keep_resident(st.resident, st.resident_bytes);
   Rows x = c.buf(I.x, E), h = c.buf(I.h, E), mix = c.buf(I.mix, E);
   backend_.embed(I.token_embd, args.tokens, n, x);
   auto tap = [&](int layer) {

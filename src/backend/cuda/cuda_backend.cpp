@@ -721,7 +721,6 @@ class CudaBackend final : public Backend {
       if (graph) cudaGraphDestroy(graph);
       return st.with_context("capture");
     }
-    if (resident_.num_bytes) set_resident_window(graph);
     cudaGraphExec_t exec = nullptr;
     e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -730,48 +729,6 @@ class CudaBackend final : public Backend {
       return Status::errorf("capture: cudaGraphInstantiate: {}", cudaGetErrorString(e));
     }
     return std::unique_ptr<StepGraph>(new CudaGraph(this, exec));
-  }
-
-  // Backend::keep_resident: an L2 access-policy window over the range, persisting (as much of it as the
-  // device's set-aside holds, hitRatio), on both streams and on the kernel nodes of graphs recorded
-  // while it is set. A 9B's GDN states are 48 MiB read and written by every step: 96 MiB of HBM traffic,
-  // ~33 us of a 2.5 ms decode step at 3 TB/s.
-  // HYSPEC_L2_PERSIST: the set-aside in MiB (default: the device's most; 0: no window).
-  void keep_resident(const void* base, size_t bytes) override {
-    if (persist_bytes_ == 0) return;
-    resident_ = cudaAccessPolicyWindow{};  // num_bytes 0: no window
-    if (base && bytes) {
-      resident_.base_ptr = const_cast<void*>(base);
-      resident_.num_bytes = std::min(bytes, window_max_);
-      resident_.hitRatio = std::min(1.0f, static_cast<float>(persist_bytes_) / static_cast<float>(resident_.num_bytes));
-      resident_.hitProp = cudaAccessPropertyPersisting;
-      resident_.missProp = cudaAccessPropertyStreaming;
-    }
-    // While capturing, the graph's kernel nodes get it (set_resident_window); the streams at the next eager call.
-    if (capturing_ || (resident_.base_ptr == streams_window_.base_ptr && resident_.num_bytes == streams_window_.num_bytes))
-      return;
-    cudaStreamAttrValue v{};
-    v.accessPolicyWindow = resident_;
-    for (cudaStream_t s : {main_stream_, side_stream_})
-      if (s && cudaStreamSetAttribute(s, cudaStreamAttributeAccessPolicyWindow, &v) != cudaSuccess) {
-        cudaGetLastError();  // a hint: without it the ops run as before
-        persist_bytes_ = 0;
-      }
-    streams_window_ = resident_;
-  }
-  void set_resident_window(cudaGraph_t graph) {
-    size_t n = 0;
-    if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return (void)cudaGetLastError();
-    std::vector<cudaGraphNode_t> nodes(n);
-    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return (void)cudaGetLastError();
-    cudaKernelNodeAttrValue v{};
-    v.accessPolicyWindow = resident_;
-    for (cudaGraphNode_t node : nodes) {
-      cudaGraphNodeType type{};
-      if (cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel)
-        cudaGraphKernelNodeSetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &v);
-    }
-    cudaGetLastError();  // a node that takes no window keeps none: a hint
   }
 
   Status launch_graph(cudaGraphExec_t exec) {
@@ -810,15 +767,6 @@ class CudaBackend final : public Backend {
     name_ = fmt::format("cuda:{} {}{}", device_, prop.name, int8_matvec_ ? " (int8 matvec)" : "");
     if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
-    if (const int mib = cuda::env_int("HYSPEC_L2_PERSIST", -1); mib != 0 && prop.persistingL2CacheMaxSize > 0 &&
-        prop.accessPolicyMaxWindowSize > 0) {
-      persist_bytes_ = std::min<size_t>(prop.persistingL2CacheMaxSize, mib > 0 ? size_t(mib) << 20 : SIZE_MAX);
-      window_max_ = static_cast<size_t>(prop.accessPolicyMaxWindowSize);
-      if (cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, persist_bytes_) != cudaSuccess) {
-        cudaGetLastError();
-        persist_bytes_ = 0;
-      }
-    }
     folds_ = int8_matvec_ && !profiler_ && !profile_skip_ && cuda::env_int("HYSPEC_FOLD", 1) != 0;
     if (profile_skip_)
       fmt::print(stderr, "HYSPEC_PROFILE_SKIP={}: {}; every result is meaningless\n", profile_skip_,
@@ -1187,8 +1135,6 @@ class CudaBackend final : public Backend {
     if ((deferred_many_ || deferred_x_) && std::this_thread::get_id() == deferring_thread_) settle();
   });
   int n_sm_ = 1;
-  size_t persist_bytes_ = 0, window_max_ = 0;  // keep_resident's L2 set-aside (0: off) and largest window
-  cudaAccessPolicyWindow resident_{}, streams_window_{};  // the current window, and the one the streams have
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
