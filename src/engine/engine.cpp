@@ -285,6 +285,7 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   finish_ = options.max_tokens == 0 ? FinishReason::Length : FinishReason::None;
   stats_ = SessionStats{};
   stats_.prompt_tokens = n;
+  graphs_at_start_ = graph_stats();
   logprobs_.clear();
   draft_length_ = DraftLengthPolicy{};
   ema_spec_rate_ = plain_rate_ = 0;
@@ -418,7 +419,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const Qwen35Hparams& hp = e.model_->hparams();
   const int64_t V = hp.n_vocab;
   const double t_round = now_s();
-  const int64_t recordings = graphs_recorded();
+  const int64_t recordings = graph_stats().recorded;
 
   // 1. draft
   std::vector<int32_t> drafts;
@@ -540,7 +541,10 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   }
   // Rates and costs: a round that recorded a CUDA graph (a new step width, a new draft step, a drafter's
   // new observe width) timed the recording, not the step.
-  if (graphs_recorded() == recordings) {
+  const GraphStats graphs = graph_stats();
+  stats_.graphs_recorded = graphs.recorded - graphs_at_start_.recorded;
+  stats_.graph_record_s = graphs.record_s - graphs_at_start_.record_s;
+  if (graphs.recorded == recordings) {
     if (k > 0) e.round_costs_.record_draft(k, draft_dt);
     e.round_costs_.record_verify(static_cast<int>(n), verify_dt);
     e.round_costs_.record_commit(kept, commit_dt);
@@ -577,8 +581,10 @@ Status Session::run_step(const ForwardArgs& args) {
   return graphs_.run(key, [this, args] { return engine_.run_forward(args, state_); });
 }
 
-int64_t Session::graphs_recorded() const {
-  return graphs_.recordings() + (drafter_ ? drafter_->graphs_recorded() : 0);
+GraphStats Session::graph_stats() const {
+  GraphStats s = graphs_.stats();
+  if (drafter_) s += drafter_->graph_stats();
+  return s;
 }
 
 Result<std::vector<float>> Session::probe_next_logits() {

@@ -79,6 +79,8 @@ struct SessionStats {
   int64_t rounds = 0, spec_rounds = 0, drafted = 0, accepted = 0;
   std::array<int64_t, 65> accept_histogram{};  // accepted drafts per speculative round
   double prefill_s = 0, draft_s = 0, verify_s = 0, commit_s = 0, decode_s = 0;
+  int64_t graphs_recorded = 0;  // step graphs the target and drafter recorded for this sequence (CUDA;
+  double graph_record_s = 0;    // a session's graphs outlive it), and the host time it took (in decode_s)
   double mean_acceptance_length() const {  // tokens emitted per speculative round
     return spec_rounds ? static_cast<double>(accepted + spec_rounds) / spec_rounds : 0.0;
   }
@@ -118,7 +120,7 @@ class Session {
   // A decode/verify forward: recorded once per shape as a backend graph and replayed (CUDA), so a
   // step costs one launch; every per-step input lives in the engine's fixed device buffers.
   Status run_step(const ForwardArgs& args);
-  int64_t graphs_recorded() const;  // the target's and the drafter's (a round that recorded one is not timed)
+  GraphStats graph_stats() const;  // the target's and the drafter's (a round that recorded one is not timed)
   Status decode_round(std::vector<int32_t>& out);
   int choose_draft_length();
   void back_off();  // speculation lost: plain rounds for the current back-off stretch, then double it
@@ -136,6 +138,7 @@ class Session {
   SessionStats stats_;
   std::vector<EmittedLogprobs> logprobs_;
   StepGraphs graphs_;  // decode and verify steps
+  GraphStats graphs_at_start_;  // graph_stats() when this sequence started (the graphs outlive it)
   // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
   DraftLengthPolicy draft_length_;  // this sequence's acceptance by draft position
   double ema_spec_rate_ = 0;

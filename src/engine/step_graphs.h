@@ -12,6 +12,16 @@
 
 namespace hyspec {
 
+// What step graphs have cost so far.
+struct GraphStats {
+  int64_t recorded = 0;  // graphs recorded (a round that recorded one timed the recording, not the step)
+  double record_s = 0;   // host time spent recording them (capture, instantiation, first replay enqueued)
+  GraphStats& operator+=(const GraphStats& o) {
+    recorded += o.recorded, record_s += o.record_s;
+    return *this;
+  }
+};
+
 class StepGraphs {
  public:
   using Key = std::array<int64_t, 5>;
@@ -21,12 +31,12 @@ class StepGraphs {
   // Run `step` as the graph recorded for `key` (recording it first).
   Status run(const Key& key, const std::function<Status()>& step);
   void clear() { graphs_.clear(); }
-  int64_t recordings() const { return recordings_; }  // graphs recorded so far (a round that did is not timed)
+  const GraphStats& stats() const { return stats_; }
 
  private:
   Backend& be_;
   bool enabled_;
-  int64_t recordings_ = 0;
+  GraphStats stats_;
   std::map<Key, std::unique_ptr<StepGraph>> graphs_;
 };
 

@@ -94,6 +94,8 @@ class Qwen35Model {
 
   Status forward(const ForwardArgs& args, SequenceState& state);
   Status forward_mtp(const MtpArgs& args, SequenceState& state);
+  // The MTP head alone: logits (over its first logits.n_cols ids) of rows forward_mtp wrote as out_hidden.
+  Status mtp_logits(Rows normed, Rows logits);
 
   struct Impl;  // bound weights and workspace (model/qwen35_impl.h)
 

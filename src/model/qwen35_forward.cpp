@@ -219,17 +219,23 @@ Status Qwen35Model::forward_mtp(const MtpArgs& args, SequenceState& st) {
   backend_.rms_norm(x, m.block.attn_norm.f32(), E, hp_.eps, h);
   block(c, m.block, hp_.n_layer, st, args.positions, false, false, &st.mtp_kv);
   const Weight& norm = m.shared_head_norm.present() ? m.shared_head_norm : I.output_norm;
-  const Weight& head = m.shared_head_head.present() ? m.shared_head_head : I.output;
   Rows normed = args.out_hidden.data ? args.out_hidden : h;
   backend_.add_rms_norm(x, mix, norm.f32(), E, hp_.eps, normed);  // the block's last add
   const int64_t nl = args.logits.n_rows;
-  if (nl > 0) {
-    if (args.logits.n_cols <= 0 || args.logits.n_cols > head.n_out)
-      return Status::errorf("MTP logits of {} columns for a head of {} rows", args.logits.n_cols, head.n_out);
-    Weight rows = head;  // the head's first logits.n_cols rows: a reduced draft vocabulary
-    rows.n_out = args.logits.n_cols;
-    backend_.matmul(rows, normed.rows(n - nl, nl), args.logits);
-  }
+  return nl > 0 ? mtp_logits(normed.rows(n - nl, nl), args.logits) : Status::ok();
+}
+
+Status Qwen35Model::mtp_logits(Rows normed, Rows logits) {
+  Impl& I = *impl_;
+  if (!I.mtp) return Status::error("this model has no MTP (nextn) head");
+  const Weight& head = I.mtp->shared_head_head.present() ? I.mtp->shared_head_head : I.output;
+  if (logits.n_cols <= 0 || logits.n_cols > head.n_out)
+    return Status::errorf("MTP logits of {} columns for a head of {} rows", logits.n_cols, head.n_out);
+  if (logits.n_rows != normed.n_rows || normed.n_cols != hp_.n_embd)
+    return Status::errorf("MTP logits of {} rows for {} rows of {} columns", logits.n_rows, normed.n_rows, normed.n_cols);
+  Weight rows = head;  // the head's first logits.n_cols rows: a reduced draft vocabulary
+  rows.n_out = logits.n_cols;
+  backend_.matmul(rows, normed, logits);
   return Status::ok();
 }
 

@@ -37,6 +37,9 @@ TEST_P(SpecLossless, GreedySpeculativeOutputEqualsPlainGreedyOver200Tokens) {
     ASSERT_EQ(want.size(), 200u);
     EXPECT_EQ(got, want) << "prompt of " << prompt.size() << " tokens";
     spec_rounds += st.spec_rounds;
+    // Each sequence (a session of its own) records its step graphs on CUDA, and says what that took.
+    EXPECT_EQ(st.graphs_recorded > 0, test::test_backend_kind() == BackendKind::Cuda);
+    EXPECT_EQ(st.graph_record_s > 0, st.graphs_recorded > 0);
   }
   // Model drafters always propose; n-gram lookup proposes only when the random model repeats itself.
   if (c.spec != SpecMethod::Ngram) EXPECT_GT(spec_rounds, 0) << "the drafter never proposed anything";

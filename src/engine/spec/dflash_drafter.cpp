@@ -31,7 +31,7 @@ class DflashDrafter final : public Drafter {
   std::string name() const override { return "dflash"; }
   DrafterNeeds needs() const override { return {false, m_.hparams().target_layers}; }
   int max_draft() const override { return m_.hparams().block_size - 1; }
-  int64_t graphs_recorded() const override { return steps_.recordings(); }
+  GraphStats graph_stats() const override { return steps_.stats(); }
 
   Status reset(SequenceState&) override {
     context_ = 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/step_graphs.h"
 #include "model/qwen35.h"
 #include "util/status.h"
 
@@ -40,8 +41,8 @@ class Drafter {
   virtual Result<std::vector<int32_t>> propose(int max_k) = 0;
   // The most tokens one proposal can hold (DFlash: block_size - 1).
   virtual int max_draft() const { return 64; }
-  // Step graphs recorded so far: a proposal that recorded one took longer than the next one will.
-  virtual int64_t graphs_recorded() const { return 0; }
+  // What its step graphs cost so far: a proposal that recorded one took longer than the next one will.
+  virtual GraphStats graph_stats() const { return {}; }
 };
 
 enum class SpecMethod { None, Ngram, Mtp, Dflash };

@@ -12,10 +12,14 @@ namespace {
 // Each draft token stays on the device: a step reads the previous step's argmax as its token, so a
 // proposal of k tokens runs its steps back to back and reads the k ids back once (a step used to upload
 // its token and read its argmax, a round trip per token). With graphs, each chained step (one row) is
-// recorded once per step index and replayed.
+// recorded once per step index and replayed, and so is the observe of a round's kept rows (by count).
+// observe runs the MTP block over the kept rows (its KV cache needs every position) but not the head:
+// the first draft's logits (the head, 834 MB on a 9B) wait for propose, so a plain round, which drafts
+// nothing next (the adaptive back-off), does not pay for them.
 class MtpDrafter final : public Drafter {
  public:
   static constexpr int kMaxSteps = 64;  // Drafter::max_draft()
+  static constexpr int64_t kObserve = -1;  // steps_ key of an observe (chained steps are 0 ..)
 
   MtpDrafter(Qwen35Model& m, int max_rows, bool use_graphs, int64_t draft_vocab)
       : model_(m),
@@ -35,7 +39,7 @@ class MtpDrafter final : public Drafter {
   std::string name() const override { return "mtp"; }
   DrafterNeeds needs() const override { return {true, {}}; }
   int max_draft() const override { return kMaxSteps; }
-  int64_t graphs_recorded() const override { return steps_.recordings(); }
+  GraphStats graph_stats() const override { return steps_.stats(); }
   Status reset(SequenceState& state) override {
     if (state_ != &state) steps_.clear();  // recorded against the old state's KV
     state_ = &state;
@@ -44,7 +48,8 @@ class MtpDrafter final : public Drafter {
   }
 
   Status observe(const CommittedRows& rows) override {
-    const int64_t E = model_.hparams().n_embd, V = V_;
+    const int64_t E = model_.hparams().n_embd;
+    if (rows.n <= 0) return Status::ok();
     for (int64_t s = 0; s < rows.n; s += max_rows_) {
       const int64_t n = std::min<int64_t>(max_rows_, rows.n - s);
       std::vector<int32_t> pos(n);
@@ -56,17 +61,20 @@ class MtpDrafter final : public Drafter {
       a.hidden = rows.hidden.rows(s, n);
       a.tokens = tok();
       a.positions = positions();
-      a.logits = Rows(logits_.as<float>(), 1, V);
       a.out_hidden = Rows(hidden_.as<float>(), n, E);
-      HS_RETURN_IF_ERROR(model_.forward_mtp(a, *state_));
-      last_pos_ = pos[n - 1];
-      if (s + n == rows.n) {
-        // The last row's head output is the first draft (left on the device); its hidden seeds the chain.
-        be_.copy(chain(0), hidden_.as<float>() + (n - 1) * E, E * sizeof(float));
-        be_.argmax(a.logits, ids());
-        have_first_ = true;
+      auto block = [this, a] { return model_.forward_mtp(a, *state_); };
+      // A decoding round's rows (one chunk, the target's hidden rows at a fixed address) replay a graph;
+      // a prompt's chunks run once each.
+      if (rows.n <= max_rows_) {
+        HS_RETURN_IF_ERROR(steps_.run({kObserve, n, reinterpret_cast<int64_t>(a.hidden.data)}, block));
+      } else {
+        HS_RETURN_IF_ERROR(block());
       }
+      last_pos_ = pos[n - 1];
     }
+    // The last row's normed hidden seeds the chain: the head reads it in propose (the first draft).
+    be_.copy(chain(0), hidden_.as<float>() + ((rows.n - 1) % max_rows_) * E, E * sizeof(float));
+    have_first_ = true;
     return Status::ok();
   }
 
@@ -78,18 +86,23 @@ class MtpDrafter final : public Drafter {
       std::vector<int32_t> pos(static_cast<size_t>(k - 1));
       for (int i = 1; i < k; ++i) pos[i - 1] = static_cast<int32_t>(last_pos_ + i);
       be_.upload(step_positions(), pos.data(), pos.size() * sizeof(int32_t));
-      for (int i = 1; i < k; ++i) HS_RETURN_IF_ERROR(run_step(i));
     }
+    for (int i = 0; i < k; ++i) HS_RETURN_IF_ERROR(run_step(i));
     drafts.resize(static_cast<size_t>(k));
     be_.download(drafts.data(), ids(), drafts.size() * sizeof(int32_t));
     return drafts;
   }
 
  private:
-  // Chained step i (1 ..): token ids()[i-1] at step_positions()[i-1], hidden chain((i-1) % 2) ->
-  // chain(i % 2), argmax into ids()[i].
+  // Step 0: the head over chain(0) (the last observed row), argmax into ids()[0]. Chained step i (1 ..):
+  // token ids()[i-1] at step_positions()[i-1], hidden chain((i-1) % 2) -> chain(i % 2), argmax into ids()[i].
   Status step(int i) {
     const int64_t E = model_.hparams().n_embd, V = V_;
+    if (i == 0) {
+      HS_RETURN_IF_ERROR(model_.mtp_logits(Rows(chain(0), 1, E), Rows(logits_.as<float>(), 1, V)));
+      be_.argmax(Rows(logits_.as<float>(), 1, V), ids());
+      return Status::ok();
+    }
     MtpArgs a;
     a.n = 1;
     a.hidden = Rows(chain((i - 1) % 2), 1, E);

@@ -65,7 +65,10 @@ class LongestOfDrafter final : public Drafter {
     return n;
   }
   int max_draft() const override { return std::max(a_->max_draft(), b_->max_draft()); }
-  int64_t graphs_recorded() const override { return a_->graphs_recorded() + b_->graphs_recorded(); }
+  GraphStats graph_stats() const override {
+    GraphStats s = a_->graph_stats();
+    return s += b_->graph_stats();
+  }
   Status reset(SequenceState& s) override {
     HS_RETURN_IF_ERROR(a_->reset(s));
     return b_->reset(s);
