@@ -17,6 +17,7 @@ constexpr int kProbeRounds = 2;          // speculative rounds that decide a pro
 constexpr int kMinBackoffRounds = 16;    // first plain stretch after speculation lost
 constexpr int kMaxBackoffRounds = 1024;
 constexpr double kSpecWinMargin = 0.97;  // speculation must emit at least this share of plain's rate
+constexpr int64_t kDeferredRows = 32;     // rows a plain stretch's drafter observe takes at once (Session::observe)
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -295,6 +296,7 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   backoff_rounds_ = kMinBackoffRounds;
   probe_tokens_ = probe_s_ = 0;
   engine_.model_->reset_state(state_);
+  deferred_.rows.n = 0;
   if (drafter_) HS_RETURN_IF_ERROR(drafter_->reset(state_));
   return Status::ok();
 }
@@ -375,6 +377,47 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
   return Status::ok();
 }
 
+Status Session::observe(const CommittedRows& rows, bool defer) {
+  CommittedRows& d = deferred_.rows;
+  if (!defer || rows.n > kDeferredRows) {
+    HS_RETURN_IF_ERROR(observe_deferred());
+    return drafter_->observe(rows);
+  }
+  if (d.n + rows.n > kDeferredRows) HS_RETURN_IF_ERROR(observe_deferred());
+  Backend& be = *engine_.backend_;
+  auto keep = [&](Buffer& buf, Rows src, Rows& dst) -> Status {
+    if (!src.data) return Status::ok();
+    if (!buf.data()) {
+      HS_ASSIGN_OR_RETURN(buf, be.alloc(static_cast<size_t>(kDeferredRows * src.n_cols) * sizeof(float)));
+    }
+    dst = Rows(buf.as<float>(), d.n + rows.n, src.n_cols);
+    be.copy_rows(src, dst.rows(d.n, rows.n));
+    return Status::ok();
+  };
+  if (d.n == 0) {
+    d.first_pos = rows.first_pos;
+    d.row_tokens.clear();
+    d.next_tokens.clear();
+  }
+  HS_RETURN_IF_ERROR(keep(deferred_.hidden, rows.hidden, d.hidden));
+  HS_RETURN_IF_ERROR(keep(deferred_.features, rows.features, d.features));
+  d.row_tokens.insert(d.row_tokens.end(), rows.row_tokens.begin(), rows.row_tokens.end());
+  d.next_tokens.insert(d.next_tokens.end(), rows.next_tokens.begin(), rows.next_tokens.end());
+  d.n += rows.n;
+  return Status::ok();
+}
+
+Status Session::observe_deferred() {
+  CommittedRows& d = deferred_.rows;
+  if (d.n == 0) return Status::ok();
+  const Status st = drafter_->observe(d);
+  d.n = 0;
+  // Waited for here, in the plain round that ends the stretch (plain decoding's reference rate is the
+  // stretch's fastest round), not in the next round's verify step: that may be the first round of a
+  // probe, which decides whether speculation comes back.
+  return st.is_ok() ? engine_.backend_->synchronize() : st;
+}
+
 void Session::back_off() {
   plain_rounds_left_ = backoff_rounds_;
   new_plain_stretch_ = true;
@@ -427,6 +470,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   double draft_dt = 0;
   if (k_max > 0) {
     const double t0 = now_s();
+    HS_RETURN_IF_ERROR(observe_deferred());
     HS_ASSIGN_OR_RETURN(drafts, drafter_->propose(k_max));
     if (static_cast<int>(drafts.size()) > k_max) drafts.resize(k_max);
     for (int32_t d : drafts)
@@ -523,7 +567,9 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     rows.features = a.features.data ? a.features.rows(0, kept) : Rows();
     rows.row_tokens.assign(window.begin(), window.begin() + kept);
     rows.next_tokens.assign(emitted.begin(), emitted.begin() + kept);
-    HS_RETURN_IF_ERROR(drafter_->observe(rows));
+    // The next round is plain while a plain stretch lasts (choose_draft_length counts it down); after
+    // the last round nothing proposes.
+    HS_RETURN_IF_ERROR(observe(rows, k == 0 && (plain_rounds_left_ > 0 || done())));
   }
   const double commit_dt = now_s() - t2;
   stats_.commit_s += commit_dt;

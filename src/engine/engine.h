@@ -124,6 +124,12 @@ class Session {
   Status decode_round(std::vector<int32_t>& out);
   int choose_draft_length();
   void back_off();  // speculation lost: plain rounds for the current back-off stretch, then double it
+  // The drafter's view of committed rows. Within a plain stretch (the next round is plain too) the rows
+  // wait in this session's buffers and the drafter observes them in one call (kDeferredRows at most)
+  // before it next proposes, so a plain round costs what it costs without a drafter: an MTP head's
+  // block or a DFlash injection once per stretch instead of once per token. Drafts are the same.
+  Status observe(const CommittedRows& rows, bool defer);
+  Status observe_deferred();
   void emit(int32_t token, std::vector<int32_t>& out, const float* logits_row);
 
   Engine& engine_;
@@ -138,6 +144,10 @@ class Session {
   SessionStats stats_;
   std::vector<EmittedLogprobs> logprobs_;
   StepGraphs graphs_;  // decode and verify steps
+  struct DeferredRows {
+    Buffer hidden, features;  // [kDeferredRows, n_embd] / [kDeferredRows, feature width] when the drafter needs them
+    CommittedRows rows;       // n rows from first_pos; hidden and features point into the buffers
+  } deferred_;
   GraphStats graphs_at_start_;  // graph_stats() when this sequence started (the graphs outlive it)
   // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
   DraftLengthPolicy draft_length_;  // this sequence's acceptance by draft position

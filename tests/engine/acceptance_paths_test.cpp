@@ -27,12 +27,17 @@ class ReplayDrafter final : public Drafter {
     return Status::ok();
   }
   Status observe(const CommittedRows& rows) override {
+    if (static_cast<size_t>(rows.first_pos) >= prompt_len_) largest_decode_observe = std::max(largest_decode_observe, rows.n);
     seq_.resize(static_cast<size_t>(rows.first_pos));
     seq_.insert(seq_.end(), rows.row_tokens.begin(), rows.row_tokens.end());
     seq_.push_back(rows.next_tokens.back());
     return Status::ok();
   }
   Result<std::vector<int32_t>> propose(int max_k) override {
+    if (watch) {  // the drafter has seen every committed row, up to the pending token
+      EXPECT_EQ(seq_, watch->tokens()) << "proposal " << round_;
+      ++proposals_checked;
+    }
     std::vector<int32_t> d;
     const size_t g = seq_.size() - prompt_len_;  // generated so far, including the pending token
     for (int i = 0; i < max_k && g + i < ref_.size(); ++i) {
@@ -43,6 +48,10 @@ class ReplayDrafter final : public Drafter {
     ++round_;
     return d;
   }
+
+  const Session* watch = nullptr;  // when set, each proposal checks what was observed against it
+  int proposals_checked = 0;
+  int64_t largest_decode_observe = 0;  // the most rows one observe of generated positions took
 
  private:
   std::vector<int32_t> ref_;
@@ -200,6 +209,28 @@ TEST_F(AcceptancePaths, AdaptiveSpeculationBacksOffWhenDraftsAreNeverAccepted) {
   // step; on a GPU the two are within timing noise for this tiny model, so only the CPU asserts it.
   if (test::test_backend_kind() == BackendKind::Cpu)
     EXPECT_LT(st.spec_rounds * 4, st.rounds) << st.spec_rounds << " speculative rounds of " << st.rounds;
+}
+
+// In a plain stretch the drafter's observes wait and come as one call before its next proposal, which
+// still sees every committed row.
+TEST_F(AcceptancePaths, PlainStretchesObserveTheirRowsAtOnceBeforeTheNextProposal) {
+  GenerateOptions o;
+  o.max_tokens = 60;
+  o.adaptive = true;
+  auto s = spec_->new_session();
+  ASSERT_TRUE(s.is_ok());
+  auto d = std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, [](int, int) { return true; });
+  ReplayDrafter* drafter = d.get();
+  drafter->watch = s->get();
+  (*s)->set_drafter(std::move(d));
+  ASSERT_TRUE((*s)->start(prompt_, o).is_ok());
+  std::vector<int32_t> out;
+  while (!(*s)->done()) ASSERT_TRUE((*s)->step(out).is_ok());
+  EXPECT_EQ(out, ref_.size() >= 60 ? std::vector<int32_t>(ref_.begin(), ref_.begin() + 60) : ref_);
+  const SessionStats& st = (*s)->stats();
+  EXPECT_EQ(drafter->proposals_checked, st.spec_rounds);
+  // The CPU backs off for stretches of 16+ rounds (see the test above); a GPU may not.
+  if (test::test_backend_kind() == BackendKind::Cpu) EXPECT_GT(drafter->largest_decode_observe, 8);
 }
 
 }  // namespace

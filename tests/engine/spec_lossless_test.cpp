@@ -15,6 +15,7 @@ struct Case {
   GgmlType kv_type = GgmlType::F32;  // both engines' target caches (the DFlash drafter keeps F32)
   int64_t draft_vocab = 0;           // EngineConfig::draft_vocab of the speculative engine
   StateCapture capture = EngineConfig{}.capture;  // the speculative engine's rollback
+  bool adaptive = false;  // adaptive rounds: plain stretches, whose rows the drafter observes at once
 };
 
 class SpecLossless : public ::testing::TestWithParam<Case> {};
@@ -28,7 +29,7 @@ TEST_P(SpecLossless, GreedySpeculativeOutputEqualsPlainGreedyOver200Tokens) {
   ASSERT_TRUE(plain && spec);
   GenerateOptions o;
   o.max_tokens = 200;
-  o.adaptive = false;  // speculate on every round
+  o.adaptive = c.adaptive;  // without: speculate on every round
   int64_t spec_rounds = 0;
   for (const auto& prompt : test::fixture_prompts(c.fixture)) {
     const auto want = test::generate_ids(*plain, prompt, o);
@@ -66,7 +67,12 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
                                                 false, GgmlType::F32, 0, StateCapture::F32},
                                            Case{"qwen35moe-tiny", SpecMethod::Mtp, "", true, GgmlType::F32, 0,
-                                                StateCapture::F32}),
+                                                StateCapture::F32},
+                                           // adaptive: plain stretches between speculative probes
+                                           Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::F32, 0,
+                                                EngineConfig{}.capture, true},
+                                           Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
+                                                false, GgmlType::F32, 0, EngineConfig{}.capture, true}),
                          [](const auto& info) {
                            std::string f = info.param.fixture == "qwen35-tiny" ? "dense" : "moe";
                            std::string hf = info.param.draft_model.ends_with("hf") ? "_hf" : "";
@@ -74,7 +80,8 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                   (info.param.add_ngram ? "_ngram" : "") +
                                   (info.param.kv_type == GgmlType::Q8_0 ? "_kv_q8_0" : "") +
                                   (info.param.draft_vocab ? "_vocab" + std::to_string(info.param.draft_vocab) : "") +
-                                  (info.param.capture == StateCapture::F32 ? "_f32_states" : "");
+                                  (info.param.capture == StateCapture::F32 ? "_f32_states" : "") +
+                                  (info.param.adaptive ? "_adaptive" : "");
                          });
 
 TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {
