@@ -2,6 +2,8 @@
 # One device call (carry [".device"]; ~8 min): the L2 persisting window over a sequence's GDN states
 # (Backend::keep_resident) on the synthetic 9B Q4_K_M with an MTP block. One binary switches it
 # (HYSPEC_L2_PERSIST=0 against the default), beside the parent build carried as bin/hyspec_base.
+# Session 41 measured d3dec1e with it and reverted the window (dbccbd2: slower at every set-aside); on
+# later code HYSPEC_L2_PERSIST does nothing, and the script compares two builds' defaults.
 #   here: HYSPEC_DEVICE_BINS="test_model test_engine" HYSPEC_DEVICE_FIXTURES="qwen35-tiny dflash-tiny"
 #   scripts/device/pack.sh, then the parent's stripped hyspec added to .device/bin.tar.xz as bin/hyspec_base.
 # 1. The device's L2 limits. 2. Greedy ids of each build (plain, MTP drafts of 15). 3. `hyspec bench`
