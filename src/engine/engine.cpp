@@ -130,6 +130,16 @@ Result<std::unique_ptr<Session>> Engine::new_session() {
   std::unique_ptr<Session> s(new Session(*this));
   HS_ASSIGN_OR_RETURN(s->state_, model_->create_state(n_ctx_, max_verify_, config_.kv_type, config_.capture));
   HS_ASSIGN_OR_RETURN(s->drafter_, make_drafter());
+  if (s->drafter_) {  // the rows of a plain stretch (Session::observe)
+    const int64_t E = model_->hparams().n_embd;
+    if (needs_.final_hidden) {
+      HS_ASSIGN_OR_RETURN(s->deferred_.hidden, backend_->alloc(static_cast<size_t>(kDeferredRows * E) * sizeof(float)));
+    }
+    if (feature_width_ > 0) {
+      HS_ASSIGN_OR_RETURN(s->deferred_.features,
+                          backend_->alloc(static_cast<size_t>(kDeferredRows * feature_width_) * sizeof(float)));
+    }
+  }
   return s;
 }
 
@@ -385,11 +395,9 @@ Status Session::observe(const CommittedRows& rows, bool defer) {
   }
   if (d.n + rows.n > kDeferredRows) HS_RETURN_IF_ERROR(observe_deferred());
   Backend& be = *engine_.backend_;
-  auto keep = [&](Buffer& buf, Rows src, Rows& dst) -> Status {
+  auto keep = [&](const Buffer& buf, Rows src, Rows& dst) -> Status {
     if (!src.data) return Status::ok();
-    if (!buf.data()) {
-      HS_ASSIGN_OR_RETURN(buf, be.alloc(static_cast<size_t>(kDeferredRows * src.n_cols) * sizeof(float)));
-    }
+    if (!buf.data()) return Status::error("observe: rows of an output the engine's drafter does not need");
     dst = Rows(buf.as<float>(), d.n + rows.n, src.n_cols);
     be.copy_rows(src, dst.rows(d.n, rows.n));
     return Status::ok();
@@ -412,6 +420,7 @@ Status Session::observe_deferred() {
   if (d.n == 0) return Status::ok();
   const Status st = drafter_->observe(d);
   d.n = 0;
+  deferred_.observed_this_round = true;
   // Waited for here, in the plain round that ends the stretch (plain decoding's reference rate is the
   // stretch's fastest round), not in the next round's verify step: that may be the first round of a
   // probe, which decides whether speculation comes back.
@@ -463,6 +472,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const int64_t V = hp.n_vocab;
   const double t_round = now_s();
   const int64_t recordings = graph_stats().recorded;
+  deferred_.observed_this_round = false;
 
   // 1. draft
   std::vector<int32_t> drafts;
@@ -591,9 +601,10 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   stats_.graphs_recorded = graphs.recorded - graphs_at_start_.recorded;
   stats_.graph_record_s = graphs.record_s - graphs_at_start_.record_s;
   if (graphs.recorded == recordings) {
-    if (k > 0) e.round_costs_.record_draft(k, draft_dt);
+    // A plain stretch's deferred rows, observed in this round's draft or commit phase, are not its cost.
+    if (k > 0 && !deferred_.observed_this_round) e.round_costs_.record_draft(k, draft_dt);
     e.round_costs_.record_verify(static_cast<int>(n), verify_dt);
-    e.round_costs_.record_commit(kept, commit_dt);
+    if (!deferred_.observed_this_round) e.round_costs_.record_commit(kept, commit_dt);
     if (k > 0) {
       ema_spec_rate_ = ema_spec_rate_ == 0 ? rate : 0.8 * ema_spec_rate_ + 0.2 * rate;
       if (probe_rounds_left_ > 0) {

@@ -127,7 +127,7 @@ class Session {
   // The drafter's view of committed rows. Within a plain stretch (the next round is plain too) the rows
   // wait in this session's buffers and the drafter observes them in one call (kDeferredRows at most)
   // before it next proposes, so a plain round costs what it costs without a drafter: an MTP head's
-  // block or a DFlash injection once per stretch instead of once per token. Drafts are the same.
+  // block or a DFlash injection once per stretch instead of once per token.
   Status observe(const CommittedRows& rows, bool defer);
   Status observe_deferred();
   void emit(int32_t token, std::vector<int32_t>& out, const float* logits_row);
@@ -147,6 +147,7 @@ class Session {
   struct DeferredRows {
     Buffer hidden, features;  // [kDeferredRows, n_embd] / [kDeferredRows, feature width] when the drafter needs them
     CommittedRows rows;       // n rows from first_pos; hidden and features point into the buffers
+    bool observed_this_round = false;
   } deferred_;
   GraphStats graphs_at_start_;  // graph_stats() when this sequence started (the graphs outlive it)
   // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
