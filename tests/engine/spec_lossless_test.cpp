@@ -84,6 +84,30 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                   (info.param.adaptive ? "_adaptive" : "");
                          });
 
+// A session keeps its step graphs from one sequence to the next (a server slot's requests): the same
+// sequence again records none, and gives the same tokens.
+TEST(SessionGraphs, ASecondSequenceOfTheSameShapesRecordsNoGraph) {
+  auto e = test::make_engine("qwen35-tiny", SpecMethod::Mtp, 8, 512);
+  ASSERT_TRUE(e);
+  auto s = e->new_session();
+  ASSERT_TRUE(s.is_ok());
+  GenerateOptions o;
+  o.max_tokens = 40;
+  o.adaptive = false;  // the same widths every time
+  const auto prompt = test::fixture_prompts("qwen35-tiny")[0];
+  std::vector<int32_t> first, second;
+  for (auto* out : {&first, &second}) {
+    ASSERT_TRUE((*s)->start(prompt, o).is_ok());
+    while (!(*s)->done()) ASSERT_TRUE((*s)->step(*out).is_ok());
+    if (out == &first) {
+      EXPECT_EQ((*s)->stats().graphs_recorded > 0, test::test_backend_kind() == BackendKind::Cuda);
+    } else {
+      EXPECT_EQ((*s)->stats().graphs_recorded, 0);
+    }
+  }
+  EXPECT_EQ(second, first);
+}
+
 TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {
   const std::vector<int32_t> seq = {1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3};
   EXPECT_EQ(ngram_lookup(seq, 2, 4, 3), (std::vector<int32_t>{7, 8, 5}));
