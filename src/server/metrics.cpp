@@ -63,6 +63,12 @@ void Metrics::observe_acceptance(const std::array<int64_t, 65>& accepted_per_rou
     if (accepted_per_round[i] > 0) acceptance_.observe(static_cast<double>(i + 1), static_cast<uint64_t>(accepted_per_round[i]));
 }
 
+void Metrics::add_graphs(int64_t recorded, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  graphs_recorded_ += static_cast<uint64_t>(std::max<int64_t>(recorded, 0));
+  graph_record_s_ += std::max(seconds, 0.0);
+}
+
 void Metrics::set_load(int64_t queue_depth, int64_t active_slots, int64_t slots) {
   std::lock_guard<std::mutex> lock(mu_);
   queue_depth_ = queue_depth;
@@ -90,8 +96,12 @@ std::string Metrics::render() const {
       "hyspec_generation_tokens_total {}\n"
       "# HELP hyspec_queue_depth Requests waiting for a slot.\n# TYPE hyspec_queue_depth gauge\nhyspec_queue_depth {}\n"
       "# HELP hyspec_active_slots Slots running a request.\n# TYPE hyspec_active_slots gauge\nhyspec_active_slots {}\n"
-      "# HELP hyspec_slots Slots (--parallel).\n# TYPE hyspec_slots gauge\nhyspec_slots {}\n",
-      prompt_tokens_, generated_tokens_, queue_depth_, active_, slots_);
+      "# HELP hyspec_slots Slots (--parallel).\n# TYPE hyspec_slots gauge\nhyspec_slots {}\n"
+      "# HELP hyspec_step_graphs_recorded_total Decode/verify/draft steps recorded as CUDA graphs.\n"
+      "# TYPE hyspec_step_graphs_recorded_total counter\nhyspec_step_graphs_recorded_total {}\n"
+      "# HELP hyspec_step_graph_record_seconds_total Host time spent recording them.\n"
+      "# TYPE hyspec_step_graph_record_seconds_total counter\nhyspec_step_graph_record_seconds_total {}\n",
+      prompt_tokens_, generated_tokens_, queue_depth_, active_, slots_, graphs_recorded_, graph_record_s_);
   ttft_.render("hyspec_time_to_first_token_seconds", "From arrival to the first generated token.", out);
   itl_.render("hyspec_inter_token_latency_seconds", "Time per generated token after the first.", out);
   acceptance_.render("hyspec_acceptance_length", "Tokens emitted per speculative round (accepted drafts + 1).", out);

@@ -34,6 +34,8 @@ class Metrics {
   void observe_inter_token_latency(double seconds, uint64_t tokens);
   // accepted_per_round[i]: speculative rounds in which i drafts were accepted (i + 1 tokens out).
   void observe_acceptance(const std::array<int64_t, 65>& accepted_per_round);
+  // Step graphs a request's session recorded (CUDA; a slot's graphs outlive its requests) and the time it took.
+  void add_graphs(int64_t recorded, double seconds);
   void set_load(int64_t queue_depth, int64_t active_slots, int64_t slots);
   int64_t active_slots() const;
   std::string render() const;
@@ -42,7 +44,8 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<int, uint64_t> responses_;
   std::map<std::string, uint64_t> finished_;
-  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, graphs_recorded_ = 0;
+  double graph_record_s_ = 0;
   int64_t queue_depth_ = 0, active_ = 0, slots_ = 0;
   Histogram ttft_, itl_, acceptance_;
 };

@@ -194,6 +194,7 @@ void Scheduler::finish_slot(Slot& s, FinishReason reason, const std::string& err
   if (s.started) {
     e.stats = s.session->stats();
     metrics_.observe_acceptance(e.stats.accept_histogram);
+    metrics_.add_graphs(e.stats.graphs_recorded, e.stats.graph_record_s);
   }
   metrics_.count_finished(metric_reason(reason));
   job.channel->push(std::move(e));

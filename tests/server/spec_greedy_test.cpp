@@ -81,6 +81,10 @@ void expect_http_greedy_equals_plain(const std::vector<std::string>& spec_args, 
     EXPECT_EQ(streamed, want);
   }
   EXPECT_GT(proposed, 0) << "the drafter never proposed anything: nothing was verified";
+  // The slot's step graphs: recorded on CUDA (for the first request's shapes), never on the CPU.
+  const double graphs = server_metric(server, "hyspec_step_graphs_recorded_total");
+  if (test_backend_kind() == BackendKind::Cuda) EXPECT_GT(graphs, 0);
+  else EXPECT_EQ(graphs, 0);
   EXPECT_GT(compared, 200u) << "too few tokens compared";
   // Opting out per request: plain decoding, same tokens.
   const std::vector<int32_t> prompt = fixture_prompts("qwen35-tiny")[0];
