@@ -475,6 +475,51 @@ TEST(CpuOps, LogitSummaryAndSelectMatchTheirDefinitions) {
   }
 }
 
+// argmax: the first index of the largest value >= -FLT_MAX (NaN and -inf never win; none: 0), the CUDA
+// argmax's rule, against a plain scan: rows with ties, NaNs, infinities, lengths that leave vector and
+// block tails, rows split into parts across threads (a vocabulary-sized row), on both kernel paths.
+TEST(CpuOps, ArgmaxIsTheFirstLargestValueWithNaNAndMinusInfinityNeverWinning) {
+  auto reference = [](const float* x, int64_t n) {
+    int64_t idx = -1;
+    for (int64_t i = 0; i < n; ++i)
+      if (x[i] >= -FLT_MAX && (idx < 0 || x[i] > x[idx])) idx = i;
+    return static_cast<int32_t>(idx < 0 ? 0 : idx);
+  };
+  std::mt19937 rng(11);
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::vector<std::vector<float>> rows;
+  for (int64_t n : {1, 7, 8, 33, 511, 512, 513, 1000, 70001, 248320}) {
+    std::vector<float> r = randn(n, rng);
+    for (float& v : r) v = std::round(v * 4) / 4;  // many ties
+    rows.push_back(r);
+    std::vector<float> t = r;  // NaNs and infinities scattered, the largest value repeated near the end
+    for (int64_t i = 0; i < n; i += 5) t[i] = nan;
+    for (int64_t i = 2; i < n; i += 7) t[i] = -inf;
+    if (n > 3) t[n - 2] = t[n - 3] = 9.0f;
+    rows.push_back(t);
+  }
+  rows.push_back({nan, -inf, nan});      // nothing wins: 0
+  rows.push_back({-inf, -FLT_MAX, 1e-30f, -FLT_MAX});
+  rows.push_back({nan, -FLT_MAX, -FLT_MAX});  // -FLT_MAX wins, first of its ties
+  rows.push_back({nan, 3.0f, inf, 2.0f, inf});  // +inf wins
+  for (DotIsa isa : isas())
+    for (int threads : {1, 4}) {
+      ThreadPool pool(threads);
+      for (const auto& r : rows) {
+        int32_t got = -7;
+        argmax(pool, Rows(const_cast<float*>(r.data()), 1, static_cast<int64_t>(r.size())), &got, f32_kernels(isa));
+        EXPECT_EQ(got, reference(r.data(), static_cast<int64_t>(r.size())))
+            << name(isa) << ", " << threads << " threads, " << r.size() << " values";
+      }
+      // Several rows at once, strided.
+      const int64_t n = 1000, stride = 1003;
+      std::vector<float> m = randn(5 * stride, rng);
+      std::vector<int32_t> out(5, -7);
+      argmax(pool, Rows(m.data(), 5, n, stride), out.data(), f32_kernels(isa));
+      for (int64_t r = 0; r < 5; ++r) EXPECT_EQ(out[r], reference(m.data() + r * stride, n)) << name(isa) << " row " << r;
+    }
+}
+
 TEST(CpuOps, RowOpsGiveTheSameResultWithOneOrFourThreads) {
   std::mt19937 rng(5);
   const int64_t n = 300, cols = 256;  // big enough to be split

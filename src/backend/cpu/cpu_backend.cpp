@@ -152,12 +152,7 @@ class CpuBackend final : public Backend {
   }
   void moe_ffn(const MoeArgs& a) override { cpu::moe_ffn(pool_, a); }
 
-  void argmax(Rows x, int32_t* out) override {
-    for (int64_t r = 0; r < x.n_rows; ++r) {
-      const float* xr = x.row(r);
-      out[r] = static_cast<int32_t>(std::max_element(xr, xr + x.n_cols) - xr);
-    }
-  }
+  void argmax(Rows x, int32_t* out) override { cpu::argmax(pool_, x, out); }
 
   void logit_summary(Rows x, float inv_t, float* out) override { cpu::logit_summary(pool_, x, inv_t, out); }
   void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,

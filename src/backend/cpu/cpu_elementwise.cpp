@@ -20,6 +20,7 @@ constexpr double kNsAdd = 0.15;
 constexpr double kNsNorm = 0.3;
 constexpr double kNsGate = 0.3;
 constexpr double kNsGatedNorm = 0.8;
+constexpr double kNsArgmax = 0.05;
 
 template <typename Fn>
 void for_rows(ThreadPool& pool, int64_t n_rows, int64_t n_cols, double ns_per_element, Fn&& fn) {
@@ -29,6 +30,30 @@ void for_rows(ThreadPool& pool, int64_t n_rows, int64_t n_cols, double ns_per_el
 }
 
 }  // namespace
+
+// Rows in parts of at least kArgmaxPart values (a 248K vocabulary: 7 parts), the parts across threads;
+// a row's parts merge in order, so the first index wins ties as in one scan.
+void argmax(ThreadPool& pool, Rows x, int32_t* out, const F32Kernels& k) {
+  constexpr int64_t kArgmaxPart = 32768;
+  const int64_t parts = std::max<int64_t>(1, x.n_cols / kArgmaxPart);
+  std::vector<int64_t> best(static_cast<size_t>(x.n_rows * parts));
+  parallel_for_cost(pool, x.n_rows * parts, static_cast<double>(x.n_cols / parts) * kNsArgmax, [&](int64_t b, int64_t e, int) {
+    for (int64_t j = b; j < e; ++j) {
+      const int64_t r = j / parts, c0 = x.n_cols * (j % parts) / parts, c1 = x.n_cols * (j % parts + 1) / parts;
+      const int64_t i = k.argmax(x.row(r) + c0, c1 - c0);
+      best[static_cast<size_t>(j)] = i < 0 ? -1 : c0 + i;
+    }
+  });
+  for (int64_t r = 0; r < x.n_rows; ++r) {
+    const float* row = x.row(r);
+    int64_t idx = -1;
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t i = best[static_cast<size_t>(r * parts + p)];
+      if (i >= 0 && (idx < 0 || row[i] > row[idx])) idx = i;
+    }
+    out[r] = static_cast<int32_t>(idx < 0 ? 0 : idx);
+  }
+}
 
 void rms_norm(ThreadPool& pool, Rows x, const float* w, int64_t group, float eps, Rows y, const F32Kernels& k) {
   for_rows(pool, x.n_rows, x.n_cols, kNsNorm, [&](int64_t r) {

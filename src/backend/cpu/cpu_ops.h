@@ -59,6 +59,7 @@ void gated_delta_net(ThreadPool& pool, const GdnArgs& a, const F32Kernels& k = f
 void gdn_replay(ThreadPool& pool, const Backend::GdnReplayPart* parts, size_t count, int64_t n_tokens, int n_k_heads,
                 int n_v_heads, int head_dim, const F32Kernels& k = f32_kernels());
 void moe_ffn(ThreadPool& pool, const MoeArgs& a);
+void argmax(ThreadPool& pool, Rows x, int32_t* out, const F32Kernels& k = f32_kernels());
 // The sampler's row summaries and candidate selection (backend.h semantics), cpu_elementwise.cpp.
 void logit_summary(ThreadPool& pool, Rows x, float inv_t, float* out);
 void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count, SelectedLogit* picked);

@@ -65,6 +65,9 @@ struct F32Kernels {
   void (*sigmoid_mul)(const float* x, const float* g, int64_t n, float* y);   // y = x * sigmoid(g)
   void (*axpy)(float a, const float* x, int64_t n, float* y);                 // y += a * x
   void (*exp)(const float* x, int64_t n, float* y);                           // y = e^x (the fast exp)
+  // The first index of the largest value of x[0, n) that is at least -FLT_MAX (NaN and -inf never
+  // win: the CUDA argmax's rule); -1 when there is none.
+  int64_t (*argmax)(const float* x, int64_t n);
   void (*f16_to_f32)(const uint16_t* x, int64_t n, float* y);
   // Causal depthwise conv + SiLU on C channels of a run of n rows (kernel K):
   // y_t[c] = silu(Σ_i taps[i][c] · x_{t-K+1+i}[c]), where x_s is row s of x for s >= 0 and row K-1+s

@@ -2,6 +2,7 @@
 // loop over the lanes. The reference for the AVX2 path (same algorithms, same lane order; results
 // differ only where AVX2 fuses a multiply-add) and the path on CPUs without AVX2.
 #include <algorithm>
+#include <cfloat>
 #include <bit>
 #include <cmath>
 #include <cstring>
