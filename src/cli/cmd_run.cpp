@@ -141,6 +141,7 @@ int run(const RunFlags& f) {
       if (s.accept_histogram[i]) std::fprintf(stderr, " %zu:%lld", i, static_cast<long long>(s.accept_histogram[i]));
     std::fprintf(stderr, "\ntime per phase: draft %.3f s, verify %.3f s, commit %.3f s, plain rounds %lld\n", s.draft_s,
                  s.verify_s, s.commit_s, static_cast<long long>(s.rounds - s.spec_rounds));
+    if (s.padded_rows > 0) std::fprintf(stderr, "verify rows padded: %lld\n", static_cast<long long>(s.padded_rows));
   }
   return 0;
 }

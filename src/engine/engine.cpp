@@ -490,30 +490,40 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   }
   const int k = static_cast<int>(drafts.size());
 
-  // 2. verify [pending, d1..dk] at positions committed_ .. committed_+k, capturing GDN states
+  // 2. verify [pending, d1..dk] at positions committed_ .. committed_+k, capturing GDN states. With
+  // pad_verify, rows n..n_run-1 repeat the last draft at the next positions: they come after every
+  // real row, so causal attention, the GDN recurrence and the row-wise ops leave the real rows as they
+  // were, their captures are never restored, and their cache entries lie past the committed length,
+  // where a later step writes before it reads.
   const double t1 = now_s();
   const int64_t n = k + 1;
-  std::vector<int32_t> window(n), pos(n);
+  const int64_t n_run = k > 0 && n > 2 && e.config_.pad_verify
+                            ? std::min({(n + 7) / 8 * 8, static_cast<int64_t>(e.max_verify_), e.n_ctx_ - committed_})
+                            : n;
+  stats_.padded_rows += n_run - n;
+  std::vector<int32_t> window(n_run), pos(n_run);
   window[0] = tokens_.back();
   for (int i = 0; i < k; ++i) window[i + 1] = drafts[i];
-  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(committed_ + i);
+  for (int64_t i = n; i < n_run; ++i) window[i] = window[n - 1];
+  for (int64_t i = 0; i < n_run; ++i) pos[i] = static_cast<int32_t>(committed_ + i);
   int32_t* tok_dev = e.ints_.as<int32_t>();
   int32_t* pos_dev = tok_dev + e.model_->reserved_tokens();
   int32_t* arg_dev = pos_dev + e.model_->reserved_tokens();
-  be.upload(tok_dev, window.data(), n * sizeof(int32_t));
-  be.upload(pos_dev, pos.data(), n * sizeof(int32_t));
+  be.upload(tok_dev, window.data(), n_run * sizeof(int32_t));
+  be.upload(pos_dev, pos.data(), n_run * sizeof(int32_t));
   ForwardArgs a;
-  a.n = n;
+  a.n = n_run;
   a.tokens = tok_dev;
   a.positions = pos_dev;
   a.capture = k > 0;
-  a.logits = Rows(e.logits_.as<float>(), n, V);
-  if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), n, hp.n_embd);
+  a.logits = Rows(e.logits_.as<float>(), n_run, V);
+  if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), n_run, hp.n_embd);
   if (e.feature_width_ > 0) {
-    a.features = Rows(e.features_.as<float>(), n, e.feature_width_);
+    a.features = Rows(e.features_.as<float>(), n_run, e.feature_width_);
     a.taps = e.needs_.taps;
   }
   HS_RETURN_IF_ERROR(run_step(a));
+  const Rows logits = a.logits.rows(0, n);  // the real rows
 
   // 3. accept: the emitted tokens are the accepted drafts plus one token from the target
   std::vector<int32_t> emitted;
@@ -521,10 +531,10 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   // The rows stay on the device; sampling and logprobs read back what they need of the rows they reach
   // (a 16-row verify step holds 16 MB of logits for a 248K vocabulary, and sampling stops at the first
   // rejected draft).
-  LogitRows rows(be, a.logits, e.sampling_.data(), sampler_);
+  LogitRows rows(be, logits, e.sampling_.data(), sampler_);
   if (plain_greedy) {
     std::vector<int32_t> best(n);
-    be.argmax(a.logits, arg_dev);
+    be.argmax(logits, arg_dev);
     be.download(best.data(), arg_dev, n * sizeof(int32_t));
     int i = 0;
     while (i < k && best[i] == drafts[i]) emitted.push_back(drafts[i++]);
@@ -566,7 +576,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     if (done()) break;
   }
   // Rows 0..kept-1 of the window are now committed; the state after row kept-1 is capture slot kept-1.
-  if (k > 0) e.model_->restore_captured(state_, kept - 1, static_cast<int>(n));
+  if (k > 0) e.model_->restore_captured(state_, kept - 1, static_cast<int>(n_run));
   const int64_t first = committed_;
   committed_ += kept;
   if (drafter_) {

@@ -59,6 +59,11 @@ struct EngineConfig {
   bool add_ngram = false;   // compose n-gram lookup with the model drafter (the longer draft wins)
   bool int8_matvec = true;  // CUDA: BackendOptions::int8_matvec
   bool use_graphs = true;   // CUDA: replay recorded decode/verify steps
+  // Verify steps of 3+ rows padded to whole 8-row tiles (the int8 matvecs' n-tiles) with rows that change
+  // nothing (Session::decode_round), so a session records one step graph per tile count instead of one
+  // per width; the padded rows cost their attention, GDN and norm work. Off by default: not measured on
+  // a GPU yet (docs/PERFORMANCE.md, session 41).
+  bool pad_verify = false;
 };
 
 struct GenerateOptions {
@@ -77,6 +82,7 @@ const char* finish_reason_name(FinishReason r);
 struct SessionStats {
   int64_t prompt_tokens = 0, generated_tokens = 0;
   int64_t rounds = 0, spec_rounds = 0, drafted = 0, accepted = 0;
+  int64_t padded_rows = 0;  // rows verify steps ran past their drafts (EngineConfig::pad_verify)
   std::array<int64_t, 65> accept_histogram{};  // accepted drafts per speculative round
   double prefill_s = 0, draft_s = 0, verify_s = 0, commit_s = 0, decode_s = 0;
   int64_t graphs_recorded = 0;  // step graphs the target and drafter recorded for this sequence (CUDA;

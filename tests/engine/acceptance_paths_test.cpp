@@ -40,7 +40,7 @@ class ReplayDrafter final : public Drafter {
     }
     std::vector<int32_t> d;
     const size_t g = seq_.size() - prompt_len_;  // generated so far, including the pending token
-    for (int i = 0; i < max_k && g + i < ref_.size(); ++i) {
+    for (int i = 0; i < std::min(max_k, cap) && g + i < ref_.size(); ++i) {
       int32_t t = ref_[g + i];
       if (corrupt_(round_, i)) t = (t + 1) % n_vocab_;
       d.push_back(t);
@@ -49,6 +49,7 @@ class ReplayDrafter final : public Drafter {
     return d;
   }
 
+  int cap = 64;                    // the most drafts a proposal holds
   const Session* watch = nullptr;  // when set, each proposal checks what was observed against it
   int proposals_checked = 0;
   int64_t largest_decode_observe = 0;  // the most rows one observe of generated positions took
@@ -105,12 +106,14 @@ class AcceptancePaths : public ::testing::Test {
 
   // Speculative run with the replay drafter vs a plain run stopped at the same place.
   void check(const GenerateOptions& o, std::function<bool(int, int)> corrupt, size_t expect_len,
-             const char* what, Engine* spec_engine = nullptr, Engine* plain_engine = nullptr) {
+             const char* what, Engine* spec_engine = nullptr, Engine* plain_engine = nullptr, int draft_cap = 64) {
     Engine& se = spec_engine ? *spec_engine : *spec_;
     Engine& pe = plain_engine ? *plain_engine : *plain_;
     GenerateOptions so = o;
     so.adaptive = false;
-    RunResult s = run_session(se, prompt_, so, std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, corrupt));
+    auto drafter = std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, corrupt);
+    drafter->cap = draft_cap;
+    RunResult s = run_session(se, prompt_, so, std::move(drafter));
     RunResult p = run_session(pe, prompt_, o, nullptr);
     ASSERT_EQ(s.emitted.size(), expect_len) << what;
     EXPECT_EQ(s.emitted, p.emitted) << what;
@@ -144,6 +147,22 @@ TEST_F(AcceptancePaths, PartialAcceptanceAtEveryOffset) {
     // Every round accepted exactly j drafts, except possibly the last (cut short by max_tokens).
     EXPECT_GE(last_.stats.accept_histogram[j], last_.stats.spec_rounds - 1) << "offset " << j;
   }
+}
+
+// Verify steps padded to 8 rows (drafts of 2..6: windows of 3..7 rows) with rows past the real ones: the
+// emitted tokens and every cache equal plain decoding's at each acceptance offset.
+TEST_F(AcceptancePaths, PaddedVerifyRowsChangeNothing) {
+  auto padded = test::make_engine(kFixture, SpecMethod::Ngram, 8, 512, "", false, GgmlType::F32, 0,
+                                  EngineConfig{}.capture, /*pad_verify=*/true);
+  ASSERT_TRUE(padded);
+  for (int cap = 2; cap <= 6; ++cap)
+    for (int j = 0; j <= cap; ++j) {  // j == cap: every draft accepted
+      GenerateOptions o;
+      o.max_tokens = 30;
+      const std::string what = std::to_string(cap) + " drafts, offset " + std::to_string(j);
+      check(o, [j](int, int i) { return i == j; }, 30, what.c_str(), padded.get(), nullptr, cap);
+      EXPECT_GT(last_.stats.padded_rows, 0) << what;
+    }
 }
 
 TEST_F(AcceptancePaths, ZeroAcceptanceStillEmitsTheTargetToken) {

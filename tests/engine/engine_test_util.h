@@ -14,7 +14,7 @@ inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecM
                                            int64_t n_ctx = 512, std::string draft_model = "",
                                            bool add_ngram = false, GgmlType kv_type = GgmlType::F32,
                                            int64_t draft_vocab = 0,
-                                           StateCapture capture = EngineConfig{}.capture) {
+                                           StateCapture capture = EngineConfig{}.capture, bool pad_verify = false) {
   EngineConfig c;
   c.model_path = fixture_path(fixture_dir + "/" + fixture_dir + "-f32.gguf");
   c.spec = spec;
@@ -28,6 +28,7 @@ inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecM
   c.kv_type = kv_type;
   c.draft_vocab = draft_vocab;
   c.capture = capture;
+  c.pad_verify = pad_verify;
   auto e = Engine::create(c);
   EXPECT_TRUE(e.is_ok()) << e.message();
   return e.is_ok() ? std::move(e).value() : nullptr;

@@ -16,6 +16,7 @@ struct Case {
   int64_t draft_vocab = 0;           // EngineConfig::draft_vocab of the speculative engine
   StateCapture capture = EngineConfig{}.capture;  // the speculative engine's rollback
   bool adaptive = false;  // adaptive rounds: plain stretches, whose rows the drafter observes at once
+  bool pad_verify = false;  // verify steps padded to whole 8-row tiles
 };
 
 class SpecLossless : public ::testing::TestWithParam<Case> {};
@@ -25,7 +26,7 @@ TEST_P(SpecLossless, GreedySpeculativeOutputEqualsPlainGreedyOver200Tokens) {
   auto plain = test::make_engine(c.fixture, SpecMethod::None, 8, 512, "", false, c.kv_type);
   auto spec = test::make_engine(c.fixture, c.spec, 8, 512,
                                c.draft_model.empty() ? "" : test::fixture_path(c.draft_model), c.add_ngram, c.kv_type,
-                               c.draft_vocab, c.capture);
+                               c.draft_vocab, c.capture, c.pad_verify);
   ASSERT_TRUE(plain && spec);
   GenerateOptions o;
   o.max_tokens = 200;
@@ -72,7 +73,14 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                            Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::F32, 0,
                                                 EngineConfig{}.capture, true},
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
-                                                false, GgmlType::F32, 0, EngineConfig{}.capture, true}),
+                                                false, GgmlType::F32, 0, EngineConfig{}.capture, true},
+                                           // verify steps padded to 8 rows (n-gram and adaptive drafts vary in length)
+                                           Case{"qwen35-tiny", SpecMethod::Ngram, "", false, GgmlType::F32, 0,
+                                                EngineConfig{}.capture, false, true},
+                                           Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::F32, 0,
+                                                EngineConfig{}.capture, true, true},
+                                           Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
+                                                false, GgmlType::F32, 0, EngineConfig{}.capture, true, true}),
                          [](const auto& info) {
                            std::string f = info.param.fixture == "qwen35-tiny" ? "dense" : "moe";
                            std::string hf = info.param.draft_model.ends_with("hf") ? "_hf" : "";
@@ -81,7 +89,7 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                   (info.param.kv_type == GgmlType::Q8_0 ? "_kv_q8_0" : "") +
                                   (info.param.draft_vocab ? "_vocab" + std::to_string(info.param.draft_vocab) : "") +
                                   (info.param.capture == StateCapture::F32 ? "_f32_states" : "") +
-                                  (info.param.adaptive ? "_adaptive" : "");
+                                  (info.param.adaptive ? "_adaptive" : "") + (info.param.pad_verify ? "_padded" : "");
                          });
 
 // A session keeps its step graphs from one sequence to the next (a server slot's requests): the same
