@@ -63,9 +63,10 @@ class MtpDrafter final : public Drafter {
       a.positions = positions();
       a.out_hidden = Rows(hidden_.as<float>(), n, E);
       auto block = [this, a] { return model_.forward_mtp(a, *state_); };
-      // A decoding round's rows (one chunk, the target's hidden rows at a fixed address) replay a graph;
-      // a prompt's chunks run once each.
-      if (rows.n <= max_rows_) {
+      // A decoding round's rows (at most a verify window: kMaxSteps + 1, from the target's or the session's
+      // row buffers, at fixed addresses) replay a graph per count; a prompt's chunks run as they come, so
+      // prompts of many lengths do not each record one.
+      if (rows.n <= std::min<int64_t>(max_rows_, kMaxSteps + 1)) {
         HS_RETURN_IF_ERROR(steps_.run({kObserve, n, reinterpret_cast<int64_t>(a.hidden.data)}, block));
       } else {
         HS_RETURN_IF_ERROR(block());
