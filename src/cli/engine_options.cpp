@@ -31,9 +31,10 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
         ->check(CLI::IsMember({"none", "ngram", "mtp", "dflash", "mtp+ngram", "dflash+ngram"}));
     cmd.add_option("--draft-model", draft_model, "DFlash drafter: GGUF file or HF directory");
     cmd.add_option("--draft-max", draft_max, "Most drafted tokens per round (0..64)");
-    cmd.add_flag("--pad-verify", pad_verify,
-                 "Pad verify steps of 3+ rows to whole 8-row tiles with rows that change nothing (CUDA: one step "
-                 "graph per tile count instead of per width)");
+    cmd.add_option("--pad-verify", pad_verify,
+                   "Pad verify steps of 3+ rows to whole 8-row tiles with rows that change nothing: auto (where steps "
+                   "are recorded as CUDA graphs: one graph per tile count instead of per width), on, off")
+        ->check(CLI::IsMember({"auto", "on", "off"}));
     cmd.add_option("--draft-vocab", draft_vocab,
                    "MTP/DFlash drafts from the first N token ids only (a cheaper draft head; 0: all)")
         ->check(CLI::NonNegativeNumber);
@@ -64,7 +65,7 @@ Result<EngineConfig> EngineFlags::to_config() const {
   c.draft_vocab = draft_vocab;
   c.dequantize = dequantize;
   c.use_graphs = !no_graphs;
-  c.pad_verify = pad_verify;
+  c.pad_verify = pad_verify == "on" ? PadVerify::kOn : pad_verify == "off" ? PadVerify::kOff : PadVerify::kAuto;
   c.int8_matvec = !f16_matvec;
   return c;
 }

@@ -22,7 +22,7 @@ struct EngineFlags {
   int64_t draft_vocab = 0;  // EngineConfig::draft_vocab
   bool dequantize = false;
   bool no_graphs = false;
-  bool pad_verify = false;
+  std::string pad_verify = "auto";  // EngineConfig::pad_verify
   bool f16_matvec = false;
 
   void add_to(CLI::App& cmd, bool with_spec = true);

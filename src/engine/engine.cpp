@@ -497,7 +497,9 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   // where a later step writes before it reads.
   const double t1 = now_s();
   const int64_t n = k + 1;
-  const int64_t n_run = k > 0 && n > 2 && e.config_.pad_verify
+  const PadVerify pad = e.config_.pad_verify;
+  const bool padding = pad == PadVerify::kOn || (pad == PadVerify::kAuto && graphs_.enabled());
+  const int64_t n_run = k > 0 && n > 2 && padding
                             ? std::min({(n + 7) / 8 * 8, static_cast<int64_t>(e.max_verify_), e.n_ctx_ - committed_})
                             : n;
   stats_.padded_rows += n_run - n;

@@ -27,6 +27,8 @@
 
 namespace hyspec {
 
+enum class PadVerify { kAuto, kOff, kOn };
+
 struct EngineConfig {
   std::string model_path;
   BackendKind backend = BackendKind::Cpu;
@@ -61,9 +63,10 @@ struct EngineConfig {
   bool use_graphs = true;   // CUDA: replay recorded decode/verify steps
   // Verify steps of 3+ rows padded to whole 8-row tiles (the int8 matvecs' n-tiles) with rows that change
   // nothing (Session::decode_round), so a session records one step graph per tile count instead of one
-  // per width; the padded rows cost their attention, GDN and norm work. Off by default: not measured on
-  // a GPU yet (docs/PERFORMANCE.md, session 41).
-  bool pad_verify = false;
+  // per width; the padded rows cost their attention, GDN and norm work. Auto: where steps are recorded
+  // as graphs (CUDA without --no-graphs). H100, session 42: a 9B's adaptive n-gram loop +15%, the demo
+  // models' adaptive MTP-15 / DFlash / n-gram 0.92 / 0.79 / 1.91x -> 1.16 / 0.89 / 2.75x of plain.
+  PadVerify pad_verify = PadVerify::kAuto;
 };
 
 struct GenerateOptions {

@@ -31,6 +31,7 @@ class StepGraphs {
   // Run `step` as the graph recorded for `key` (recording it first).
   Status run(const Key& key, const std::function<Status()>& step);
   void clear() { graphs_.clear(); }
+  bool enabled() const { return enabled_; }  // steps are recorded and replayed
   const GraphStats& stats() const { return stats_; }
 
  private:

@@ -153,7 +153,7 @@ TEST_F(AcceptancePaths, PartialAcceptanceAtEveryOffset) {
 // emitted tokens and every cache equal plain decoding's at each acceptance offset.
 TEST_F(AcceptancePaths, PaddedVerifyRowsChangeNothing) {
   auto padded = test::make_engine(kFixture, SpecMethod::Ngram, 8, 512, "", false, GgmlType::F32, 0,
-                                  EngineConfig{}.capture, /*pad_verify=*/true);
+                                  EngineConfig{}.capture, PadVerify::kOn);
   ASSERT_TRUE(padded);
   for (int cap = 2; cap <= 6; ++cap)
     for (int j = 0; j <= cap; ++j) {  // j == cap: every draft accepted
@@ -163,6 +163,14 @@ TEST_F(AcceptancePaths, PaddedVerifyRowsChangeNothing) {
       check(o, [j](int, int i) { return i == j; }, 30, what.c_str(), padded.get(), nullptr, cap);
       EXPECT_GT(last_.stats.padded_rows, 0) << what;
     }
+}
+
+// The default (PadVerify::kAuto) pads where steps are recorded as graphs: on CUDA, not on the CPU.
+TEST_F(AcceptancePaths, DefaultPadsVerifyStepsWhereStepsAreRecordedAsGraphs) {
+  GenerateOptions o;
+  o.max_tokens = 30;
+  check(o, [](int, int) { return false; }, 30, "5 drafts a round", nullptr, nullptr, 5);
+  EXPECT_EQ(last_.stats.padded_rows > 0, test::test_backend_kind() == BackendKind::Cuda);
 }
 
 TEST_F(AcceptancePaths, ZeroAcceptanceStillEmitsTheTargetToken) {

@@ -14,7 +14,8 @@ inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecM
                                            int64_t n_ctx = 512, std::string draft_model = "",
                                            bool add_ngram = false, GgmlType kv_type = GgmlType::F32,
                                            int64_t draft_vocab = 0,
-                                           StateCapture capture = EngineConfig{}.capture, bool pad_verify = false) {
+                                           StateCapture capture = EngineConfig{}.capture,
+                                           PadVerify pad_verify = EngineConfig{}.pad_verify) {
   EngineConfig c;
   c.model_path = fixture_path(fixture_dir + "/" + fixture_dir + "-f32.gguf");
   c.spec = spec;

@@ -16,7 +16,7 @@ struct Case {
   int64_t draft_vocab = 0;           // EngineConfig::draft_vocab of the speculative engine
   StateCapture capture = EngineConfig{}.capture;  // the speculative engine's rollback
   bool adaptive = false;  // adaptive rounds: plain stretches, whose rows the drafter observes at once
-  bool pad_verify = false;  // verify steps padded to whole 8-row tiles
+  PadVerify pad_verify = EngineConfig{}.pad_verify;  // auto: padded to whole 8-row tiles where graphs are recorded
 };
 
 class SpecLossless : public ::testing::TestWithParam<Case> {};
@@ -74,13 +74,16 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                                 EngineConfig{}.capture, true},
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
                                                 false, GgmlType::F32, 0, EngineConfig{}.capture, true},
-                                           // verify steps padded to 8 rows (n-gram and adaptive drafts vary in length)
+                                           // verify steps padded to 8 rows on every backend (n-gram and adaptive
+                                           // drafts vary in length), and never padded
                                            Case{"qwen35-tiny", SpecMethod::Ngram, "", false, GgmlType::F32, 0,
-                                                EngineConfig{}.capture, false, true},
+                                                EngineConfig{}.capture, false, PadVerify::kOn},
                                            Case{"qwen35-tiny", SpecMethod::Mtp, "", false, GgmlType::F32, 0,
-                                                EngineConfig{}.capture, true, true},
+                                                EngineConfig{}.capture, true, PadVerify::kOn},
                                            Case{"qwen35-tiny", SpecMethod::Dflash, "dflash-tiny/dflash-tiny-f32.gguf",
-                                                false, GgmlType::F32, 0, EngineConfig{}.capture, true, true}),
+                                                false, GgmlType::F32, 0, EngineConfig{}.capture, true, PadVerify::kOn},
+                                           Case{"qwen35-tiny", SpecMethod::Ngram, "", false, GgmlType::F32, 0,
+                                                EngineConfig{}.capture, false, PadVerify::kOff}),
                          [](const auto& info) {
                            std::string f = info.param.fixture == "qwen35-tiny" ? "dense" : "moe";
                            std::string hf = info.param.draft_model.ends_with("hf") ? "_hf" : "";
@@ -89,7 +92,10 @@ INSTANTIATE_TEST_SUITE_P(Drafters, SpecLossless,
                                   (info.param.kv_type == GgmlType::Q8_0 ? "_kv_q8_0" : "") +
                                   (info.param.draft_vocab ? "_vocab" + std::to_string(info.param.draft_vocab) : "") +
                                   (info.param.capture == StateCapture::F32 ? "_f32_states" : "") +
-                                  (info.param.adaptive ? "_adaptive" : "") + (info.param.pad_verify ? "_padded" : "");
+                                  (info.param.adaptive ? "_adaptive" : "") +
+                                  (info.param.pad_verify == PadVerify::kOn    ? "_padded"
+                                   : info.param.pad_verify == PadVerify::kOff ? "_unpadded"
+                                                                              : "");
                          });
 
 // A session keeps its step graphs from one sequence to the next (a server slot's requests): the same
