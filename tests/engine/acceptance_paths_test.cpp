@@ -242,7 +242,7 @@ TEST_F(AcceptancePaths, AdaptiveSpeculationBacksOffWhenDraftsAreNeverAccepted) {
   if (test::test_backend_kind() == BackendKind::Cpu)
     EXPECT_LT(st.spec_rounds * 4, st.rounds) << st.spec_rounds << " speculative rounds of " << st.rounds;
   EXPECT_EQ(drafter->proposals_checked, st.spec_rounds);
-  // The CPU backs off for stretches of 16+ rounds (above); a GPU may not.
+  // The CPU backs off for stretches that double from 4 rounds (above); a GPU may not.
   if (test::test_backend_kind() == BackendKind::Cpu) EXPECT_GT(drafter->largest_decode_observe, 8);
 }
 
