@@ -3,7 +3,7 @@
 # default on CUDA with graphs) against the same build with `--pad-verify off`, and the tests that cover it.
 #   here: HYSPEC_DEVICE_FIXTURES="qwen35-tiny dflash-tiny quants" scripts/device/pack.sh (every test binary:
 #   the MoE fixture does not fit beside them, its cases run in CI), or HYSPEC_DEVICE_BINS="test_engine"
-#   with "qwen35-tiny dflash-tiny qwen35moe-tiny" for PV_STEPS="engine_tests moe".
+#   with "qwen35-tiny dflash-tiny" for PV_STEPS="engine_tests moe" (the MoE fixture does not fit there either).
 # PV_STEPS (default "tests dense demo"):
 #   tests         scripts/device/test.sh (every test binary, CPU and CUDA, memcheck, tiny benches)
 #   engine_tests  test_engine on CUDA, and memcheck of adaptive n-gram / MTP runs (padded, graphs on)
@@ -13,7 +13,7 @@
 #   demo          the demo models (trained drafters): scripts/measure_demo.py --adapt, the two forms taking
 #                 turns on every prompt
 #   moe           the 35B-A3B-shaped 8-layer Q4_K_M with an MTP block: plain, n-gram and MTP adaptive, padded
-#                 and not (a padded row also routes to experts)
+#                 and not (a padded row repeats the last draft, so it routes to that draft's experts)
 # Session 41's build (pad off by default, `--pad-verify` a flag) ran the first three with the forms swapped.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"

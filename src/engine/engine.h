@@ -64,8 +64,9 @@ struct EngineConfig {
   // Verify steps of 3+ rows padded to whole 8-row tiles (the int8 matvecs' n-tiles) with rows that change
   // nothing (Session::decode_round), so a session records one step graph per tile count instead of one
   // per width; the padded rows cost their attention, GDN and norm work. Auto: where steps are recorded
-  // as graphs (CUDA without --no-graphs). H100, session 42: a 9B's adaptive n-gram loop +15%, the demo
-  // models' adaptive MTP-15 / DFlash / n-gram 0.92 / 0.79 / 1.91x -> 1.16 / 0.89 / 2.75x of plain.
+  // as graphs (CUDA without --no-graphs). H100 (docs/PERFORMANCE.md, session 42): a 9B's adaptive n-gram
+  // loop +15%, the demo models' adaptive MTP-15 / DFlash / n-gram 0.92 / 0.84 / 2.00x -> 1.19 / 0.92 / 2.76x
+  // of plain decoding.
   PadVerify pad_verify = PadVerify::kAuto;
 };
 
