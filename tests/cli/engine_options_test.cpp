@@ -30,5 +30,25 @@ TEST(EngineFlags, DraftMaxDefaultKeepsVerifyStepsAtSixteenRows) {
   EXPECT_EQ(config_of("cpu", "").draft_max, 15);
 }
 
+// --pad-verify as a user writes it: auto by default (padded where steps are recorded as graphs), on, off,
+// and anything else refused at parse time.
+TEST(EngineFlags, PadVerifyTakesAutoOnOrOff) {
+  const auto parsed = [](const std::string& args) {
+    CLI::App app;
+    EngineFlags f;
+    f.add_to(app);
+    app.parse(args, false);
+    f.model = "model.gguf";
+    auto c = f.to_config();
+    EXPECT_TRUE(c.is_ok());
+    return c.is_ok() ? c->pad_verify : PadVerify::kAuto;
+  };
+  EXPECT_EQ(parsed(""), PadVerify::kAuto);
+  EXPECT_EQ(parsed("--pad-verify auto"), PadVerify::kAuto);
+  EXPECT_EQ(parsed("--pad-verify on"), PadVerify::kOn);
+  EXPECT_EQ(parsed("--pad-verify off"), PadVerify::kOff);
+  EXPECT_THROW(parsed("--pad-verify yes"), CLI::ValidationError);
+}
+
 }  // namespace
 }  // namespace hyspec::cli
