@@ -65,7 +65,7 @@ Result<EngineConfig> EngineFlags::to_config() const {
   c.draft_vocab = draft_vocab;
   c.dequantize = dequantize;
   c.use_graphs = !no_graphs;
-  c.pad_verify = pad_verify == "on" ? PadVerify::kOn : pad_verify == "off" ? PadVerify::kOff : PadVerify::kAuto;
+  HS_ASSIGN_OR_RETURN(c.pad_verify, parse_pad_verify(pad_verify));
   c.int8_matvec = !f16_matvec;
   return c;
 }

@@ -47,6 +47,13 @@ Result<SpecMethod> parse_spec_method(const std::string& name) {
   return Status::errorf("unknown speculative method '{}' (none, ngram, mtp, dflash)", name);
 }
 
+Result<PadVerify> parse_pad_verify(const std::string& name) {
+  if (name == "auto") return PadVerify::kAuto;
+  if (name == "on") return PadVerify::kOn;
+  if (name == "off") return PadVerify::kOff;
+  return Status::errorf("--pad-verify '{}' is not supported (auto, on or off)", name);
+}
+
 const char* spec_method_name(SpecMethod m) {
   switch (m) {
     case SpecMethod::None: return "none";

@@ -27,7 +27,8 @@
 
 namespace hyspec {
 
-enum class PadVerify { kAuto, kOff, kOn };
+enum class PadVerify { kAuto, kOff, kOn };  // EngineConfig::pad_verify
+Result<PadVerify> parse_pad_verify(const std::string& name);  // auto | on | off
 
 struct EngineConfig {
   std::string model_path;

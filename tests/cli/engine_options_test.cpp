@@ -48,6 +48,10 @@ TEST(EngineFlags, PadVerifyTakesAutoOnOrOff) {
   EXPECT_EQ(parsed("--pad-verify on"), PadVerify::kOn);
   EXPECT_EQ(parsed("--pad-verify off"), PadVerify::kOff);
   EXPECT_THROW(parsed("--pad-verify yes"), CLI::ValidationError);
+  EngineFlags f;  // set without the parser (a caller of to_config): refused, not taken for auto
+  f.model = "model.gguf";
+  f.pad_verify = "yes";
+  EXPECT_FALSE(f.to_config().is_ok());
 }
 
 }  // namespace
