@@ -161,31 +161,36 @@ __device__ __forceinline__ void store_column(float* st, int p, int P, const floa
 // old state, and the output follows without a second round:
 //   u = decay (S.k) / |k|,  delta = beta (v - u),  S' = decay S + k delta / |k|,
 //   o = S'.q^ = q_inv (decay (S.q) + delta (k.q) / |k|).
-// k and q rows are padded by 4 floats per 32 (gdn_pitch) so the 8 lanes of a column read distinct
-// banks.
+// The lanes of a column read a token's k and q as contiguous float4s (no bank conflicts without
+// padding; rows of head dims under 32, read a thread per token, take 4 floats more).
 // With `updates` each token's update is recorded instead (k as read, dk = delta / |k| per column, the
 // decay: ~1/d of a state) and the state is not written back; gdn_replay_kernel applies a prefix.
 // State bytes: read once, written once (+ each token's state to `capture`). FLOPs ~8*d per column
 // per token; the loop is latency-bound.
-__host__ __device__ constexpr int gdn_pitch(int D) { return D + (D >= 32 ? D / 8 : 4); }  // rows stay 16-byte aligned
-__device__ __forceinline__ int gdn_pad(int d) { return d + (d >> 5) * 4; }
+__host__ __device__ constexpr int gdn_pitch(int D) { return D >= 32 ? D : D + 4; }  // rows stay 16-byte aligned
 
 // kD: the head dim as a constant (the 9B's and 27B's 128: the lanes' reduction rounds unrolled and the
 // shared-memory addressing folded), or 0: a.D. H100, 9B shapes, 16 tokens recording updates: 10.9 -> 8.8
 // us, one token 3.44 -> 3.25. (8 state values a lane, twice the blocks, took 11.3: a fourth shuffle round
 // on the per-token chain costs more than the second warp per scheduler gains.)
-template <int kD>
+// kWide: a step of several tokens (the staging, norms and outputs below); a one-token step (false) keeps
+// the plain forms: its tokens' outputs need no second pass, and with the several-token forms a decode
+// step at depth 16K ran 0.6% slower (H200; at depth 0 level; why was not traced).
+template <int kD, bool kWide>
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   extern __shared__ float sm[];
   const int D = kD ? kD : a.D, P = D / 16, LD = gdn_pitch(D);
   float* k_s = sm;                  // [chunk][LD] (padded)
   float* q_s = k_s + chunk * LD;    // [chunk][LD]
   float* v_s = q_s + chunk * LD;    // [chunk][16]
-  float* g_s = v_s + chunk * 16;    // [chunk][2]: beta, decay
+  float* o_s = v_s + chunk * 16;    // [chunk][16]: the outputs, written out once a chunk
+  float* dk_s = o_s + chunk * 16;   // [chunk][16]: the recorded coefficients (with `updates`)
+  float* g_s = dk_s + chunk * 16;   // [chunk][2]: beta, decay
   float* n_s = g_s + chunk * 2;     // [chunk][3]: 1/|k|, q_scale/|q|, k.q
   const int tid = threadIdx.x, p = tid % P, cl = tid / P;
   const int h = blockIdx.x, hk = h % a.n_k, col = blockIdx.y * 16 + cl;
   const float ssm_a = a.ssm_a[h], dt_bias = a.dt_bias[h], q_scale = 1.0f / sqrtf(static_cast<float>(D));
+  const bool capture = a.capture != nullptr, capture_f16 = a.capture_f16 != nullptr, updates = a.updates != nullptr;
   float S[16];
   // Lane p of a column holds its float4s p, p + P, p + 2P, p + 3P (16 values): the P lanes of a column
   // read and write 16*P contiguous bytes per instruction (state, capture) and distinct banks of k, q.
@@ -201,7 +206,19 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int tc = static_cast<int>(n - t0 < chunk ? n - t0 : chunk);
     __syncthreads();  // previous chunk consumed
-    // Four float4 of k and of q per thread in flight before the first store.
+    // Several tokens: one round trip a chunk, the v columns, gates and the first four float4 of k and of
+    // q per thread all in flight before the first store (a chunk of 16 tokens at d = 128 is one batch).
+    constexpr int kVRegs = kWide ? 4 : 0;
+    float vr[kVRegs > 0 ? kVRegs : 1], alpha_r = 0.0f, beta_r = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kVRegs; ++u) {
+      const int i = u * blockDim.x + tid;
+      if (i < tc * 16) vr[u] = __ldg(a.v.data + (t0 + i / 16) * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16);
+    }
+    if (kWide && tid < tc) {
+      alpha_r = __ldg(a.alpha.data + (t0 + tid) * a.alpha.stride + h);
+      beta_r = __ldg(a.beta_logit.data + (t0 + tid) * a.beta_logit.stride + h);
+    }
     for (int i0 = 0; i0 < tc * D / 4; i0 += 4 * blockDim.x) {
       float4 kv[4], qv[4];
 #pragma unroll
@@ -218,34 +235,63 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       for (int u = 0; u < 4; ++u) {
         const int i = i0 + u * blockDim.x + tid;
         if (i < tc * D / 4) {
-          const int at = i / (D / 4) * LD + gdn_pad(i % (D / 4) * 4);
+          const int at = i / (D / 4) * LD + i % (D / 4) * 4;
           *reinterpret_cast<float4*>(k_s + at) = kv[u], *reinterpret_cast<float4*>(q_s + at) = qv[u];
-          if (a.updates && blockIdx.y == 0 && h < a.n_k)  // k-head h's keys, once
+          if (updates && blockIdx.y == 0 && h < a.n_k)  // k-head h's keys, once
             *reinterpret_cast<float4*>(a.updates + (t0 + i / (D / 4)) * a.update_stride + h * D + i % (D / 4) * 4) =
                 kv[u];
         }
       }
     }
-    for (int i = tid; i < tc * 16; i += blockDim.x) {
-      const int64_t t = t0 + i / 16;
-      v_s[i] = a.v.data[t * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
+#pragma unroll
+    for (int u = 0; u < kVRegs; ++u) {
+      const int i = u * blockDim.x + tid;
+      if (i < tc * 16) v_s[i] = vr[u];
     }
+    for (int i = kVRegs * blockDim.x + tid; i < tc * 16; i += blockDim.x)  // (one token; head dims under 128)
+      v_s[i] = a.v.data[(t0 + i / 16) * a.v.stride + static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16];
     for (int i = tid; i < tc; i += blockDim.x) {
       const int64_t t = t0 + i;
-      const float x = a.alpha.data[t * a.alpha.stride + h] + dt_bias;
-      g_s[2 * i] = sigmoid(a.beta_logit.data[t * a.beta_logit.stride + h]);
+      const float x = (kWide && i == tid ? alpha_r : a.alpha.data[t * a.alpha.stride + h]) + dt_bias;
+      g_s[2 * i] = sigmoid(kWide && i == tid ? beta_r : a.beta_logit.data[t * a.beta_logit.stride + h]);
       g_s[2 * i + 1] = expf((x > 20.0f ? x : log1pf(expf(x))) * ssm_a);
-      if (a.updates && blockIdx.y == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
+      if (updates && blockIdx.y == 0) a.updates[t * a.update_stride + (a.n_k + a.n_v) * D + h] = g_s[2 * i + 1];
     }
     __syncthreads();
     gdn_mark(kGdnStaged);
-    // Norms and k.q per token: a warp per token (lanes over d) from d = 32 up, a thread per token below.
-    if (D >= 32) {
+    // Norms and k.q per token: a warp per token (lanes over d) from d = 32 up, with several tokens two a
+    // warp at a time so their shuffle rounds overlap; a thread per token below.
+    if (kWide && D >= 32) {
+      const int lane = tid & 31, warps = blockDim.x >> 5;
+      for (int tt = tid >> 5; tt < tc; tt += 2 * warps) {
+        const int tb = min(tt + warps, tc - 1);  // the second token (recomputes tt's when there is none)
+        float kk = 0.0f, qq = 0.0f, kq = 0.0f, kk2 = 0.0f, qq2 = 0.0f, kq2 = 0.0f;
+        for (int d = lane; d < D; d += 32) {
+          const float kv = k_s[tt * LD + d], qv = q_s[tt * LD + d];
+          const float kv2 = k_s[tb * LD + d], qv2 = q_s[tb * LD + d];
+          kk += kv * kv, qq += qv * qv, kq += kv * qv;
+          kk2 += kv2 * kv2, qq2 += qv2 * qv2, kq2 += kv2 * qv2;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+          kk += __shfl_xor_sync(0xffffffffu, kk, o);
+          qq += __shfl_xor_sync(0xffffffffu, qq, o);
+          kq += __shfl_xor_sync(0xffffffffu, kq, o);
+          kk2 += __shfl_xor_sync(0xffffffffu, kk2, o);
+          qq2 += __shfl_xor_sync(0xffffffffu, qq2, o);
+          kq2 += __shfl_xor_sync(0xffffffffu, kq2, o);
+        }
+        if (lane == 0) {
+          n_s[3 * tt] = rsqrtf(kk + a.eps), n_s[3 * tt + 1] = rsqrtf(qq + a.eps) * q_scale, n_s[3 * tt + 2] = kq;
+          if (tt + warps < tc)
+            n_s[3 * tb] = rsqrtf(kk2 + a.eps), n_s[3 * tb + 1] = rsqrtf(qq2 + a.eps) * q_scale, n_s[3 * tb + 2] = kq2;
+        }
+      }
+    } else if (D >= 32) {
       const int lane = tid & 31;
       for (int tt = tid >> 5; tt < tc; tt += blockDim.x >> 5) {
         float kk = 0.0f, qq = 0.0f, kq = 0.0f;
         for (int d = lane; d < D; d += 32) {
-          const float kv = k_s[tt * LD + gdn_pad(d)], qv = q_s[tt * LD + gdn_pad(d)];
+          const float kv = k_s[tt * LD + d], qv = q_s[tt * LD + d];
           kk += kv * kv, qq += qv * qv, kq += kv * qv;
         }
         for (int o = 16; o > 0; o >>= 1) {
@@ -259,7 +305,7 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
       for (int tt = tid; tt < tc; tt += blockDim.x) {
         float kk = 0.0f, qq = 0.0f, kq = 0.0f;
         for (int d = 0; d < D; ++d) {
-          const float kv = k_s[tt * LD + gdn_pad(d)], qv = q_s[tt * LD + gdn_pad(d)];
+          const float kv = k_s[tt * LD + d], qv = q_s[tt * LD + d];
           kk += kv * kv, qq += qv * qv, kq += kv * qv;
         }
         n_s[3 * tt] = rsqrtf(kk + a.eps), n_s[3 * tt + 1] = rsqrtf(qq + a.eps) * q_scale, n_s[3 * tt + 2] = kq;
@@ -267,14 +313,21 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
     }
     __syncthreads();
     gdn_mark(kGdnNormed);
+    // The token loop: per token one P-lane reduction round of S.k and S.q. With several tokens their
+    // outputs and coefficients go to shared memory (lane 0 of each column), and out to global memory
+    // after the chunk, so the serial chain carries no 64-bit address arithmetic (a verify step's 16
+    // tokens: 8.8 -> 7.6 us, H200).
+    const int64_t cap_token = static_cast<int64_t>(a.n_v) * D * D;
+    const int64_t cap_col = ((t0 * a.n_v + h) * D + col) * static_cast<int64_t>(D);
 #pragma unroll 2
     for (int tt = 0; tt < tc; ++tt) {
-      const int64_t t = t0 + tt;
+      const float* kt = k_s + tt * LD;
+      const float* qt = q_s + tt * LD;
       float k[16], q[16];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float4 kv = *reinterpret_cast<const float4*>(k_s + tt * LD + gdn_pad(4 * (p + P * i)));
-        const float4 qv = *reinterpret_cast<const float4*>(q_s + tt * LD + gdn_pad(4 * (p + P * i)));
+        const float4 kv = *reinterpret_cast<const float4*>(kt + 4 * (p + P * i));
+        const float4 qv = *reinterpret_cast<const float4*>(qt + 4 * (p + P * i));
         k[4 * i] = kv.x, k[4 * i + 1] = kv.y, k[4 * i + 2] = kv.z, k[4 * i + 3] = kv.w;
         q[4 * i] = qv.x, q[4 * i + 1] = qv.y, q[4 * i + 2] = qv.z, q[4 * i + 3] = qv.w;
       }
@@ -298,15 +351,20 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) S[i] = gdn_decay_add(S[i], decay, k[i], dk);
       if (p == 0) {
-        a.out.data[t * a.out.stride + static_cast<int64_t>(h) * D + col] = o;
-        if (a.updates) a.updates[t * a.update_stride + (a.n_k + h) * D + col] = dk;
+        if constexpr (kWide) {
+          o_s[tt * 16 + cl] = o, dk_s[tt * 16 + cl] = dk;
+        } else {
+          const int64_t c = static_cast<int64_t>(h) * D + col, t = t0 + tt;
+          a.out.data[t * a.out.stride + c] = o;
+          if (updates) a.updates[t * a.update_stride + a.n_k * D + c] = dk;
+        }
       }
-      if (a.capture) {
-        float4* cap = reinterpret_cast<float4*>(a.capture + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
+      if (capture) {
+        float4* cap = reinterpret_cast<float4*>(a.capture + cap_col + tt * cap_token);
 #pragma unroll
         for (int i = 0; i < 4; ++i) cap[p + P * i] = make_float4(S[4 * i], S[4 * i + 1], S[4 * i + 2], S[4 * i + 3]);
-      } else if (a.capture_f16) {
-        uint2* cap = reinterpret_cast<uint2*>(a.capture_f16 + ((t * a.n_v + h) * D + col) * static_cast<int64_t>(D));
+      } else if (capture_f16) {
+        uint2* cap = reinterpret_cast<uint2*>(a.capture_f16 + cap_col + tt * cap_token);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const __half2 lo = __floats2half2_rn(S[4 * i], S[4 * i + 1]), hi = __floats2half2_rn(S[4 * i + 2], S[4 * i + 3]);
@@ -314,9 +372,18 @@ __global__ void gdn_kernel(GdnKArgs a, int chunk) {
         }
       }
     }
+    if (!kWide) continue;
+    __syncthreads();
+    // The chunk's outputs (and coefficients), 16 contiguous columns a token.
+    for (int i = tid; i < tc * 16; i += blockDim.x) {
+      const int64_t t = t0 + i / 16;
+      const int64_t c = static_cast<int64_t>(h) * D + blockIdx.y * 16 + i % 16;
+      a.out.data[t * a.out.stride + c] = o_s[i];
+      if (updates) a.updates[t * a.update_stride + a.n_k * D + c] = dk_s[i];
+    }
   }
   gdn_mark(kGdnLoopDone);
-  if (a.updates) return;  // the state stays as it was: a rollback replays the updates it keeps
+  if (updates) return;  // the state stays as it was: a rollback replays the updates it keeps
   store_column(st, p, P, S);
   gdn_mark(kGdnEnd);
 }
@@ -812,13 +879,14 @@ cudaError_t gdn_launch(const GdnParams& p, void* scratch, cudaStream_t stream) {
   GdnKArgs a{p.q, p.k, p.v, p.beta_logit, p.alpha, p.out, p.ssm_a, p.dt_bias, p.n_k_heads, p.n_v_heads, D, p.eps,
              p.state, p.capture, p.capture_f16, p.updates, p.update_stride};
   if (gdn_uses_chunked(p)) return gdn_chunked_launch(a, static_cast<float*>(scratch), stream);
-  // Tokens staged per chunk: as many as fit in 40 KB (16 for d = 128).
-  const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 16 + 2 + 3) * sizeof(float);
+  // Tokens staged per chunk: as many as fit in 40 KB (32 for d = 128).
+  const size_t per_token = (2 * static_cast<size_t>(gdn_pitch(D)) + 3 * 16 + 2 + 3) * sizeof(float);
   int chunk = 32;
   while (chunk > 1 && chunk * per_token > 40960) chunk /= 2;
   const size_t smem = chunk * per_token;
   const dim3 grid(p.n_v_heads, D / 16);
-  return launch_pdl(D == 128 ? gdn_kernel<128> : gdn_kernel<0>, grid, dim3(D), smem, stream, a, chunk);
+  auto* kernel = D != 128 ? gdn_kernel<0, true> : p.q.rows > 1 ? gdn_kernel<128, true> : gdn_kernel<128, false>;
+  return launch_pdl(kernel, grid, dim3(D), smem, stream, a, chunk);
 }
 
 cudaError_t gdn_replay_launch(const GdnReplayList& l, int64_t n_tokens, int n_k_heads, int n_v_heads, int head_dim,
