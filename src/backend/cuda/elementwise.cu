@@ -86,27 +86,34 @@ template <NormKind kKind>
 __global__ void rms_norm_kernel(NormArgs a) {
   __shared__ float partial[32];
   extern __shared__ __align__(16) float span[];  // quantizing: the block's y values
-  pdl_wait();  // (launched with PDL: the next matvec streams its weights meanwhile)
-  pdl_trigger();
   const int tpg = a.tpg, lt = threadIdx.x % tpg;
   const int64_t gidx = blockIdx.x * int64_t(blockDim.x / tpg) + threadIdx.x / tpg;
   const bool valid = gidx < a.x.rows * a.groups_per_row;
   const int64_t r = valid ? gidx / a.groups_per_row : 0, gc = valid ? gidx % a.groups_per_row * a.group : 0;
+  // The weights (model constants no kernel writes) are in flight before the wait: the round trip after
+  // it then waits on x (just written, in L2) alone, not on w, which the step's weight stream has evicted.
+  float4 wv[kNormMaxVec4];
+#pragma unroll
+  for (int k = 0; k < kNormMaxVec4; ++k) {
+    if (k >= a.vec4 || !valid || !a.w) break;
+    wv[k] = __ldg(reinterpret_cast<const float4*>(a.w + (int64_t{k} * tpg + lt) * 4));
+  }
+  pdl_wait();  // (launched with PDL: the next matvec streams its weights meanwhile)
+  pdl_trigger();
   float* xr = a.x.data + r * a.x.stride + gc;
   const float* zr = a.z ? a.z + r * a.z_stride + gc : nullptr;
   float ss = 0.0f;
   if (a.vec4 > 0) {
-    // One round trip: thread lt owns float4s lt, lt + tpg, ... of the group; x, z and w are all loaded
+    // One round trip: thread lt owns float4s lt, lt + tpg, ... of the group; x and z are all loaded
     // before anything is stored or reduced (a decode step's hidden-size norm is one block, and this
     // form replaced 5-6 dependent global round trips). The lane split depends on the group size only.
-    float4 v[kNormMaxVec4], d[kNormMaxVec4], wv[kNormMaxVec4];
+    float4 v[kNormMaxVec4], d[kNormMaxVec4];
 #pragma unroll
     for (int k = 0; k < kNormMaxVec4; ++k) {
       if (k >= a.vec4 || !valid) break;
       const int64_t c = (int64_t{k} * tpg + lt) * 4;
       v[k] = *reinterpret_cast<const float4*>(xr + c);
       if (zr) d[k] = *reinterpret_cast<const float4*>(zr + c);
-      if (a.w) wv[k] = *reinterpret_cast<const float4*>(a.w + c);
     }
 #pragma unroll
     for (int k = 0; k < kNormMaxVec4; ++k) {
@@ -332,16 +339,21 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
 #pragma unroll
   for (int p = 0; p < kMaxPer / 2; ++p)
     if (lane + 32 * p < half) ang[p] = rope_angle_call(pos, lane + 32 * p, a.n_rot, a.freq_base);
-  pdl_wait();
-  pdl_trigger();
-  if (!valid) return;
   const int j = static_cast<int>(item - t * heads);
   const bool is_q = j < a.n_head;
   const int kh = j - a.n_head;
-  const float* x = is_q ? a.q_in.data + t * a.q_in.stride + j * a.q_pitch : a.k.data + t * a.k.stride + kh * D;
-  float* y = is_q ? a.q.data + t * a.q.stride + j * D : a.k.data + t * a.k.stride + kh * D;
   const float* w = is_q ? a.q_norm : a.k_norm;
   const int vec4 = is_q ? a.vec4_q : a.vec4_k;
+  // The norm weights too (model constants): the round trip after the wait is then x's and v's alone.
+  float4 wv[kVec4];
+#pragma unroll
+  for (int k = 0; k < kVec4; ++k)
+    if (valid && w && k < vec4) wv[k] = __ldg(reinterpret_cast<const float4*>(w) + k * 32 + lane);
+  pdl_wait();
+  pdl_trigger();
+  if (!valid) return;
+  const float* x = is_q ? a.q_in.data + t * a.q_in.stride + j * a.q_pitch : a.k.data + t * a.k.stride + kh * D;
+  float* y = is_q ? a.q.data + t * a.q.stride + j * D : a.k.data + t * a.k.stride + kh * D;
   const bool store_kv = !is_q && pos >= 0 && pos < a.kv.capacity;
   // Every global load of the warp first (x, the norm weights, a key head's v row): one round trip.
   float vr[kMaxPer];
@@ -354,13 +366,10 @@ __global__ void __launch_bounds__(kQkPrepWarps * 32) qk_prep_kernel(QkPrepParams
   float* hs = head_s[warp];
   float ss = 0.0f;
   if (vec4 > 0) {  // lane owns float4s lane, lane + 32, ...
-    float4 v[kVec4], wv[kVec4];
+    float4 v[kVec4];
 #pragma unroll
     for (int k = 0; k < kVec4; ++k)
-      if (k < vec4) {
-        v[k] = reinterpret_cast<const float4*>(x)[k * 32 + lane];
-        if (w) wv[k] = reinterpret_cast<const float4*>(w)[k * 32 + lane];
-      }
+      if (k < vec4) v[k] = reinterpret_cast<const float4*>(x)[k * 32 + lane];
 #pragma unroll
     for (int k = 0; k < kVec4; ++k)
       if (k < vec4) ss = add_squares(ss, v[k]);
