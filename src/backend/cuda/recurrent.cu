@@ -180,7 +180,7 @@ template <int kD, bool kWide>
 __global__ void gdn_kernel(GdnKArgs a, int chunk) {
   extern __shared__ float sm[];
   const int D = kD ? kD : a.D, P = D / 16, LD = gdn_pitch(D);
-  float* k_s = sm;                  // [chunk][LD] (padded)
+  float* k_s = sm;                  // [chunk][LD]
   float* q_s = k_s + chunk * LD;    // [chunk][LD]
   float* v_s = q_s + chunk * LD;    // [chunk][16]
   float* o_s = v_s + chunk * 16;    // [chunk][16]: the outputs, written out once a chunk
