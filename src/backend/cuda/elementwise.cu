@@ -48,6 +48,8 @@ constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip for
 // (lane split, reduction order) depends on the group size only, never on the number of rows.
 // 1 / sqrt(mean of squares + eps) of a group from each thread's partial sum of squares: over the warp,
 // or (tpg > 32) over the block through `partial`, in a fixed order. Every thread of the block calls it.
+// tpg is 32, 256 or 512 (norm_threads_per_group): the block form reads its 8 or 16 warp sums as float4s,
+// so `partial` is 16-byte aligned and holds at most 16 of them.
 __device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial, int64_t group, float eps) {
   ss = warp_sum(ss);
   if (tpg > 32) {
