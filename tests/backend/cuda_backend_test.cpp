@@ -813,64 +813,6 @@ TEST_P(CudaMatmulTest, GateOpsFoldedIntoTheMatvecGiveTheOpsBits) {
     }
 }
 
-// The add_rms_norm after a one-row int8 matvec that stages x through a fold or in rounds runs in the matvec's
-// last block (cuda_backend.cpp, Int8NormTail): the residual, the normed row and its quantized codes (read by
-// the matmul after it) are the bits of the norm's own launch, eagerly and in a captured graph, and the rows
-// of a 3-token step. Rows of 1024, 4096 (the norm kernel's 512 threads: two played per thread) and 5120
-// (five float4s a thread); 5120 outputs also give blocks two tiles.
-TEST_P(CudaMatmulTest, NormTailOfTheMatvecGivesTheNormsBits) {
-  const int64_t M = 64;
-  const Tensor zw = put(*gpu_, randn(128));
-  for (const int64_t N : {1024, 4096, 5120}) {
-    const Tensor norm_w = put(*gpu_, randn(N));
-    const Weight next = load_random_weight(*gpu_, GgmlType::Q4_K, N, M, rng_);
-    for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
-      for (const bool folded : {true, false}) {
-        // Folded: x through a gated norm (groups of 128) into the matvec; else 8448 inputs, staged in rounds.
-        const int64_t K = folded ? 4096 : 8448;
-        const Weight w = load_random_weight(*gpu_, type, K, N, rng_);
-        const std::string what = fmt::format("N {} {} {}", N, ggml_type_name(type), folded ? "gated-norm fold" : "rounds");
-        const Tensor x = put(*gpu_, randn(3 * K)), z = put(*gpu_, randn(3 * K));
-        const std::vector<float> res0 = randn(3 * N);
-        struct Run {
-          Tensor xn, delta, res, h, out;
-        };
-        auto fresh = [&] {
-          return Run{poison(*gpu_, 3 * K), poison(*gpu_, 3 * N), put(*gpu_, res0), poison(*gpu_, 3 * N), poison(*gpu_, 3 * M)};
-        };
-        // Rows [t, t + n): (the gated norm,) the matmul, the residual add + norm of its output, a matmul of h.
-        auto ops = [&](Run& r, int64_t t, int64_t n, bool settle) {
-          Rows xin = x.rows(3, K).rows(t, n);
-          if (folded) {
-            gpu_->gated_rms_norm(xin, z.rows(3, K).rows(t, n), zw.f(), 128, 1e-6f, r.xn.rows(3, K).rows(t, n));
-            xin = r.xn.rows(3, K).rows(t, n);
-          }
-          gpu_->matmul(w, xin, r.delta.rows(3, N).rows(t, n));
-          if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
-          gpu_->add_rms_norm(r.res.rows(3, N).rows(t, n), r.delta.rows(3, N).rows(t, n), norm_w.f(), N, 1e-6f,
-                             r.h.rows(3, N).rows(t, n));
-          gpu_->matmul(next, r.h.rows(3, N).rows(t, n), r.out.rows(3, M).rows(t, n));
-        };
-        Run ref = fresh(), eager = fresh(), graph = fresh(), wide = fresh();
-        for (int64_t t = 0; t < 3; ++t) ops(ref, t, 1, true), ops(eager, t, 1, false);
-        for (int64_t t = 0; t < 3; ++t) {
-          auto g = gpu_->capture([&] { ops(graph, t, 1, false); });
-          ASSERT_TRUE(g.is_ok()) << g.message();
-          ASSERT_TRUE(g.value()->replay().is_ok());
-        }
-        ops(wide, 0, 3, false);
-        ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
-        for (const Run* r : {&eager, &graph, &wide}) {
-          const std::string how = what + (r == &eager ? ", eager" : r == &graph ? ", graph" : ", 3-token step");
-          EXPECT_TRUE(same_bits(get_gpu(r->delta), get_gpu(ref.delta))) << how << ": matvec outputs";
-          EXPECT_TRUE(same_bits(get_gpu(r->res), get_gpu(ref.res))) << how << ": residual";
-          EXPECT_TRUE(same_bits(get_gpu(r->h), get_gpu(ref.h))) << how << ": normed rows";
-          EXPECT_TRUE(same_bits(get_gpu(r->out), get_gpu(ref.out))) << how << ": the next matmul (its quantized x)";
-        }
-      }
-  }
-}
-
 // A one-row int8 matmul may be launched as late as the backend's next call (the conv fold defers it): a
 // weight or an output buffer freed before then gets the launch first (run under compute-sanitizer
 // memcheck on the device: no access to freed memory).

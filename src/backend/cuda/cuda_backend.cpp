@@ -284,9 +284,8 @@ class CudaBackend final : public Backend {
     const DeferredMany m{{v}, {mat(y)}, 1, x, folded ? nullptr : quantized(x), xfold};
     matmul_wrote(y);
     wrote(y);
-    if (folds_ && ((!folded && cuda::int8_conv_fold_supported(v, x.n_rows)) ||
-                   (norm_tails_ && cuda::int8_norm_tail_supported(v, x.n_rows, folded, m.qx != nullptr)))) {
-      defer(m);  // (launched by the next op, which may be its conv or the add_rms_norm of y)
+    if (!folded && folds_ && cuda::int8_conv_fold_supported(v, x.n_rows)) {
+      defer(m);  // (launched by the next op, which may be its conv)
     } else {
       launch_many(m, nullptr);
     }
@@ -361,7 +360,6 @@ class CudaBackend final : public Backend {
   }
   void add(Rows a, Rows b, Rows y) override { binary(cuda::Binary::Add, a, b, y, "add"); }
   void add_rms_norm(Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h) override {
-    if (norm_tail(x, delta, w, group, eps, h)) return;
     auto prof = begin_op("add_rms_norm");
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, delta) && same_shape(x, h),
                 "add_rms_norm: group {} over [{}, {}], delta [{}, {}] -> [{}, {}]", group, x.n_rows, x.n_cols,
@@ -770,7 +768,6 @@ class CudaBackend final : public Backend {
     if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
     folds_ = int8_matvec_ && !profiler_ && !profile_skip_ && cuda::env_int("HYSPEC_FOLD", 1) != 0;
-    norm_tails_ = folds_ && cuda::env_int("HYSPEC_NORM_TAIL", 1) != 0;
     if (profile_skip_)
       fmt::print(stderr, "HYSPEC_PROFILE_SKIP={}: {}; every result is meaningless\n", profile_skip_,
                  profile_skip_ == 1 ? "only the weight matmuls' kernels are launched"
@@ -798,11 +795,6 @@ class CudaBackend final : public Backend {
       return Status::error("cudaMalloc of the attention counters failed");
     owned_.push_back(counters);
     attention_counters_ = static_cast<unsigned*>(counters);
-    if (cudaMalloc(&counters, kNormTailCounters * sizeof(unsigned)) != cudaSuccess ||
-        cudaMemset(counters, 0, kNormTailCounters * sizeof(unsigned)) != cudaSuccess)
-      return Status::error("cudaMalloc of the norm tail counters failed");
-    owned_.push_back(counters);
-    norm_tail_counters_ = static_cast<unsigned*>(counters);
     // HYSPEC_NORM_QUANTIZE=0 leaves the quantizing to the matvecs (to measure what it saves).
     if (int8_matvec_ && cuda::env_int("HYSPEC_NORM_QUANTIZE", 1) != 0) {
       // Zeroed: the rows past a norm's are the padding of the matvecs' 8-token tiles.
@@ -873,7 +865,7 @@ class CudaBackend final : public Backend {
     const cuda::QuantizedX* qx;
     cuda::Int8XFold xfold;  // a matmul: the op folded into its x (deferred_x_ taken by take_x_fold)
   };
-  void launch_many(const DeferredMany& m, const cuda::Int8ConvFold* conv, const cuda::Int8NormTail* tail = nullptr) {
+  void launch_many(const DeferredMany& m, const cuda::Int8ConvFold* conv) {
     if (m.count > 1) {
       check(cuda::int8_matvec_multi_launch(m.w, m.y, m.count, mat(m.x), stream_, m.qx, conv), "matmul_many");
       return;
@@ -881,8 +873,8 @@ class CudaBackend final : public Backend {
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(m.w[0], m.x.n_rows));
     if (!s) return;
     const bool folded = m.xfold.kind != cuda::Int8XFold::kNone;
-    check(conv || folded || tail
-              ? cuda::int8_matvec_launch(m.w[0], nullptr, mat(m.x), m.y[0], s, stream_, m.qx, conv, &m.xfold, tail)
+    check(conv || folded
+              ? cuda::int8_matvec_launch(m.w[0], nullptr, mat(m.x), m.y[0], s, stream_, m.qx, conv, &m.xfold)
               : cuda::matmul_launch(m.w[0], mat(m.x), m.y[0], {s, matmul_arena_.size}, cublas_, stream_, m.qx),
           "matmul");
   }
@@ -911,8 +903,7 @@ class CudaBackend final : public Backend {
     const int64_t C = x.n_cols;
     const Bytes out = bytes(y.data, C * sizeof(float)), in = bytes(y0.data, y0.cols * sizeof(float)),
                 state = bytes(conv_state, 3 * C * sizeof(float));
-    const bool ok = kernel == 4 && !capture && m.xfold.kind == cuda::Int8XFold::kNone && x.n_rows == 1 &&
-                    y.n_rows == 1 && y.n_cols == C && x.data == y0.data &&
+    const bool ok = kernel == 4 && !capture && x.n_rows == 1 && y.n_rows == 1 && y.n_cols == C && x.data == y0.data &&
                     C <= y0.cols && aligned16(weight) && disjoint(out, in) && disjoint(out, state) &&
                     disjoint(state, in);
     if (!ok) return false;
@@ -922,34 +913,6 @@ class CudaBackend final : public Backend {
     launch_many(d, &conv);
     forget_quantized();
     writes_.count = -1;  // (the conv's output and state too)
-    return true;
-  }
-
-  // ---- the add_rms_norm after a one-row matvec run by its last block (cuda::Int8NormTail) ----
-  // A one-row int8 dp4a matmul that stages x through a fold or in rounds is deferred to the next op. When
-  // that is the add_rms_norm of exactly its output (delta, one row, the row one group), the matvec's last
-  // block runs the norm (same bits; see row_norm.cuh): a decode step of a Qwen3.5 layer saves two norm
-  // launches. Any other op launches the matmul as it was asked. HYSPEC_NORM_TAIL=0 (or HYSPEC_FOLD=0): off.
-  bool norm_tail(Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h) {
-    if (!deferred_many_ || !norm_tails_) return false;
-    const DeferredMany& m = *deferred_many_;
-    const cuda::Mat& y = m.y[0];
-    const bool ok = m.count == 1 && x.n_rows == 1 && same_shape(x, delta) && same_shape(x, h) && group == x.n_cols &&
-                    delta.data == y.data && y.rows == 1 && y.cols == x.n_cols && aligned16(x.data) &&
-                    aligned16(h.data) && aligned16(delta.data) && (!w || aligned16(w)) &&
-                    disjoint(region(x), region(delta)) && disjoint(region(h), region(delta)) &&
-                    disjoint(region(x), region(h)) &&
-                    cuda::int8_norm_tail_supported(m.w[0], 1, m.xfold.kind != cuda::Int8XFold::kNone, m.qx != nullptr);
-    if (!ok) return false;
-    const DeferredMany d = m;
-    deferred_many_.reset();
-    auto prof = begin_op("add_rms_norm");
-    cuda::Int8NormTail t;
-    t.x = x.data, t.w = w, t.eps = eps, t.h = h.data;
-    if (const cuda::QuantizedX* qx = quantize_into()) t.qx = *qx;
-    t.counter = norm_tail_counters_ + next_tail_counter_++ % kNormTailCounters;
-    launch_many(d, nullptr, &t);
-    norm_wrote(h, t.qx.d != nullptr);
     return true;
   }
 
@@ -1162,7 +1125,6 @@ class CudaBackend final : public Backend {
   // Deferred launches for the conv and x folds (see settle); off under the op profiler and
   // HYSPEC_PROFILE_SKIP, which time ops one by one. Set in init.
   bool folds_ = false;
-  bool norm_tails_ = false;  // the add_rms_norm after a one-row matvec in its last block (norm_tail)
   std::optional<DeferredMany> deferred_many_;
   std::optional<DeferredX> deferred_x_;
   Writes writes_;
@@ -1190,11 +1152,6 @@ class CudaBackend final : public Backend {
   void* side_cublas_ws_ = nullptr;
   bool on_side_ = false, side_pending_ = false;
   unsigned* attention_counters_ = nullptr;
-  // The norm tails' self-resetting counters, a launch's taken in turn (launches in flight together never
-  // share one: at most two of a stream overlap).
-  static constexpr unsigned kNormTailCounters = 64;
-  unsigned* norm_tail_counters_ = nullptr;
-  unsigned next_tail_counter_ = 0;
   // The rows the last norm also quantized for the int8 matvecs (into quantized_x_), while no op since
   // may have rewritten them: a matmul of exactly these rows reads quantized_x_ instead of quantizing
   // its input. Every other op, memory op, capture and replay forgets them.

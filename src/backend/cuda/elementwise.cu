@@ -13,7 +13,6 @@
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/q8k.cuh"
-#include "backend/cuda/row_norm.cuh"
 
 namespace hyspec::cuda {
 namespace {
@@ -21,6 +20,11 @@ namespace {
 unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {
   int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
 enum class NormKind { Plain, Gated, AddResidual };
@@ -38,6 +42,41 @@ struct NormArgs {
 };
 constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip form
 
+// y = x / sqrt(mean(x^2) + eps) * w  [* silu(z)] over each group of columns; 2 reads + 1 write.
+// AddResidual first stores x += z (the add of binary_kernel, element by element) and norms the sum:
+// 3 reads + 2 writes, with the arithmetic of an add followed by a plain norm. A group's arithmetic
+// (lane split, reduction order) depends on the group size only, never on the number of rows.
+// 1 / sqrt(mean of squares + eps) of a group from each thread's partial sum of squares: over the warp,
+// or (tpg > 32) over the block through `partial`, in a fixed order. Every thread of the block calls it.
+// tpg is 32, 256 or 512 (norm_threads_per_group): the block form reads its 8 or 16 warp sums as float4s,
+// so `partial` is 16-byte aligned and holds at most 16 of them.
+__device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial, int64_t group, float eps) {
+  ss = warp_sum(ss);
+  if (tpg > 32) {
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    // The (8 or 16) warp sums in one shared-memory round trip, as float4s, then added in warp order (the
+    // loop of scalar loads: 9B Q4_K_M decode +0.5%, H200, session 43).
+    const int warps = tpg / 32;
+    float4 p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (4 * i < warps) p[i] = reinterpret_cast<const float4*>(partial)[i];
+    ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (4 * i < warps) ss += p[i].x, ss += p[i].y, ss += p[i].z, ss += p[i].w;
+  }
+  return 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
+}
+
+// A warp's quantized 256-block (quantize_lane) into block b of the Q8K rows qx, in every XOrder.
+__device__ __forceinline__ void store_quantized_x(const Q8KLane& q, int lane, const QuantizedX& qx, int64_t b) {
+#pragma unroll
+  for (int o = 0; o < 3; ++o) store_codes(q, lane, qx.q[o] + b * 256, static_cast<XOrder>(o));
+  store_sums(q, lane, reinterpret_cast<__half*>(qx.bs) + b * 16, qx.d + b);
+}
+
 // The block's groups (whole 256-blocks of one row, staged in span[] by the norm) -> Q8K rows of qx in
 // every XOrder, a warp per 256-block: the codes quantize_q8k_kernel would make of the stored y.
 __device__ void quantize_span(const NormArgs& a, const float* span) {
@@ -54,11 +93,6 @@ __device__ void quantize_span(const NormArgs& a, const float* span) {
   }
 }
 
-// y = x / sqrt(mean(x^2) + eps) * w  [* silu(z)] over each group of columns; 2 reads + 1 write.
-// AddResidual first stores x += z (the add of binary_kernel, element by element) and norms the sum:
-// 3 reads + 2 writes, with the arithmetic of an add followed by a plain norm. A group's arithmetic
-// (lane split, reduction order) depends on the group size only, never on the number of rows
-// (residual_norm_tail in row_norm.cuh plays it for a decode step's rows).
 template <NormKind kKind>
 __global__ void rms_norm_kernel(NormArgs a) {
   __shared__ __align__(16) float partial[32];
@@ -640,8 +674,6 @@ __global__ void gather_rows_kernel(Mat x, const int32_t* __restrict__ order, int
   }
 }
 
-}  // namespace
-
 // A warp per head-sized group, a block per larger one. Rows of a multiple of 2048 (a step's hidden-size
 // norms, where each thread then takes whole float4s) take 512 threads: each warp quantizes one 256-block
 // of a 4096 row for the int8 matvecs instead of two (9B Q4_K_M, H100, session 24: verify-16 4.335 ->
@@ -650,8 +682,6 @@ int norm_threads_per_group(int64_t group) {
   static const int wide = env_int("HYSPEC_NORM_THREADS", 512) == 256 ? 256 : 512;
   return group > 2048 && group % 2048 == 0 ? wide : group > 512 ? 256 : 32;
 }
-
-namespace {
 
 // The one-round-trip form's float4s per thread where every row, group and vector is whole, 16-byte
 // aligned float4s (else 0).

@@ -112,28 +112,9 @@ struct Int8XFold {
 };
 constexpr int64_t kInt8XFoldGroup = 128, kInt8XFoldMaxK = 6144, kInt8PlainMaxK = 18432;
 bool int8_xfold_supported(const WeightView& w, int64_t n);
-// A one-row matvec whose output y is the delta of the add_rms_norm after it (one row, the group the whole
-// row): its last block to finish adds y to the residual x and norms and quantizes the sum as
-// add_rms_norm_launch would (same bits; row_norm.cuh), which saves the norm's launch and the hop between
-// two dependent launches (9B decode: ~2 us of a 2.8 us norm launch was the hop). Only the one-row dp4a
-// launches that stage x through a fold or in rounds take it (int8_norm_tail_supported).
-constexpr int kNormTailMaxVec4 = 8;  // float4s of the row a thread plays (threads a group / 256 of them each)
-struct Int8NormTail {
-  float* x = nullptr;        // the residual row, x += y in place
-  const float* w = nullptr;  // the norm's weights (null: none)
-  float eps = 0.0f;
-  float* h = nullptr;  // the normed row
-  QuantizedX qx;       // qx.d set: h quantized too, as a norm launch with qx would
-  unsigned* counter = nullptr;  // zero between launches (the last block resets it)
-  int tpg = 0, vec4 = 0;  // set by int8_matvec_launch: the norm kernel's threads a group and float4s a thread
-};
-// Whether a one-row matvec of w (x folded through an op, or not; x quantized by a norm, or not) can take
-// the norm tail of a row of n_out elements with 16-byte aligned rows.
-bool int8_norm_tail_supported(const WeightView& w, int64_t n, bool folded, bool x_quantized);
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx = nullptr,
-                               const Int8ConvFold* conv = nullptr, const Int8XFold* xfold = nullptr,
-                               const Int8NormTail* tail = nullptr);
+                               const Int8ConvFold* conv = nullptr, const Int8XFold* xfold = nullptr);
 
 // y[i] = W[i] x for several Q4_K / Q6_K weights of one input in one launch (the blocks shared out by
 // bytes), the bits of one int8_matvec_launch each: widths 1..24 whose x the dp4a kernels quantize
@@ -189,8 +170,6 @@ cudaError_t rms_norm_launch(Mat x, const float* z_gate, int64_t z_stride, const 
 // by rms_norm_launch(x, nullptr, 0, w, group, eps, h), in one launch.
 cudaError_t add_rms_norm_launch(Mat x, Mat delta, const float* w, int64_t group, float eps, Mat h,
                                 cudaStream_t stream, const QuantizedX* qx = nullptr, bool* quantized = nullptr);
-// The threads of a norm group: 32 (a warp a group), 256 or 512 (a block), by the group size only.
-int norm_threads_per_group(int64_t group);
 enum class Binary { Add, SwiGlu, SigmoidMul, AddSigmoidScaled };
 cudaError_t binary_launch(Binary op, Mat a, Mat b, Mat y, cudaStream_t stream);
 // binary_launch(SigmoidMul, x, gate, y) over n rows of K values (x and y packed; the gate's rows of `group`

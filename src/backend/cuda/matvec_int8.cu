@@ -48,7 +48,6 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/q8k.cuh"
-#include "backend/cuda/row_norm.cuh"
 #include "backend/cuda/tensor_core.cuh"
 
 namespace hyspec::cuda {
@@ -150,7 +149,6 @@ struct Int8MvArgs {
   float* conv_y;
   int64_t conv_channels;
   Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
-  Int8NormTail tail;  // one row staged through xfold: the add_rms_norm of y run by the last block (x null: none)
 };
 
 // The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
@@ -556,8 +554,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   XFoldPre xpre;
   xfold_before<kXFold>(a, xpre);
   pdl_wait();  // the activations belong to the previous kernel
-  // (with a norm tail the next kernel is let start by its last block: residual_norm_tail)
-  if (kXFold == kStageNone || !a.tail.x) pdl_trigger();
+  pdl_trigger();
   const Q8K x = stage_x<NMAX, kXFold>(a, red, xpre);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
@@ -620,9 +617,6 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
     write_dp4a_tile<NMAX, SW, WT, kConv>(a, red, acc, tile, r, h, ks, pre);
   }
   cp_async_wait<0>();
-  if constexpr (kXFold != kStageNone) {
-    if (a.tail.x) residual_norm_tail(a.tail, a.y, a.n_out, slot.count, reinterpret_cast<float*>(smem));
-  }
 }
 
 __device__ __forceinline__ uint32_t dup_half(int v) { return as_u32(__half2half2(__int2half_rn(v))); }
@@ -976,9 +970,8 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   ring.prime();
   XFoldPre xpre;
   xfold_before<kXFold>(a, xpre);
-  pdl_wait();  // the activations belong to the previous kernel
-  // (with a norm tail the next kernel is let start by its last block: residual_norm_tail)
-  if (kXFold == kStageNone || !a.tail.x) pdl_trigger();
+  pdl_wait();
+  pdl_trigger();
   const Q8K x = stage_x<NMAX, kXFold>(a, red, xpre);
 
   for (int64_t j = 0; j < my_tiles; ++j) {
@@ -1038,9 +1031,6 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
     write_dp4a_tile<NMAX, SW, WT, kConv>(a, red, acc, tile, r, h, ks, pre);
   }
   cp_async_wait<0>();
-  if constexpr (kXFold != kStageNone) {
-    if (a.tail.x) residual_norm_tail(a.tail, a.y, a.n_out, slot.count, reinterpret_cast<float*>(smem));
-  }
 }
 
 __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
@@ -1409,25 +1399,9 @@ bool int8_xfold_supported(const WeightView& w, int64_t n) {
   return w.n_in <= kInt8XFoldMaxK && one_row_dp4a_kquant(w, n);
 }
 
-bool int8_norm_tail_supported(const WeightView& w, int64_t n, bool folded, bool x_quantized) {
-  if (!one_row_dp4a_kquant(w, n)) return false;
-  // The launches that stage x through a fold or in rounds (int8_matvec_launch's choice).
-  const bool staged = folded ? w.n_in <= kInt8XFoldMaxK
-                             : !x_quantized && w.n_in > kInBlockMaxK && w.n_in <= kInt8PlainMaxK && plain_in_block();
-  const int64_t group = w.n_out;
-  const int tpg = norm_threads_per_group(group);
-  // The norm kernel's one-round-trip form (tpg 256 or 512 threads, whole float4s a thread), quantizable.
-  if (!staged || tpg % (kWarps * 32) != 0 || group % (4 * tpg) != 0 || group % 256 != 0 ||
-      group > kQuantizedXMaxK || group / (4 * tpg) * (tpg / (kWarps * 32)) > kNormTailMaxVec4)
-    return false;
-  size_t smem = 0;
-  with_int8_family(w.type, [&](auto family) { smem = smem_bytes<typename decltype(family)::L>(1, true); });
-  return static_cast<size_t>(2 * group + 16) * sizeof(float) <= smem;
-}
-
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx, const Int8ConvFold* conv,
-                               const Int8XFold* xfold, const Int8NormTail* tail) {
+                               const Int8XFold* xfold) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
@@ -1445,17 +1419,6 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
   } else if (!up && !qx && !conv && K > kInBlockMaxK && K <= kInt8PlainMaxK && plain_in_block() &&
              one_row_dp4a_kquant(w, n)) {
     a.xfold.kind = Int8XFold::kPlain;  // (one row past kInBlockMaxK: staged in rounds, no quantize launch)
-  }
-  if (tail) {
-    auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-    const bool folded = xfold && xfold->kind != Int8XFold::kNone;
-    if (a.xfold.kind == Int8XFold::kNone || !int8_norm_tail_supported(w, n, folded, qx != nullptr) || !tail->x ||
-        !tail->h || !tail->counter || !aligned(tail->x) || !aligned(tail->h) || !aligned(y.data) ||
-        (tail->w && !aligned(tail->w)))
-      return cudaErrorInvalidValue;
-    a.tail = *tail;
-    a.tail.tpg = norm_threads_per_group(w.n_out);
-    a.tail.vec4 = static_cast<int>(w.n_out / (4 * a.tail.tpg));
   }
   cudaError_t err = cudaErrorInvalidValue;
   with_int8_family(w.type, [&](auto family) {
