@@ -10,7 +10,8 @@
 # bench on 9B Q4_K_M, variants interleaved, AB_ROUNDS times (verify widths AB_VERIFY); AB_NCU="TYPE:WIDTH:SHAPE
 # ..." adds ncu's per-instruction view of the last variant. Every variant's greedy ids on the 9B (F16 and Q8_0
 # caches) come first: a change that keeps the bits keeps them. AB_DEPTH="16384" adds tg64 at depth 0 and
-# at that depth (capacity depth + 216) for each cache type of AB_KV (default "f16 q8_0"), interleaved too.
+# at that depth (capacity depth + 216) for each cache type of AB_KV (default "f16 q8_0"), interleaved too;
+# AB_MOE=1 the synthetic MoE's ids and steps; AB_MEMCHECK_9B=1 memcheck of the last variant's 9B decode.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 D=.device
@@ -94,6 +95,25 @@ if [ -n "${AB_DEPTH:-}" ]; then
         -c $((AB_DEPTH + 216)) --kv-type "$kv" 2>&1 | grep -E "tg64" | awk -F'|' '{printf "%s ", $6}')"
     done; done
   done | tee "$OUT/depth_ab.md"
+fi
+# AB_MOE=1: the synthetic 35B-A3B-shaped 8-layer MoE too: each variant's greedy ids, then tg128 and verify-15.
+if [ "${AB_MOE:-0}" = 1 ]; then
+  xz -T0 -dc bench/data/35b-a3b-8l-q4km.skeleton.gguf.xz > /tmp/moe.gguf && "$D/bin/gguf_skeleton" fill /tmp/moe.gguf > /dev/null
+  echo "== MoE (35B-A3B-shaped, 8 layers): greedy ids, tg128 and verify-15 (t/s, ms/step, x tg step)"
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do for v in $V; do
+    [ "$round" = 1 ] && echo "$v ids $("$D/bin/hyspec_$v" run -m /tmp/moe.gguf --backend cuda --tokens 1,2,3,4,5,6,7 -n 48 \
+      --temp 0 --ids --no-stats 2>/dev/null | md5sum | cut -c1-12)"
+    echo "-- round $round: $v $("$D/bin/hyspec_$v" bench -m /tmp/moe.gguf --backend cuda -p 0 -n 128 --verify 15 -c 4096 2>&1 |
+      grep -E "tg128|verify" | awk -F'|' '{printf "%s %s %s;", $4, $5, $6}')"
+  done; done | tee "$OUT/moe_ab.md"
+fi
+# AB_MEMCHECK_9B=1: compute-sanitizer memcheck on the last variant's 9B decode (3-token prompt, 4 tokens; graphs on, off).
+if [ "${AB_MEMCHECK_9B:-0}" = 1 ]; then
+  for graphs in "" --no-graphs; do
+    echo "== memcheck ($last): 9B prefill + decode $graphs"
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$D/bin/hyspec_$last" run -m "$M" --backend cuda \
+      --tokens 1,2,3 -n 4 --temp 0 --ids --no-stats $graphs 2>&1 | grep -E "ERROR SUMMARY"
+  done
 fi
 for spec in ${AB_NCU:-}; do
   IFS=: read -r ty w sh <<< "$spec"

@@ -813,6 +813,92 @@ TEST_P(CudaMatmulTest, GateOpsFoldedIntoTheMatvecGiveTheOpsBits) {
     }
 }
 
+// A one-row add_rms_norm of a one-row int8 matvec's output, followed by the fused SwiGLU of its h, a matvec
+// of h or several in one launch (matmul_many), the last two with or without the conv that folds into them,
+// is split into the matvecs around it (cuda_backend.cpp, DeferredNorm): the matvec adds to the residual as it
+// stores its outputs and the next launch's blocks norm the row as they stage it. The residual, h, the
+// matvec's and the next ops' outputs are the bits of the ops launched one by one (a synchronize after the
+// matvec keeps the norm apart), eagerly, in a captured graph and in a 3-token step. Rows of 4096 and 6144
+// (the fold: two and three float4s of the norm kernel's 512 threads) and 5120 (no fold).
+TEST_P(CudaMatmulTest, AddNormSplitIntoTheMatvecsAroundItGivesTheNormsBits) {
+  const int64_t F = 512, F2 = 272;
+  const Tensor zw = put(*gpu_, randn(128)), conv_w = put(*gpu_, randn(4 * F));
+  for (const int64_t N : {4096, 6144, 5120}) {
+    const Tensor norm_w = put(*gpu_, randn(N));
+    const Weight gate = load_random_weight(*gpu_, GgmlType::Q4_K, N, F, rng_);
+    const Weight up = load_random_weight(*gpu_, GgmlType::Q4_K, N, F, rng_);
+    const Weight other = load_random_weight(*gpu_, GgmlType::Q6_K, N, F2, rng_);
+    for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+      for (const int how_x : {0, 1, 2})
+        for (const int next : {0, 1, 2, 3, 4}) {
+          // The matvec's x: through a gated norm (groups of 128) folded into it, a norm's quantized rows, or
+          // 8448 inputs staged in rounds. The op of h: the SwiGLU, a Q6_K matmul, matmul_many + conv, a Q4_K
+          // matmul + conv, matmul_many.
+          const int64_t K = how_x == 2 ? 8448 : 4096;
+          const Weight w = load_random_weight(*gpu_, type, K, N, rng_);
+          const std::string what = fmt::format("N {} {} {} {}", N, ggml_type_name(type),
+                                               how_x == 0 ? "gated-norm fold" : how_x == 1 ? "normed x" : "rounds",
+                                               next == 0 ? "swiglu" : next == 1 ? "Q6_K matmul" : next == 2 ? "matmul_many + conv"
+                                               : next == 3 ? "Q4_K matmul + conv" : "matmul_many");
+          const Tensor x = put(*gpu_, randn(3 * K)), z = put(*gpu_, randn(3 * K));
+          const std::vector<float> res0 = randn(3 * N), state0 = randn(3 * F);
+          struct Run {
+            Tensor xn, delta, res, h, out, out2, state, conv;
+          };
+          auto fresh = [&] {
+            return Run{poison(*gpu_, 3 * K), poison(*gpu_, 3 * N), put(*gpu_, res0),     poison(*gpu_, 3 * N),
+                       poison(*gpu_, 3 * F), poison(*gpu_, 3 * F2), put(*gpu_, state0), poison(*gpu_, 3 * F)};
+          };
+          // Rows [t, t + n): x's op, the matmul, the residual add + norm of its output, the op(s) of h.
+          auto ops = [&](Run& r, int64_t t, int64_t n, bool settle) {
+            Rows xin = x.rows(3, K).rows(t, n), xn = r.xn.rows(3, K).rows(t, n);
+            if (how_x == 0) gpu_->gated_rms_norm(xin, z.rows(3, K).rows(t, n), zw.f(), 128, 1e-6f, xn);
+            if (how_x == 1) gpu_->rms_norm(xin, zw.f(), 128, 1e-6f, xn);
+            gpu_->matmul(w, how_x == 2 ? xin : xn, r.delta.rows(3, N).rows(t, n));
+            if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
+            const Rows h = r.h.rows(3, N).rows(t, n), out = r.out.rows(3, F).rows(t, n);
+            gpu_->add_rms_norm(r.res.rows(3, N).rows(t, n), r.delta.rows(3, N).rows(t, n), norm_w.f(), N, 1e-6f, h);
+            if (next == 0) {
+              ASSERT_TRUE(gpu_->matmul_swiglu(gate, up, h, out));
+            } else if (next == 1) {
+              gpu_->matmul(other, h, r.out2.rows(3, F2).rows(t, n));
+            } else {
+              const Backend::MatmulPart mp[] = {{&gate, out}, {&other, r.out2.rows(3, F2).rows(t, n)}};
+              if (next == 3) {
+                gpu_->matmul(gate, h, out);
+              } else {
+                gpu_->matmul_many(h, mp, 2);
+              }
+              if (next != 4)
+                gpu_->causal_conv_silu(out, conv_w.f(), 4, r.state.f(), nullptr, r.conv.rows(3, F).rows(t, n));
+            }
+          };
+          Run ref = fresh(), eager = fresh(), graph = fresh(), wide = fresh();
+          for (int64_t t = 0; t < 3; ++t) ops(ref, t, 1, true), ops(eager, t, 1, false);
+          for (int64_t t = 0; t < 3; ++t) {
+            auto g = gpu_->capture([&] { ops(graph, t, 1, false); });
+            ASSERT_TRUE(g.is_ok()) << g.message();
+            ASSERT_TRUE(g.value()->replay().is_ok());
+          }
+          ops(wide, 0, 3, false);
+          ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
+          for (const Run* r : {&eager, &graph, &wide}) {
+            const std::string how = what + (r == &eager ? ", eager" : r == &graph ? ", graph" : ", 3-token step");
+            EXPECT_TRUE(same_bits(get_gpu(r->delta), get_gpu(ref.delta))) << how << ": matvec outputs";
+            EXPECT_TRUE(same_bits(get_gpu(r->res), get_gpu(ref.res))) << how << ": residual";
+            EXPECT_TRUE(same_bits(get_gpu(r->h), get_gpu(ref.h))) << how << ": normed rows";
+            if (next != 1) EXPECT_TRUE(same_bits(get_gpu(r->out), get_gpu(ref.out))) << how << ": the op of h";
+            if (next == 1 || next == 2 || next == 4)
+              EXPECT_TRUE(same_bits(get_gpu(r->out2), get_gpu(ref.out2))) << how << ": the Q6_K part";
+            if (next == 2 || next == 3) {
+              EXPECT_TRUE(same_bits(get_gpu(r->state), get_gpu(ref.state))) << how << ": conv state";
+              EXPECT_TRUE(same_bits(get_gpu(r->conv), get_gpu(ref.conv))) << how << ": conv output";
+            }
+          }
+        }
+  }
+}
+
 // A one-row int8 matmul may be launched as late as the backend's next call (the conv fold defers it): a
 // weight or an output buffer freed before then gets the launch first (run under compute-sanitizer
 // memcheck on the device: no access to freed memory).

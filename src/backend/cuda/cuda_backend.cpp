@@ -269,6 +269,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Weight& w, Rows x, Rows y) override {
+    if (fold_add_norm_one(w, x, y)) return;
     launch_gate_quantized(w, x);                         // (before begin_op, which would launch the op alone)
     const cuda::Int8XFold xfold = take_x_fold(w, x, y);  // (before begin_op, which would launch the op)
     auto prof = begin_op("matmul", &w, /*reads_only_x=*/true);
@@ -284,8 +285,8 @@ class CudaBackend final : public Backend {
     const DeferredMany m{{v}, {mat(y)}, 1, x, folded ? nullptr : quantized(x), xfold};
     matmul_wrote(y);
     wrote(y);
-    if (!folded && folds_ && cuda::int8_conv_fold_supported(v, x.n_rows)) {
-      defer(m);  // (launched by the next op, which may be its conv)
+    if ((!folded || norm_folds_) && folds_ && cuda::int8_conv_fold_supported(v, x.n_rows)) {
+      defer(m);  // (launched by the next op, which may be its conv or the add_rms_norm of its output)
     } else {
       launch_many(m, nullptr);
     }
@@ -304,6 +305,8 @@ class CudaBackend final : public Backend {
         v[i] = view(w);
         y[i] = mat(yi);
       }
+      if (shapes && fold_add_norm_many(v, parts, count, x)) return;
+      if (deferred_norm_) settle();  // (its norm may quantize x, which the support check below asks about)
       if (shapes && cuda::int8_matvec_multi_supported(v, count, x.n_rows, quantized(x))) {
         auto prof = begin_op("matmul_many", parts[0].w, /*reads_only_x=*/true);
         DeferredMany m{{}, {}, count, x, quantized(x)};
@@ -323,6 +326,7 @@ class CudaBackend final : public Backend {
   bool matmul_swiglu(const Weight& gate, const Weight& up, Rows x, Rows y) override {
     const cuda::WeightView g = view(gate), u = view(up);
     if (!gate.present() || !up.present() || !cuda::matmul_swiglu_supported(g, u, x.n_rows)) return false;
+    if (fold_add_norm(g, u, x, y)) return true;
     auto prof = begin_op("matmul_swiglu", &gate, /*reads_only_x=*/true);
     if (!expect(x.n_cols == gate.n_in && y.n_cols == gate.n_out && x.n_rows == y.n_rows,
                 "matmul_swiglu '{}' [{} -> {}]: x [{}, {}], y [{}, {}]", gate.name, gate.n_in, gate.n_out, x.n_rows,
@@ -360,15 +364,13 @@ class CudaBackend final : public Backend {
   }
   void add(Rows a, Rows b, Rows y) override { binary(cuda::Binary::Add, a, b, y, "add"); }
   void add_rms_norm(Rows x, Rows delta, const float* w, int64_t group, float eps, Rows h) override {
+    if (defer_add_norm(DeferredNorm{x, delta, h, w, group, eps})) return;
     auto prof = begin_op("add_rms_norm");
     if (!expect(group > 0 && x.n_cols % group == 0 && same_shape(x, delta) && same_shape(x, h),
                 "add_rms_norm: group {} over [{}, {}], delta [{}, {}] -> [{}, {}]", group, x.n_rows, x.n_cols,
                 delta.n_rows, delta.n_cols, h.n_rows, h.n_cols))
       return;
-    bool q = false;
-    check(cuda::add_rms_norm_launch(mat(x), mat(delta), w, group, eps, mat(h), stream_, quantize_into(), &q),
-          "add_rms_norm");
-    norm_wrote(h, q);
+    launch_add_norm(DeferredNorm{x, delta, h, w, group, eps});
   }
   void swiglu(Rows gate, Rows up, Rows y) override { binary(cuda::Binary::SwiGlu, gate, up, y, "swiglu"); }
   void sigmoid_mul(Rows x, Rows gate, Rows y) override {
@@ -768,6 +770,7 @@ class CudaBackend final : public Backend {
     if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
     folds_ = int8_matvec_ && !profiler_ && !profile_skip_ && cuda::env_int("HYSPEC_FOLD", 1) != 0;
+    norm_folds_ = folds_ && cuda::env_int("HYSPEC_NORM_FOLD", 1) != 0;
     if (profile_skip_)
       fmt::print(stderr, "HYSPEC_PROFILE_SKIP={}: {}; every result is meaningless\n", profile_skip_,
                  profile_skip_ == 1 ? "only the weight matmuls' kernels are launched"
@@ -864,17 +867,19 @@ class CudaBackend final : public Backend {
     Rows x;
     const cuda::QuantizedX* qx;
     cuda::Int8XFold xfold;  // a matmul: the op folded into its x (deferred_x_ taken by take_x_fold)
+    float* residual = nullptr;  // a one-row matmul: residual += y (the add of a following add_rms_norm)
   };
   void launch_many(const DeferredMany& m, const cuda::Int8ConvFold* conv) {
     if (m.count > 1) {
-      check(cuda::int8_matvec_multi_launch(m.w, m.y, m.count, mat(m.x), stream_, m.qx, conv), "matmul_many");
+      check(cuda::int8_matvec_multi_launch(m.w, m.y, m.count, mat(m.x), stream_, m.qx, conv, &m.xfold), "matmul_many");
       return;
     }
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(m.w[0], m.x.n_rows));
     if (!s) return;
     const bool folded = m.xfold.kind != cuda::Int8XFold::kNone;
-    check(conv || folded
-              ? cuda::int8_matvec_launch(m.w[0], nullptr, mat(m.x), m.y[0], s, stream_, m.qx, conv, &m.xfold)
+    check(conv || folded || m.residual
+              ? cuda::int8_matvec_launch(m.w[0], nullptr, mat(m.x), m.y[0], s, stream_, m.qx, conv, &m.xfold,
+                                         m.residual)
               : cuda::matmul_launch(m.w[0], mat(m.x), m.y[0], {s, matmul_arena_.size}, cublas_, stream_, m.qx),
           "matmul");
   }
@@ -890,6 +895,11 @@ class CudaBackend final : public Backend {
       deferred_many_.reset();
       launch_many(m, nullptr);
     }
+    if (deferred_norm_) {
+      const DeferredNorm d = *deferred_norm_;
+      deferred_norm_.reset();
+      launch_add_norm(d);
+    }
     if (deferred_x_) {
       const DeferredX d = *deferred_x_;
       deferred_x_.reset();
@@ -903,7 +913,9 @@ class CudaBackend final : public Backend {
     const int64_t C = x.n_cols;
     const Bytes out = bytes(y.data, C * sizeof(float)), in = bytes(y0.data, y0.cols * sizeof(float)),
                 state = bytes(conv_state, 3 * C * sizeof(float));
-    const bool ok = kernel == 4 && !capture && x.n_rows == 1 && y.n_rows == 1 && y.n_cols == C && x.data == y0.data &&
+    const bool ok = kernel == 4 && !capture &&
+                    (m.xfold.kind == cuda::Int8XFold::kNone || m.xfold.kind == cuda::Int8XFold::kRmsNorm) &&
+                    !deferred_norm_ && x.n_rows == 1 && y.n_rows == 1 && y.n_cols == C && x.data == y0.data &&
                     C <= y0.cols && aligned16(weight) && disjoint(out, in) && disjoint(out, state) &&
                     disjoint(state, in);
     if (!ok) return false;
@@ -913,6 +925,117 @@ class CudaBackend final : public Backend {
     launch_many(d, &conv);
     forget_quantized();
     writes_.count = -1;  // (the conv's output and state too)
+    return true;
+  }
+
+  // ---- a decode step's add_rms_norm split into the matvecs around it (Int8XFold::kRmsNorm) ----
+  // A one-row add_rms_norm of the output of a deferred one-row dp4a matmul (the o-projection of an attention
+  // or GDN layer) is deferred too. When the next op is the one-row fused SwiGLU of its output h (the FFN's
+  // gate/up), the matmul adds its outputs to the residual as it stores them and the SwiGLU's blocks each
+  // norm the row as they stage it (storing h too): the norm's launch and its grid hop are saved. Any
+  // other op launches both as they were asked. Same bits either way (the norm kernel's add and summation
+  // order; kernels.h). HYSPEC_FOLD=0 or HYSPEC_NORM_FOLD=0: off.
+  struct DeferredNorm {
+    Rows x, delta, h;
+    const float* w;
+    int64_t group;
+    float eps;
+  };
+  void launch_add_norm(const DeferredNorm& d) {
+    bool q = false;
+    check(cuda::add_rms_norm_launch(mat(d.x), mat(d.delta), d.w, d.group, d.eps, mat(d.h), stream_, quantize_into(),
+                                    &q),
+          "add_rms_norm");
+    norm_wrote(d.h, q);
+  }
+  bool defer_add_norm(const DeferredNorm& d) {
+    if (!norm_folds_ || !deferred_many_ || deferred_norm_ || deferred_x_) return false;
+    const DeferredMany& m = *deferred_many_;
+    const int64_t K = d.x.n_cols;
+    const cuda::Mat& y0 = m.y[0];
+    const bool ok = m.count == 1 && m.x.n_rows == 1 && d.x.n_rows == 1 && same_shape(d.x, d.delta) &&
+                    same_shape(d.x, d.h) && d.group == K && (K == 4096 || K == 6144) && y0.data == d.delta.data &&
+                    y0.rows == 1 && y0.cols == K && cuda::int8_residual_supported(m.w[0], 1) && d.w &&
+                    aligned16(d.w) && aligned16(d.x.data) && aligned16(d.h.data) &&
+                    disjoint(region(d.x), region(d.delta)) && disjoint(region(d.h), region(d.x)) &&
+                    disjoint(region(d.h), region(d.delta)) && disjoint(region(d.x), region(m.x)) &&
+                    (m.xfold.kind == cuda::Int8XFold::kNone ||
+                     (disjoint(region(d.x), bytes(m.xfold.y, K * sizeof(float))) &&
+                      (!m.xfold.gate || disjoint(region(d.x), bytes(m.xfold.gate, sizeof(float))))));
+    if (!ok) return false;
+    deferred_norm_ = d;
+    return true;
+  }
+  bool fold_add_norm(const cuda::WeightView& g, const cuda::WeightView& u, Rows x, Rows y) {
+    if (!deferred_norm_ || !deferred_many_) return false;
+    const DeferredNorm& d = *deferred_norm_;
+    const int64_t K = d.x.n_cols;
+    if (!(x.data == d.h.data && x.n_rows == 1 && x.n_cols == K && y.n_rows == 1 && y.n_cols == g.n_out &&
+          cuda::int8_norm_fold_supported(g, true, 1, K) && disjoint(region(y), region(d.x)) &&
+          disjoint(region(y), region(d.h)) && disjoint(region(y), region(d.delta))))
+      return false;
+    void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(g, 1));
+    if (!s) return true;
+    DeferredMany m = *deferred_many_;
+    const DeferredNorm n = d;
+    deferred_many_.reset(), deferred_norm_.reset();
+    m.residual = n.x.data;
+    launch_many(m, nullptr);
+    cuda::Int8XFold f;
+    f.kind = cuda::Int8XFold::kRmsNorm;
+    f.norm_w = n.w;
+    f.eps = n.eps;
+    f.y = n.h.data;
+    check(cuda::int8_matvec_launch(g, u.data, mat(n.x), mat(y), s, stream_, nullptr, nullptr, &f), "matmul_swiglu");
+    forget_quantized();  // (h is not quantized by a norm launch)
+    matmul_wrote(y);
+    writes_.count = -1;
+    wrote(y), wrote(n.h);
+    return true;
+  }
+
+  // The same with the attention or GDN projections of a layer's first norm (a matmul or matmul_many of one
+  // row; deferred in turn for the GDN conv).
+  bool fold_add_norm_one(const Weight& w, Rows x, Rows y) {
+    if (!deferred_norm_ || !w.present()) return false;
+    const cuda::WeightView v = view(w);
+    const MatmulPart part{&w, y};
+    return w.n_in == x.n_cols && w.n_out == y.n_cols && cuda::int8_norm_fold_supported(v, false, 1, x.n_cols) &&
+           fold_add_norm_many(&v, &part, 1, x);
+  }
+  bool fold_add_norm_many(const cuda::WeightView* v, const MatmulPart* parts, int count, Rows x) {
+    if (!deferred_norm_ || !deferred_many_) return false;
+    const DeferredNorm& d = *deferred_norm_;
+    const int64_t K = d.x.n_cols;
+    bool ok = x.data == d.h.data && x.n_rows == 1 && x.n_cols == K &&
+              (count == 1 ? cuda::int8_norm_fold_supported(v[0], false, 1, K)
+                          : cuda::int8_multi_norm_fold_supported(v, count, 1, K));
+    for (int i = 0; ok && i < count; ++i) {
+      const Rows& yi = parts[i].y;
+      ok = yi.n_rows == 1 && disjoint(region(yi), region(d.x)) && disjoint(region(yi), region(d.h)) &&
+           disjoint(region(yi), region(d.delta));
+    }
+    if (!ok) return false;
+    DeferredMany producer = *deferred_many_;
+    const DeferredNorm n = d;
+    deferred_many_.reset(), deferred_norm_.reset();
+    producer.residual = n.x.data;
+    launch_many(producer, nullptr);
+    DeferredMany m{{}, {}, count, Rows(n.x.data, 1, K), nullptr};
+    for (int i = 0; i < count; ++i) m.w[i] = v[i], m.y[i] = mat(parts[i].y);
+    m.xfold.kind = cuda::Int8XFold::kRmsNorm;
+    m.xfold.norm_w = n.w;
+    m.xfold.eps = n.eps;
+    m.xfold.y = n.h.data;
+    forget_quantized();  // (h is not quantized by a norm launch)
+    writes_.count = -1;
+    for (int i = 0; i < count; ++i) matmul_wrote(parts[i].y), wrote(parts[i].y);
+    wrote(n.h);
+    if (count == 1 ? cuda::int8_conv_fold_supported(v[0], 1) : cuda::int8_conv_fold_supported(v, count, 1, nullptr)) {
+      defer(m);  // (launched by the next op, which may be its conv)
+    } else {
+      launch_many(m, nullptr);
+    }
     return true;
   }
 
@@ -1125,14 +1248,16 @@ class CudaBackend final : public Backend {
   // Deferred launches for the conv and x folds (see settle); off under the op profiler and
   // HYSPEC_PROFILE_SKIP, which time ops one by one. Set in init.
   bool folds_ = false;
+  bool norm_folds_ = false;  // (DeferredNorm)
   std::optional<DeferredMany> deferred_many_;
   std::optional<DeferredX> deferred_x_;
+  std::optional<DeferredNorm> deferred_norm_;  // (behind deferred_many_, which wrote its delta)
   Writes writes_;
   std::thread::id deferring_thread_;
   // settle() for the deleters of backend memory (freeing), on the thread that deferred; reset first
   // thing by the destructor.
   std::shared_ptr<std::function<void()>> settle_hook_ = std::make_shared<std::function<void()>>([this] {
-    if ((deferred_many_ || deferred_x_) && std::this_thread::get_id() == deferring_thread_) settle();
+    if ((deferred_many_ || deferred_x_ || deferred_norm_) && std::this_thread::get_id() == deferring_thread_) settle();
   });
   int n_sm_ = 1;
   std::string name_;

@@ -52,22 +52,10 @@ constexpr int kNormMaxVec4 = 8;  // float4s per thread in the one-round-trip for
 // so `partial` is 16-byte aligned and holds at most 16 of them.
 __device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial, int64_t group, float eps) {
   ss = warp_sum(ss);
-  if (tpg > 32) {
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    // The (8 or 16) warp sums in one shared-memory round trip, as float4s, then added in warp order (the
-    // loop of scalar loads: 9B Q4_K_M decode +0.5%, H200, session 43).
-    const int warps = tpg / 32;
-    float4 p[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (4 * i < warps) p[i] = reinterpret_cast<const float4*>(partial)[i];
-    ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (4 * i < warps) ss += p[i].x, ss += p[i].y, ss += p[i].z, ss += p[i].w;
-  }
-  return 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
+  if (tpg == 32) return 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  return inv_rms_of_warp_sums(partial, tpg, group, eps);
 }
 
 // A warp's quantized 256-block (quantize_lane) into block b of the Q8K rows qx, in every XOrder.

@@ -98,7 +98,9 @@ bool int8_conv_fold_supported(const WeightView& w, int64_t n);
 // the matvec). Gate element of x[c]: gate[(c / gate_group) * gate_stride + c % gate_group].
 struct Int8XFold {
   // kPlain: no op, x itself (one row of up to kInt8PlainMaxK, staged in-block instead of a quantize launch).
-  enum Kind : int { kNone, kGatedNorm, kSigmoidGate, kPlain };
+  // kRmsNorm: y = x / sqrt(mean of squares over the row + eps) * norm_w (rms_norm of one group, the row;
+  // int8_norm_fold_supported says which rows), with rms_norm_kernel's 512-thread summation order.
+  enum Kind : int { kNone, kGatedNorm, kSigmoidGate, kPlain, kRmsNorm };
   Kind kind = kNone;
   // kGatedNorm: y = x / sqrt(mean of squares over each 128-group + eps) * norm_w[c % 128] * silu(gate)
   // (gated_rms_norm, group 128); kSigmoidGate: y = x * sigmoid(gate) (sigmoid_mul).
@@ -112,9 +114,19 @@ struct Int8XFold {
 };
 constexpr int64_t kInt8XFoldGroup = 128, kInt8XFoldMaxK = 6144, kInt8PlainMaxK = 18432;
 bool int8_xfold_supported(const WeightView& w, int64_t n);
+// kRmsNorm folded into a one-row launch on the dp4a kernels (the fused SwiGLU of Q4_K gate/up, or a Q4_K or
+// Q6_K matvec, with or without the conv fold) of rows of 4096 or 6144 (where rms_norm_kernel runs 512
+// threads a row with 2 or 3 float4s each: a lane of the matvec's warp w holds its threads 64w + 2l and
+// 64w + 2l + 1 whole). HYSPEC_NORM_FOLD=0: none; 2: the SwiGLU's only (not the attention and GDN
+// projections after a layer's first norm, the plain matvecs and int8_matvec_multi_launch).
+bool int8_norm_fold_supported(const WeightView& w, bool swiglu, int64_t n, int64_t K);
+// residual (one row, dp4a): residual[i] += y[i] as each output is stored, the residual add of an
+// add_rms_norm that follows (the norm kernel's x + delta, so its bits), saving the norm that step.
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx = nullptr,
-                               const Int8ConvFold* conv = nullptr, const Int8XFold* xfold = nullptr);
+                               const Int8ConvFold* conv = nullptr, const Int8XFold* xfold = nullptr,
+                               float* residual = nullptr);
+bool int8_residual_supported(const WeightView& w, int64_t n);
 
 // y[i] = W[i] x for several Q4_K / Q6_K weights of one input in one launch (the blocks shared out by
 // bytes), the bits of one int8_matvec_launch each: widths 1..24 whose x the dp4a kernels quantize
@@ -123,8 +135,11 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
 constexpr int kInt8MvMaxParts = 4;
 bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx);
 bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx);
+// xfold (one row, kRmsNorm only): every part's blocks norm x as they stage it (int8_norm_fold_supported).
+bool int8_multi_norm_fold_supported(const WeightView* w, int parts, int64_t n, int64_t K);
 cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
-                                     const QuantizedX* qx, const Int8ConvFold* conv = nullptr);
+                                     const QuantizedX* qx, const Int8ConvFold* conv = nullptr,
+                                     const Int8XFold* xfold = nullptr);
 
 // Two matmuls of x on the exact f32 path (F32 weights, or rows not of whole 32-element chunks) with the
 // same type and row bytes in one launch, each row the bits of its own matmul_launch; cudaErrorNotSupported

@@ -30,7 +30,9 @@
 // which saves the conv's launch (session 31: 9B decode -2%). And a one-row launch may stage x through the
 // op that wrote it (Int8XFold: a GDN layer's gated norm, an attention layer's sigmoid gate), or, past
 // kInBlockMaxK inputs, in rounds of blocks (kPlain: the FFN down projection) instead of after a quantize
-// launch. Every staging path issues its loads before its first store into shared memory, where a store
+// launch; or through the RMS norm of the row (kRmsNorm: a decode step's add_rms_norm, whose residual add the
+// launch before did as it stored its outputs, Int8MvArgs::residual), which saves the norm's launch and its
+// grid hop (session 45: 9B Q4_K_M decode -5.4% on the H200, 2.125 -> 2.010 ms). Every staging path issues its loads before its first store into shared memory, where a store
 // in between can keep the next load behind it (session 32: so staged, the copy of a norm's codes, sums
 // and scales took a 9B decode step from 2.61 to 2.57 ms on an H100).
 // Bytes per call: W once + n*K*(1 + 1/8 + 1/64) (int8 x, 16-element sums, scales: in shared memory for
@@ -149,6 +151,7 @@ struct Int8MvArgs {
   float* conv_y;
   int64_t conv_channels;
   Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
+  float* residual = nullptr;  // one row, dp4a, no SwiGLU: residual[i] += y[i] as y[i] is stored
 };
 
 // The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
@@ -297,14 +300,20 @@ __device__ __forceinline__ int dot8(const uint32_t (&w)[8], int4 x0, int4 x1) {
 }
 
 // A conv-folded tile's conv inputs (Int8ConvFold): thread r < 16's channel's 3 state values and 4
-// weights, loaded when the tile starts (read at the write, their latency would end every tile).
+// weights, loaded when the tile starts (read at the write, their latency would end every tile); and
+// (kResid: a one-row, one-output-a-row kernel) its row's residual value where the launch adds to one.
 struct ConvPre {
   float s[3];
   float4 w;
+  float res;
 };
-template <bool kConv>
+template <bool kConv, bool kResid = false>
 __device__ __forceinline__ ConvPre conv_before(const Int8MvArgs& a, int64_t tile) {
   ConvPre p{};
+  if constexpr (kResid) {
+    const int64_t row = tile * kRows + threadIdx.x;
+    if (a.residual && threadIdx.x < kRows && row < a.n_out) p.res = a.residual[row];
+  }
   if constexpr (kConv) {
     const int64_t row = tile * kRows + threadIdx.x, C = a.conv_channels;
     if (threadIdx.x < kRows && row < C) {
@@ -334,6 +343,9 @@ __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, 
       v = silu(v) * u;  // the formula of the swiglu op (elementwise.cu)
     }
     a.y[c * a.y_stride + row] = v;
+    if constexpr (NMAX == 1 && !SW) {
+      if (a.residual) a.residual[row] = pre.res + v;  // (thread i < 16: row i of the tile, as conv_before loaded)
+    }
     if constexpr (kConv) {
       const int64_t C = a.conv_channels;
       if (row < C) {  // causal_conv_silu_launch's arithmetic (conv_kernel, kernel 4): one product sum, then SiLU
@@ -363,7 +375,7 @@ __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
 // How the dp4a kernels stage x (their kXFold parameter): the generic paths, Int8XFold's op (kGatedNorm,
 // kSigmoidGate) or its kPlain rounds. Each is an instantiation of its own: the gate's activations held
 // across the wait take the op fold's kernels from 71-84 to ~106 registers (the rounds' kernels: 74-84).
-constexpr int kStageNone = 0, kStageFold = 1, kStagePlain = 2;
+constexpr int kStageNone = 0, kStageFold = 1, kStagePlain = 2, kStageNorm = 3;
 constexpr int kXFoldBlocks = static_cast<int>(kInt8XFoldMaxK / (256 * kWarps));
 static_assert(kXFoldBlocks * 256 * kWarps == kInt8XFoldMaxK && kInt8XFoldGroup == 128);
 struct XFoldPre {
@@ -391,6 +403,12 @@ __device__ __forceinline__ void xfold_gate(const Int8MvArgs& a, int i, XFoldPre&
 }
 template <int kXFold>
 __device__ __forceinline__ void xfold_before(const Int8MvArgs& a, XFoldPre& pre) {
+  if constexpr (kXFold == kStageNorm) {  // the norm weights of the lane's elements (model constants)
+    const int nb = static_cast<int>(a.K / 256), ks = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < kXFoldBlocks; ++i)
+      if (ks + kWarps * i < nb) load8(a.xfold.norm_w + 256 * (ks + kWarps * i) + 8 * (threadIdx.x & 31), pre.w[i]);
+  }
   if constexpr (kXFold == kStageFold) {
     if (!a.xfold.gate_early) return;
     const int nb = static_cast<int>(a.K / 256), ks = threadIdx.x >> 5;
@@ -459,6 +477,54 @@ __device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x
   }
 }
 
+// Int8XFold::kRmsNorm on a row of K = 2048 * vec4 (vec4 = 2 or 3) with rms_norm_kernel's arithmetic: its 512
+// threads hold float4s lt, lt + 512, ... of the row, and float4 64w + 2l + h is lane l's half h of 256-block
+// w here, float4 + 512k that of block w + 8k (the lane's block i = k). So lane l plays the kernel's threads
+// 64w + 2l (se) and 64w + 2l + 1 (so), each summing its float4s in k order; the kernel's warp tree (xor 16,
+// 8, 4, 2, then 1 over its lane bits) is xor 8, 4, 2, 1 across lanes on each, then se + so; its warp
+// 2w + l / 16's sum goes through red (free until the first tile is written) to the block's inverse rms.
+// Every block does this (one L2 round trip for the row and a block barrier) instead of waiting on a norm
+// launch; elements of block b are stored to y by block b mod the grid.
+__device__ __forceinline__ void stage_normed_x(const Int8MvArgs& a, const Q8K& x, const XFoldPre& pre, float* red) {
+  const Int8XFold& f = a.xfold;
+  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, per = static_cast<int>(a.K / (256 * kWarps));
+  float xv[kXFoldBlocks][8];
+#pragma unroll
+  for (int i = 0; i < kXFoldBlocks; ++i)
+    if (i < per) load8(a.xf + 256 * (ks + kWarps * i) + 8 * lane, xv[i]);
+  float se = 0.0f, so = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kXFoldBlocks; ++i) {
+    if (i >= per) break;
+    se = add_squares(se, make_float4(xv[i][0], xv[i][1], xv[i][2], xv[i][3]));
+    so = add_squares(so, make_float4(xv[i][4], xv[i][5], xv[i][6], xv[i][7]));
+  }
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) {
+    se += __shfl_xor_sync(0xffffffffu, se, o);
+    so += __shfl_xor_sync(0xffffffffu, so, o);
+  }
+  if ((lane & 15) == 0) red[2 * ks + (lane >> 4)] = se + so;
+  __syncthreads();
+  const float inv = inv_rms_of_warp_sums(red, 512, a.K, f.eps);
+#pragma unroll
+  for (int i = 0; i < kXFoldBlocks; ++i) {
+    if (i >= per) break;
+    const int b = ks + kWarps * i, c = 256 * b + 8 * lane;
+    float(&v)[8] = xv[i];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[e] = v[e] * inv;
+      v[e] *= pre.w[i][e];
+    }
+    if (b % static_cast<int>(gridDim.x) == static_cast<int>(blockIdx.x)) {
+      reinterpret_cast<float4*>(f.y + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(f.y + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    quantize_values(v, lane, x.q + b * 256, x.bs + b * 16, x.d + b, XOrder::kNatural);
+  }
+}
+
 // The dp4a kernels' shared-memory copy of the quantized activations (the Q8K layout, packed), after
 // the [warps][NMAX][16] partial sums at red: quantized here from a.xf, or copied from what
 // quantize_q8k_kernel wrote (a.x); either way the same bits (quantize_block). Call after the previous
@@ -472,7 +538,10 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red, XFoldPre& pre) {
   x.q = reinterpret_cast<int8_t*>(red + kWarps * NMAX * kRows);
   x.bs = reinterpret_cast<__half*>(x.q + n * K);
   x.d = reinterpret_cast<float*>(x.bs + n * K / 16);
-  if constexpr (kXFold != kStageNone) {  // the folded op or x in rounds, quantized (one row)
+  if constexpr (kXFold == kStageNorm) {  // the row's norm, quantized (one row)
+    static_assert(NMAX == 1);
+    stage_normed_x(a, x, pre, red);
+  } else if constexpr (kXFold != kStageNone) {  // the folded op or x in rounds, quantized (one row)
     static_assert(NMAX == 1);
     stage_folded_x<kXFold>(a, x, pre);
   } else if (a.xf) {  // every block quantizes x for itself
@@ -559,7 +628,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
-    const ConvPre pre = conv_before<kConv>(a, tile);
+    const ConvPre pre = conv_before<kConv, NMAX == 1 && !SW && !WT>(a, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -976,7 +1045,7 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
-    const ConvPre pre = conv_before<kConv>(a, tile);
+    const ConvPre pre = conv_before<kConv, NMAX == 1 && !SW && !WT>(a, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -1172,7 +1241,7 @@ struct Int8MvParts {
   bool s16[kInt8MvMaxParts];
   int n;
 };
-template <int W, bool kDp4a, bool kConv = false>
+template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_constant__ Int8MvParts p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int b = static_cast<int>(blockIdx.x);
@@ -1180,8 +1249,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_cons
   while (i + 1 < p.n && b >= p.first[i + 1]) ++i;
   const BlockSlot slot{b - p.first[i], p.first[i + 1] - p.first[i]};
   if constexpr (kDp4a) {
-    if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false, false, kConv>(p.a[i], smem, slot);
-    else q4k_dp4a_body<W, false, false, false, kConv>(p.a[i], smem, slot);
+    if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false, false, kConv, kXFold>(p.a[i], smem, slot);
+    else q4k_dp4a_body<W, false, false, false, kConv, kXFold>(p.a[i], smem, slot);
   } else {
     if (p.s16[i]) s16_mma_body<Q6KCodes, W, false>(p.a[i], smem, slot);
     else q4k_mma_body<W, false>(p.a[i], smem, slot);
@@ -1237,6 +1306,15 @@ template <bool SW, bool Q5>
 cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   const int n = a.n;
+  if constexpr (SW && !Q5) {
+    if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)
+      return launch<L, 1, q4k_dp4a_kernel<1, true, false, false, kStageNorm>>(a, true, stream, true);  // (n = 1)
+  }
+  if constexpr (!SW && !Q5) {
+    if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
+      return a.conv_y ? launch<L, 1, q4k_dp4a_kernel<1, false, false, true, kStageNorm>>(a, false, stream, true)
+                      : launch<L, 1, q4k_dp4a_kernel<1, false, false, false, kStageNorm>>(a, false, stream, true);
+  }
   if constexpr (!SW) {
     if (dp4a && a.conv_y) return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, true>>(a, false, stream, true);  // (n = 1)
     if (dp4a && a.xfold.kind == Int8XFold::kPlain)
@@ -1257,6 +1335,9 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = typename C::L;
   const int n = a.n;
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
+    if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
+      return a.conv_y ? launch<L, 1, s16_dp4a_kernel<C, 1, false, true, kStageNorm>>(a, false, stream, true)
+                      : launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStageNorm>>(a, false, stream, true);
     if (dp4a && a.conv_y) return launch<L, 1, s16_dp4a_kernel<C, 1, false, true>>(a, false, stream, true);  // (n = 1)
     if (dp4a && a.xfold.kind == Int8XFold::kPlain)
       return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
@@ -1343,13 +1424,13 @@ bool share_blocks(const int64_t* tiles, const int64_t* tile_cost, int parts, int
   return blocks_for(hi, g);
 }
 
-template <int W, bool kDp4a, bool kConv = false>
+template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
 cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStream_t stream) {
   const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a));
-  static const cudaError_t attr_err = cudaFuncSetAttribute(multi_kernel<W, kDp4a, kConv>,
+  static const cudaError_t attr_err = cudaFuncSetAttribute(multi_kernel<W, kDp4a, kConv, kXFold>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
-  return launch_pdl(multi_kernel<W, kDp4a, kConv>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream,
+  return launch_pdl(multi_kernel<W, kDp4a, kConv, kXFold>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream,
                     p);
 }
 
@@ -1399,9 +1480,24 @@ bool int8_xfold_supported(const WeightView& w, int64_t n) {
   return w.n_in <= kInt8XFoldMaxK && one_row_dp4a_kquant(w, n);
 }
 
+namespace {
+int norm_fold_mode() {
+  static const int mode = env_int("HYSPEC_NORM_FOLD", 1);
+  return mode;
+}
+}  // namespace
+
+bool int8_norm_fold_supported(const WeightView& w, bool swiglu, int64_t n, int64_t K) {
+  const bool type_ok = swiglu ? w.type == GgmlType::Q4_K : (w.type == GgmlType::Q4_K || w.type == GgmlType::Q6_K);
+  return (swiglu ? norm_fold_mode() != 0 : norm_fold_mode() == 1) && type_ok && w.n_in == K &&
+         (K == 4096 || K == 6144) && one_row_dp4a_kquant(w, n);
+}
+
+bool int8_residual_supported(const WeightView& w, int64_t n) { return one_row_dp4a_kquant(w, n); }
+
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx, const Int8ConvFold* conv,
-                               const Int8XFold* xfold) {
+                               const Int8XFold* xfold, float* residual) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
@@ -1409,8 +1505,18 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
     if (up || !int8_conv_fold_supported(w, n) || conv->channels > w.n_out) return cudaErrorInvalidValue;
     a.conv_w = conv->w, a.conv_state = conv->state, a.conv_y = conv->y, a.conv_channels = conv->channels;
   }
-  if (xfold && xfold->kind != Int8XFold::kNone) {  // x is quantized in-block, through the folded op
-    auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (residual) {
+    if (up || !int8_residual_supported(w, n)) return cudaErrorInvalidValue;
+    a.residual = residual;
+  }
+  if (xfold && xfold->kind == Int8XFold::kRmsNorm) {  // the row's norm, in-block
+    const Int8XFold& f = *xfold;
+    if (qx || residual || (up && conv) || !int8_norm_fold_supported(w, up != nullptr, n, K) || !aligned(x.data) || !aligned(f.y) ||
+        !aligned(f.norm_w))
+      return cudaErrorInvalidValue;
+    a.xfold = f;
+  } else if (xfold && xfold->kind != Int8XFold::kNone) {  // x is quantized in-block, through the folded op
     const Int8XFold& f = *xfold;
     if (up || qx || conv || !int8_xfold_supported(w, n) || !aligned(x.data) || !aligned(f.gate) || !aligned(f.y) ||
         f.gate_group % 8 != 0 || f.gate_stride % 4 != 0 || (f.kind == Int8XFold::kGatedNorm && !aligned(f.norm_w)))
@@ -1510,8 +1616,14 @@ bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const Q
   return n == 1 && plans_multi(w, parts, n, qx, dp4a) && dp4a;
 }
 
+bool int8_multi_norm_fold_supported(const WeightView* w, int parts, int64_t n, int64_t K) {
+  bool dp4a = false;
+  return norm_fold_mode() == 1 && n == 1 && (K == 4096 || K == 6144) && parts > 0 && w[0].n_in == K &&
+         plans_multi(w, parts, n, nullptr, dp4a) && dp4a;
+}
+
 cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int parts, Mat x, cudaStream_t stream,
-                                     const QuantizedX* qx, const Int8ConvFold* conv) {
+                                     const QuantizedX* qx, const Int8ConvFold* conv, const Int8XFold* xfold) {
   Int8MvParts p;
   int64_t grid = 0;
   bool dp4a = false;
@@ -1521,8 +1633,17 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
     if (!dp4a || n != 1 || conv->channels > w[0].n_out) return cudaErrorInvalidValue;
     p.a[0].conv_w = conv->w, p.a[0].conv_state = conv->state, p.a[0].conv_y = conv->y;
     p.a[0].conv_channels = conv->channels;
-    return launch_multi<1, true, true>(p, grid, 1, stream);
   }
+  if (xfold && xfold->kind != Int8XFold::kNone) {  // the row's norm, in-block (kRmsNorm only)
+    auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+    if (xfold->kind != Int8XFold::kRmsNorm || qx || !int8_multi_norm_fold_supported(w, parts, n, x.cols) ||
+        !aligned(x.data) || !aligned(xfold->y) || !aligned(xfold->norm_w))
+      return cudaErrorInvalidValue;
+    for (int i = 0; i < parts; ++i) p.a[i].xfold = *xfold;
+    return conv ? launch_multi<1, true, true, kStageNorm>(p, grid, 1, stream)
+                : launch_multi<1, true, false, kStageNorm>(p, grid, 1, stream);
+  }
+  if (conv) return launch_multi<1, true, true>(p, grid, 1, stream);
   if (dp4a) return n == 1 ? launch_multi<1, true>(p, grid, 1, stream) : launch_multi<2, true>(p, grid, 2, stream);
   if (n <= 8) return launch_multi<1, false>(p, grid, 8, stream);
   if (n <= 16) return launch_multi<2, false>(p, grid, 16, stream);
