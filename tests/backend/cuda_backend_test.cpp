@@ -819,11 +819,12 @@ TEST_P(CudaMatmulTest, GateOpsFoldedIntoTheMatvecGiveTheOpsBits) {
 // stores its outputs and the next launch's blocks norm the row as they stage it. The residual, h, the
 // matvec's and the next ops' outputs are the bits of the ops launched one by one (a synchronize after the
 // matvec keeps the norm apart), eagerly, in a captured graph and in a 3-token step. Rows of 4096 and 6144
-// (the fold: two and three float4s of the norm kernel's 512 threads) and 5120 (no fold).
+// (the fold: two and three float4s of the norm kernel's 512 threads), 5120 and 2048 (five and two of its 256
+// threads; 5120 leaves half the warps two 256-blocks, the others three) and 2560 (no fold: the norm's loop form).
 TEST_P(CudaMatmulTest, AddNormSplitIntoTheMatvecsAroundItGivesTheNormsBits) {
   const int64_t F = 512, F2 = 272;
   const Tensor zw = put(*gpu_, randn(128)), conv_w = put(*gpu_, randn(4 * F));
-  for (const int64_t N : {4096, 6144, 5120}) {
+  for (const int64_t N : {4096, 6144, 5120, 2048, 2560}) {
     const Tensor norm_w = put(*gpu_, randn(N));
     const Weight gate = load_random_weight(*gpu_, GgmlType::Q4_K, N, F, rng_);
     const Weight up = load_random_weight(*gpu_, GgmlType::Q4_K, N, F, rng_);

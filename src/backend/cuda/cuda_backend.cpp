@@ -954,9 +954,9 @@ class CudaBackend final : public Backend {
     const int64_t K = d.x.n_cols;
     const cuda::Mat& y0 = m.y[0];
     const bool ok = m.count == 1 && m.x.n_rows == 1 && d.x.n_rows == 1 && same_shape(d.x, d.delta) &&
-                    same_shape(d.x, d.h) && d.group == K && (K == 4096 || K == 6144) && y0.data == d.delta.data &&
+                    same_shape(d.x, d.h) && d.group == K && cuda::int8_norm_fold_row(K) && y0.data == d.delta.data &&
                     y0.rows == 1 && y0.cols == K && cuda::int8_residual_supported(m.w[0], 1) && d.w &&
-                    aligned16(d.w) && aligned16(d.x.data) && aligned16(d.h.data) &&
+                    aligned16(d.w) && aligned16(d.x.data) && aligned16(d.h.data) && aligned16(d.delta.data) &&
                     disjoint(region(d.x), region(d.delta)) && disjoint(region(d.h), region(d.x)) &&
                     disjoint(region(d.h), region(d.delta)) && disjoint(region(d.x), region(m.x)) &&
                     (m.xfold.kind == cuda::Int8XFold::kNone ||

@@ -666,10 +666,14 @@ __global__ void gather_rows_kernel(Mat x, const int32_t* __restrict__ order, int
 // norms, where each thread then takes whole float4s) take 512 threads: each warp quantizes one 256-block
 // of a 4096 row for the int8 matvecs instead of two (9B Q4_K_M, H100, session 24: verify-16 4.335 ->
 // 4.256 ms, decode 2.794 -> 2.785). HYSPEC_NORM_THREADS=256 for the former split.
+}  // namespace
+
 int norm_threads_per_group(int64_t group) {
   static const int wide = env_int("HYSPEC_NORM_THREADS", 512) == 256 ? 256 : 512;
   return group > 2048 && group % 2048 == 0 ? wide : group > 512 ? 256 : 32;
 }
+
+namespace {
 
 // The one-round-trip form's float4s per thread where every row, group and vector is whole, 16-byte
 // aligned float4s (else 0).

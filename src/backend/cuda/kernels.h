@@ -99,7 +99,7 @@ bool int8_conv_fold_supported(const WeightView& w, int64_t n);
 struct Int8XFold {
   // kPlain: no op, x itself (one row of up to kInt8PlainMaxK, staged in-block instead of a quantize launch).
   // kRmsNorm: y = x / sqrt(mean of squares over the row + eps) * norm_w (rms_norm of one group, the row;
-  // int8_norm_fold_supported says which rows), with rms_norm_kernel's 512-thread summation order.
+  // int8_norm_fold_supported says which rows), with rms_norm_kernel's summation order.
   enum Kind : int { kNone, kGatedNorm, kSigmoidGate, kPlain, kRmsNorm };
   Kind kind = kNone;
   // kGatedNorm: y = x / sqrt(mean of squares over each 128-group + eps) * norm_w[c % 128] * silu(gate)
@@ -111,15 +111,20 @@ struct Int8XFold {
   float* y = nullptr;
   // The gate may be read before the previous kernel is done (it was written earlier than that).
   bool gate_early = false;
+  int norm_threads = 0;  // kRmsNorm: norm_threads_per_group(row) (set by the launch)
 };
 constexpr int64_t kInt8XFoldGroup = 128, kInt8XFoldMaxK = 6144, kInt8PlainMaxK = 18432;
 bool int8_xfold_supported(const WeightView& w, int64_t n);
 // kRmsNorm folded into a one-row launch on the dp4a kernels (the fused SwiGLU of Q4_K gate/up, or a Q4_K or
-// Q6_K matvec, with or without the conv fold) of rows of 4096 or 6144 (where rms_norm_kernel runs 512
-// threads a row with 2 or 3 float4s each: a lane of the matvec's warp w holds its threads 64w + 2l and
-// 64w + 2l + 1 whole). HYSPEC_NORM_FOLD=0: none; 2: the SwiGLU's only (not the attention and GDN
-// projections after a layer's first norm, the plain matvecs and int8_matvec_multi_launch).
+// Q6_K matvec, with or without the conv fold), on the rows int8_norm_fold_row takes: those where rms_norm_kernel
+// runs 512 threads with 2 or 3 float4s each (4096, 6144: a lane of the matvec's warp w holds two of its threads
+// whole) or 256 threads (multiples of 1024 up to kInt8XFoldMaxK, 4096 too with HYSPEC_NORM_THREADS=256: each
+// thread loads that thread's float4s as well). HYSPEC_NORM_FOLD=0: none; 2: the SwiGLU's only (not the
+// attention and GDN projections after a layer's first norm, the plain matvecs and int8_matvec_multi_launch).
+bool int8_norm_fold_row(int64_t K);
 bool int8_norm_fold_supported(const WeightView& w, bool swiglu, int64_t n, int64_t K);
+// The threads of rms_norm_kernel's block for a group (32, 256 or 512; elementwise.cu).
+int norm_threads_per_group(int64_t group);
 // residual (one row, dp4a): residual[i] += y[i] as each output is stored, the residual add of an
 // add_rms_norm that follows (the norm kernel's x + delta, so its bits), saving the norm that step.
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,

@@ -477,40 +477,60 @@ __device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x
   }
 }
 
-// Int8XFold::kRmsNorm on a row of K = 2048 * vec4 (vec4 = 2 or 3) with rms_norm_kernel's arithmetic: its 512
-// threads hold float4s lt, lt + 512, ... of the row, and float4 64w + 2l + h is lane l's half h of 256-block
-// w here, float4 + 512k that of block w + 8k (the lane's block i = k). So lane l plays the kernel's threads
-// 64w + 2l (se) and 64w + 2l + 1 (so), each summing its float4s in k order; the kernel's warp tree (xor 16,
-// 8, 4, 2, then 1 over its lane bits) is xor 8, 4, 2, 1 across lanes on each, then se + so; its warp
-// 2w + l / 16's sum goes through red (free until the first tile is written) to the block's inverse rms.
-// Every block does this (one L2 round trip for the row and a block barrier) instead of waiting on a norm
-// launch; elements of block b are stored to y by block b mod the grid.
+// Int8XFold::kRmsNorm with rms_norm_kernel's arithmetic (f.norm_threads = its block: tpg threads a row, thread
+// lt holding float4s lt, lt + tpg, ..; int8_norm_fold_row says which rows):
+// - tpg 512 (rows of 4096 and 6144): float4 64w + 2l + h is lane l's half h of 256-block w here, and float4 + 512k
+//   that of block w + 8k (the lane's block i = k). So lane l plays the kernel's threads 64w + 2l (se) and
+//   64w + 2l + 1 (so), each summing its float4s in k order; the kernel's warp tree (xor 16, 8, 4, 2, then 1
+//   over its lane bits) is xor 8, 4, 2, 1 across lanes on each, then se + so; its warp 2w + l / 16's sum
+//   goes through red (free until the first tile is written).
+// - tpg 256 (rows of a multiple of 1024 up to 6144 but 4096): this block's thread t is the kernel's thread t;
+//   it loads the kernel's float4s too (one round trip with the lane's blocks) for the sum of squares.
+// Then the block's inverse rms from the warp sums, and the lane's blocks normed and quantized. Every block
+// does this (one L2 round trip for the row and a block barrier) instead of waiting on a norm launch;
+// elements of block b are stored to y by block b mod the grid.
 __device__ __forceinline__ void stage_normed_x(const Int8MvArgs& a, const Q8K& x, const XFoldPre& pre, float* red) {
   const Int8XFold& f = a.xfold;
-  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, per = static_cast<int>(a.K / (256 * kWarps));
+  const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5, nb = static_cast<int>(a.K / 256);
   float xv[kXFoldBlocks][8];
 #pragma unroll
   for (int i = 0; i < kXFoldBlocks; ++i)
-    if (i < per) load8(a.xf + 256 * (ks + kWarps * i) + 8 * lane, xv[i]);
-  float se = 0.0f, so = 0.0f;
+    if (ks + kWarps * i < nb) load8(a.xf + 256 * (ks + kWarps * i) + 8 * lane, xv[i]);
+  if (f.norm_threads == 256) {
+    constexpr int kMaxVec4 = static_cast<int>(kInt8XFoldMaxK / 1024);
+    const int vec4 = static_cast<int>(a.K / 1024);
+    float4 nv[kMaxVec4];
 #pragma unroll
-  for (int i = 0; i < kXFoldBlocks; ++i) {
-    if (i >= per) break;
-    se = add_squares(se, make_float4(xv[i][0], xv[i][1], xv[i][2], xv[i][3]));
-    so = add_squares(so, make_float4(xv[i][4], xv[i][5], xv[i][6], xv[i][7]));
-  }
+    for (int k = 0; k < kMaxVec4; ++k)
+      if (k < vec4) nv[k] = reinterpret_cast<const float4*>(a.xf)[k * 256 + threadIdx.x];
+    float ss = 0.0f;
 #pragma unroll
-  for (int o = 8; o > 0; o >>= 1) {
-    se += __shfl_xor_sync(0xffffffffu, se, o);
-    so += __shfl_xor_sync(0xffffffffu, so, o);
+    for (int k = 0; k < kMaxVec4; ++k)
+      if (k < vec4) ss = add_squares(ss, nv[k]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) red[ks] = ss;
+  } else {
+    float se = 0.0f, so = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kXFoldBlocks; ++i) {
+      if (ks + kWarps * i >= nb) break;
+      se = add_squares(se, make_float4(xv[i][0], xv[i][1], xv[i][2], xv[i][3]));
+      so = add_squares(so, make_float4(xv[i][4], xv[i][5], xv[i][6], xv[i][7]));
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+      se += __shfl_xor_sync(0xffffffffu, se, o);
+      so += __shfl_xor_sync(0xffffffffu, so, o);
+    }
+    if ((lane & 15) == 0) red[2 * ks + (lane >> 4)] = se + so;
   }
-  if ((lane & 15) == 0) red[2 * ks + (lane >> 4)] = se + so;
   __syncthreads();
-  const float inv = inv_rms_of_warp_sums(red, 512, a.K, f.eps);
+  const float inv = inv_rms_of_warp_sums(red, f.norm_threads, a.K, f.eps);
 #pragma unroll
   for (int i = 0; i < kXFoldBlocks; ++i) {
-    if (i >= per) break;
     const int b = ks + kWarps * i, c = 256 * b + 8 * lane;
+    if (b >= nb) break;
     float(&v)[8] = xv[i];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -1487,10 +1507,15 @@ int norm_fold_mode() {
 }
 }  // namespace
 
+bool int8_norm_fold_row(int64_t K) {
+  const int tpg = norm_threads_per_group(K);
+  return (tpg == 512 && (K == 4096 || K == 6144)) || (tpg == 256 && K % 1024 == 0 && K <= kInt8XFoldMaxK);
+}
+
 bool int8_norm_fold_supported(const WeightView& w, bool swiglu, int64_t n, int64_t K) {
   const bool type_ok = swiglu ? w.type == GgmlType::Q4_K : (w.type == GgmlType::Q4_K || w.type == GgmlType::Q6_K);
-  return (swiglu ? norm_fold_mode() != 0 : norm_fold_mode() == 1) && type_ok && w.n_in == K &&
-         (K == 4096 || K == 6144) && one_row_dp4a_kquant(w, n);
+  return (swiglu ? norm_fold_mode() != 0 : norm_fold_mode() == 1) && type_ok && w.n_in == K && int8_norm_fold_row(K) &&
+         one_row_dp4a_kquant(w, n);
 }
 
 bool int8_residual_supported(const WeightView& w, int64_t n) { return one_row_dp4a_kquant(w, n); }
@@ -1516,6 +1541,7 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
         !aligned(f.norm_w))
       return cudaErrorInvalidValue;
     a.xfold = f;
+    a.xfold.norm_threads = norm_threads_per_group(K);
   } else if (xfold && xfold->kind != Int8XFold::kNone) {  // x is quantized in-block, through the folded op
     const Int8XFold& f = *xfold;
     if (up || qx || conv || !int8_xfold_supported(w, n) || !aligned(x.data) || !aligned(f.gate) || !aligned(f.y) ||
@@ -1618,7 +1644,7 @@ bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const Q
 
 bool int8_multi_norm_fold_supported(const WeightView* w, int parts, int64_t n, int64_t K) {
   bool dp4a = false;
-  return norm_fold_mode() == 1 && n == 1 && (K == 4096 || K == 6144) && parts > 0 && w[0].n_in == K &&
+  return norm_fold_mode() == 1 && n == 1 && int8_norm_fold_row(K) && parts > 0 && w[0].n_in == K &&
          plans_multi(w, parts, n, nullptr, dp4a) && dp4a;
 }
 
@@ -1639,7 +1665,7 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
     if (xfold->kind != Int8XFold::kRmsNorm || qx || !int8_multi_norm_fold_supported(w, parts, n, x.cols) ||
         !aligned(x.data) || !aligned(xfold->y) || !aligned(xfold->norm_w))
       return cudaErrorInvalidValue;
-    for (int i = 0; i < parts; ++i) p.a[i].xfold = *xfold;
+    for (int i = 0; i < parts; ++i) p.a[i].xfold = *xfold, p.a[i].xfold.norm_threads = norm_threads_per_group(x.cols);
     return conv ? launch_multi<1, true, true, kStageNorm>(p, grid, 1, stream)
                 : launch_multi<1, true, false, kStageNorm>(p, grid, 1, stream);
   }
