@@ -959,12 +959,22 @@ class CudaBackend final : public Backend {
                     aligned16(d.w) && aligned16(d.x.data) && aligned16(d.h.data) && aligned16(d.delta.data) &&
                     disjoint(region(d.x), region(d.delta)) && disjoint(region(d.h), region(d.x)) &&
                     disjoint(region(d.h), region(d.delta)) && disjoint(region(d.x), region(m.x)) &&
-                    (m.xfold.kind == cuda::Int8XFold::kNone ||
-                     (disjoint(region(d.x), bytes(m.xfold.y, K * sizeof(float))) &&
-                      (!m.xfold.gate || disjoint(region(d.x), bytes(m.xfold.gate, sizeof(float))))));
+                    misses_xfold(m, region(d.x));
     if (!ok) return false;
     deferred_norm_ = d;
     return true;
+  }
+  // Whether r misses what a one-row matmul's x fold touches besides x: its output and its gate (whole groups
+  // of gate_group values, gate_stride apart).
+  static bool misses_xfold(const DeferredMany& m, std::pair<const char*, size_t> r) {  // (r: Bytes, below)
+    const cuda::Int8XFold& f = m.xfold;
+    if (f.kind == cuda::Int8XFold::kNone) return true;
+    bool ok = disjoint(r, bytes(f.y, m.x.n_cols * sizeof(float)));
+    if (f.gate && f.gate_group > 0) {
+      const int64_t groups = (m.x.n_cols + f.gate_group - 1) / f.gate_group;
+      ok = ok && disjoint(r, bytes(f.gate, ((groups - 1) * f.gate_stride + f.gate_group) * sizeof(float)));
+    }
+    return ok;
   }
   bool fold_add_norm(const cuda::WeightView& g, const cuda::WeightView& u, Rows x, Rows y) {
     if (!deferred_norm_ || !deferred_many_) return false;
