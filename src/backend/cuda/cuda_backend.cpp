@@ -929,12 +929,14 @@ class CudaBackend final : public Backend {
   }
 
   // ---- a decode step's add_rms_norm split into the matvecs around it (Int8XFold::kRmsNorm) ----
-  // A one-row add_rms_norm of the output of a deferred one-row dp4a matmul (the o-projection of an attention
-  // or GDN layer) is deferred too. When the next op is the one-row fused SwiGLU of its output h (the FFN's
-  // gate/up), the matmul adds its outputs to the residual as it stores them and the SwiGLU's blocks each
-  // norm the row as they stage it (storing h too): the norm's launch and its grid hop are saved. Any
-  // other op launches both as they were asked. Same bits either way (the norm kernel's add and summation
-  // order; kernels.h). HYSPEC_FOLD=0 or HYSPEC_NORM_FOLD=0: off.
+  // A one-row add_rms_norm of the output of a deferred one-row dp4a matmul (an attention or GDN layer's
+  // o-projection, the FFN down projection) is deferred too. When the next op is a one-row int8 launch on
+  // its output h (the FFN's fused SwiGLU: fold_add_norm; the next layer's projections, one matmul or
+  // matmul_many, with the GDN conv after them: fold_add_norm_one / _many), the matmul adds its outputs to
+  // the residual as it stores them and the next launch's blocks each norm the row as they stage it (storing
+  // h too): the norm's launch and its grid hop are saved (9B decode -5.6%, session 45). Any other op
+  // launches both as they were asked. Same bits either way (the norm kernel's add and summation order;
+  // kernels.h). HYSPEC_FOLD=0 or HYSPEC_NORM_FOLD=0: off.
   struct DeferredNorm {
     Rows x, delta, h;
     const float* w;
