@@ -837,10 +837,11 @@ TEST_P(CudaMatmulTest, AddNormSplitIntoTheMatvecsAroundItGivesTheNormsBits) {
           // matmul + conv, matmul_many.
           const int64_t K = how_x == 2 ? 8448 : 4096;
           const Weight w = load_random_weight(*gpu_, type, K, N, rng_);
+          static const char* const kNext[] = {"swiglu", "Q6_K matmul", "matmul_many + conv", "Q4_K matmul + conv",
+                                              "matmul_many"};
           const std::string what = fmt::format("N {} {} {} {}", N, ggml_type_name(type),
                                                how_x == 0 ? "gated-norm fold" : how_x == 1 ? "normed x" : "rounds",
-                                               next == 0 ? "swiglu" : next == 1 ? "Q6_K matmul" : next == 2 ? "matmul_many + conv"
-                                               : next == 3 ? "Q4_K matmul + conv" : "matmul_many");
+                                               kNext[next]);
           const Tensor x = put(*gpu_, randn(3 * K)), z = put(*gpu_, randn(3 * K));
           const std::vector<float> res0 = randn(3 * N), state0 = randn(3 * F);
           struct Run {

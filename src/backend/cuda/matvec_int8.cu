@@ -32,9 +32,10 @@
 // kInBlockMaxK inputs, in rounds of blocks (kPlain: the FFN down projection) instead of after a quantize
 // launch; or through the RMS norm of the row (kRmsNorm: a decode step's add_rms_norm, whose residual add the
 // launch before did as it stored its outputs, Int8MvArgs::residual), which saves the norm's launch and its
-// grid hop (session 45: 9B Q4_K_M decode -5.4% on the H200, 2.125 -> 2.010 ms). Every staging path issues its loads before its first store into shared memory, where a store
-// in between can keep the next load behind it (session 32: so staged, the copy of a norm's codes, sums
-// and scales took a 9B decode step from 2.61 to 2.57 ms on an H100).
+// grid hop (session 45: 9B Q4_K_M decode -5.6% on the H200, 2.13 -> 2.01 ms). Every staging path issues its
+// loads before its first store into shared memory, where a store in between can keep the next load behind it
+// (session 32: so staged, the copy of a norm's codes, sums and scales took a 9B decode step from 2.61 to 2.57
+// ms on an H100).
 // Bytes per call: W once + n*K*(1 + 1/8 + 1/64) (int8 x, 16-element sums, scales: in shared memory for
 // dp4a, from L1/L2 per tile for mma) + n*n_out*4. Instructions per Q4_K super-block and 16 rows
 // (ncu, SASS executed per warp-step, 4096 x 12288): ~356 at one token, ~567 at 17 tokens. H100, one
@@ -1450,8 +1451,8 @@ cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStrea
   static const cudaError_t attr_err = cudaFuncSetAttribute(multi_kernel<W, kDp4a, kConv, kXFold>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
-  return launch_pdl(multi_kernel<W, kDp4a, kConv, kXFold>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem, stream,
-                    p);
+  return launch_pdl(multi_kernel<W, kDp4a, kConv, kXFold>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), smem,
+                    stream, p);
 }
 
 }  // namespace
@@ -1537,8 +1538,8 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
   }
   if (xfold && xfold->kind == Int8XFold::kRmsNorm) {  // the row's norm, in-block
     const Int8XFold& f = *xfold;
-    if (qx || residual || (up && conv) || !int8_norm_fold_supported(w, up != nullptr, n, K) || !aligned(x.data) || !aligned(f.y) ||
-        !aligned(f.norm_w))
+    if (qx || residual || (up && conv) || !int8_norm_fold_supported(w, up != nullptr, n, K) || !aligned(x.data) ||
+        !aligned(f.y) || !aligned(f.norm_w))
       return cudaErrorInvalidValue;
     a.xfold = f;
     a.xfold.norm_threads = norm_threads_per_group(K);
