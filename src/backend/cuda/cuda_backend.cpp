@@ -988,22 +988,29 @@ class CudaBackend final : public Backend {
       return false;
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(g, 1));
     if (!s) return true;
-    DeferredMany m = *deferred_many_;
-    const DeferredNorm n = d;
-    deferred_many_.reset(), deferred_norm_.reset();
-    m.residual = n.x.data;
-    launch_many(m, nullptr);
     cuda::Int8XFold f;
+    const DeferredNorm n = launch_norm_producer(f);
+    check(cuda::int8_matvec_launch(g, u.data, mat(n.x), mat(y), s, stream_, nullptr, nullptr, &f), "matmul_swiglu");
+    matmul_wrote(y);
+    wrote(y), wrote(n.h);
+    return true;
+  }
+  // Takes the deferred norm: its producer launched with the residual add, and f the norm's fold for the launch
+  // after it (whose writes the caller declares).
+  DeferredNorm launch_norm_producer(cuda::Int8XFold& f) {
+    DeferredMany producer = *deferred_many_;
+    const DeferredNorm n = *deferred_norm_;
+    deferred_many_.reset(), deferred_norm_.reset();
+    producer.residual = n.x.data;
+    launch_many(producer, nullptr);
+    f = cuda::Int8XFold{};
     f.kind = cuda::Int8XFold::kRmsNorm;
     f.norm_w = n.w;
     f.eps = n.eps;
     f.y = n.h.data;
-    check(cuda::int8_matvec_launch(g, u.data, mat(n.x), mat(y), s, stream_, nullptr, nullptr, &f), "matmul_swiglu");
     forget_quantized();  // (h is not quantized by a norm launch)
-    matmul_wrote(y);
     writes_.count = -1;
-    wrote(y), wrote(n.h);
-    return true;
+    return n;
   }
 
   // The same with the attention or GDN projections of a layer's first norm (a matmul or matmul_many of one
@@ -1028,19 +1035,9 @@ class CudaBackend final : public Backend {
            disjoint(region(yi), region(d.delta));
     }
     if (!ok) return false;
-    DeferredMany producer = *deferred_many_;
-    const DeferredNorm n = d;
-    deferred_many_.reset(), deferred_norm_.reset();
-    producer.residual = n.x.data;
-    launch_many(producer, nullptr);
-    DeferredMany m{{}, {}, count, Rows(n.x.data, 1, K), nullptr};
+    DeferredMany m{{}, {}, count, Rows(d.x.data, 1, K), nullptr};
+    const DeferredNorm n = launch_norm_producer(m.xfold);
     for (int i = 0; i < count; ++i) m.w[i] = v[i], m.y[i] = mat(parts[i].y);
-    m.xfold.kind = cuda::Int8XFold::kRmsNorm;
-    m.xfold.norm_w = n.w;
-    m.xfold.eps = n.eps;
-    m.xfold.y = n.h.data;
-    forget_quantized();  // (h is not quantized by a norm launch)
-    writes_.count = -1;
     for (int i = 0; i < count; ++i) matmul_wrote(parts[i].y), wrote(parts[i].y);
     wrote(n.h);
     if (count == 1 ? cuda::int8_conv_fold_supported(v[0], 1) : cuda::int8_conv_fold_supported(v, count, 1, nullptr)) {
