@@ -770,7 +770,7 @@ class CudaBackend final : public Backend {
     if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
     folds_ = int8_matvec_ && !profiler_ && !profile_skip_ && cuda::env_int("HYSPEC_FOLD", 1) != 0;
-    norm_folds_ = folds_ && cuda::env_int("HYSPEC_NORM_FOLD", 1) != 0;
+    norm_folds_ = folds_ && cuda::int8_norm_fold_mode() != 0;
     if (profile_skip_)
       fmt::print(stderr, "HYSPEC_PROFILE_SKIP={}: {}; every result is meaningless\n", profile_skip_,
                  profile_skip_ == 1 ? "only the weight matmuls' kernels are launched"

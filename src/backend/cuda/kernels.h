@@ -121,6 +121,7 @@ bool int8_xfold_supported(const WeightView& w, int64_t n);
 // whole) or 256 threads (multiples of 1024 up to kInt8XFoldMaxK, 4096 too with HYSPEC_NORM_THREADS=256: each
 // thread loads that thread's float4s as well). HYSPEC_NORM_FOLD=0: none; 2: the SwiGLU's only (not the
 // attention and GDN projections after a layer's first norm, the plain matvecs and int8_matvec_multi_launch).
+int int8_norm_fold_mode();  // HYSPEC_NORM_FOLD: 0, 1 (the default) or 2, as above
 bool int8_norm_fold_row(int64_t K);
 bool int8_norm_fold_supported(const WeightView& w, bool swiglu, int64_t n, int64_t K);
 // The threads of rms_norm_kernel's block for a group (32, 256 or 512; elementwise.cu).

@@ -1501,12 +1501,10 @@ bool int8_xfold_supported(const WeightView& w, int64_t n) {
   return w.n_in <= kInt8XFoldMaxK && one_row_dp4a_kquant(w, n);
 }
 
-namespace {
-int norm_fold_mode() {
+int int8_norm_fold_mode() {
   static const int mode = env_int("HYSPEC_NORM_FOLD", 1);
   return mode;
 }
-}  // namespace
 
 bool int8_norm_fold_row(int64_t K) {
   const int tpg = norm_threads_per_group(K);
@@ -1515,7 +1513,8 @@ bool int8_norm_fold_row(int64_t K) {
 
 bool int8_norm_fold_supported(const WeightView& w, bool swiglu, int64_t n, int64_t K) {
   const bool type_ok = swiglu ? w.type == GgmlType::Q4_K : (w.type == GgmlType::Q4_K || w.type == GgmlType::Q6_K);
-  return (swiglu ? norm_fold_mode() != 0 : norm_fold_mode() == 1) && type_ok && w.n_in == K && int8_norm_fold_row(K) &&
+  const int mode = int8_norm_fold_mode();
+  return (swiglu ? mode != 0 : mode == 1) && type_ok && w.n_in == K && int8_norm_fold_row(K) &&
          one_row_dp4a_kquant(w, n);
 }
 
@@ -1645,7 +1644,7 @@ bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const Q
 
 bool int8_multi_norm_fold_supported(const WeightView* w, int parts, int64_t n, int64_t K) {
   bool dp4a = false;
-  return norm_fold_mode() == 1 && n == 1 && int8_norm_fold_row(K) && parts > 0 && w[0].n_in == K &&
+  return int8_norm_fold_mode() == 1 && n == 1 && int8_norm_fold_row(K) && parts > 0 && w[0].n_in == K &&
          plans_multi(w, parts, n, nullptr, dp4a) && dp4a;
 }
 
