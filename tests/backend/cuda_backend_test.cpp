@@ -80,6 +80,20 @@ class CudaBackendTest : public ::testing::Test {
   }
   int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
 
+  // ops(run, t, n, settle) on rows [t, t + n) of three: into ref one row at a time with the backend
+  // synchronized between its ops (settle: nothing deferred across them), into eager one row at a time, into
+  // graph one row at a time, each captured as a graph and replayed, and into wide as one 3-row step.
+  template <class Run, class Ops>
+  void run_each_way(Ops&& ops, Run& ref, Run& eager, Run& graph, Run& wide) {
+    for (int64_t t = 0; t < 3; ++t) ops(ref, t, 1, true), ops(eager, t, 1, false);
+    for (int64_t t = 0; t < 3; ++t) {
+      auto g = gpu_->capture([&] { ops(graph, t, 1, false); });
+      ASSERT_TRUE(g.is_ok()) << g.message();
+      ASSERT_TRUE(g.value()->replay().is_ok());
+    }
+    ops(wide, 0, 3, false);
+  }
+
   static Tensor put(Backend& b, const std::vector<float>& v) {
     Tensor t{b.alloc(v.size() * sizeof(float)).value(), v.size()};
     b.upload(t.f(), v.data(), v.size() * sizeof(float));
@@ -796,13 +810,7 @@ TEST_P(CudaMatmulTest, GateOpsFoldedIntoTheMatvecGiveTheOpsBits) {
             gpu_->matmul(w, yr, r.out.rows(3, N).rows(t, n));
           };
           Run ref = fresh(), eager = fresh(), graph = fresh(), wide = fresh();
-          for (int64_t t = 0; t < 3; ++t) ops(ref, t, 1, true), ops(eager, t, 1, false);
-          for (int64_t t = 0; t < 3; ++t) {
-            auto g = gpu_->capture([&] { ops(graph, t, 1, false); });
-            ASSERT_TRUE(g.is_ok()) << g.message();
-            ASSERT_TRUE(g.value()->replay().is_ok());
-          }
-          ops(wide, 0, 3, false);
+          ASSERT_NO_FATAL_FAILURE(run_each_way(ops, ref, eager, graph, wide)) << what;
           for (const Run* r : {&eager, &graph, &wide}) {
             const std::string how = what + (r == &eager ? ", eager" : r == &graph ? ", graph" : ", 3-token step");
             EXPECT_TRUE(same_bits(get_gpu(r->out), get_gpu(ref.out))) << how << ": matvec outputs";
@@ -876,13 +884,7 @@ TEST_P(CudaMatmulTest, AddNormSplitIntoTheMatvecsAroundItGivesTheNormsBits) {
             }
           };
           Run ref = fresh(), eager = fresh(), graph = fresh(), wide = fresh();
-          for (int64_t t = 0; t < 3; ++t) ops(ref, t, 1, true), ops(eager, t, 1, false);
-          for (int64_t t = 0; t < 3; ++t) {
-            auto g = gpu_->capture([&] { ops(graph, t, 1, false); });
-            ASSERT_TRUE(g.is_ok()) << g.message();
-            ASSERT_TRUE(g.value()->replay().is_ok());
-          }
-          ops(wide, 0, 3, false);
+          ASSERT_NO_FATAL_FAILURE(run_each_way(ops, ref, eager, graph, wide)) << what;
           ASSERT_TRUE(gpu_->synchronize().is_ok()) << what;
           for (const Run* r : {&eager, &graph, &wide}) {
             const std::string how = what + (r == &eager ? ", eager" : r == &graph ? ", graph" : ", 3-token step");
