@@ -662,12 +662,12 @@ __global__ void gather_rows_kernel(Mat x, const int32_t* __restrict__ order, int
   }
 }
 
+}  // namespace
+
 // A warp per head-sized group, a block per larger one. Rows of a multiple of 2048 (a step's hidden-size
 // norms, where each thread then takes whole float4s) take 512 threads: each warp quantizes one 256-block
 // of a 4096 row for the int8 matvecs instead of two (9B Q4_K_M, H100, session 24: verify-16 4.335 ->
 // 4.256 ms, decode 2.794 -> 2.785). HYSPEC_NORM_THREADS=256 for the former split.
-}  // namespace
-
 int norm_threads_per_group(int64_t group) {
   static const int wide = env_int("HYSPEC_NORM_THREADS", 512) == 256 ? 256 : 512;
   return group > 2048 && group % 2048 == 0 ? wide : group > 512 ? 256 : 32;
