@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/cuda/step_trace.cuh"
+
 namespace hyspec::cuda {
 
 // Every copy hints the L2 to fetch the 128-byte block around it (.L2::128B): these copies stream rows
@@ -44,8 +46,18 @@ __device__ __forceinline__ void cp_async_wait_upto(int n) {
 // kernel's blocks start (they wait for ours before reading what we write). No-ops when the kernel
 // was launched without the attribute.
 __device__ __forceinline__ void pdl_wait() {
+#ifdef HYSPEC_STEP_TRACE
+  const bool mark = threadIdx.x == 0 && (blockIdx.x | blockIdx.y | blockIdx.z) == 0 && g_step_trace;
+  const unsigned long long enter = mark ? step_clock() : 0;
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+#ifdef HYSPEC_STEP_TRACE
+  if (mark) {
+    const unsigned i = atomicAdd(&g_step_trace->seq, 1u) % kStepTraceCap;
+    g_step_trace->rec[i] = StepTraceRec{enter, step_clock(), {gridDim.x, gridDim.y, gridDim.z}, blockDim.x};
+  }
 #endif
 }
 __device__ __forceinline__ void pdl_trigger() {

@@ -91,6 +91,10 @@ class CudaBackend final : public Backend {
 #ifdef HYSPEC_GDN_TRACE
     if (std::getenv("HYSPEC_GDN_TRACE")) cuda::gdn_trace_report("the last GDN recurrence launch");
 #endif
+#ifdef HYSPEC_STEP_TRACE
+    cuda::step_trace_report(step_trace_, cuda::env_int("HYSPEC_STEP_TRACE_STEPS", 1));
+    if (step_trace_) cudaFree(step_trace_);
+#endif
     settle_hook_.reset();  // (what is deferred is dropped: no one can read its results any more)
     if (on_side_) end_side();
     if (stream_) cudaStreamSynchronize(stream_);
@@ -709,7 +713,14 @@ class CudaBackend final : public Backend {
     cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
     if (e != cudaSuccess) return Status::errorf("capture: cudaStreamBeginCapture: {}", cudaGetErrorString(e));
     capturing_ = true;
+#ifdef HYSPEC_STEP_TRACE
+    cuda::step_trace_host().launches.clear();
+    cuda::step_trace_host().logging = step_trace_ != nullptr;
+#endif
     step();
+#ifdef HYSPEC_STEP_TRACE
+    cuda::step_trace_host().logging = false;
+#endif
     join_side();  // a capture ends on the stream it began on, with every fork joined
     capturing_ = false;
     forget_quantized();
@@ -766,6 +777,9 @@ class CudaBackend final : public Backend {
     if (prop.major < 8)
       return Status::errorf("CUDA device {} ({}) has compute capability {}.{}; hyspec needs 8.0+", device_, prop.name,
                             prop.major, prop.minor);
+#ifdef HYSPEC_STEP_TRACE
+    step_trace_ = cuda::step_trace_start();
+#endif
     name_ = fmt::format("cuda:{} {}{}", device_, prop.name, int8_matvec_ ? " (int8 matvec)" : "");
     if (cuda::OpProfiler::requested()) profiler_ = std::make_unique<cuda::OpProfiler>(stream_);
     n_sm_ = prop.multiProcessorCount;
@@ -1274,6 +1288,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   Status error_;
   bool capturing_ = false;
+#ifdef HYSPEC_STEP_TRACE
+  cuda::StepTraceBuf* step_trace_ = nullptr;  // HYSPEC_STEP_TRACE=1 only
+#endif
   std::unique_ptr<cuda::OpProfiler> profiler_;  // HYSPEC_CUDA_PROFILE only
   Arena matmul_arena_, op_arena_;
   // The side line (begin_side): its stream, fork and join events, and the arenas and cuBLAS workspace

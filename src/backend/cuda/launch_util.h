@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <utility>
 
+#include "backend/cuda/step_trace.h"
+
 namespace hyspec::cuda {
 
 inline int sm_count() {
@@ -58,6 +60,10 @@ cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, siz
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = use_pdl() ? 1 : 0;
+#ifdef HYSPEC_STEP_TRACE
+  if (step_trace_host().logging)
+    step_trace_host().launches.push_back({reinterpret_cast<const void*>(kernel), grid, block});
+#endif
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
