@@ -5,12 +5,8 @@
 # verify step of TRACE_VERIFY rows; each to $OUT/trace_*.md. Then the plain build's steps with HYSPEC_PROFILE_SKIP
 # 0/1/2 (everything; the weight matmuls alone; all but them) and the trace build untraced, two rounds.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-D=.device
-[ -d "$D/bin" ] || tar xJf "$D/bin.tar.xz" -C "$D"
-export LD_LIBRARY_PATH="$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export OUT=${OUT:-/tmp/hyspec-out}; mkdir -p "$OUT"
-M=/tmp/9b.gguf
+source "$(dirname "$0")/device_env.sh"
+D=.device M=/tmp/9b.gguf
 xz -T0 -dc bench/data/9b-q4km.skeleton.gguf.xz > "$M" && "$D/bin/gguf_skeleton" fill "$M" > /dev/null || exit 3
 DEPTH=${TRACE_DEPTH:-16384}
 trace() {  # name, bench arguments

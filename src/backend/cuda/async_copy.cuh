@@ -48,7 +48,7 @@ __device__ __forceinline__ void cp_async_wait_upto(int n) {
 __device__ __forceinline__ void pdl_wait() {
 #ifdef HYSPEC_STEP_TRACE
   const bool mark = threadIdx.x == 0 && (blockIdx.x | blockIdx.y | blockIdx.z) == 0 && g_step_trace;
-  const unsigned long long enter = mark ? step_clock() : 0;
+  const unsigned long long enter = mark ? globaltimer() : 0;
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -56,7 +56,7 @@ __device__ __forceinline__ void pdl_wait() {
 #ifdef HYSPEC_STEP_TRACE
   if (mark) {
     const unsigned i = atomicAdd(&g_step_trace->seq, 1u) % kStepTraceCap;
-    g_step_trace->rec[i] = StepTraceRec{enter, step_clock(), {gridDim.x, gridDim.y, gridDim.z}, blockDim.x};
+    g_step_trace->rec[i] = StepTraceRec{enter, globaltimer(), {gridDim.x, gridDim.y, gridDim.z}, blockDim.x};
   }
 #endif
 }

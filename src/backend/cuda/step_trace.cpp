@@ -5,12 +5,12 @@
 #include <cxxabi.h>
 
 #include <algorithm>
-
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace hyspec::cuda {
 

@@ -2,17 +2,13 @@
 #pragma once
 #ifdef HYSPEC_STEP_TRACE
 #include "backend/cuda/step_trace.h"
+#include "backend/cuda/timeline.cuh"
 
 namespace hyspec::cuda {
 namespace {
 __device__ StepTraceBuf* g_step_trace = nullptr;
 void bind_step_trace(void* p) { cudaMemcpyToSymbol(g_step_trace, &p, sizeof p); }
 [[maybe_unused]] const bool g_step_trace_bound = (step_trace_host().binders.push_back(&bind_step_trace), true);
-__device__ __forceinline__ unsigned long long step_clock() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 }  // namespace
 }  // namespace hyspec::cuda
 #endif

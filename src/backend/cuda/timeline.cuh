@@ -16,12 +16,17 @@ struct BlockTimeline {
   unsigned long long t[kBlocks * kMarks];  // [block][mark], 0 where never stored
 };
 
+// The GPU's nanosecond clock (the same on every SM).
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 template <int kBlocks, int kMarks>
 __device__ __forceinline__ void timeline_mark(BlockTimeline<kBlocks, kMarks>& tl, unsigned block, int mark) {
   if (threadIdx.x != 0 || block >= kBlocks) return;
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  tl.t[block * kMarks + mark] = t;
+  tl.t[block * kMarks + mark] = globaltimer();
 }
 
 // Each mark's min / median / max in us from the first block's start (mark 0) of the latest launch (marks
