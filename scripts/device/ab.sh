@@ -6,7 +6,8 @@
 # variants added to .device/bin.tar.xz (scripts/device/pack_variants.sh NAME=REF does that for git refs). A variant may be a script that runs another with environment
 # variables set (HYSPEC_FUSED_OPS=0 exec "$(dirname "$0")/hyspec" "$@"), or a symbolic link.
 # There: the anchor makes the 9B GGUFs (no llama-bench) while each variant's CUDA tests (test_backend's
-# filtered by AB_TESTS) and the interleaved matvec kernel benches (AB_KERNELS=0: none) run; then hyspec
+# filtered by AB_TESTS) and the interleaved matvec kernel benches (AB_KERNELS=0: none; AB_KERNEL_TYPES and
+# AB_KERNEL_WIDTHS pick types and widths, HYSPEC_BENCH_SHAPES="KxN,..." the shapes) run; then hyspec
 # bench on 9B Q4_K_M, variants interleaved, AB_ROUNDS times (verify widths AB_VERIFY); AB_NCU="TYPE:WIDTH:SHAPE
 # ..." adds ncu's per-instruction view of the last variant. Every variant's greedy ids on the 9B (F16 and Q8_0
 # caches) come first: a change that keeps the bits keeps them. AB_DEPTH="16384" adds tg64 at depth 0 and
@@ -60,11 +61,11 @@ if [ "${AB_MEMCHECK:-0}" = 1 ]; then
   done
 fi
 echo "== matvec kernel benches, variants interleaved (GB/s)"
-[ "${AB_KERNELS:-1}" = 0 ] || for type in Q4_K Q6_K; do
+[ "${AB_KERNELS:-1}" = 0 ] || for type in ${AB_KERNEL_TYPES:-Q4_K Q6_K}; do
   for v in $V; do
     [ -x "$D/bin/test_backend_$v" ] || continue
     echo "-- $v"
-    HYSPEC_CUDA_BENCH=1 HYSPEC_BENCH_TYPE=$type HYSPEC_BENCH_WIDTHS=1,2,3,8,16,17,24,32 \
+    HYSPEC_CUDA_BENCH=1 HYSPEC_BENCH_TYPE=$type HYSPEC_BENCH_WIDTHS=${AB_KERNEL_WIDTHS:-1,2,3,8,16,17,24,32} \
       timeout 120 "$D/bin/test_backend_$v" --gtest_filter='CudaBench.MatmulDecode:CudaBench.MatmulSwiGlu' 2>&1 |
       grep -E "^\| |BENCH swiglu $type"
   done

@@ -42,6 +42,14 @@ __device__ __forceinline__ void cp_async_wait_upto(int n) {
     default: cp_async_wait<0>(); break;
   }
 }
+// A 16-byte shared-memory load (p 16-byte aligned) kept whole and in place: LLVM splits a uint4 load
+// whose words feed different branches and sinks the parts into them.
+__device__ __forceinline__ uint4 lds128(const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+  return v;
+}
 // Programmatic dependent launch (sm_90): wait for the previous kernel's results; let the next
 // kernel's blocks start (they wait for ours before reading what we write). No-ops when the kernel
 // was launched without the attribute.

@@ -991,7 +991,51 @@ struct Q6KCodes {
     }
   }
   __device__ static uint32_t scales(const SlotBlock<L>& b, int w) { return b.u32(192 + 4 * w); }
+
+  // The dp4a kernel's lane half h of a block at byte m (even, < 16) of its 16-byte aligned slot row
+  // `cover`: raw(b, h, k) for k < 8, the scales of sub-blocks 8h..8h+7 and d, from ten 16-byte loads
+  // (ql bytes 64h.., qh bytes 128 + 32h.., scales and d) realigned in registers. Thirty 4-byte loads
+  // (u32) of 16 rows 240 bytes apart hit only 8 banks, 4 lanes to a bank: 4 wavefronts each, ~130 per
+  // warp-step against ~27 for the copies that fill the slot; 16-byte loads of 8 such rows are one
+  // wavefront. The word shift m / 4 is a register index, so it is a switch (warp-uniform when rows
+  // are 16-byte multiples, as on every 9B matrix: a warp's blocks then share m over all its steps).
+  __device__ static void load_half(const uint8_t* cover, int m, int h, Raw (&raw)[8], uint32_t (&sc)[2], float& d) {
+    uint32_t ql[20], qh[12], tail[8];  // pieces 4h..4h+4, 8 + 2h..10 + 2h, 12..13
+#pragma unroll
+    for (int i = 0; i < 5; ++i) unpack(lds128(cover + 16 * (4 * h + i)), ql + 4 * i);
+#pragma unroll
+    for (int i = 0; i < 3; ++i) unpack(lds128(cover + 16 * (8 + 2 * h + i)), qh + 4 * i);
+    unpack(lds128(cover + 192), tail), unpack(lds128(cover + 208), tail + 4);
+    const int sh = 8 * (m & 2);
+    switch (m >> 2) {
+      case 0: realign<0>(ql, qh, tail, sh, h, raw, sc, d); break;
+      case 1: realign<1>(ql, qh, tail, sh, h, raw, sc, d); break;
+      case 2: realign<2>(ql, qh, tail, sh, h, raw, sc, d); break;
+      default: realign<3>(ql, qh, tail, sh, h, raw, sc, d); break;
+    }
+  }
+  __device__ static void unpack(const uint4& v, uint32_t* w) { w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w; }
+  template <int Q>  // the block starts at word Q (plus sh / 8 bytes) of the pieces
+  __device__ static void realign(const uint32_t (&ql)[20], const uint32_t (&qh)[12], const uint32_t (&tail)[8], int sh,
+                                 int h, Raw (&raw)[8], uint32_t (&sc)[2], float& d) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      raw[k].A = __funnelshift_r(ql[Q + k], ql[Q + k + 1], sh);
+      raw[k].B = __funnelshift_r(ql[Q + 8 + k], ql[Q + 9 + k], sh);
+      raw[k].H = __funnelshift_r(qh[Q + k], qh[Q + k + 1], sh);
+    }
+    uint32_t s[4];  // scale words 0..3 (bytes 192..207)
+#pragma unroll
+    for (int w = 0; w < 4; ++w) s[w] = __funnelshift_r(tail[Q + w], tail[Q + w + 1], sh);
+    sc[0] = h ? s[2] : s[0], sc[1] = h ? s[3] : s[1];
+    d = __half2float(__ushort_as_half(static_cast<unsigned short>(tail[4 + Q] >> sh)));  // bytes 208, 209
+  }
 };
+// Whether a codes policy has its own realigning load of a lane's half (C::load_half).
+template <class C, class = void>
+struct HasLoadHalf : std::false_type {};
+template <class C>
+struct HasLoadHalf<C, std::void_t<decltype(&C::load_half)>> : std::true_type {};
 
 struct Q3KCodes {
   using L = BlockLayout<110>;  // hmask[32], qs[64], scales[12], d
@@ -1074,16 +1118,29 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* slot = ring.next();
       const int64_t s = WT ? m : ks + int64_t{kWarps} * m;
-      const SlotBlock<L> blk(ring.block(slot, r, mis, s));
+      const uint8_t* const bp = ring.block(slot, r, mis, s);
       uint32_t codes[4][8];  // [group][k]: elements 32 group + 4k .. + 3 of the half
+      uint32_t sc[2];        // sub-blocks 8h..8h+7
+      float d;
+      if constexpr (HasLoadHalf<C>::value) {
+        const int off = static_cast<int>(reinterpret_cast<uintptr_t>(bp) & 15);
+        typename C::Raw raw[8];
+        C::load_half(bp - off, off, h, raw, sc, d);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const typename C::Raw raw = C::raw(blk, h, k);
+        for (int k = 0; k < 8; ++k)
 #pragma unroll
-        for (int grp = 0; grp < 4; ++grp) codes[grp][k] = C::codes(raw, h, k, grp);
+          for (int grp = 0; grp < 4; ++grp) codes[grp][k] = C::codes(raw[k], h, k, grp);
+      } else {
+        const SlotBlock<L> blk(bp);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const typename C::Raw raw = C::raw(blk, h, k);
+#pragma unroll
+          for (int grp = 0; grp < 4; ++grp) codes[grp][k] = C::codes(raw, h, k, grp);
+        }
+        sc[0] = C::scales(blk, 2 * h), sc[1] = C::scales(blk, 2 * h + 1);
+        d = __half2float(*reinterpret_cast<const __half*>(blk.p + C::kD));
       }
-      const uint32_t sc[2] = {C::scales(blk, 2 * h), C::scales(blk, 2 * h + 1)};  // sub-blocks 8h..8h+7
-      const float d = __half2float(*reinterpret_cast<const __half*>(blk.p + C::kD));
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
         if (c >= n) break;  // warp-uniform
