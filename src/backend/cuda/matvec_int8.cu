@@ -967,6 +967,40 @@ __device__ __forceinline__ int sbyte_of(uint32_t packed, int i) {
   return static_cast<int>(static_cast<int8_t>((packed >> (8 * i)) & 0xffu));
 }
 
+// The dp4a kernel reads a lane's half of a block (C::load_half) as whole 16-byte pieces of its slot row
+// and realigns the words in registers: 4-byte loads of 16 rows at a 16-byte multiple apart hit only 8
+// banks, 4 lanes to a bank (4 wavefronts a load; Q6_K: ~130 a warp-step against ~27 for the copies that
+// fill the slot), while 16-byte loads of 8 such rows are one wavefront. (The tensor-core kernel's lanes
+// read 4 rows' consecutive words, which hit distinct banks: it keeps SlotBlock.)
+template <int N>
+__device__ __forceinline__ void load_pieces(const uint8_t* row, int first, uint32_t (&w)[4 * N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint4 v = lds128(row + 16 * (first + i));
+    w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+  }
+}
+// f(std::integral_constant<int, m / 4>): realigned words are register indices, so the word shift is a
+// constant, and a switch picks it (warp-uniform where rows are 16-byte multiples, as on every 9B
+// matrix: a warp's blocks then sit at one m over all its steps).
+template <class F>
+__device__ __forceinline__ void with_word_shift(int m, F&& f) {
+  switch (m >> 2) {
+    case 0: f(std::integral_constant<int, 0>{}); break;
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 3>{}); break;
+  }
+}
+// Word i of the bytes that start sh / 8 bytes into word Q of w.
+template <int Q, int N>
+__device__ __forceinline__ uint32_t realigned(const uint32_t (&w)[N], int i, int sh) {
+  return __funnelshift_r(w[Q + i], w[Q + i + 1], sh);
+}
+__device__ __forceinline__ float f16_bits(uint32_t u) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(u & 0xffffu)));
+}
+
 template <class C>
 __device__ __forceinline__ float add_s16_super_block(float acc, int isum, float msum, float d, float dx) {
   const int total = C::kOffset ? isum - C::kOffset * __float2int_rn(msum) : isum;
@@ -992,50 +1026,24 @@ struct Q6KCodes {
   }
   __device__ static uint32_t scales(const SlotBlock<L>& b, int w) { return b.u32(192 + 4 * w); }
 
-  // The dp4a kernel's lane half h of a block at byte m (even, < 16) of its 16-byte aligned slot row
-  // `cover`: raw(b, h, k) for k < 8, the scales of sub-blocks 8h..8h+7 and d, from ten 16-byte loads
-  // (ql bytes 64h.., qh bytes 128 + 32h.., scales and d) realigned in registers. Thirty 4-byte loads
-  // (u32) of 16 rows 240 bytes apart hit only 8 banks, 4 lanes to a bank: 4 wavefronts each, ~130 per
-  // warp-step against ~27 for the copies that fill the slot; 16-byte loads of 8 such rows are one
-  // wavefront. The word shift m / 4 is a register index, so it is a switch (warp-uniform when rows
-  // are 16-byte multiples, as on every 9B matrix: a warp's blocks then share m over all its steps).
-  __device__ static void load_half(const uint8_t* cover, int m, int h, Raw (&raw)[8], uint32_t (&sc)[2], float& d) {
-    uint32_t ql[20], qh[12], tail[8];  // pieces 4h..4h+4, 8 + 2h..10 + 2h, 12..13
+  // The dp4a kernel's lane half h of a block at byte m (even, < 16) of its 16-byte aligned slot row: raw
+  // for k < 8, the scales of sub-blocks 8h..8h+7 and d, from ten 16-byte loads.
+  __device__ static void load_half(const uint8_t* row, int m, int h, Raw (&raw)[8], uint32_t (&sc)[2], float& d) {
+    uint32_t ql[20], qh[12], tail[8];  // pieces 4h.. (ql bytes 64h..), 8 + 2h.. (qh bytes 128 + 32h..), 12..13
+    load_pieces<5>(row, 4 * h, ql), load_pieces<3>(row, 8 + 2 * h, qh), load_pieces<2>(row, 12, tail);
+    const int sh = 8 * (m & 3);
+    with_word_shift(m, [&](auto q) {
+      constexpr int Q = decltype(q)::value;
 #pragma unroll
-    for (int i = 0; i < 5; ++i) unpack(lds128(cover + 16 * (4 * h + i)), ql + 4 * i);
+      for (int k = 0; k < 8; ++k) raw[k] = {realigned<Q>(ql, k, sh), realigned<Q>(ql, 8 + k, sh), realigned<Q>(qh, k, sh)};
+      uint32_t s[4];  // bytes 192..207
 #pragma unroll
-    for (int i = 0; i < 3; ++i) unpack(lds128(cover + 16 * (8 + 2 * h + i)), qh + 4 * i);
-    unpack(lds128(cover + 192), tail), unpack(lds128(cover + 208), tail + 4);
-    const int sh = 8 * (m & 2);
-    switch (m >> 2) {
-      case 0: realign<0>(ql, qh, tail, sh, h, raw, sc, d); break;
-      case 1: realign<1>(ql, qh, tail, sh, h, raw, sc, d); break;
-      case 2: realign<2>(ql, qh, tail, sh, h, raw, sc, d); break;
-      default: realign<3>(ql, qh, tail, sh, h, raw, sc, d); break;
-    }
-  }
-  __device__ static void unpack(const uint4& v, uint32_t* w) { w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w; }
-  template <int Q>  // the block starts at word Q (plus sh / 8 bytes) of the pieces
-  __device__ static void realign(const uint32_t (&ql)[20], const uint32_t (&qh)[12], const uint32_t (&tail)[8], int sh,
-                                 int h, Raw (&raw)[8], uint32_t (&sc)[2], float& d) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      raw[k].A = __funnelshift_r(ql[Q + k], ql[Q + k + 1], sh);
-      raw[k].B = __funnelshift_r(ql[Q + 8 + k], ql[Q + 9 + k], sh);
-      raw[k].H = __funnelshift_r(qh[Q + k], qh[Q + k + 1], sh);
-    }
-    uint32_t s[4];  // scale words 0..3 (bytes 192..207)
-#pragma unroll
-    for (int w = 0; w < 4; ++w) s[w] = __funnelshift_r(tail[Q + w], tail[Q + w + 1], sh);
-    sc[0] = h ? s[2] : s[0], sc[1] = h ? s[3] : s[1];
-    d = __half2float(__ushort_as_half(static_cast<unsigned short>(tail[4 + Q] >> sh)));  // bytes 208, 209
+      for (int w = 0; w < 4; ++w) s[w] = realigned<Q>(tail, w, sh);
+      sc[0] = h ? s[2] : s[0], sc[1] = h ? s[3] : s[1];
+      d = f16_bits(tail[4 + Q] >> sh);  // bytes 208, 209
+    });
   }
 };
-// Whether a codes policy has its own realigning load of a lane's half (C::load_half).
-template <class C, class = void>
-struct HasLoadHalf : std::false_type {};
-template <class C>
-struct HasLoadHalf<C, std::void_t<decltype(&C::load_half)>> : std::true_type {};
 
 struct Q3KCodes {
   using L = BlockLayout<110>;  // hmask[32], qs[64], scales[12], d
@@ -1049,9 +1057,24 @@ struct Q3KCodes {
   }
   // Scale j: low 4 bits in byte j % 8 of scales (high nibble for j >= 8), high 2 bits at bit 2 (j / 4)
   // of byte 8 + j % 4.
-  __device__ static uint32_t scales(const SlotBlock<L>& b, int w) {
-    const uint32_t lo = b.u32(96 + 4 * (w & 1)), hi = b.u32(104);
+  __device__ static uint32_t scales(const SlotBlock<L>& b, int w) { return scale_word(b.u32(96 + 4 * (w & 1)), b.u32(104), w); }
+  __device__ static uint32_t scale_word(uint32_t lo, uint32_t hi, int w) {  // lo: bytes 96 + 4 (w % 2).., hi: 104..
     return __vsub4(((lo >> (4 * (w >> 1))) & 0x0f0f0f0fu) | (((hi >> (2 * w)) & 0x03030303u) << 4), 0x20202020u);
+  }
+  // As Q6KCodes::load_half, from eight 16-byte loads.
+  __device__ static void load_half(const uint8_t* row, int m, int h, Raw (&raw)[8], uint32_t (&sc)[2], float& d) {
+    uint32_t hm[12], qs[12], tail[8];  // pieces 0..2 (hmask), 2 + 2h.. (qs bytes 32 + 32h..), 6..7 (scales, d)
+    load_pieces<3>(row, 0, hm), load_pieces<3>(row, 2 + 2 * h, qs), load_pieces<2>(row, 6, tail);
+    const int sh = 8 * (m & 3);
+    with_word_shift(m, [&](auto q) {
+      constexpr int Q = decltype(q)::value;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) raw[k] = {realigned<Q>(qs, k, sh), realigned<Q>(hm, k, sh)};
+      const uint32_t hi = realigned<Q>(tail, 2, sh);
+      sc[0] = scale_word(realigned<Q>(tail, 0, sh), hi, 2 * h);
+      sc[1] = scale_word(realigned<Q>(tail, 1, sh), hi, 2 * h + 1);
+      d = f16_bits(tail[3 + Q] >> sh);  // bytes 108, 109
+    });
   }
 };
 
@@ -1089,6 +1112,16 @@ struct Iq4XsCodes {
     const uint32_t even = (sl & 15u) | ((sh & 3u) << 4), odd = (sl >> 4) | (((sh >> 2) & 3u) << 4);
     return __vsub4(even * 0x0101u | odd * 0x01010000u, 0x20202020u);
   }
+  // As Q6KCodes::load_half, but with SlotBlock's 4-byte loads: this kernel is held by its codebook
+  // lookups, and 16-byte pieces realigned in registers measured 3-6% slower (H200, one token, 4096 x
+  // 4096..12288; 111 registers against 56).
+  __device__ static void load_half(const uint8_t* row, int m, int h, Raw (&raw)[8], uint32_t (&sc)[2], float& d) {
+    const SlotBlock<L> b(row + m);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) raw[k] = Iq4XsCodes::raw(b, h, k);
+    sc[0] = scales(b, 2 * h), sc[1] = scales(b, 2 * h + 1);
+    d = __half2float(*reinterpret_cast<const __half*>(b.p + kD));
+  }
 };
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
@@ -1118,29 +1151,17 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
     for (int m = 0; m < ring.cnt; ++m) {
       const uint8_t* slot = ring.next();
       const int64_t s = WT ? m : ks + int64_t{kWarps} * m;
-      const uint8_t* const bp = ring.block(slot, r, mis, s);
-      uint32_t codes[4][8];  // [group][k]: elements 32 group + 4k .. + 3 of the half
-      uint32_t sc[2];        // sub-blocks 8h..8h+7
+      const uint8_t* const blk = ring.block(slot, r, mis, s);
+      const int off = static_cast<int>(reinterpret_cast<uintptr_t>(blk) & 15);
+      typename C::Raw raw[8];
+      uint32_t sc[2];  // sub-blocks 8h..8h+7
       float d;
-      if constexpr (HasLoadHalf<C>::value) {
-        const int off = static_cast<int>(reinterpret_cast<uintptr_t>(bp) & 15);
-        typename C::Raw raw[8];
-        C::load_half(bp - off, off, h, raw, sc, d);
+      C::load_half(blk - off, off, h, raw, sc, d);
+      uint32_t codes[4][8];  // [group][k]: elements 32 group + 4k .. + 3 of the half
 #pragma unroll
-        for (int k = 0; k < 8; ++k)
+      for (int k = 0; k < 8; ++k)
 #pragma unroll
-          for (int grp = 0; grp < 4; ++grp) codes[grp][k] = C::codes(raw[k], h, k, grp);
-      } else {
-        const SlotBlock<L> blk(bp);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const typename C::Raw raw = C::raw(blk, h, k);
-#pragma unroll
-          for (int grp = 0; grp < 4; ++grp) codes[grp][k] = C::codes(raw, h, k, grp);
-        }
-        sc[0] = C::scales(blk, 2 * h), sc[1] = C::scales(blk, 2 * h + 1);
-        d = __half2float(*reinterpret_cast<const __half*>(blk.p + C::kD));
-      }
+        for (int grp = 0; grp < 4; ++grp) codes[grp][k] = C::codes(raw[k], h, k, grp);
 #pragma unroll
       for (int c = 0; c < NMAX; ++c) {
         if (c >= n) break;  // warp-uniform
