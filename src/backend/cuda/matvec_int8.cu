@@ -187,8 +187,8 @@ struct StepRing {
   int i_m = 0;
   int q, p;  // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
   uint32_t lane_row, group_stride;  // q * row_bytes, kRowsPerCopy * row_bytes
-  const uint8_t* gate;  // the issuing tile's first row (SW: of the gate weights)
-  const uint8_t* up;    // SW: the up weights' first row of the tile, 8 rows back (slot rows 8..15)
+  const uint8_t* gate;  // the issuing tile's first row (SW: of the gate weights), plus 16 p
+  const uint8_t* up;    // SW: the up weights' first row of the tile, 8 rows back (slot rows 8..15), plus 16 p
   uint32_t copies;      // bit c: copy c holds a row of the issuing tile (rows past the matrix are not copied)
 
   __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot)
@@ -208,8 +208,8 @@ struct StepRing {
   }
   __device__ void start_tile() {
     const int64_t first = i_tile * kOut, rb = static_cast<int64_t>(a.row_bytes);
-    gate = a.w + first * rb;
-    if constexpr (SW) up = a.w2 + first * rb - 8 * rb;
+    gate = a.w + first * rb + 16 * p;
+    if constexpr (SW) up = a.w2 + first * rb - 8 * rb + 16 * p;
     const int64_t rows = min(int64_t{kOut}, a.n_out - first);
     copies = 0;
 #pragma unroll
@@ -238,12 +238,17 @@ struct StepRing {
         if constexpr (SW) {  // a group may straddle the gate/up boundary
           if (c * kRowsPerCopy + q >= 8) base = up;
         }
-        if constexpr (L::kAligned) {  // the lane's piece of the row's block of this step
-          cp_async16_if(on, dst + c * kRowsPerCopy * L::kSlotBytes, base + (lane_row + 16 * p + c * group_stride + step));
-        } else {  // the 16-byte aligned cover of the block
-          const uint8_t* src = base + (lane_row + c * group_stride + step);
-          const int mis = static_cast<int>(reinterpret_cast<uintptr_t>(src) & 15);
-          cp_async16_if(on && 16 * p < mis + L::kBlockBytes, dst + c * kRowsPerCopy * L::kSlotBytes, src - mis + 16 * p);
+        // The lane's piece of the row's block of this step, or of its 16-byte aligned cover: the piece's
+        // address rounded down (base holds 16 p). A cover's last piece is needed where the block reaches it
+        // (16 p < mis + kBlockBytes), which holds for every mis when kFullCover (Q6_K).
+        const uint8_t* src = base + (lane_row + c * group_stride + step);
+        if constexpr (L::kAligned) {
+          cp_async16_if(on, dst + c * kRowsPerCopy * L::kSlotBytes, src);
+        } else {
+          constexpr bool kFullCover = 16 * (kPieces - 1) < L::kBlockBytes;  // every piece of every cover is needed
+          const uintptr_t u = reinterpret_cast<uintptr_t>(src);
+          const bool need = kFullCover || static_cast<int>(u & 15) + L::kBlockBytes > 16 * p;
+          cp_async16_if(on && need, dst + c * kRowsPerCopy * L::kSlotBytes, reinterpret_cast<const uint8_t*>(u & ~uintptr_t{15}));
         }
       }
       ++issued;
