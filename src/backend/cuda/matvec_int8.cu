@@ -165,7 +165,8 @@ struct BlockSlot {
 // warp ks takes steps ks, ks + 8, ... of tiles slot.idx, + slot.count, ...; a slot holds the 16 rows'
 // blocks of one step (16 x L::kSlotBytes) and one step is in flight while the other is read (deeper
 // rings measured the same or slower on an H100: one token, 4096 x 12288, 1.97 TB/s at 2 slots, 1.88
-// at 4, 1.72 at 6). A copy instruction of the warp moves whole blocks of kRowsPerCopy rows (lane l:
+// at 4, 1.72 at 6; on an H200 a ring of sm_90 bulk copies, one a row and step on per-stage mbarriers,
+// made 9B decode 14% slower: ~200-byte copies are too small for the copy engine). A copy instruction of the warp moves whole blocks of kRowsPerCopy rows (lane l:
 // row l / kPieces of the group, piece l % kPieces): each row's bytes stay one contiguous request (16
 // rows x 32 bytes per instruction measured 20% slower at one token). Addresses are the tile's first
 // row (set once per tile) plus 32-bit offsets: the lane's row, the copy's group and the step (the
@@ -974,8 +975,9 @@ __device__ __forceinline__ int sbyte_of(uint32_t packed, int i) {
 
 // The dp4a kernel reads a lane's half of a block (C::load_half) as whole 16-byte pieces of its slot row
 // and realigns the words in registers: 4-byte loads of 16 rows at a 16-byte multiple apart hit only 8
-// banks, 4 lanes to a bank (4 wavefronts a load; Q6_K: ~130 a warp-step against ~27 for the copies that
-// fill the slot), while 16-byte loads of 8 such rows are one wavefront. (The tensor-core kernel's lanes
+// banks, 4 lanes to a bank (4 wavefronts a load; Q6_K: ~130 a warp-step, beside ~96 for the cp.async
+// copies that fill the slot, one a 32-byte sector), while 16-byte loads of 8 such rows are one wavefront
+// (9B decode 2.006 -> 1.935 ms on an H200, PERFORMANCE.md "Session 47"). (The tensor-core kernel's lanes
 // read 4 rows' consecutive words, which hit distinct banks: it keeps SlotBlock.)
 template <int N>
 __device__ __forceinline__ void load_pieces(const uint8_t* row, int first, uint32_t (&w)[4 * N]) {
