@@ -166,11 +166,12 @@ struct BlockSlot {
 // blocks of one step (16 x L::kSlotBytes) and one step is in flight while the other is read (deeper
 // rings measured the same or slower on an H100: one token, 4096 x 12288, 1.97 TB/s at 2 slots, 1.88
 // at 4, 1.72 at 6; on an H200 a ring of sm_90 bulk copies, one a row and step on per-stage mbarriers,
-// made 9B decode 14% slower: ~200-byte copies are too small for the copy engine). A copy instruction of the warp moves whole blocks of kRowsPerCopy rows (lane l:
-// row l / kPieces of the group, piece l % kPieces): each row's bytes stay one contiguous request (16
-// rows x 32 bytes per instruction measured 20% slower at one token). Addresses are the tile's first
-// row (set once per tile) plus 32-bit offsets: the lane's row, the copy's group and the step (the
-// 64-bit arithmetic per copy and step was ~130 of ~655 instructions per step of the 17-token kernel).
+// made 9B decode 14% slower: ~200-byte copies are too small for the copy engine). A copy instruction of
+// the warp moves whole blocks of kRowsPerCopy rows (lane l: row l / kPieces of the group, piece l %
+// kPieces): each row's bytes stay one contiguous request (16 rows x 32 bytes per instruction measured
+// 20% slower at one token). Addresses are the tile's first row plus the lane's piece (set once per
+// tile) plus 32-bit offsets: the lane's row, the copy's group and the step (the 64-bit arithmetic per
+// copy and step was ~130 of ~655 instructions per step of the 17-token kernel).
 // WT (warp tiles, for K < 8 super-blocks): warp ks walks every step of its own tiles slot.idx * 8 +
 // ks, + slot.count * 8, ... instead of sharing each tile with the block's warps.
 template <class L, bool SW, bool WT = false>
@@ -249,7 +250,8 @@ struct StepRing {
           constexpr bool kFullCover = 16 * (kPieces - 1) < L::kBlockBytes;  // every piece of every cover is needed
           const uintptr_t u = reinterpret_cast<uintptr_t>(src);
           const bool need = kFullCover || static_cast<int>(u & 15) + L::kBlockBytes > 16 * p;
-          cp_async16_if(on && need, dst + c * kRowsPerCopy * L::kSlotBytes, reinterpret_cast<const uint8_t*>(u & ~uintptr_t{15}));
+          cp_async16_if(on && need, dst + c * kRowsPerCopy * L::kSlotBytes,
+                        reinterpret_cast<const uint8_t*>(u & ~uintptr_t{15}));
         }
       }
       ++issued;
@@ -1064,7 +1066,9 @@ struct Q3KCodes {
   }
   // Scale j: low 4 bits in byte j % 8 of scales (high nibble for j >= 8), high 2 bits at bit 2 (j / 4)
   // of byte 8 + j % 4.
-  __device__ static uint32_t scales(const SlotBlock<L>& b, int w) { return scale_word(b.u32(96 + 4 * (w & 1)), b.u32(104), w); }
+  __device__ static uint32_t scales(const SlotBlock<L>& b, int w) {
+    return scale_word(b.u32(96 + 4 * (w & 1)), b.u32(104), w);
+  }
   __device__ static uint32_t scale_word(uint32_t lo, uint32_t hi, int w) {  // lo: bytes 96 + 4 (w % 2).., hi: 104..
     return __vsub4(((lo >> (4 * (w >> 1))) & 0x0f0f0f0fu) | (((hi >> (2 * w)) & 0x03030303u) << 4), 0x20202020u);
   }
