@@ -618,10 +618,9 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
       if (h == 0 && c < a.n && row < a.n_out) a.y[c * a.y_stride + row] = acc[c];
     return;
   }
-  if (h == 0) {
+  if (h == 0) {  // every token slot (red holds NMAX; write_tile reads c < n): no branch a store
 #pragma unroll
-    for (int c = 0; c < NMAX; ++c)
-      if (c < a.n) red[(ks * NMAX + c) * kRows + r] = acc[c];
+    for (int c = 0; c < NMAX; ++c) red[(ks * NMAX + c) * kRows + r] = acc[c];
   }
   __syncthreads();
   write_tile<NMAX, SW, kConv>(a, red, tile, pre);
@@ -772,7 +771,7 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = nt * 8 + 2 * t + (e & 1), rr = g + (e >= 2 ? 8 : 0);
-      if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];
+      red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];  // padding tokens too: no branch a store
     }
   __syncthreads();
   write_tile<NMAX, SW>(a, red, tile);
