@@ -767,6 +767,56 @@ TEST_P(CudaMatmulTest, ConvFoldedIntoTheMatvecGivesTheOpsBits) {
   }
 }
 
+// A verify step's GDN in-projection: a matmul_many of n normed rows (2: the dp4a kernels; 5, 16, 17: the
+// tensor-core kernels at one, two and three n-tiles) followed by the causal conv (kernel 4) of its first part's
+// columns, with each token's window captured or not, runs the conv in the tiles' epilogue (Int8ConvFold): the
+// matvec's outputs, the conv's outputs, its state and its captures are the bits of the two ops launched apart
+// (a synchronize between them), eagerly and in a captured graph, two steps in a row (the state carried).
+TEST_P(CudaMatmulTest, ConvFoldedIntoSeveralRowsGivesTheOpsBits) {
+  const int64_t K = 2048, C = 768, Z = 96, W = C + 32 + Z;
+  const Weight qkv = load_random_weight(*gpu_, GgmlType::Q6_K, K, C + 32, rng_);  // conv over C of the C + 32
+  const Weight z = load_random_weight(*gpu_, GgmlType::Q4_K, K, Z, rng_);
+  const Tensor cw = put(*gpu_, randn(C * 4)), norm_w = put(*gpu_, randn(K));
+  for (const int64_t n : {2, 5, 16, 17})
+    for (const bool capture : {true, false}) {
+      const std::string what = fmt::format("{} rows{}", n, capture ? ", captured" : "");
+      const Tensor x = put(*gpu_, randn(2 * n * K));
+      const std::vector<float> state0 = randn(3 * C);
+      struct Run {
+        Tensor xn, y, conv, state, cap;
+      };
+      auto fresh = [&] {
+        return Run{poison(*gpu_, n * K), poison(*gpu_, n * W), poison(*gpu_, 2 * n * C), put(*gpu_, state0),
+                   poison(*gpu_, 2 * n * 3 * C)};
+      };
+      // Step s: norm rows [s n, s n + n) of x, the projections, the conv.
+      auto step = [&](Run& r, int64_t s, bool settle) {
+        gpu_->rms_norm(x.rows(2 * n, K).rows(s * n, n), norm_w.f(), K, 1e-6f, r.xn.rows(n, K));
+        const Rows y = r.y.rows(n, W);
+        const Backend::MatmulPart parts[] = {{&qkv, y.cols(0, C + 32)}, {&z, y.cols(C + 32, Z)}};
+        gpu_->matmul_many(r.xn.rows(n, K), parts, 2);
+        if (settle) ASSERT_TRUE(gpu_->synchronize().is_ok());
+        gpu_->causal_conv_silu(y.cols(0, C), cw.f(), 4, r.state.f(), capture ? r.cap.f() + s * n * 3 * C : nullptr,
+                               r.conv.rows(2 * n, C).rows(s * n, n));
+      };
+      Run ref = fresh(), eager = fresh(), graph = fresh();
+      for (int64_t s = 0; s < 2; ++s) {
+        ASSERT_NO_FATAL_FAILURE(step(ref, s, true)) << what;
+        step(eager, s, false);
+        auto g = gpu_->capture([&] { step(graph, s, false); });
+        ASSERT_TRUE(g.is_ok()) << g.message();
+        ASSERT_TRUE(g.value()->replay().is_ok());
+      }
+      for (const Run* r : {&eager, &graph}) {
+        const std::string how = what + (r == &eager ? ", eager" : ", graph");
+        EXPECT_TRUE(same_bits(get_gpu(r->y), get_gpu(ref.y))) << how << ": matvec outputs";
+        EXPECT_TRUE(same_bits(get_gpu(r->conv), get_gpu(ref.conv))) << how << ": conv outputs";
+        EXPECT_TRUE(same_bits(get_gpu(r->state), get_gpu(ref.state))) << how << ": conv state";
+        if (capture) EXPECT_TRUE(same_bits(get_gpu(r->cap), get_gpu(ref.cap))) << how << ": captured windows";
+      }
+    }
+}
+
 // A one-row gated_rms_norm (groups of 128) or sigmoid_mul followed by a one-row matmul of its output runs the
 // op in the matvec's staging of x (cuda_backend.cpp, Int8XFold): the matmul's outputs and the op's own output
 // are the bits of the two ops launched one by one, eagerly and in a captured graph, whether the op before

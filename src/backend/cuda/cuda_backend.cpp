@@ -868,12 +868,13 @@ class CudaBackend final : public Backend {
     return cuda::OpProfiler::Scope(profiler_ && !capturing_ ? profiler_.get() : nullptr, op, w ? &w->name : nullptr);
   }
 
-  // ---- the decode step's conv folded into the matvec that writes its input (cuda::Int8ConvFold) ----
-  // A one-row matmul or matmul_many on the int8 dp4a kernels is deferred to the next op. When that is the
-  // causal_conv_silu (kernel 4, no capture) of a column prefix of its (first part's) output, the launch
-  // runs the conv in its tiles' epilogue; any other op (and every memory op, side-line switch, capture,
-  // replay and synchronize) first launches it as it was asked. Same bits either way; a decode step of a
-  // Qwen3.5 GDN layer saves the conv's launch. HYSPEC_FOLD=0: off.
+  // ---- a step's conv folded into the matvec that writes its input (cuda::Int8ConvFold) ----
+  // A one-row matmul or matmul_many on the int8 dp4a kernels, and a matmul_many of up to 24 rows, is deferred
+  // to the next op. When that is the causal_conv_silu (kernel 4; one row: no capture) of a column prefix of
+  // its (first part's) output, the launch runs the conv in its tiles' epilogue; any other op (and every
+  // memory op, side-line switch, capture, replay and synchronize) first launches it as it was asked. Same
+  // bits either way; a decode or verify step of a Qwen3.5 GDN layer saves the conv's launch. HYSPEC_FOLD=0:
+  // off; HYSPEC_CONV_FOLD_ROWS=0: one row only.
   struct DeferredMany {
     cuda::WeightView w[cuda::kInt8MvMaxParts];
     cuda::Mat y[cuda::kInt8MvMaxParts];
@@ -924,18 +925,21 @@ class CudaBackend final : public Backend {
     if (!deferred_many_) return false;
     const DeferredMany& m = *deferred_many_;
     const cuda::Mat& y0 = m.y[0];
-    const int64_t C = x.n_cols;
-    const Bytes out = bytes(y.data, C * sizeof(float)), in = bytes(y0.data, y0.cols * sizeof(float)),
-                state = bytes(conv_state, 3 * C * sizeof(float));
-    const bool ok = kernel == 4 && !capture &&
+    const int64_t C = x.n_cols, n = x.n_rows;
+    const Bytes out = region(y), in = bytes(y0.data, ((n - 1) * y0.stride + y0.cols) * sizeof(float)),
+                state = bytes(conv_state, 3 * C * sizeof(float)), cap = bytes(capture, n * 3 * C * sizeof(float));
+    // One row (decode): a one-row launch or a multi launch's part 0, no capture. Several (verify): a multi
+    // launch's part 0, with or without capture.
+    const bool ok = kernel == 4 && (n == 1 ? !capture : m.count > 1) &&
                     (m.xfold.kind == cuda::Int8XFold::kNone || m.xfold.kind == cuda::Int8XFold::kRmsNorm) &&
-                    !deferred_norm_ && x.n_rows == 1 && y.n_rows == 1 && y.n_cols == C && x.data == y0.data &&
-                    C <= y0.cols && aligned16(weight) && disjoint(out, in) && disjoint(out, state) &&
-                    disjoint(state, in);
+                    !deferred_norm_ && n >= 1 && m.x.n_rows == n && y0.rows == n && y.n_rows == n && y.n_cols == C &&
+                    x.data == y0.data && (n == 1 || (x.stride == y0.stride && y.stride >= C)) && C <= y0.cols &&
+                    aligned16(weight) && disjoint(out, in) && disjoint(out, state) && disjoint(state, in) &&
+                    (!capture || (disjoint(cap, out) && disjoint(cap, in) && disjoint(cap, state)));
     if (!ok) return false;
     const DeferredMany d = m;
     deferred_many_.reset();
-    const cuda::Int8ConvFold conv{weight, conv_state, y.data, C};
+    const cuda::Int8ConvFold conv{weight, conv_state, y.data, C, capture, n == 1 ? C : y.stride};
     launch_many(d, &conv);
     forget_quantized();
     writes_.count = -1;  // (the conv's output and state too)

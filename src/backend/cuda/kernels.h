@@ -79,15 +79,19 @@ cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, M
 constexpr int64_t kInt8MvMaxWidth = 32;
 bool int8_matvec_supported(const WeightView& w, int64_t n);
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
-// A decode step's depthwise causal conv of kernel 4 + SiLU (causal_conv_silu_launch, no capture) folded into
-// a one-row launch (or part 0 of a multi launch) that writes its input: outputs c < channels also give
-// y[c] = silu(sum_j w[c][j] in_j) over the 3 state rows and the output, and advance the state, with the
-// conv kernel's arithmetic (cuda_backend.cpp defers the launch to find the conv).
+// A step's depthwise causal conv of kernel 4 + SiLU (causal_conv_silu_launch) folded into the launch that
+// writes its input: a one-row launch, or part 0 of a multi launch of one row (decode) or of up to 24 (verify,
+// where capture may be set). Outputs c < channels of token t also give y[t][c] = silu(sum_j w[c][j] in_j)
+// over the 4 newest inputs (the 3 state rows before token 0), capture[t] the window after token t, and the
+// state the last 3 inputs, with the conv kernel's arithmetic (cuda_backend.cpp defers the launch to find
+// the conv).
 struct Int8ConvFold {
   const float* w;  // [channels, 4]
   float* state;    // [3, channels]
-  float* y;        // [channels]
+  float* y;        // [n, channels], rows y_stride apart
   int64_t channels;
+  float* capture = nullptr;  // [n, 3, channels], or null
+  int64_t y_stride = 0;
 };
 bool int8_conv_fold_supported(const WeightView& w, int64_t n);
 // The op that writes a one-row matvec's input, folded into the dp4a kernel's in-block quantization of x:

@@ -146,11 +146,13 @@ struct Int8MvArgs {
   int n;
   float* y;
   int64_t y_stride;
-  // Int8ConvFold (kernels.h), one row: outputs < conv_channels also feed the conv (conv_y null: none).
+  // Int8ConvFold (kernels.h): outputs < conv_channels also feed the conv (conv_y null: none).
   const float* conv_w;
   float* conv_state;
   float* conv_y;
   int64_t conv_channels;
+  float* conv_capture;    // several rows: each token's window, or null
+  int64_t conv_y_stride;  // several rows
   Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
   float* residual = nullptr;  // one row, dp4a, no SwiGLU: residual[i] += y[i] as y[i] is stored
 };
@@ -333,37 +335,106 @@ __device__ __forceinline__ ConvPre conv_before(const Int8MvArgs& a, int64_t tile
   return p;
 }
 
+// Several tokens' write_tile with Int8ConvFold's conv (no SwiGLU): thread (c, rr) = (i / 16, i % 16) sums
+// output (token c, row rr) as write_tile does and keeps it in registers; after a barrier (every partial read)
+// the tile's outputs replace the partials at red[c][rr], and after another thread (c, rr) of a conv row runs
+// conv_kernel's arithmetic for token c over inputs c-3..c (the state rows before token 0): its output,
+// capture window and, for the last token, the new state. Its weights and state rows are loaded first, so
+// their latency hides behind the sums. The caller's barrier after the tile keeps red until every thread read
+// it. Costs a conv tile two barriers, saves the conv's launch (a verify step: one a GDN layer).
+template <int NMAX>
+__device__ void write_tile_conv(const Int8MvArgs& a, float* red, int64_t tile) {
+  constexpr int kThreads = kWarps * 32, kIt = (NMAX * kRows + kThreads - 1) / kThreads;
+  static_assert(kThreads % kRows == 0, "thread i + k kThreads keeps row i % 16");
+  const int rr = threadIdx.x % kRows, c0 = threadIdx.x / kRows;
+  const int64_t C = a.conv_channels, row = tile * kRows + rr;
+  const bool conv_tile = tile * kRows < C;  // (block-uniform)
+  float4 w = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float st[3] = {0.0f, 0.0f, 0.0f};  // state rows 0..2 of the row (tokens c0 < 3 read them)
+  if (conv_tile && row < C) {
+    w = *reinterpret_cast<const float4*>(a.conv_w + 4 * row);
+    if (c0 < 3 && c0 < a.n) st[0] = a.conv_state[row], st[1] = a.conv_state[C + row], st[2] = a.conv_state[2 * C + row];
+  }
+  float v[kIt];
+#pragma unroll
+  for (int it = 0; it < kIt; ++it) {
+    const int c = c0 + it * (kThreads / kRows);
+    v[it] = 0.0f;
+    if (c >= a.n || row >= a.n_out) continue;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) v[it] += red[(k * NMAX + c) * kRows + rr];
+    a.y[c * a.y_stride + row] = v[it];
+  }
+  if (!conv_tile) return;
+  __syncthreads();  // every partial read
+#pragma unroll
+  for (int it = 0; it < kIt; ++it) red[(c0 + it * (kThreads / kRows)) * kRows + rr] = v[it];
+  __syncthreads();
+  if (row >= C) return;
+  const float wc[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int it = 0; it < kIt; ++it) {
+    const int c = c0 + it * (kThreads / kRows);
+    if (c >= a.n) break;
+    float win[4];  // in(c - 3 + j)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int tau = c - 3 + j;
+      const float old = tau == -3 ? st[0] : tau == -2 ? st[1] : st[2];  // (selects: st stays in registers)
+      win[j] = tau < 0 ? old : red[tau * kRows + rr];
+    }
+    float acc = 0.0f;  // causal_conv_silu_launch's arithmetic (conv_kernel, kernel 4)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc += wc[j] * win[j];
+    a.conv_y[c * a.conv_y_stride + row] = silu(acc);
+    if (a.conv_capture) {
+#pragma unroll
+      for (int j = 0; j < 3; ++j) a.conv_capture[(c * 3 + j) * C + row] = win[j + 1];
+    }
+    if (c == a.n - 1) {
+#pragma unroll
+      for (int j = 0; j < 3; ++j) a.conv_state[j * C + row] = win[j + 1];
+    }
+  }
+}
+
 // Sum the warps' partials red[warp][token][row] in order and write the tile (SW: silu(gate) * up).
-// kConv: the conv of Int8ConvFold on outputs < conv_channels too (one row), from conv_before's pre.
+// kConv: the conv of Int8ConvFold on outputs < conv_channels too: one row from conv_before's pre, several
+// through write_tile_conv (red is then rewritten: the caller's barrier after the tile is needed).
 template <int NMAX, bool SW, bool kConv = false>
-__device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, const ConvPre& pre = ConvPre{}) {
-  constexpr int kOut = SW ? kRows / 2 : kRows;
-  for (int i = threadIdx.x; i < a.n * kOut; i += kWarps * 32) {
-    const int c = i / kOut, rr = i - c * kOut;
-    const int64_t row = tile * kOut + rr;
-    if (row >= a.n_out) continue;
-    float v = 0.0f;
+__device__ void write_tile(const Int8MvArgs& a, float* red, int64_t tile, const ConvPre& pre = ConvPre{}) {
+  if constexpr (kConv && NMAX > 1) {
+    static_assert(!SW, "the conv folds into plain matvecs");
+    write_tile_conv<NMAX>(a, red, tile);
+  } else {
+    constexpr int kOut = SW ? kRows / 2 : kRows;
+    for (int i = threadIdx.x; i < a.n * kOut; i += kWarps * 32) {
+      const int c = i / kOut, rr = i - c * kOut;
+      const int64_t row = tile * kOut + rr;
+      if (row >= a.n_out) continue;
+      float v = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kWarps; ++k) v += red[(k * NMAX + c) * kRows + rr];
-    if constexpr (SW) {
-      float u = 0.0f;
+      for (int k = 0; k < kWarps; ++k) v += red[(k * NMAX + c) * kRows + rr];
+      if constexpr (SW) {
+        float u = 0.0f;
 #pragma unroll
-      for (int k = 0; k < kWarps; ++k) u += red[(k * NMAX + c) * kRows + rr + 8];
-      v = silu(v) * u;  // the formula of the swiglu op (elementwise.cu)
-    }
-    a.y[c * a.y_stride + row] = v;
-    if constexpr (NMAX == 1 && !SW) {
-      if (a.residual) a.residual[row] = pre.res + v;  // (thread i < 16: row i of the tile, as conv_before loaded)
-    }
-    if constexpr (kConv) {
-      const int64_t C = a.conv_channels;
-      if (row < C) {  // causal_conv_silu_launch's arithmetic (conv_kernel, kernel 4): one product sum, then SiLU
-        const float win[4] = {pre.s[0], pre.s[1], pre.s[2], v}, wc[4] = {pre.w.x, pre.w.y, pre.w.z, pre.w.w};
-        float acc = 0.0f;
+        for (int k = 0; k < kWarps; ++k) u += red[(k * NMAX + c) * kRows + rr + 8];
+        v = silu(v) * u;  // the formula of the swiglu op (elementwise.cu)
+      }
+      a.y[c * a.y_stride + row] = v;
+      if constexpr (NMAX == 1 && !SW) {
+        if (a.residual) a.residual[row] = pre.res + v;  // (thread i < 16: row i of the tile, as conv_before loaded)
+      }
+      if constexpr (kConv) {
+        const int64_t C = a.conv_channels;
+        if (row < C) {  // causal_conv_silu_launch's arithmetic (conv_kernel, kernel 4): one product sum, then SiLU
+          const float win[4] = {pre.s[0], pre.s[1], pre.s[2], v}, wc[4] = {pre.w.x, pre.w.y, pre.w.z, pre.w.w};
+          float acc = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc += wc[j] * win[j];
-        a.conv_y[row] = silu(acc);
-        a.conv_state[row] = pre.s[1], a.conv_state[C + row] = pre.s[2], a.conv_state[2 * C + row] = v;
+          for (int j = 0; j < 4; ++j) acc += wc[j] * win[j];
+          a.conv_y[row] = silu(acc);
+          a.conv_state[row] = pre.s[1], a.conv_state[C + row] = pre.s[2], a.conv_state[2 * C + row] = v;
+        }
       }
     }
   }
@@ -656,7 +727,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
-    const ConvPre pre = conv_before<kConv, NMAX == 1 && !SW && !WT>(a, tile);
+    const ConvPre pre = conv_before<kConv && NMAX == 1, NMAX == 1 && !SW && !WT>(a, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -762,7 +833,7 @@ __device__ __forceinline__ float* mma_red(float* red, int64_t j) {
 
 // A tensor-core kernel's tile: lane (g, t)'s outputs (rows g, g+8; tokens 2t, 2t+1 of each n-tile) to
 // red (mma_red), then the warps summed in order and written.
-template <int NT, bool SW>
+template <int NT, bool SW, bool kConv = false>
 __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, const float (&acc)[NT][4], int64_t tile,
                                                int g, int t, int ks) {
   constexpr int NMAX = NT * 8;
@@ -771,10 +842,10 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = nt * 8 + 2 * t + (e & 1), rr = g + (e >= 2 ? 8 : 0);
-      red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];  // padding tokens too: no branch a store
+      if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];  // (every slot: verify-16 +2.7%, session 48)
     }
   __syncthreads();
-  write_tile<NMAX, SW>(a, red, tile);
+  write_tile<NMAX, SW, kConv>(a, red, tile);
   if constexpr (kMmaRedBuffers<NT, SW> == 1) __syncthreads();  // red is rewritten by the next tile
 }
 
@@ -830,7 +901,7 @@ __device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int6
 // block, so sum_k A B = sum_i m_i bsum_i, exactly. The k order inside a sub-block is permuted (lane
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
-template <int NT, bool SW, bool Q5 = false>
+template <int NT, bool SW, bool Q5 = false, bool kConv = false>
 __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
@@ -936,7 +1007,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
         q4k_finish_super_block<NT>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
       }
     }
-    write_mma_tile<NT, SW>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
+    write_mma_tile<NT, SW, kConv>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -1153,7 +1224,7 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
-    const ConvPre pre = conv_before<kConv, NMAX == 1 && !SW && !WT>(a, tile);
+    const ConvPre pre = conv_before<kConv && NMAX == 1, NMAX == 1 && !SW && !WT>(a, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -1221,7 +1292,7 @@ __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k16 per 16-code sub-block and 8 tokens
 // (lane t's fragment columns 4t..4t+3 = the sub-block's elements 4t..4t+3); msum is one f16
 // mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
-template <class C, int NT, bool SW>
+template <class C, int NT, bool SW, bool kConv = false>
 __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31;
@@ -1311,7 +1382,7 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
         return add_s16_super_block<C>(ac, is, ms, r1 ? d1 : d0, dx);
       });
     }
-    write_mma_tile<NT, SW>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
+    write_mma_tile<NT, SW, kConv>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
   }
   cp_async_wait<0>();
 }
@@ -1361,8 +1432,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_cons
     if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false, false, kConv, kXFold>(p.a[i], smem, slot);
     else q4k_dp4a_body<W, false, false, false, kConv, kXFold>(p.a[i], smem, slot);
   } else {
-    if (p.s16[i]) s16_mma_body<Q6KCodes, W, false>(p.a[i], smem, slot);
-    else q4k_mma_body<W, false>(p.a[i], smem, slot);
+    if (p.s16[i]) s16_mma_body<Q6KCodes, W, false, kConv>(p.a[i], smem, slot);
+    else q4k_mma_body<W, false, false, kConv>(p.a[i], smem, slot);
   }
 }
 
@@ -1726,8 +1797,9 @@ bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, cons
 }
 
 bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
+  static const bool rows = env_int("HYSPEC_CONV_FOLD_ROWS", 1) != 0;  // 0: one-row launches only (A/B)
   bool dp4a = false;
-  return n == 1 && plans_multi(w, parts, n, qx, dp4a) && dp4a;
+  return plans_multi(w, parts, n, qx, dp4a) && (n == 1 ? dp4a : rows);
 }
 
 bool int8_multi_norm_fold_supported(const WeightView* w, int parts, int64_t n, int64_t K) {
@@ -1744,9 +1816,11 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
   if (!plan_multi(w, y, parts, x, qx, p, grid, dp4a)) return cudaErrorNotSupported;
   const int64_t n = x.rows;
   if (conv) {
-    if (!dp4a || n != 1 || conv->channels > w[0].n_out) return cudaErrorInvalidValue;
+    if (!int8_conv_fold_supported(w, parts, n, qx) || conv->channels > w[0].n_out ||
+        (n > 1 && conv->y_stride < conv->channels) || (n == 1 && conv->capture))
+      return cudaErrorInvalidValue;
     p.a[0].conv_w = conv->w, p.a[0].conv_state = conv->state, p.a[0].conv_y = conv->y;
-    p.a[0].conv_channels = conv->channels;
+    p.a[0].conv_channels = conv->channels, p.a[0].conv_capture = conv->capture, p.a[0].conv_y_stride = conv->y_stride;
   }
   if (xfold && xfold->kind != Int8XFold::kNone) {  // the row's norm, in-block (kRmsNorm only)
     auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
@@ -1757,7 +1831,11 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
     return conv ? launch_multi<1, true, true, kStageNorm>(p, grid, 1, stream)
                 : launch_multi<1, true, false, kStageNorm>(p, grid, 1, stream);
   }
-  if (conv) return launch_multi<1, true, true>(p, grid, 1, stream);
+  if (conv) {  // (several rows: a verify step's GDN in-projection)
+    if (dp4a) return n == 1 ? launch_multi<1, true, true>(p, grid, 1, stream) : launch_multi<2, true, true>(p, grid, 2, stream);
+    if (n <= 8) return launch_multi<1, false, true>(p, grid, 8, stream);
+    return n <= 16 ? launch_multi<2, false, true>(p, grid, 16, stream) : launch_multi<3, false, true>(p, grid, 24, stream);
+  }
   if (dp4a) return n == 1 ? launch_multi<1, true>(p, grid, 1, stream) : launch_multi<2, true>(p, grid, 2, stream);
   if (n <= 8) return launch_multi<1, false>(p, grid, 8, stream);
   if (n <= 16) return launch_multi<2, false>(p, grid, 16, stream);
