@@ -933,7 +933,8 @@ class CudaBackend final : public Backend {
     const bool ok = kernel == 4 && (n == 1 ? !capture : m.count > 1) &&
                     (m.xfold.kind == cuda::Int8XFold::kNone || m.xfold.kind == cuda::Int8XFold::kRmsNorm) &&
                     !deferred_norm_ && n >= 1 && m.x.n_rows == n && y0.rows == n && y.n_rows == n && y.n_cols == C &&
-                    x.data == y0.data && (n == 1 || (x.stride == y0.stride && y.stride >= C)) && C <= y0.cols &&
+                    x.data == y0.data && C <= y0.cols &&
+                    (n == 1 || (x.stride == y0.stride && y.stride >= C && C % 4 == 0 && aligned16(conv_state))) &&
                     aligned16(weight) && disjoint(out, in) && disjoint(out, state) && disjoint(state, in) &&
                     (!capture || (disjoint(cap, out) && disjoint(cap, in) && disjoint(cap, state)));
     if (!ok) return false;

@@ -335,57 +335,79 @@ __device__ __forceinline__ ConvPre conv_before(const Int8MvArgs& a, int64_t tile
   return p;
 }
 
-// Several tokens' write_tile with Int8ConvFold's conv (no SwiGLU): thread (c, rr) = (i / 16, i % 16) sums
-// output (token c, row rr) as write_tile does and keeps it in registers; after a barrier (every partial read)
-// the tile's outputs replace the partials at red[c][rr], and after another thread (c, rr) of a conv row runs
-// conv_kernel's arithmetic for token c over inputs c-3..c (the state rows before token 0): its output,
-// capture window and, for the last token, the new state. Its weights and state rows are loaded first, so
-// their latency hides behind the sums. The caller's barrier after the tile keeps red until every thread read
-// it. Costs a conv tile two barriers, saves the conv's launch (a verify step: one a GDN layer).
-template <int NMAX>
-__device__ void write_tile_conv(const Int8MvArgs& a, float* red, int64_t tile) {
-  constexpr int kThreads = kWarps * 32, kIt = (NMAX * kRows + kThreads - 1) / kThreads;
-  static_assert(kThreads % kRows == 0, "thread i + k kThreads keeps row i % 16");
-  const int rr = threadIdx.x % kRows, c0 = threadIdx.x / kRows;
-  const int64_t C = a.conv_channels, row = tile * kRows + rr;
-  const bool conv_tile = tile * kRows < C;  // (block-uniform)
-  float4 w = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float st[3] = {0.0f, 0.0f, 0.0f};  // state rows 0..2 of the row (tokens c0 < 3 read them)
-  if (conv_tile && row < C) {
-    w = *reinterpret_cast<const float4*>(a.conv_w + 4 * row);
-    if (c0 < 3 && c0 < a.n) st[0] = a.conv_state[row], st[1] = a.conv_state[C + row], st[2] = a.conv_state[2 * C + row];
+// Shared-memory copy of the quantized activations for the dp4a kernel: q [n*K], bs [n*K/16] halves
+// (both multiples of 16 bytes since K % 256 == 0), d [n*K/256] floats.
+constexpr size_t kMaxStagedX = 48 * 1024;
+constexpr int64_t kInBlockMaxK = 8192;
+
+// Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX);
+// red_buffers: buffers of partial sums (kMmaRedBuffers). A several-row conv fold's ConvTile comes after it.
+template <class L>
+__host__ __device__ constexpr size_t smem_bytes(int nmax, bool staged, int red_buffers = 1) {
+  return static_cast<size_t>(kWarps) * StepRing<L, false>::kStages * kRows * L::kSlotBytes +
+         static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) * red_buffers + (staged ? kMaxStagedX : 0);
+}
+
+// A several-row conv fold's shared memory (after smem_bytes): the tile's conv weights and state rows, copied
+// when the tile starts (their latency then hides behind its steps), and its outputs of every token.
+struct ConvTile {
+  float w[kRows][4];
+  float state[3][kRows];
+  float x[kInt8MvMaxWidth][kRows];
+};
+template <class L, int NMAX, bool kStaged>
+__device__ __forceinline__ ConvTile* conv_tile_smem(uint8_t* smem) {
+  return reinterpret_cast<ConvTile*>(smem + smem_bytes<L>(NMAX, kStaged));
+}
+// Thread i < 28 copies 16 bytes: the 16 rows' weights (i < 16), or 4 rows of state row (i - 16) / 4 (rows past
+// the conv's channels are not copied: C % 4 == 0). Before the tile's first step, whose wait covers them.
+__device__ __forceinline__ void conv_prefetch(const Int8MvArgs& a, ConvTile* ct, int64_t tile) {
+  const int i = threadIdx.x;
+  const int64_t C = a.conv_channels, r0 = tile * kRows;
+  if (r0 >= C || i >= 28) return;
+  if (i < 16) {
+    cp_async16_if(r0 + i < C, ct->w[i], a.conv_w + 4 * (r0 + i));
+  } else {
+    const int j = (i - 16) >> 2, q = (i - 16) & 3;
+    cp_async16_if(r0 + 4 * q < C, &ct->state[j][4 * q], a.conv_state + j * C + r0 + 4 * q);
   }
-  float v[kIt];
+}
+
+// Several tokens' write_tile with Int8ConvFold's conv (no SwiGLU): thread (c, rr) = (i / 16, i % 16) sums
+// output (token c, row rr) as write_tile does and stores it to y and ct; after a barrier, thread (c, rr) of a
+// conv row runs conv_kernel's arithmetic for token c over inputs c-3..c (the state rows before token 0): its
+// output, its capture window and, for the last token, the new state. The caller's barrier after the tile
+// keeps ct until every thread read it. A conv tile costs one barrier more; the conv's launch is saved.
+template <int NMAX>
+__device__ void write_tile_conv(const Int8MvArgs& a, const float* red, int64_t tile, ConvTile* ct) {
+  constexpr int kThreads = kWarps * 32;
+  const int64_t C = a.conv_channels;
+  const bool conv_tile = tile * kRows < C;  // (block-uniform)
+  for (int i = threadIdx.x; i < a.n * kRows; i += kThreads) {
+    const int c = i / kRows, rr = i - c * kRows;
+    const int64_t row = tile * kRows + rr;
+    if (row >= a.n_out) continue;
+    float v = 0.0f;
 #pragma unroll
-  for (int it = 0; it < kIt; ++it) {
-    const int c = c0 + it * (kThreads / kRows);
-    v[it] = 0.0f;
-    if (c >= a.n || row >= a.n_out) continue;
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) v[it] += red[(k * NMAX + c) * kRows + rr];
-    a.y[c * a.y_stride + row] = v[it];
+    for (int k = 0; k < kWarps; ++k) v += red[(k * NMAX + c) * kRows + rr];
+    a.y[c * a.y_stride + row] = v;
+    if (conv_tile) ct->x[c][rr] = v;
   }
   if (!conv_tile) return;
-  __syncthreads();  // every partial read
-#pragma unroll
-  for (int it = 0; it < kIt; ++it) red[(c0 + it * (kThreads / kRows)) * kRows + rr] = v[it];
   __syncthreads();
-  if (row >= C) return;
-  const float wc[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int it = 0; it < kIt; ++it) {
-    const int c = c0 + it * (kThreads / kRows);
-    if (c >= a.n) break;
+  for (int i = threadIdx.x; i < a.n * kRows; i += kThreads) {
+    const int c = i / kRows, rr = i - c * kRows;
+    const int64_t row = tile * kRows + rr;
+    if (row >= C) continue;
     float win[4];  // in(c - 3 + j)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int tau = c - 3 + j;
-      const float old = tau == -3 ? st[0] : tau == -2 ? st[1] : st[2];  // (selects: st stays in registers)
-      win[j] = tau < 0 ? old : red[tau * kRows + rr];
+      win[j] = tau < 0 ? ct->state[tau + 3][rr] : ct->x[tau][rr];
     }
     float acc = 0.0f;  // causal_conv_silu_launch's arithmetic (conv_kernel, kernel 4)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc += wc[j] * win[j];
+    for (int j = 0; j < 4; ++j) acc += ct->w[rr][j] * win[j];
     a.conv_y[c * a.conv_y_stride + row] = silu(acc);
     if (a.conv_capture) {
 #pragma unroll
@@ -400,12 +422,13 @@ __device__ void write_tile_conv(const Int8MvArgs& a, float* red, int64_t tile) {
 
 // Sum the warps' partials red[warp][token][row] in order and write the tile (SW: silu(gate) * up).
 // kConv: the conv of Int8ConvFold on outputs < conv_channels too: one row from conv_before's pre, several
-// through write_tile_conv (red is then rewritten: the caller's barrier after the tile is needed).
+// through write_tile_conv (ct: the caller's barrier after the tile is needed).
 template <int NMAX, bool SW, bool kConv = false>
-__device__ void write_tile(const Int8MvArgs& a, float* red, int64_t tile, const ConvPre& pre = ConvPre{}) {
+__device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, const ConvPre& pre = ConvPre{},
+                           ConvTile* ct = nullptr) {
   if constexpr (kConv && NMAX > 1) {
     static_assert(!SW, "the conv folds into plain matvecs");
-    write_tile_conv<NMAX>(a, red, tile);
+    write_tile_conv<NMAX>(a, red, tile, ct);
   } else {
     constexpr int kOut = SW ? kRows / 2 : kRows;
     for (int i = threadIdx.x; i < a.n * kOut; i += kWarps * 32) {
@@ -440,10 +463,6 @@ __device__ void write_tile(const Int8MvArgs& a, float* red, int64_t tile, const 
   }
 }
 
-// Shared-memory copy of the quantized activations for the dp4a kernel: q [n*K], bs [n*K/16] halves
-// (both multiples of 16 bytes since K % 256 == 0), d [n*K/256] floats.
-constexpr size_t kMaxStagedX = 48 * 1024;
-constexpr int64_t kInBlockMaxK = 8192;
 __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
   return static_cast<size_t>(n * K + n * K / 8 + n * K / 64);
 }
@@ -680,7 +699,7 @@ __device__ Q8K stage_x(const Int8MvArgs& a, float* red, XFoldPre& pre) {
 // order and written (both halves of a row hold the same sums).
 template <int NMAX, bool SW, bool WT = false, bool kConv = false>
 __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red, const float (&acc)[NMAX], int64_t tile,
-                                                int r, int h, int ks, const ConvPre& pre) {
+                                                int r, int h, int ks, const ConvPre& pre, ConvTile* ct = nullptr) {
   if constexpr (WT) {  // the warp's own tile: its sums are the outputs
     static_assert(!SW, "warp tiles: no fused SwiGLU");
     const int64_t row = tile * kRows + r;
@@ -694,7 +713,7 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
     for (int c = 0; c < NMAX; ++c) red[(ks * NMAX + c) * kRows + r] = acc[c];
   }
   __syncthreads();
-  write_tile<NMAX, SW, kConv>(a, red, tile, pre);
+  write_tile<NMAX, SW, kConv>(a, red, tile, pre, ct);
   __syncthreads();  // red is rewritten by the next tile
 }
 
@@ -716,6 +735,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
   StepRing<L, SW, WT> ring(a, smem, slot);
+  ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
@@ -728,6 +748,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
     const ConvPre pre = conv_before<kConv && NMAX == 1, NMAX == 1 && !SW && !WT>(a, tile);
+    if constexpr (kConv && NMAX > 1) conv_prefetch(a, ct, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -782,7 +803,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
         acc[c] = add_super_block(acc[c], isum, msum, dmin, x.d[xb]);
       }
     }
-    write_dp4a_tile<NMAX, SW, WT, kConv>(a, red, acc, tile, r, h, ks, pre);
+    write_dp4a_tile<NMAX, SW, WT, kConv>(a, red, acc, tile, r, h, ks, pre, ct);
   }
   cp_async_wait<0>();
 }
@@ -835,7 +856,7 @@ __device__ __forceinline__ float* mma_red(float* red, int64_t j) {
 // red (mma_red), then the warps summed in order and written.
 template <int NT, bool SW, bool kConv = false>
 __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, const float (&acc)[NT][4], int64_t tile,
-                                               int g, int t, int ks) {
+                                               int g, int t, int ks, ConvTile* ct = nullptr) {
   constexpr int NMAX = NT * 8;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -845,7 +866,7 @@ __device__ __forceinline__ void write_mma_tile(const Int8MvArgs& a, float* red, 
       if (c < a.n) red[(ks * NMAX + c) * kRows + rr] = acc[nt][e];  // (every slot: verify-16 +2.7%, session 48)
     }
   __syncthreads();
-  write_tile<NMAX, SW, kConv>(a, red, tile);
+  write_tile<NMAX, SW, kConv>(a, red, tile, ConvPre{}, ct);
   if constexpr (kMmaRedBuffers<NT, SW> == 1) __syncthreads();  // red is rewritten by the next tile
 }
 
@@ -908,6 +929,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   StepRing<L, SW> ring(a, smem, slot);
+  ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
   ring.prime();
@@ -916,6 +938,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = slot.idx + j * slot.count;
+    if constexpr (kConv) conv_prefetch(a, ct, tile);
     float acc[NT][4];  // [n-tile][(row g, tok 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)]
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -1007,7 +1030,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
         q4k_finish_super_block<NT>(a, s, g, t, hdr0, hdr1, ma, isum, acc);
       }
     }
-    write_mma_tile<NT, SW, kConv>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
+    write_mma_tile<NT, SW, kConv>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks, ct);
   }
   cp_async_wait<0>();
 }
@@ -1213,6 +1236,7 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
   StepRing<L, SW, WT> ring(a, smem, slot);
+  ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
   ring.prime();
@@ -1225,6 +1249,7 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
     const ConvPre pre = conv_before<kConv && NMAX == 1, NMAX == 1 && !SW && !WT>(a, tile);
+    if constexpr (kConv && NMAX > 1) conv_prefetch(a, ct, tile);
     float acc[NMAX];
 #pragma unroll
     for (int c = 0; c < NMAX; ++c) acc[c] = 0.0f;
@@ -1277,7 +1302,7 @@ __device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem
         acc[c] = add_s16_super_block<C>(acc[c], isum, msum, d, x.d[xb]);
       }
     }
-    write_dp4a_tile<NMAX, SW, WT, kConv>(a, red, acc, tile, r, h, ks, pre);
+    write_dp4a_tile<NMAX, SW, WT, kConv>(a, red, acc, tile, r, h, ks, pre, ct);
   }
   cp_async_wait<0>();
 }
@@ -1298,6 +1323,7 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
   StepRing<L, SW> ring(a, smem, slot);
+  ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
   ring.prime();
@@ -1306,6 +1332,7 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = slot.idx + j * slot.count;
+    if constexpr (kConv) conv_prefetch(a, ct, tile);
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -1382,7 +1409,7 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
         return add_s16_super_block<C>(ac, is, ms, r1 ? d1 : d0, dx);
       });
     }
-    write_mma_tile<NT, SW, kConv>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks);
+    write_mma_tile<NT, SW, kConv>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks, ct);
   }
   cp_async_wait<0>();
 }
@@ -1446,13 +1473,6 @@ size_t bs_bytes(int64_t n, int64_t K) {
   return align_up(static_cast<size_t>(padded_tokens(n) * (K / 16)) * sizeof(__half), 256);
 }
 
-// Shared memory of a launch; staged: room for the dp4a kernel's copy of the activations (kMaxStagedX);
-// red_buffers: buffers of partial sums (kMmaRedBuffers).
-template <class L>
-size_t smem_bytes(int nmax, bool staged, int red_buffers = 1) {
-  return static_cast<size_t>(kWarps) * StepRing<L, false>::kStages * kRows * L::kSlotBytes +
-         static_cast<size_t>(kWarps) * nmax * kRows * sizeof(float) * red_buffers + (staged ? kMaxStagedX : 0);
-}
 
 // Whether the dp4a kernels' shared memory fits the device (not on sm_86/89's 99 KB for Q6_K; the
 // tensor-core kernels, which give the same bits, take those widths there).
@@ -1606,7 +1626,9 @@ bool share_blocks(const int64_t* tiles, const int64_t* tile_cost, int parts, int
 
 template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
 cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStream_t stream) {
-  const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a));
+  constexpr bool kConvRows = kConv && (!kDp4a || W > 1);  // (a several-row conv fold: its ConvTile)
+  const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a)) +
+                      (kConvRows ? sizeof(ConvTile) : 0);
   static const cudaError_t attr_err = cudaFuncSetAttribute(multi_kernel<W, kDp4a, kConv, kXFold>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
@@ -1816,8 +1838,11 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
   if (!plan_multi(w, y, parts, x, qx, p, grid, dp4a)) return cudaErrorNotSupported;
   const int64_t n = x.rows;
   if (conv) {
-    if (!int8_conv_fold_supported(w, parts, n, qx) || conv->channels > w[0].n_out ||
-        (n > 1 && conv->y_stride < conv->channels) || (n == 1 && conv->capture))
+    const bool rows_ok = n == 1 ? !conv->capture
+                                : conv->y_stride >= conv->channels && conv->channels % 4 == 0 &&
+                                      (reinterpret_cast<uintptr_t>(conv->w) & 15) == 0 &&
+                                      (reinterpret_cast<uintptr_t>(conv->state) & 15) == 0;  // (conv_prefetch)
+    if (!int8_conv_fold_supported(w, parts, n, qx) || conv->channels > w[0].n_out || !rows_ok)
       return cudaErrorInvalidValue;
     p.a[0].conv_w = conv->w, p.a[0].conv_state = conv->state, p.a[0].conv_y = conv->y;
     p.a[0].conv_channels = conv->channels, p.a[0].conv_capture = conv->capture, p.a[0].conv_y_stride = conv->y_stride;
