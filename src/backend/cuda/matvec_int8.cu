@@ -360,17 +360,19 @@ __device__ __forceinline__ ConvTile* conv_tile_smem(uint8_t* smem) {
   return reinterpret_cast<ConvTile*>(smem + smem_bytes<L>(NMAX, kStaged));
 }
 // Thread i < 28 copies 16 bytes: the 16 rows' weights (i < 16), or 4 rows of state row (i - 16) / 4 (rows past
-// the conv's channels are not copied: C % 4 == 0). Before the tile's first step, whose wait covers them.
+// the conv's channels are not copied: C % 4 == 0). Before the tile's first step, whose wait covers them: they
+// are a group of their own (a copy not yet committed is not waited for; racecheck found a tile of one step a
+// warp reading them unlanded).
 __device__ __forceinline__ void conv_prefetch(const Int8MvArgs& a, ConvTile* ct, int64_t tile) {
   const int i = threadIdx.x;
   const int64_t C = a.conv_channels, r0 = tile * kRows;
-  if (r0 >= C || i >= 28) return;
-  if (i < 16) {
+  if (r0 < C && i < 16) {
     cp_async16_if(r0 + i < C, ct->w[i], a.conv_w + 4 * (r0 + i));
-  } else {
+  } else if (r0 < C && i < 28) {
     const int j = (i - 16) >> 2, q = (i - 16) & 3;
     cp_async16_if(r0 + 4 * q < C, &ct->state[j][4 * q], a.conv_state + j * C + r0 + 4 * q);
   }
+  cp_async_commit();
 }
 
 // Several tokens' write_tile with Int8ConvFold's conv (no SwiGLU): thread (c, rr) = (i / 16, i % 16) sums
