@@ -27,7 +27,9 @@
 // each gets a share of the blocks by its bytes, and its rows the bits of a launch of its own.
 // A one-row launch may also run the decode step's depthwise conv (kernel 4) + SiLU on its first outputs
 // in the tiles' epilogue (Int8ConvFold: + 3 state reads and writes, 4 weights and one output per channel),
-// which saves the conv's launch (session 31: 9B decode -2%). And a one-row launch may stage x through the
+// which saves the conv's launch (session 31: 9B decode -2%); so may a multi launch of up to 24 rows, a verify
+// step's (write_tile_conv: + each token's capture window; session 48: verify -0.3..-1% at 2, 5 and 17 rows,
+// +0.2% at 16). And a one-row launch may stage x through the
 // op that wrote it (Int8XFold: a GDN layer's gated norm, an attention layer's sigmoid gate), or, past
 // kInBlockMaxK inputs, in rounds of blocks (kPlain: the FFN down projection) instead of after a quantize
 // launch; or through the RMS norm of the row (kRmsNorm: a decode step's add_rms_norm, whose residual add the
