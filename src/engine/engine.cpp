@@ -118,6 +118,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   return e;
 }
 
+double Engine::now() const { return config_.clock ? config_.clock() : now_s(); }
+
 Result<std::unique_ptr<Drafter>> Engine::make_drafter() {
   switch (config_.spec) {
     case SpecMethod::None: return std::unique_ptr<Drafter>();
@@ -347,7 +349,7 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
   Engine& e = engine_;
   Backend& be = *e.backend_;
   const Qwen35Hparams& hp = e.model_->hparams();
-  const double t0 = now_s();
+  const double t0 = engine_.now();
   const int64_t start = prefilled_;
   const int64_t n = std::min<int64_t>(e.config_.n_batch, n_prompt_ - start);
   const bool last = start + n == n_prompt_;
@@ -392,7 +394,7 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
     rows.next_tokens.push_back(last ? next : tokens_[start + n]);
     HS_RETURN_IF_ERROR(drafter_->observe(rows));
   }
-  stats_.prefill_s += now_s() - t0;
+  stats_.prefill_s += engine_.now() - t0;
   if (last) emit(next, out, logprobs_row.empty() ? nullptr : logprobs_row.data());
   return Status::ok();
 }
@@ -480,7 +482,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   Backend& be = *e.backend_;
   const Qwen35Hparams& hp = e.model_->hparams();
   const int64_t V = hp.n_vocab;
-  const double t_round = now_s();
+  const double t_round = engine_.now();
   const int64_t recordings = graph_stats().recorded;
   deferred_.observed_this_round = false;
 
@@ -489,13 +491,13 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const int k_max = choose_draft_length();
   double draft_dt = 0;
   if (k_max > 0) {
-    const double t0 = now_s();
+    const double t0 = engine_.now();
     HS_RETURN_IF_ERROR(observe_deferred());
     HS_ASSIGN_OR_RETURN(drafts, drafter_->propose(k_max));
     if (static_cast<int>(drafts.size()) > k_max) drafts.resize(k_max);
     for (int32_t d : drafts)
       if (d < 0 || d >= hp.n_vocab) return Status::errorf("drafter '{}' proposed token {} outside the vocabulary", drafter_->name(), d);
-    draft_dt = now_s() - t0;
+    draft_dt = engine_.now() - t0;
     stats_.draft_s += draft_dt;
   }
   const int k = static_cast<int>(drafts.size());
@@ -505,7 +507,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   // real row, so causal attention, the GDN recurrence and the row-wise ops leave the real rows as they
   // were, their captures are never restored, and their cache entries lie past the committed length,
   // where a later step writes before it reads.
-  const double t1 = now_s();
+  const double t1 = engine_.now();
   const int64_t n = k + 1;
   const PadVerify pad = e.config_.pad_verify;
   const bool padding = pad == PadVerify::kOn || (pad == PadVerify::kAuto && graphs_.enabled());
@@ -576,11 +578,11 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     }
   }
   const int n_accepted = static_cast<int>(emitted.size()) - 1;
-  const double verify_dt = now_s() - t1;
+  const double verify_dt = engine_.now() - t1;
   stats_.verify_s += verify_dt;
 
   // 4. emit until a stop condition, then commit exactly what was emitted
-  const double t2 = now_s();
+  const double t2 = engine_.now();
   int kept = 0;
   for (int32_t t : emitted) {
     emit(t, out, options_.logprobs >= 0 ? rows.host_row(kept) : nullptr);
@@ -603,12 +605,12 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     // the last round nothing proposes.
     HS_RETURN_IF_ERROR(observe(rows, k == 0 && (plain_rounds_left_ > 0 || done())));
   }
-  const double commit_dt = now_s() - t2;
+  const double commit_dt = engine_.now() - t2;
   stats_.commit_s += commit_dt;
 
   // 5. statistics and adaptation
   ++stats_.rounds;
-  const double dt = now_s() - t_round;
+  const double dt = engine_.now() - t_round;
   const double rate = dt > 0 ? kept / dt : 0;
   if (k > 0) {
     ++stats_.spec_rounds;

@@ -69,6 +69,9 @@ struct EngineConfig {
   // loop +15%, the demo models' adaptive MTP-15 / DFlash / n-gram 0.92 / 0.84 / 2.00x -> 1.19 / 0.92 / 2.76x
   // of plain decoding.
   PadVerify pad_verify = PadVerify::kAuto;
+  // Seconds that sessions time their rounds in (the adaptive draft length and back-off, SessionStats);
+  // empty: the steady clock. Tests pass a deterministic one.
+  std::function<double()> clock;
 };
 
 struct GenerateOptions {
@@ -201,6 +204,7 @@ class Engine {
   friend class Session;
   Engine() = default;
   Result<std::unique_ptr<Drafter>> make_drafter();
+  double now() const;  // config_.clock, or the steady clock
   Status run_forward(const ForwardArgs& args, SequenceState& state);
 
   EngineConfig config_;
