@@ -377,6 +377,15 @@ __device__ __forceinline__ void conv_prefetch(const Int8MvArgs& a, ConvTile* ct,
   cp_async_commit();
 }
 
+// Output (token c, tile row rr): the warps' partials red[warp][token][row] summed in order.
+template <int NMAX>
+__device__ __forceinline__ float sum_partials(const float* red, int c, int rr) {
+  float v = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kWarps; ++k) v += red[(k * NMAX + c) * kRows + rr];
+  return v;
+}
+
 // Several tokens' write_tile with Int8ConvFold's conv (no SwiGLU): thread (c, rr) = (i / 16, i % 16) sums
 // output (token c, row rr) as write_tile does and stores it to y and ct; after a barrier, thread (c, rr) of a
 // conv row runs conv_kernel's arithmetic for token c over inputs c-3..c (the state rows before token 0): its
@@ -391,9 +400,7 @@ __device__ void write_tile_conv(const Int8MvArgs& a, const float* red, int64_t t
     const int c = i / kRows, rr = i - c * kRows;
     const int64_t row = tile * kRows + rr;
     if (row >= a.n_out) continue;
-    float v = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) v += red[(k * NMAX + c) * kRows + rr];
+    const float v = sum_partials<NMAX>(red, c, rr);
     a.y[c * a.y_stride + row] = v;
     if (conv_tile) ct->x[c][rr] = v;
   }
@@ -439,13 +446,9 @@ __device__ void write_tile(const Int8MvArgs& a, const float* red, int64_t tile, 
       const int c = i / kOut, rr = i - c * kOut;
       const int64_t row = tile * kOut + rr;
       if (row >= a.n_out) continue;
-      float v = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kWarps; ++k) v += red[(k * NMAX + c) * kRows + rr];
+      float v = sum_partials<NMAX>(red, c, rr);
       if constexpr (SW) {
-        float u = 0.0f;
-#pragma unroll
-        for (int k = 0; k < kWarps; ++k) u += red[(k * NMAX + c) * kRows + rr + 8];
+        const float u = sum_partials<NMAX>(red, c, rr + 8);
         v = silu(v) * u;  // the formula of the swiglu op (elementwise.cu)
       }
       a.y[c * a.y_stride + row] = v;
