@@ -21,6 +21,9 @@ export LD_LIBRARY_PATH="$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export OUT=${OUT:-/tmp/hyspec-out}; mkdir -p "$OUT"
 export HYSPEC_FIXTURES="${HYSPEC_FIXTURES:-$PWD/$D/fixtures}"
 V=${AB_VARIANTS:?variants}
+for v in $V; do  # (the packed build is hyspec: a baseline named base needs its own hyspec_base, a build or a link)
+  [ -x "$D/bin/hyspec_$v" ] || { echo "ab.sh: no $D/bin/hyspec_$v for variant $v" >&2; exit 2; }
+done
 # A gtest run's outcome: the PASSED count and how many failed first, then the failed tests' names.
 summary() {
   local r; r=$(grep -E "^\[  (PASSED|FAILED)  \]" | sort -u)
