@@ -3,10 +3,10 @@
 //   rate(k) = (1 + E[accepted drafts of k]) / (draft time of k + verify time of k + 1 rows + E[commit time])
 //
 // from what this sequence's drafts were accepted at each position (DraftAcceptance) and what rounds
-// cost on this engine (RoundCosts). Acceptance alone cannot decide it: on CUDA a 9B verify step of 16
-// rows costs 1.30x a decode step, 17 rows 1.41x, 24 rows 1.54x, 25 rows 2.03x (the int8 matvecs' 8-token
-// tiles, three at most a pass); an MTP draft step costs the same at every position, a DFlash block the
-// same at every length.
+// cost on this engine (RoundCosts). Acceptance alone cannot decide it: on CUDA a 9B Q4_K_M verify step
+// of 2 rows costs 1.13x a decode step, 5 rows 1.28x, 16 rows 1.58x, 17 rows 1.75x (H200, PERFORMANCE.md
+// "Session 48"; the int8 matvecs' 8-token tiles, three at most a pass); an MTP draft step costs the same at
+// every position, a DFlash block the same at every length.
 #pragma once
 #include <array>
 
