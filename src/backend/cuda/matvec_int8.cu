@@ -1480,7 +1480,6 @@ size_t bs_bytes(int64_t n, int64_t K) {
   return align_up(static_cast<size_t>(padded_tokens(n) * (K / 16)) * sizeof(__half), 256);
 }
 
-
 // Whether the dp4a kernels' shared memory fits the device (not on sm_86/89's 99 KB for Q6_K; the
 // tensor-core kernels, which give the same bits, take those widths there).
 template <class L>
@@ -1825,10 +1824,17 @@ bool int8_matvec_multi_supported(const WeightView* w, int parts, int64_t n, cons
   return plans_multi(w, parts, n, qx, dp4a);
 }
 
-bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
+namespace {
+// Whether a multi launch planned on the dp4a kernels or not takes the conv at n rows.
+bool conv_fold_plan(int64_t n, bool dp4a) {
   static const bool rows = env_int("HYSPEC_CONV_FOLD_ROWS", 1) != 0;  // 0: one-row launches only (A/B)
+  return n == 1 ? dp4a : rows;
+}
+}  // namespace
+
+bool int8_conv_fold_supported(const WeightView* w, int parts, int64_t n, const QuantizedX* qx) {
   bool dp4a = false;
-  return plans_multi(w, parts, n, qx, dp4a) && (n == 1 ? dp4a : rows);
+  return plans_multi(w, parts, n, qx, dp4a) && conv_fold_plan(n, dp4a);
 }
 
 bool int8_multi_norm_fold_supported(const WeightView* w, int parts, int64_t n, int64_t K) {
@@ -1844,18 +1850,16 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
   bool dp4a = false;
   if (!plan_multi(w, y, parts, x, qx, p, grid, dp4a)) return cudaErrorNotSupported;
   const int64_t n = x.rows;
+  auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
   if (conv) {
     const bool rows_ok = n == 1 ? !conv->capture
-                                : conv->y_stride >= conv->channels && conv->channels % 4 == 0 &&
-                                      (reinterpret_cast<uintptr_t>(conv->w) & 15) == 0 &&
-                                      (reinterpret_cast<uintptr_t>(conv->state) & 15) == 0;  // (conv_prefetch)
-    if (!int8_conv_fold_supported(w, parts, n, qx) || conv->channels > w[0].n_out || !rows_ok)
-      return cudaErrorInvalidValue;
+                                : conv->y_stride >= conv->channels && conv->channels % 4 == 0 && aligned(conv->w) &&
+                                      aligned(conv->state);  // (conv_prefetch)
+    if (!conv_fold_plan(n, dp4a) || conv->channels > w[0].n_out || !rows_ok) return cudaErrorInvalidValue;
     p.a[0].conv_w = conv->w, p.a[0].conv_state = conv->state, p.a[0].conv_y = conv->y;
     p.a[0].conv_channels = conv->channels, p.a[0].conv_capture = conv->capture, p.a[0].conv_y_stride = conv->y_stride;
   }
   if (xfold && xfold->kind != Int8XFold::kNone) {  // the row's norm, in-block (kRmsNorm only)
-    auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
     if (xfold->kind != Int8XFold::kRmsNorm || qx || !int8_multi_norm_fold_supported(w, parts, n, x.cols) ||
         !aligned(x.data) || !aligned(xfold->y) || !aligned(xfold->norm_w))
       return cudaErrorInvalidValue;
@@ -1863,17 +1867,16 @@ cudaError_t int8_matvec_multi_launch(const WeightView* w, const Mat* y, int part
     return conv ? launch_multi<1, true, true, kStageNorm>(p, grid, 1, stream)
                 : launch_multi<1, true, false, kStageNorm>(p, grid, 1, stream);
   }
-  if (conv) {  // (several rows: a verify step's GDN in-projection)
-    if (dp4a) return n == 1 ? launch_multi<1, true, true>(p, grid, 1, stream) : launch_multi<2, true, true>(p, grid, 2, stream);
-    if (n <= 8) return launch_multi<1, false, true>(p, grid, 8, stream);
-    return n <= 16 ? launch_multi<2, false, true>(p, grid, 16, stream) : launch_multi<3, false, true>(p, grid, 24, stream);
-  }
-  if (dp4a) return n == 1 ? launch_multi<1, true>(p, grid, 1, stream) : launch_multi<2, true>(p, grid, 2, stream);
-  if (n <= 8) return launch_multi<1, false>(p, grid, 8, stream);
-  if (n <= 16) return launch_multi<2, false>(p, grid, 16, stream);
-  return launch_multi<3, false>(p, grid, 24, stream);
+  // By width, with or without the conv (several rows: a verify step's GDN in-projection).
+  auto by_width = [&](auto with_conv) {
+    constexpr bool kConv = decltype(with_conv)::value;
+    if (dp4a) return n == 1 ? launch_multi<1, true, kConv>(p, grid, 1, stream) : launch_multi<2, true, kConv>(p, grid, 2, stream);
+    if (n <= 8) return launch_multi<1, false, kConv>(p, grid, 8, stream);
+    if (n <= 16) return launch_multi<2, false, kConv>(p, grid, 16, stream);
+    return launch_multi<3, false, kConv>(p, grid, 24, stream);
+  };
+  return conv ? by_width(std::true_type{}) : by_width(std::false_type{});
 }
-
 
 namespace {
 
