@@ -1094,16 +1094,44 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   uint8_t* const stages = sm + warp * L::kWarp;
   // Keys past k1_all copy row k1_all-1: finite data that the mask gives weight 0. A pair's warps copy
   // one of K and V each.
+  // Lane piece i = 32 it + lane of a step is 16 bytes at (i % kPieces) * 16 of row i / kPieces: its offset
+  // from the step's first row is set once (src_off), so that a step that ends before k1_all (all but the
+  // last) costs one 64-bit add a copy; the clamped form (a 64-bit multiply, a minimum and the branch on
+  // the pair's part a copy) was ~13 instructions a copy, ~120 of a warp's step.
+  constexpr int kRounds = (SK * kPieces + 31) / 32;
+  uint32_t src_off[kRounds];
+#pragma unroll
+  for (int it = 0; it < kRounds; ++it) {
+    const int i = it * 32 + lane;
+    src_off[it] = static_cast<uint32_t>(i / kPieces * pitch + i % kPieces * 16);
+  }
+  const uint8_t* const src_base = kPaired && part == 1 ? vbase : kbase;  // a paired warp's K or V
   auto issue = [&](int ks, int stage) {  // one commit group per call
     uint8_t* kd = stages + stage * L::kStage;
     uint8_t* vd = kd + SK * R;
+    uint8_t* const dst_base = kPaired && part == 1 ? vd : kd;
+    // (Q8_0 rows are kPieces whole pieces: piece i lands at 16 i)
+    auto dst_of = [&](int i) { return R == kPieces * 16 ? 16 * i : i / kPieces * R + i % kPieces * 16; };
+    if (ks + SK <= k1_all) {  // (warp-uniform)
+      const int64_t step = static_cast<int64_t>(ks) * pitch;
+      const uint8_t* const src = src_base + step;
+      const uint8_t* const vsrc = vbase + step;
 #pragma unroll
-    for (int it = 0; it < (SK * kPieces + 31) / 32; ++it) {
-      const int i = it * 32 + lane, r = i / kPieces, pc = i % kPieces;
-      if (SK * kPieces % 32 != 0 && i >= SK * kPieces) break;
-      const int64_t off = min(ks + r, k1_all - 1) * pitch + pc * 16;
-      if (!kPaired || part == 0) cp_async16(kd + r * R + pc * 16, kbase + off);
-      if (!kPaired || part == 1) cp_async16(vd + r * R + pc * 16, vbase + off);
+      for (int it = 0; it < kRounds; ++it) {
+        const int i = it * 32 + lane;
+        if (SK * kPieces % 32 != 0 && i >= SK * kPieces) break;
+        cp_async16(dst_base + dst_of(i), src + src_off[it]);
+        if (!kPaired) cp_async16(vd + dst_of(i), vsrc + src_off[it]);
+      }
+    } else {
+#pragma unroll
+      for (int it = 0; it < kRounds; ++it) {
+        const int i = it * 32 + lane, r = i / kPieces, pc = i % kPieces;
+        if (SK * kPieces % 32 != 0 && i >= SK * kPieces) break;
+        const int64_t off = min(ks + r, k1_all - 1) * pitch + pc * 16;
+        cp_async16(dst_base + dst_of(i), src_base + off);
+        if (!kPaired) cp_async16(vd + dst_of(i), vbase + off);
+      }
     }
     cp_async_commit();
   };
