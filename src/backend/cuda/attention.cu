@@ -944,6 +944,31 @@ __device__ __forceinline__ void scores_q8_digits(float (&s)[4], const uint8_t* k
   for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
 }
 
+// Key half h of scores_q8_digits (lane (g, t): keys 8h + 2t + j, s[j]), with its arithmetic per key: a
+// kSplitD == 2 pair's warps take one half each and trade them (same bits as the whole step's scores).
+template <int D>
+__device__ __forceinline__ void scores_q8_digits_half(float (&s)[2], const uint8_t* kd, const uint8_t* q_sm, int g, int t,
+                                                      int h) {
+  constexpr int R = q8_slot_bytes(D), NB = D / 32;
+  const uint4* frag = reinterpret_cast<const uint4*>(q_sm) + 4 * g + t;
+  const float* sq_g = reinterpret_cast<const float*>(q_sm + q8_digit_scales_at(D)) + g;
+  const uint8_t* row = kd + (8 * h + g) * R + 4 * t;  // key 8h + g: B column g
+  const uint8_t* sc_rows = kd + (8 * h + 2 * t) * R;  // keys 8h + 2t + j: the lane's C columns
+  float acc[2] = {};
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    const uint4 qa = frag[b * 32];
+    const float sq = sq_g[b * kDecodeQueries];
+    int c[4];
+    mma_s8(c, qa.x, qa.y, qa.z, qa.w, *reinterpret_cast<const uint32_t*>(row + 32 * b),
+           *reinterpret_cast<const uint32_t*>(row + 32 * b + 16));
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      acc[j] += q8_scale(sc_rows + j * R, D, b) * (sq * static_cast<float>(c[j] * 256 + c[j + 2]));
+  }
+  s[0] = acc[0], s[1] = acc[1];
+}
+
 // o += P.V on staged Q8_0 rows: per block of 32 output dims, P times the value rows' scales, split hi/lo;
 // V's output dims are permuted within each block (n-tile 4b + jj, column c = dim 32b + 4c + jj: see
 // out_dims) so that lane (g, t) reads word g of block b of its four key rows and transposes their bytes.
@@ -1144,7 +1169,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
   // 16K-key Q8_0 step's stall samples on it.) The first 128 threads of a set stage them.
   uint8_t* const q_sm = sm + L::kQ + set * 16 * P;
   if constexpr (kQ8) {
-    static_assert(q8_digits_bytes(D) <= 16 * P, "the digits fit the Q rows' space");
+    static_assert(q8_digits_bytes(D) + (kSplitD == 2 ? kDecodeWarps * 64 * 8 : 0) <= 16 * P,
+                  "the digits (and a split-dims pair's traded scores) fit the Q rows' space");
     if (kSplitD == 1 || tid < kDecodeWarps * 32) stage_q_digits<D>(q_sm, a, blk, tid);
   } else if (kSplitD == 1 || tid < kDecodeWarps * 32) {
     constexpr int kTpq = kDecodeWarps * 32 / Q, kPer = D / kTpq;  // threads per query, dims per thread
@@ -1207,7 +1233,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     const uint8_t* kh = kd;  // K and V as T rows of pitch P (16-bit caches)
     const uint8_t* vh = vd;
     float s[4];
-    if constexpr (kQ8) {
+    if constexpr (kQ8 && kSplitD == 2) {
+      // This warp's key half, the partner's through shared memory (one slot a pair: a warp writes it again
+      // only after the next step's pair_sync, which the partner reaches after its read here).
+      float mine[2], theirs[2];
+      scores_q8_digits_half<D>(mine, kd, q_sm, g, t, part);
+      float2* trade = reinterpret_cast<float2*>(q_sm + q8_digits_bytes(D)) + warp * 64;
+      trade[part * 32 + lane] = make_float2(mine[0], mine[1]);
+      pair_sync(warp);
+      const float2 o2 = trade[(1 - part) * 32 + lane];
+      theirs[0] = o2.x, theirs[1] = o2.y;
+      s[0] = part ? theirs[0] : mine[0], s[1] = part ? theirs[1] : mine[1];
+      s[2] = part ? mine[0] : theirs[0], s[3] = part ? mine[1] : theirs[1];
+    } else if constexpr (kQ8) {
       scores_q8_digits<D>(s, kd, q_sm, g, t);
     } else {
       scores_16bit<D, T>(s, kh + k_off, [&](int kk, uint32_t (&qa)[4]) { ldmatrix_x4(qa, q_row + 32 * kk); });
