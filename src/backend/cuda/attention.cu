@@ -753,15 +753,14 @@ __device__ __forceinline__ void softmax_step(float (&s)[4], int ks, int t, int k
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   const float m_new = fmaxf(m_run, mx);
-  float alpha = 1.0f;
-  if (m_new != -INFINITY) {
-    alpha = expf(m_run - m_new);
+  // Without branches: the fast exponential (an FMUL and MUFU.EX2; expf's range handling and the branches
+  // around it took ~60 of a Q8_0 decode warp's ~750 instructions a step), e^-inf = +0 for masked keys, and a
+  // factor of exactly 1 where the maximum did not move (masked steps stay exact no-ops). Where every score
+  // is masked or NaN (a NaN query: fmaxf skips NaN) the NaN weights keep the output NaN.
+  const bool live = m_new != -INFINITY;
+  const float alpha = live && m_run != m_new ? __expf(m_run - m_new) : 1.0f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) p[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - m_new);
-  } else {  // every score masked or NaN (a NaN query: fmaxf skips NaN): NaN weights keep the output NaN
-#pragma unroll
-    for (int e = 0; e < 4; ++e) p[e] = s[e] == -INFINITY ? 0.0f : s[e];
-  }
+  for (int e = 0; e < 4; ++e) p[e] = live ? __expf(s[e] - m_new) : (s[e] == -INFINITY ? 0.0f : s[e]);
   l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
   m_run = m_new;
   if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // once the maxima settle, most steps skip this
@@ -1139,8 +1138,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     auto dst_of = [&](int i) { return R == kPieces * 16 ? 16 * i : i / kPieces * R + i % kPieces * 16; };
     if (ks + SK <= k1_all) {  // (warp-uniform)
       const int64_t step = static_cast<int64_t>(ks) * pitch;
-      const uint8_t* const src = src_base + step;
-      const uint8_t* const vsrc = vbase + step;
+      const uint8_t* src = src_base + step;
+      const uint8_t* vsrc = vbase + step;
+      // (Opaque to the compiler, which otherwise folds the step into every copy's address again: a wide
+      // multiply-add and a 64-bit add a copy.)
+      asm("" : "+l"(src), "+l"(vsrc));
 #pragma unroll
       for (int it = 0; it < kRounds; ++it) {
         const int i = it * 32 + lane;
