@@ -51,6 +51,7 @@ struct Tensor {
 struct AttnCase {
   int n_head, n_kv, head_dim;
   int64_t ctx;
+  int64_t capacity = 0;  // of the cache (0: the keys read)
 };
 
 class CudaBackendTest : public ::testing::Test {
@@ -1275,11 +1276,16 @@ TEST_F(CudaBackendTest, PromptAttentionAtModelShapesMatchesCpu) {
 // every width of the decode kernels (SIMT for F32, tensor cores for F16/BF16/Q8_0) against one-row calls.
 TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
   // 9000 keys: 33 splits of 288 keys on 132 SMs, so a decode block's warps (8 on one query group, the output dims split
-  // over warp pairs) walk their copy stages round more than once.
-  const AttnCase cases[] = {{16, 4, 256, 300}, {16, 4, 256, 9000}, {4, 2, 64, 1100}};
+  // over warp pairs) walk their copy stages round more than once. On 132 SMs the rows of 2280 keys (splits of 96)
+  // reach into 24 and 25 splits, those of 2550 in a 10000-key cache (splits of 320) into 8 and 9: a wider step's
+  // blocks merge splits past its first rows' keys, which must add exact zeros to those rows (any grouping of the
+  // split merge must keep that; session 49 measured one in two levels).
+  const AttnCase cases[] = {{16, 4, 256, 300},       {16, 4, 256, 9000}, {4, 2, 64, 1100},
+                            {16, 4, 256, 2280},      {16, 4, 256, 2550, 10000}};
   for (const AttnCase& ac : cases) {
     for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
-      const int64_t D = ac.head_dim, W = ac.n_kv * D, n_max = 32, total = ac.ctx + n_max, QW = ac.n_head * D;
+      const int64_t D = ac.head_dim, W = ac.n_kv * D, n_max = 32, QW = ac.n_head * D;
+      const int64_t total = std::max(ac.ctx + n_max, ac.capacity);
       const size_t row = KvLayer{nullptr, nullptr, kv_type, total, W, D}.row_bytes();
       std::vector<int32_t> pos(total);
       for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
