@@ -1068,8 +1068,10 @@ __device__ __forceinline__ void pair_sync(int w) {
 
 // kSplitD == 2 (launches of one query group, head dim 256): 8 warps on one query group. Warps w and w + 4
 // walk the steps of a one-set block's warp w and share its stages as a pair does (warp w copies the K rows,
-// warp w + 4 the V rows, pair_sync per step); both form the step's scores and softmax (the same bits), and
-// each adds P.V into half of the output dims (warp w: dims of V blocks 0-3, w + 4: 4-7). Every output dim
+// warp w + 4 the V rows, pair_sync per step); both run the step's softmax on the same scores (with a Q8_0
+// cache each forms one key half of them and they trade halves behind a second pair_sync: scores_q8_digits_half;
+// H200, 9B at depth 16384 -0.3%, session 49), and each adds P.V into half of the output dims (warp w: dims of
+// V blocks 0-3, w + 4: 4-7). Every output dim
 // gets the same operations in the same order as in a one-set block, so decode steps keep the verify
 // steps' bits, with half the P.V work per warp and two warps per scheduler where a step's dependent chain
 // (MMAs, softmax, conversions) held one. H100, 9B Q4_K_M with a Q8_0 cache: decode 2.626 -> 2.610 ms; at
