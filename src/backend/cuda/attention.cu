@@ -1240,15 +1240,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32 * kSets * kSplitD, 1)
     if constexpr (kQ8 && kSplitD == 2) {
       // This warp's key half, the partner's through shared memory (one slot a pair: a warp writes it again
       // only after the next step's pair_sync, which the partner reaches after its read here).
-      float mine[2], theirs[2];
+      float mine[2];
       scores_q8_digits_half<D>(mine, kd, q_sm, g, t, part);
       float2* trade = reinterpret_cast<float2*>(q_sm + q8_digits_bytes(D)) + warp * 64;
       trade[part * 32 + lane] = make_float2(mine[0], mine[1]);
       pair_sync(warp);
-      const float2 o2 = trade[(1 - part) * 32 + lane];
-      theirs[0] = o2.x, theirs[1] = o2.y;
-      s[0] = part ? theirs[0] : mine[0], s[1] = part ? theirs[1] : mine[1];
-      s[2] = part ? mine[0] : theirs[0], s[3] = part ? mine[1] : theirs[1];
+      const float2 theirs = trade[(1 - part) * 32 + lane];
+      s[0] = part ? theirs.x : mine[0], s[1] = part ? theirs.y : mine[1];
+      s[2] = part ? mine[0] : theirs.x, s[3] = part ? mine[1] : theirs.y;
     } else if constexpr (kQ8) {
       scores_q8_digits<D>(s, kd, q_sm, g, t);
     } else {
