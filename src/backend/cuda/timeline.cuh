@@ -50,6 +50,18 @@ void timeline_report(const BlockTimeline<kBlocks, kMarks>& symbol, const char* c
     std::sort(v.begin(), v.end());
     std::printf("TRACE   %-14s n=%4zu %8.2f %8.2f %8.2f\n", names[m], v.size(), v.front(), v[v.size() / 2], v.back());
   }
+  // Each block's time between consecutive marks it stored (whether the late blocks started late or ran long).
+  for (int m = 1; n > 0 && m < kMarks; ++m) {
+    std::vector<double> d;
+    for (int b = 0; b < kBlocks; ++b) {
+      const unsigned long long a = h.t[b * kMarks + m - 1], z = h.t[b * kMarks + m];
+      if (a >= t0 && z >= a) d.push_back(1e-3 * static_cast<double>(z - a));
+    }
+    if (d.empty()) continue;
+    std::sort(d.begin(), d.end());
+    std::printf("TRACE   %-14s <- previous mark, n=%4zu %8.2f %8.2f %8.2f\n", names[m], d.size(), d.front(),
+                d[d.size() / 2], d.back());
+  }
   std::memset(&h, 0, sizeof(h));
   cudaMemcpyToSymbol(symbol, &h, sizeof(h));
 }
