@@ -736,6 +736,16 @@ __device__ __forceinline__ uint32_t pack_pair(float a, float b) {
   return static_cast<uint32_t>(ua) | static_cast<uint32_t>(ub) << 16;
 }
 
+// e^x by the SFU's 2^x with subnormal results flushed to zero. __expf is the same MUFU.EX2 on x log2(e),
+// but without flushing it guards every call against a subnormal result (a compare, a branch, a halving and
+// a squaring: five such regions a Q8_0 decode warp-step, ~13% of the loop's stall samples under ncu,
+// session 50). Weights below 2^-126 of a row's maximum become 0 instead of a subnormal.
+__device__ __forceinline__ float exp_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
+  return y;
+}
+
 // One 16-key step of a warp's online softmax over an MMA score fragment (lane (g, t): query g, keys
 // ks + 2t + {0, 1} + {0, 8}): keys at or past k1 or after lim get weight 0, (m_run, l_run) advance (l_run
 // sums this lane's keys only), the output fragments o are rescaled when the maximum moved, p gets the
@@ -753,14 +763,14 @@ __device__ __forceinline__ void softmax_step(float (&s)[4], int ks, int t, int k
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   const float m_new = fmaxf(m_run, mx);
-  // Without branches: the fast exponential (an FMUL and MUFU.EX2; expf's range handling and the branches
+  // Without branches: the fast exponential (exp_ftz: an FMUL and MUFU.EX2; expf's range handling and the branches
   // around it took ~60 of a Q8_0 decode warp's ~750 instructions a step), e^-inf = +0 for masked keys, and a
   // factor of exactly 1 where the maximum did not move (masked steps stay exact no-ops). Where every score
   // is masked or NaN (a NaN query: fmaxf skips NaN) the NaN weights keep the output NaN.
   const bool live = m_new != -INFINITY;
-  const float alpha = live && m_run != m_new ? __expf(m_run - m_new) : 1.0f;
+  const float alpha = live && m_run != m_new ? exp_ftz(m_run - m_new) : 1.0f;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) p[e] = live ? __expf(s[e] - m_new) : (s[e] == -INFINITY ? 0.0f : s[e]);
+  for (int e = 0; e < 4; ++e) p[e] = live ? exp_ftz(s[e] - m_new) : (s[e] == -INFINITY ? 0.0f : s[e]);
   l_run = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
   m_run = m_new;
   if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // once the maxima settle, most steps skip this
