@@ -926,35 +926,9 @@ __device__ __forceinline__ void stage_q_digits(uint8_t* q_sm, const AttnArgs& a,
   if (half == 0) sq[b * kDecodeQueries + qm] = finite ? mx / kQDigits : __int_as_float(0x7fc00000);
 }
 
-// A 16-key step's scores on staged Q8_0 rows from the digits (s[e] as in softmax_step): per block of 32
-// dims and key half, dot = 256 * (hi row) + (lo row) exactly, times sq and the key's block scale.
-template <int D>
-__device__ __forceinline__ void scores_q8_digits(float (&s)[4], const uint8_t* kd, const uint8_t* q_sm, int g, int t) {
-  constexpr int R = q8_slot_bytes(D), NB = D / 32;
-  const uint4* frag = reinterpret_cast<const uint4*>(q_sm) + 4 * g + t;
-  const float* sq_g = reinterpret_cast<const float*>(q_sm + q8_digit_scales_at(D)) + g;
-  float acc[2][2] = {};  // [key half][key of the pair]
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    const uint4 qa = frag[b * 32];
-    const float sq = sq_g[b * kDecodeQueries];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* row = kd + (8 * h + g) * R + 32 * b + 4 * t;  // key 8h + g: B column g
-      int c[4];
-      mma_s8(c, qa.x, qa.y, qa.z, qa.w, *reinterpret_cast<const uint32_t*>(row),
-             *reinterpret_cast<const uint32_t*>(row + 16));
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        acc[h][j] += q8_scale(kd + (8 * h + 2 * t + j) * R, D, b) * (sq * static_cast<float>(c[j] * 256 + c[j + 2]));
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) s[e] = acc[e >> 1][e & 1];
-}
-
-// Key half h of scores_q8_digits (lane (g, t): keys 8h + 2t + j, s[j]), with its arithmetic per key: a
-// kSplitD == 2 pair's warps take one half each and trade them (same bits as the whole step's scores).
+// Key half h of a 16-key step's scores on staged Q8_0 rows from the digits (lane (g, t): keys 8h + 2t + j,
+// s[j]): per block of 32 dims, dot = 256 * (hi row) + (lo row) exactly, times sq and the key's block scale. A
+// kSplitD == 2 pair's warps take one half each and trade them; scores_q8_digits forms both (the same bits).
 template <int D>
 __device__ __forceinline__ void scores_q8_digits_half(float (&s)[2], const uint8_t* kd, const uint8_t* q_sm, int g, int t,
                                                       int h) {
@@ -976,6 +950,15 @@ __device__ __forceinline__ void scores_q8_digits_half(float (&s)[2], const uint8
       acc[j] += q8_scale(sc_rows + j * R, D, b) * (sq * static_cast<float>(c[j] * 256 + c[j + 2]));
   }
   s[0] = acc[0], s[1] = acc[1];
+}
+
+// A 16-key step's scores (s[e] as in softmax_step): both key halves.
+template <int D>
+__device__ __forceinline__ void scores_q8_digits(float (&s)[4], const uint8_t* kd, const uint8_t* q_sm, int g, int t) {
+  float lo[2], hi[2];
+  scores_q8_digits_half<D>(lo, kd, q_sm, g, t, 0);
+  scores_q8_digits_half<D>(hi, kd, q_sm, g, t, 1);
+  s[0] = lo[0], s[1] = lo[1], s[2] = hi[0], s[3] = hi[1];
 }
 
 // o += P.V on staged Q8_0 rows: per block of 32 output dims, P times the value rows' scales, split hi/lo;
