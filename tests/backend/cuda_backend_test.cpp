@@ -442,6 +442,36 @@ TEST_P(CudaMatmulTest, MatvecRowsAreBitIdenticalAcrossWidths) {
   }
 }
 
+// A several-token Q6_K matmul with many more row tiles than warps (the output head) runs on warp tiles
+// (matvec_int8.cu, s16_mma_wt_kernel), the tiles left over in the block form: row t keeps the bits of the
+// one-row matmul of x[t]. HYSPEC_WARP_TILES=8 puts any shape with a tile a warp on 8 blocks (64 warps);
+// K = 2304 gives the block form's warps unequal steps (9 super-blocks), 4096 two each; 8456 rows leave a
+// part tile.
+TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
+  if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
+  struct WarpTiles {
+    WarpTiles() { setenv("HYSPEC_WARP_TILES", "8", 1); }
+    ~WarpTiles() { unsetenv("HYSPEC_WARP_TILES"); }
+  } const forced;
+  const int64_t N = 8456;
+  for (const int64_t K : {2304, 4096}) {
+    const auto bytes = random_weight_bytes(GgmlType::Q6_K, K, N, rng_);
+    auto w = gpu_->load_weight(tensor_info("head", GgmlType::Q6_K, bytes, K, N));
+    ASSERT_TRUE(w.is_ok()) << w.message();
+    const int64_t n_max = 24;
+    Pair x = both(randn(n_max * K)), one = both_poison(n_max * N);
+    for (int64_t t = 0; t < n_max; ++t) gpu_->matmul(*w, x.g.rows(n_max, K).rows(t, 1), one.g.rows(n_max, N).rows(t, 1));
+    const auto ref = get_gpu(one.g);
+    for (const int64_t n : {3, 8, 9, 16, 17, 24}) {
+      Pair y = both_poison(n * N);
+      gpu_->matmul(*w, x.g.rows(n, K), y.g.rows(n, N));
+      const auto got = get_gpu(y.g);
+      for (int64_t i = 0; i < n * N; ++i)
+        ASSERT_EQ(std::memcmp(&got[i], &ref[i], 4), 0) << "K=" << K << " n=" << n << " token " << i / N << " row " << i % N;
+    }
+  }
+}
+
 // Several weights of one input in one call (a layer's q/k/v, a stacked projection's runs: outputs
 // that are column views of one buffer): every part's rows are the bits of its own matmul, at every
 // width, for Q4_K and Q6_K parts (one launch where the int8 matvecs allow: x quantized in-block, K <=

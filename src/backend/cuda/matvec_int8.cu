@@ -177,8 +177,9 @@ struct BlockSlot {
 // tile) plus 32-bit offsets: the lane's row, the copy's group and the step (the 64-bit arithmetic per
 // copy and step was ~130 of ~655 instructions per step of the 17-token kernel).
 // WT (warp tiles, for K < 8 super-blocks): warp ks walks every step of its own tiles slot.idx * 8 +
-// ks, + slot.count * 8, ... instead of sharing each tile with the block's warps.
-template <class L, bool SW, bool WT = false>
+// ks, + slot.count * 8, ... instead of sharing each tile with the block's warps. VW (with WT): a tile's
+// steps in the block form's warp order (0, 8, .., then 1, 9, ..: s16_mma_warp_tiles).
+template <class L, bool SW, bool WT = false, bool VW = false>
 struct StepRing {
   static constexpr int kStages = 2;
   static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
@@ -191,6 +192,7 @@ struct StepRing {
   int lane, ks, cnt;
   int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
   int i_m = 0;
+  int i_s = 0, i_v = 0;  // VW: the issuing step's super-block and block-form warp
   int q, p;  // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
   uint32_t lane_row, group_stride;  // q * row_bytes, kRowsPerCopy * row_bytes
   const uint8_t* gate;  // the issuing tile's first row (SW: of the gate weights), plus 16 p
@@ -235,7 +237,7 @@ struct StepRing {
   }
   __device__ void issue() {
     if (issued < total) {
-      const uint32_t step = static_cast<uint32_t>(WT ? i_m : ks + kWarps * i_m) * L::kBlockBytes;
+      const uint32_t step = static_cast<uint32_t>(VW ? i_s : WT ? i_m : ks + kWarps * i_m) * L::kBlockBytes;
       uint8_t* dst = ring + (issued & 1) * kRows * L::kSlotBytes + q * L::kSlotBytes + 16 * p;
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) {
@@ -259,7 +261,14 @@ struct StepRing {
         }
       }
       ++issued;
-      if (++i_m == cnt) i_m = 0, i_tile += grid, start_tile();
+      if constexpr (VW) {
+        i_s += kWarps;
+        if (i_s >= cnt) i_s = ++i_v;
+      }
+      if (++i_m == cnt) {
+        i_m = 0, i_tile += grid, start_tile();
+        if constexpr (VW) i_s = i_v = 0;
+      }
     }
     cp_async_commit();  // one group per call, empty or not, so wait_group counts items
   }
@@ -1321,6 +1330,83 @@ __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
+// One step of a tensor-core tile for several tokens (super-block s of rows g, g + 8, whose blocks sit mis0,
+// mis1 bytes into their 16-byte covers): its integer sums, added to acc by finish_super_block.
+template <class C, int NT, class Ring>
+__device__ __forceinline__ void s16_mma_step(const Int8MvArgs& a, Ring& ring, int64_t s, int g, int t, int mis0,
+                                             int mis1, float (&acc)[NT][4]) {
+  using L = typename C::L;
+  // x of sub-blocks 8h + jl for token g of each n-tile: two 16-byte loads in the kFragQ6 layout
+  // (padding tokens of the last n-tile load nothing: their codes are zeros). The first half's go out
+  // before the step's wait and the next step's copies (next()), so that they do not queue behind them
+  // (as in q4k_mma_body).
+  auto load_x = [&](int h, uint32_t (&bx)[NT][8]) {
+    const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 128 * h + 16 * t);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const bool real = nt < NT - 1 || nt * 8 + g < a.n;
+      const uint4 v0 = real ? __ldg(xs + nt * 128) : make_uint4(0u, 0u, 0u, 0u);
+      const uint4 v1 = real ? __ldg(xs + nt * 128 + 4) : make_uint4(0u, 0u, 0u, 0u);
+      bx[nt][0] = v0.x, bx[nt][1] = v0.y, bx[nt][2] = v0.z, bx[nt][3] = v0.w;
+      bx[nt][4] = v1.x, bx[nt][5] = v1.y, bx[nt][6] = v1.z, bx[nt][7] = v1.w;
+    }
+  };
+  uint32_t bx_first[NT][8];
+  load_x(0, bx_first);
+  const uint8_t* slot = ring.next();
+  const SlotBlock<L> p0(ring.block(slot, g, mis0, s)), p1(ring.block(slot, g + 8, mis1, s));
+  uint32_t sc0[4], sc1[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sc0[i] = C::scales(p0, i), sc1[i] = C::scales(p1, i);
+  int isum[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t bx[NT][8];
+    if (h == 0) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) bx[nt][e] = bx_first[nt][e];
+    } else {
+      load_x(1, bx);
+    }
+#pragma unroll
+    for (int L16 = 0; L16 < 2; ++L16) {  // elements 16 L16 + 4t.. of each 32-element group
+      const int k = 4 * L16 + t;
+      const typename C::Raw r0 = C::raw(p0, h, k), r1 = C::raw(p1, h, k);
+#pragma unroll
+      for (int grp = 0; grp < 4; ++grp) {
+        const int jl = 2 * grp + L16, jg = 8 * h + jl;  // sub-block of the half, of the block
+        const uint32_t a0 = C::codes(r0, h, k, grp), a1 = C::codes(r1, h, k, grp);
+        const int s0 = sbyte_of(sc0[jg >> 2], jg & 3), s1 = sbyte_of(sc1[jg >> 2], jg & 3);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          int d[4];
+          mma_s8_k16(d, a0, a1, bx[nt][jl]);
+          isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
+          isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
+        }
+      }
+    }
+  }
+  // msum's A fragment: sc_{2t}, sc_{2t+1} (columns 2t, 2t+1) and sc_{2t+8}, sc_{2t+9} of rows g, g+8.
+  // (Selects, not an indexed array, keep the words in registers.)
+  auto sc_pair = [&](const uint32_t (&sc)[4], int base) {  // sc_{j0}, sc_{j0+1}, j0 = 4 base + 2t
+    const uint32_t w = (t >> 1) ? sc[base + 1] : sc[base];
+    const int sh = 16 * (t & 1);
+    return as_u32(__halves2half2(__int2half_rn(static_cast<int8_t>((w >> sh) & 0xffu)),
+                                 __int2half_rn(static_cast<int8_t>((w >> (sh + 8)) & 0xffu))));
+  };
+  const uint32_t ma[4] = {sc_pair(sc0, 0), sc_pair(sc1, 0), sc_pair(sc0, 2), sc_pair(sc1, 2)};
+  const float d0 = __half2float(*reinterpret_cast<const __half*>(p0.p + C::kD));
+  const float d1 = __half2float(*reinterpret_cast<const __half*>(p1.p + C::kD));
+  finish_super_block<NT, C::kOffset != 0>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
+    return add_s16_super_block<C>(ac, is, ms, r1 ? d1 : d0, dx);
+  });
+}
+
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k16 per 16-code sub-block and 8 tokens
 // (lane t's fragment columns 4t..4t+3 = the sub-block's elements 4t..4t+3); msum is one f16
 // mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
@@ -1344,79 +1430,58 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     const int mis0 = ring.row_misalignment(tile, g), mis1 = ring.row_misalignment(tile, g + 8);
-    for (int m = 0; m < ring.cnt; ++m) {
-      const int64_t s = ks + int64_t{kWarps} * m;
-      // x of sub-blocks 8h + jl for token g of each n-tile: two 16-byte loads in the kFragQ6 layout
-      // (padding tokens of the last n-tile load nothing: their codes are zeros). The first half's go out
-      // before the step's wait and the next step's copies (next()), so that they do not queue behind them
-      // (as in q4k_mma_body).
-      auto load_x = [&](int h, uint32_t (&bx)[NT][8]) {
-        const uint4* xs = reinterpret_cast<const uint4*>(a.x.q + (s * (NT * 8) + g) * 256 + 128 * h + 16 * t);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const bool real = nt < NT - 1 || nt * 8 + g < a.n;
-          const uint4 v0 = real ? __ldg(xs + nt * 128) : make_uint4(0u, 0u, 0u, 0u);
-          const uint4 v1 = real ? __ldg(xs + nt * 128 + 4) : make_uint4(0u, 0u, 0u, 0u);
-          bx[nt][0] = v0.x, bx[nt][1] = v0.y, bx[nt][2] = v0.z, bx[nt][3] = v0.w;
-          bx[nt][4] = v1.x, bx[nt][5] = v1.y, bx[nt][6] = v1.z, bx[nt][7] = v1.w;
-        }
-      };
-      uint32_t bx_first[NT][8];
-      load_x(0, bx_first);
-      const uint8_t* slot = ring.next();
-      const SlotBlock<L> p0(ring.block(slot, g, mis0, s)), p1(ring.block(slot, g + 8, mis1, s));
-      uint32_t sc0[4], sc1[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sc0[i] = C::scales(p0, i), sc1[i] = C::scales(p1, i);
-      int isum[NT][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t bx[NT][8];
-        if (h == 0) {
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) bx[nt][e] = bx_first[nt][e];
-        } else {
-          load_x(1, bx);
-        }
-#pragma unroll
-        for (int L16 = 0; L16 < 2; ++L16) {  // elements 16 L16 + 4t.. of each 32-element group
-          const int k = 4 * L16 + t;
-          const typename C::Raw r0 = C::raw(p0, h, k), r1 = C::raw(p1, h, k);
-#pragma unroll
-          for (int grp = 0; grp < 4; ++grp) {
-            const int jl = 2 * grp + L16, jg = 8 * h + jl;  // sub-block of the half, of the block
-            const uint32_t a0 = C::codes(r0, h, k, grp), a1 = C::codes(r1, h, k, grp);
-            const int s0 = sbyte_of(sc0[jg >> 2], jg & 3), s1 = sbyte_of(sc1[jg >> 2], jg & 3);
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              int d[4];
-              mma_s8_k16(d, a0, a1, bx[nt][jl]);
-              isum[nt][0] += s0 * d[0], isum[nt][1] += s0 * d[1];
-              isum[nt][2] += s1 * d[2], isum[nt][3] += s1 * d[3];
-            }
-          }
-        }
-      }
-      // msum's A fragment: sc_{2t}, sc_{2t+1} (columns 2t, 2t+1) and sc_{2t+8}, sc_{2t+9} of rows g, g+8.
-      // (Selects, not an indexed array, keep the words in registers.)
-      auto sc_pair = [&](const uint32_t (&sc)[4], int base) {  // sc_{j0}, sc_{j0+1}, j0 = 4 base + 2t
-        const uint32_t w = (t >> 1) ? sc[base + 1] : sc[base];
-        const int sh = 16 * (t & 1);
-        return as_u32(__halves2half2(__int2half_rn(static_cast<int8_t>((w >> sh) & 0xffu)),
-                                     __int2half_rn(static_cast<int8_t>((w >> (sh + 8)) & 0xffu))));
-      };
-      const uint32_t ma[4] = {sc_pair(sc0, 0), sc_pair(sc1, 0), sc_pair(sc0, 2), sc_pair(sc1, 2)};
-      const float d0 = __half2float(*reinterpret_cast<const __half*>(p0.p + C::kD));
-      const float d1 = __half2float(*reinterpret_cast<const __half*>(p1.p + C::kD));
-      finish_super_block<NT, C::kOffset != 0>(a, s, g, t, ma, isum, acc, [&](float ac, int is, float ms, int r1, float dx) {
-        return add_s16_super_block<C>(ac, is, ms, r1 ? d1 : d0, dx);
-      });
-    }
+    for (int m = 0; m < ring.cnt; ++m) s16_mma_step<C, NT>(a, ring, ks + int64_t{kWarps} * m, g, t, mis0, mis1, acc);
     write_mma_tile<NT, SW, kConv>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks, ct);
+  }
+  cp_async_wait<0>();
+}
+
+// s16_mma_body on warp tiles, for shapes with many more 16-row tiles than warps (the output head: 15520
+// tiles for 2112 warps on an H200): a warp walks every step of tiles of its own, so a tile's end needs
+// no partial sums through shared memory and no barriers (~80 of a Q6_K warp-step's ~800 instructions in
+// the block form, whose kernels are issue-bound at several tokens: PERFORMANCE.md "Session 48"). The
+// same bits: the steps run in the block form's warp order (v, v + 8, .. for v = 0..7), each v's sum
+// from zero, and the sums are added to the output in turn as write_tile adds the warps' partials.
+// a.n_out: a multiple of 16 x the launch's warps (every warp takes as many tiles).
+template <class C, int NT>
+__device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+  using L = typename C::L;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  StepRing<L, false, true, true> ring(a, smem, slot);
+  const int64_t my_tiles = ring.my_tiles;
+  const int S = ring.cnt;
+  ring.prime();
+  pdl_wait();
+  pdl_trigger();
+  for (int64_t j = 0; j < my_tiles; ++j) {
+    const int64_t tile = ring.tile(j);
+    float out[NT][4], acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[nt][e] = acc[nt][e] = 0.0f;
+    const int mis0 = ring.row_misalignment(tile, g), mis1 = ring.row_misalignment(tile, g + 8);
+    int s = 0, v = 0;  // the step's super-block, and the block form's warp that would take it
+    for (int m = 0; m < S; ++m) {
+      s16_mma_step<C, NT>(a, ring, s, g, t, mis0, mis1, acc);
+      s += kWarps;
+      if (s >= S) {  // warp v's partial, added as sum_partials adds it
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) out[nt][e] += acc[nt][e], acc[nt][e] = 0.0f;
+        s = ++v;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = nt * 8 + 2 * t + (e & 1);
+        const int64_t row = tile * kRows + g + (e >= 2 ? 8 : 0);
+        if (c < a.n) a.y[c * a.y_stride + row] = out[nt][e];
+      }
   }
   cp_async_wait<0>();
 }
@@ -1444,6 +1509,20 @@ template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   s16_mma_body<C, NT, SW>(a, smem, launch_slot());
+}
+// Rows 0..warp_rows-1 on warp tiles, the rest (fewer tiles than the launch has warps) in the block form.
+// A warp's ring is its own in both (the block form's partial sums come after the rings), so no barrier.
+template <class C, int NT>
+__global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_kernel(Int8MvArgs a, int64_t warp_rows) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  Int8MvArgs part = a;
+  part.n_out = warp_rows;
+  s16_mma_warp_tiles<C, NT>(part, smem, launch_slot());
+  if (warp_rows == a.n_out) return;
+  part.w = a.w + warp_rows * static_cast<int64_t>(a.row_bytes);
+  part.y = a.y + warp_rows;
+  part.n_out = a.n_out - warp_rows;
+  s16_mma_body<C, NT, false>(part, smem, launch_slot());
 }
 
 // Several matvecs of one input in one launch (int8_matvec_multi_launch): blocks first[i] ..
@@ -1536,10 +1615,40 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!SW) return launch<L, 32, q4k_mma_kernel<4, false, Q5, 1>, 1>(a, false, stream);
   return cudaErrorInvalidValue;
 }
+// Blocks for a several-token Q6_K launch on warp tiles (s16_mma_wt_kernel), or 0 for the block form:
+// at least two whole tiles a warp of the usual grid. HYSPEC_WARP_TILES=0: never; =B: on B blocks whenever
+// each of their warps gets a tile (tests; the bits do not depend on the grid).
+int64_t warp_tile_blocks(int64_t full_tiles) {
+  const int forced = env_int("HYSPEC_WARP_TILES", -1);
+  if (forced == 0) return 0;
+  const int64_t blocks = forced > 0 ? forced : 2 * int64_t{sm_count()};
+  return full_tiles / (blocks * kWarps) >= (forced > 0 ? 1 : 2) ? blocks : 0;
+}
+template <class C, int NT>
+cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream) {
+  using L = typename C::L;
+  const int64_t warps = blocks * kWarps, warp_rows = a.n_out / kRows / warps * warps * kRows;
+  const size_t smem = smem_bytes<L>(NT * 8, false);
+  static const cudaError_t attr_err =
+      cudaFuncSetAttribute(s16_mma_wt_kernel<C, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr_err != cudaSuccess) return attr_err;
+  return launch_pdl(s16_mma_wt_kernel<C, NT>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), smem, stream, a,
+                    warp_rows);
+}
+
 template <class C, bool SW>
 cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = typename C::L;
   const int n = a.n;
+  if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
+    if (!dp4a && n <= 24) {
+      if (const int64_t blocks = warp_tile_blocks(a.n_out / kRows)) {
+        if (n <= 8) return launch_s16_wt<C, 1>(a, blocks, stream);
+        if (n <= 16) return launch_s16_wt<C, 2>(a, blocks, stream);
+        return launch_s16_wt<C, 3>(a, blocks, stream);
+      }
+    }
+  }
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
       return a.conv_y ? launch<L, 1, s16_dp4a_kernel<C, 1, false, true, kStageNorm>>(a, false, stream, true)
