@@ -1451,16 +1451,23 @@ __device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t*
   StepRing<L, false, true, true> ring(a, smem, slot);
   const int64_t my_tiles = ring.my_tiles;
   const int S = ring.cnt;
+  // Three n-tiles keep the output sums in shared memory, in the thread's own words of the block form's
+  // partial-sum buffer (word (nt, e) at 256 (4 nt + e) + thread): in registers they made the kernel
+  // spill (84 bytes at 128 registers) and 17 tokens 8% slower than the block form.
+  constexpr bool kOutShared = NT >= 3;
+  float out[kOutShared ? 1 : NT][4];
+  float* const outs = ring.red + threadIdx.x;
+  auto out_at = [&](int nt, int e) -> float& { return kOutShared ? outs[(4 * nt + e) * kWarps * 32] : out[nt][e]; };
   ring.prime();
   pdl_wait();
   pdl_trigger();
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
-    float out[NT][4], acc[NT][4];
+    float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[nt][e] = acc[nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) out_at(nt, e) = acc[nt][e] = 0.0f;
     const int mis0 = ring.row_misalignment(tile, g), mis1 = ring.row_misalignment(tile, g + 8);
     int s = 0, v = 0;  // the step's super-block, and the block form's warp that would take it
     for (int m = 0; m < S; ++m) {
@@ -1470,7 +1477,7 @@ __device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t*
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) out[nt][e] += acc[nt][e], acc[nt][e] = 0.0f;
+          for (int e = 0; e < 4; ++e) out_at(nt, e) += acc[nt][e], acc[nt][e] = 0.0f;
         s = ++v;
       }
     }
@@ -1480,10 +1487,11 @@ __device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t*
       for (int e = 0; e < 4; ++e) {
         const int c = nt * 8 + 2 * t + (e & 1);
         const int64_t row = tile * kRows + g + (e >= 2 ? 8 : 0);
-        if (c < a.n) a.y[c * a.y_stride + row] = out[nt][e];
+        if (c < a.n) a.y[c * a.y_stride + row] = out_at(nt, e);
       }
   }
   cp_async_wait<0>();
+  if constexpr (kOutShared) __syncthreads();  // the block form's partial sums may follow in those words
 }
 
 // The kernels of one matvec: every block of the launch serves it.
@@ -1511,7 +1519,6 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
   s16_mma_body<C, NT, SW>(a, smem, launch_slot());
 }
 // Rows 0..warp_rows-1 on warp tiles, the rest (fewer tiles than the launch has warps) in the block form.
-// A warp's ring is its own in both (the block form's partial sums come after the rings), so no barrier.
 template <class C, int NT>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_kernel(Int8MvArgs a, int64_t warp_rows) {
   extern __shared__ __align__(16) uint8_t smem[];
