@@ -1442,7 +1442,9 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 // the block form, whose kernels are issue-bound at several tokens: PERFORMANCE.md "Session 48"). The
 // same bits: the steps run in the block form's warp order (v, v + 8, .. for v = 0..7), each v's sum
 // from zero, and the sums are added to the output in turn as write_tile adds the warps' partials.
-// a.n_out: a multiple of 16 x the launch's warps (every warp takes as many tiles).
+// a.n_out: a multiple of 16 x the launch's warps (every warp takes as many tiles). One and two n-tiles
+// only: at three the sums spill (84 bytes at 128 registers; 17 tokens 8% slower), and kept in shared
+// memory instead they lost at 18-23 tokens what they won at 24 (PERFORMANCE.md "Session 51").
 template <class C, int NT>
 __device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
   using L = typename C::L;
@@ -1451,23 +1453,16 @@ __device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t*
   StepRing<L, false, true, true> ring(a, smem, slot);
   const int64_t my_tiles = ring.my_tiles;
   const int S = ring.cnt;
-  // Three n-tiles keep the output sums in shared memory, in the thread's own words of the block form's
-  // partial-sum buffer (word (nt, e) at 256 (4 nt + e) + thread): in registers they made the kernel
-  // spill (84 bytes at 128 registers) and 17 tokens 8% slower than the block form.
-  constexpr bool kOutShared = NT >= 3;
-  float out[kOutShared ? 1 : NT][4];
-  float* const outs = ring.red + threadIdx.x;
-  auto out_at = [&](int nt, int e) -> float& { return kOutShared ? outs[(4 * nt + e) * kWarps * 32] : out[nt][e]; };
   ring.prime();
   pdl_wait();
   pdl_trigger();
   for (int64_t j = 0; j < my_tiles; ++j) {
     const int64_t tile = ring.tile(j);
-    float acc[NT][4];
+    float out[NT][4], acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out_at(nt, e) = acc[nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) out[nt][e] = acc[nt][e] = 0.0f;
     const int mis0 = ring.row_misalignment(tile, g), mis1 = ring.row_misalignment(tile, g + 8);
     int s = 0, v = 0;  // the step's super-block, and the block form's warp that would take it
     for (int m = 0; m < S; ++m) {
@@ -1477,7 +1472,7 @@ __device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t*
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) out_at(nt, e) += acc[nt][e], acc[nt][e] = 0.0f;
+          for (int e = 0; e < 4; ++e) out[nt][e] += acc[nt][e], acc[nt][e] = 0.0f;
         s = ++v;
       }
     }
@@ -1487,11 +1482,10 @@ __device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t*
       for (int e = 0; e < 4; ++e) {
         const int c = nt * 8 + 2 * t + (e & 1);
         const int64_t row = tile * kRows + g + (e >= 2 ? 8 : 0);
-        if (c < a.n) a.y[c * a.y_stride + row] = out_at(nt, e);
+        if (c < a.n) a.y[c * a.y_stride + row] = out[nt][e];
       }
   }
   cp_async_wait<0>();
-  if constexpr (kOutShared) __syncthreads();  // the block form's partial sums may follow in those words
 }
 
 // The kernels of one matvec: every block of the launch serves it.
@@ -1519,6 +1513,7 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
   s16_mma_body<C, NT, SW>(a, smem, launch_slot());
 }
 // Rows 0..warp_rows-1 on warp tiles, the rest (fewer tiles than the launch has warps) in the block form.
+// A warp's ring is its own in both (the block form's partial sums come after the rings), so no barrier.
 template <class C, int NT>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_kernel(Int8MvArgs a, int64_t warp_rows) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1622,7 +1617,7 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!SW) return launch<L, 32, q4k_mma_kernel<4, false, Q5, 1>, 1>(a, false, stream);
   return cudaErrorInvalidValue;
 }
-// Blocks for a several-token Q6_K launch on warp tiles (s16_mma_wt_kernel), or 0 for the block form:
+// Blocks for a Q6_K launch of 3..16 tokens on warp tiles (s16_mma_wt_kernel), or 0 for the block form:
 // at least two whole tiles a warp of the usual grid. HYSPEC_WARP_TILES=0: never; =B: on B blocks whenever
 // each of their warps gets a tile (tests; the bits do not depend on the grid).
 int64_t warp_tile_blocks(int64_t full_tiles) {
@@ -1648,12 +1643,9 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = typename C::L;
   const int n = a.n;
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
-    if (!dp4a && n <= 24) {
-      if (const int64_t blocks = warp_tile_blocks(a.n_out / kRows)) {
-        if (n <= 8) return launch_s16_wt<C, 1>(a, blocks, stream);
-        if (n <= 16) return launch_s16_wt<C, 2>(a, blocks, stream);
-        return launch_s16_wt<C, 3>(a, blocks, stream);
-      }
+    if (!dp4a && n <= 16) {
+      if (const int64_t blocks = warp_tile_blocks(a.n_out / kRows))
+        return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream) : launch_s16_wt<C, 2>(a, blocks, stream);
     }
   }
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
