@@ -444,10 +444,9 @@ TEST_P(CudaMatmulTest, MatvecRowsAreBitIdenticalAcrossWidths) {
 
 // A Q6_K matmul of 3..16 tokens with many more row tiles than warps (the output head) runs on warp tiles
 // (matvec_int8.cu, s16_mma_wt_kernel), the tiles left over in the block form: row t keeps the bits of the
-// one-row matmul of x[t] (17 and 24 tokens: the block form, as a check on the test). HYSPEC_WARP_TILES=8
-// puts any shape with a tile a warp on 8 blocks (64 warps);
-// K = 2304 gives the block form's warps unequal steps (9 super-blocks), 4096 two each; 8456 rows leave a
-// part tile.
+// one-row matmul of x[t] (17 and 24 tokens take the block form: a check on the test). HYSPEC_WARP_TILES=8
+// puts any shape with a tile a warp on 8 blocks (64 warps). K = 2304 gives the block form's warps unequal
+// steps (9 super-blocks), 4096 two each; 8456 rows leave a part tile.
 TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
   if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
   struct WarpTiles {

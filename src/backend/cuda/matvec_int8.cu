@@ -1647,8 +1647,6 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
       if (const int64_t blocks = warp_tile_blocks(a.n_out / kRows))
         return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream) : launch_s16_wt<C, 2>(a, blocks, stream);
     }
-  }
-  if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
       return a.conv_y ? launch<L, 1, s16_dp4a_kernel<C, 1, false, true, kStageNorm>>(a, false, stream, true)
                       : launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStageNorm>>(a, false, stream, true);
