@@ -459,13 +459,13 @@ TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
     auto w = gpu_->load_weight(tensor_info("head", GgmlType::Q6_K, bytes, K, N));
     ASSERT_TRUE(w.is_ok()) << w.message();
     const int64_t n_max = 24;
-    Pair x = both(randn(n_max * K)), one = both_poison(n_max * N);
-    for (int64_t t = 0; t < n_max; ++t) gpu_->matmul(*w, x.g.rows(n_max, K).rows(t, 1), one.g.rows(n_max, N).rows(t, 1));
-    const auto ref = get_gpu(one.g);
+    const Tensor x = put(*gpu_, randn(n_max * K)), one = poison(*gpu_, n_max * N);  // (no CPU side: CUDA against CUDA)
+    for (int64_t t = 0; t < n_max; ++t) gpu_->matmul(*w, x.rows(n_max, K).rows(t, 1), one.rows(n_max, N).rows(t, 1));
+    const auto ref = get_gpu(one);
     for (const int64_t n : {3, 8, 9, 16, 17, 24}) {
-      Pair y = both_poison(n * N);
-      gpu_->matmul(*w, x.g.rows(n, K), y.g.rows(n, N));
-      const auto got = get_gpu(y.g);
+      const Tensor y = poison(*gpu_, n * N);
+      gpu_->matmul(*w, x.rows(n, K), y.rows(n, N));
+      const auto got = get_gpu(y);
       for (int64_t i = 0; i < n * N; ++i)
         ASSERT_EQ(std::memcmp(&got[i], &ref[i], 4), 0) << "K=" << K << " n=" << n << " token " << i / N << " row " << i % N;
     }
