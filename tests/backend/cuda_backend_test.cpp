@@ -472,13 +472,13 @@ TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
   }
 }
 
-// HYSPEC_TMA_RING=1 (sm_90): a plain Q4_K matmul of 3..24 tokens takes its weights by TMA boxes
+// HYSPEC_TMA_RING=1 (sm_90): a plain Q4_K matmul of 1..24 tokens takes its weights by TMA boxes
 // (matvec_int8.cu, TmaStepRing) instead of cp.async copies: the same slots, so the same bits, with a
 // part tile past the matrix (8456 rows) and unequal steps a warp (K = 2304).
 TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
   if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
   const int64_t N = 8456, n_max = 24;
-  const int64_t widths[] = {3, 8, 9, 16, 17, 24};
+  const int64_t widths[] = {1, 2, 3, 8, 9, 16, 17, 24};
   for (const int64_t K : {2304, 4096}) {
     const auto bytes = random_weight_bytes(GgmlType::Q4_K, K, N, rng_);
     auto w = gpu_->load_weight(tensor_info("w", GgmlType::Q4_K, bytes, K, N));

@@ -319,11 +319,12 @@ struct TmaStepRing {
   float* red;
   uint32_t bars;  // this warp's stage barriers (shared-space address)
   int lane, ks, cnt;
-  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid;
+  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
   int i_m = 0;
 
   __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const void* tensor_map)
-      : a(args), map(tensor_map), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count) {
+      : a(args), map(tensor_map), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count),
+        first_tile(slot.idx) {
     ring = smem + kBarBytes + ks * kStages * kStepBytes;
     red = reinterpret_cast<float*>(smem + kBarBytes + kWarps * kStages * kStepBytes);
     bars = smem_addr(smem) + 8 * kStages * ks;
@@ -362,6 +363,8 @@ struct TmaStepRing {
     issue();
     return ring + (consumed++ & 1) * kStepBytes;
   }
+  // The j-th tile this warp reads.
+  __device__ int64_t tile(int64_t j) const { return first_tile + j * grid; }
 };
 
 // The packed 6-bit scales (sc) and mins (mn) of sub-blocks 4h..4h+3 of a Q4_K block header, one per byte.
@@ -814,13 +817,19 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
 // kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers);
 // kXFold: x staged through Int8XFold (one row: kStageFold, kStagePlain).
-template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone>
-__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone,
+          bool kTma = false>
+__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const void* map = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<L, SW, WT> ring(a, smem, slot);
+  static_assert(!kTma || (!SW && !Q5 && !WT && !kConv && kXFold == kStageNone));
+  using Ring = std::conditional_t<kTma, TmaStepRing<L>, StepRing<L, SW, WT>>;
+  Ring ring = [&] {
+    if constexpr (kTma) return Ring(a, smem, slot, map);
+    else return Ring(a, smem, slot);
+  }();
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -1578,6 +1587,12 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
 }
+// q4k_dp4a_kernel's plain Q4_K form (no fold, no conv; a residual add) with the weights by TMA.
+template <int NMAX>
+__global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ CUtensorMap map) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  q4k_dp4a_body<NMAX, false, false, false, false, kStageNone, true>(a, tma_smem, launch_slot(), &map);
+}
 // q4k_mma_kernel's plain Q4_K form with the weights by TMA (HYSPEC_TMA_RING=1, sm_90).
 template <int NT>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ CUtensorMap map) {
@@ -1700,17 +1715,18 @@ bool q4k_tensor_map(const Int8MvArgs& a, CUtensorMap* out) {
   made.emplace(key, map);
   return *out = map, true;
 }
-template <int NT>
+// A TMA kernel of NMAX rows (the dp4a kernels' 1-2, the tensor-core kernels' 8 NT), launched as `launch` does.
+template <int NMAX, bool kStaged, auto kernel>
 cudaError_t launch_q4k_tma(Int8MvArgs a, const CUtensorMap& map, cudaStream_t stream) {
-  const size_t smem = smem_bytes<Q4KLayout>(NT * 8, false) + TmaStepRing<Q4KLayout>::kBarBytes;
+  const size_t smem = smem_bytes<Q4KLayout>(NMAX, kStaged) + TmaStepRing<Q4KLayout>::kBarBytes;
   static const cudaError_t attr_err =
-      cudaFuncSetAttribute(q4k_mma_tma_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
   const int64_t tiles = (a.n_out + kRows - 1) / kRows;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sm_count()})));
-  return launch_pdl(q4k_mma_tma_kernel<NT>, grid, dim3(kWarps * 32), smem, stream, a, map);
+  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a, map);
 }
-// HYSPEC_TMA_RING=1: plain Q4_K launches of 3..24 tokens take q4k_mma_tma_kernel on sm_90 (an A/B switch,
+// HYSPEC_TMA_RING=1: plain Q4_K launches of 1..24 tokens take the TMA kernels on sm_90 (an A/B switch,
 // read at each launch so that a test can set it).
 bool use_tma_ring() {
   static const bool sm90 = [] {
@@ -1744,13 +1760,19 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
       return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStageFold>>(a, false, stream, true);  // (n = 1)
   }
-  if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
-                          : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
   if constexpr (!SW && !Q5) {
     CUtensorMap map;
-    if (n <= 24 && use_tma_ring() && q4k_tensor_map(a, &map))
-      return n <= 8 ? launch_q4k_tma<1>(a, map, stream) : n <= 16 ? launch_q4k_tma<2>(a, map, stream) : launch_q4k_tma<3>(a, map, stream);
+    if (n <= 24 && use_tma_ring() && q4k_tensor_map(a, &map)) {
+      if (dp4a)
+        return n == 1 ? launch_q4k_tma<1, true, q4k_dp4a_tma_kernel<1>>(a, map, stream)
+                      : launch_q4k_tma<2, true, q4k_dp4a_tma_kernel<2>>(a, map, stream);
+      if (n <= 8) return launch_q4k_tma<8, false, q4k_mma_tma_kernel<1>>(a, map, stream);
+      if (n <= 16) return launch_q4k_tma<16, false, q4k_mma_tma_kernel<2>>(a, map, stream);
+      return launch_q4k_tma<24, false, q4k_mma_tma_kernel<3>>(a, map, stream);
+    }
   }
+  if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
+                          : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
   if (n <= 8) return launch<L, 8, q4k_mma_kernel<1, SW, Q5>>(a, SW, stream);
   if (n <= 16) return launch<L, 16, q4k_mma_kernel<2, SW, Q5>>(a, SW, stream);
   if (n <= 24) return launch<L, 24, q4k_mma_kernel<3, SW, Q5>>(a, SW, stream);
