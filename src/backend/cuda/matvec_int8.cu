@@ -220,6 +220,7 @@ struct StepRing {
     group_stride = static_cast<uint32_t>(kRowsPerCopy * a.row_bytes);
     start_tile();
   }
+  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const void*) : StepRing(args, smem, slot) {}
   __device__ void start_tile() {
     const int64_t first = i_tile * kOut, rb = static_cast<int64_t>(a.row_bytes);
     gate = a.w + first * rb + 16 * p;
@@ -825,11 +826,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
   static_assert(!kTma || (!SW && !Q5 && !WT && !kConv && kXFold == kStageNone));
-  using Ring = std::conditional_t<kTma, TmaStepRing<L>, StepRing<L, SW, WT>>;
-  Ring ring = [&] {
-    if constexpr (kTma) return Ring(a, smem, slot, map);
-    else return Ring(a, smem, slot);
-  }();
+  std::conditional_t<kTma, TmaStepRing<L>, StepRing<L, SW, WT>> ring(a, smem, slot, map);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -1025,11 +1022,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   static_assert(!kTma || (!SW && !Q5 && !kConv));
-  using Ring = std::conditional_t<kTma, TmaStepRing<L>, StepRing<L, SW>>;
-  Ring ring = [&] {
-    if constexpr (kTma) return Ring(a, smem, slot, map);
-    else return Ring(a, smem, slot);
-  }();
+  std::conditional_t<kTma, TmaStepRing<L>, StepRing<L, SW>> ring(a, smem, slot, map);
   ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
