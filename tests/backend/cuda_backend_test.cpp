@@ -484,6 +484,8 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
     auto w = gpu_->load_weight(tensor_info("w", GgmlType::Q4_K, bytes, K, N));
     ASSERT_TRUE(w.is_ok()) << w.message();
     const Tensor x = put(*gpu_, randn(n_max * K));
+    const char* before = std::getenv("HYSPEC_TMA_RING");  // (restored: a run may set it for every test)
+    const std::string saved = before ? before : "";
     auto run = [&](const char* tma) {
       setenv("HYSPEC_TMA_RING", tma, 1);
       std::vector<std::vector<float>> out;
@@ -492,7 +494,8 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
         gpu_->matmul(*w, x.rows(n, K), y.rows(n, N));
         out.push_back(get_gpu(y));
       }
-      unsetenv("HYSPEC_TMA_RING");
+      if (before) setenv("HYSPEC_TMA_RING", saved.c_str(), 1);
+      else unsetenv("HYSPEC_TMA_RING");
       return out;
     };
     const auto copies = run("0"), tma = run("1");
