@@ -472,6 +472,40 @@ TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
   }
 }
 
+// HYSPEC_TMA_RING=1 (sm_90): a plain Q4_K matmul of 1..24 tokens takes its weights by TMA boxes
+// (matvec_int8.cu, TmaStepRing) instead of cp.async copies: the same slots, so the same bits, with a
+// part tile past the matrix (8456 rows) and unequal steps a warp (K = 2304).
+TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
+  if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
+  const int64_t N = 8456, n_max = 24;
+  const int64_t widths[] = {1, 2, 3, 8, 9, 16, 17, 24};
+  for (const int64_t K : {2304, 4096}) {
+    const auto bytes = random_weight_bytes(GgmlType::Q4_K, K, N, rng_);
+    auto w = gpu_->load_weight(tensor_info("w", GgmlType::Q4_K, bytes, K, N));
+    ASSERT_TRUE(w.is_ok()) << w.message();
+    const Tensor x = put(*gpu_, randn(n_max * K));
+    const char* before = std::getenv("HYSPEC_TMA_RING");  // (restored: a run may set it for every test)
+    const std::string saved = before ? before : "";
+    auto run = [&](const char* tma) {
+      setenv("HYSPEC_TMA_RING", tma, 1);
+      std::vector<std::vector<float>> out;
+      for (const int64_t n : widths) {
+        const Tensor y = poison(*gpu_, n * N);
+        gpu_->matmul(*w, x.rows(n, K), y.rows(n, N));
+        out.push_back(get_gpu(y));
+      }
+      if (before) setenv("HYSPEC_TMA_RING", saved.c_str(), 1);
+      else unsetenv("HYSPEC_TMA_RING");
+      return out;
+    };
+    const auto copies = run("0"), tma = run("1");
+    for (size_t i = 0; i < std::size(widths); ++i)
+      for (size_t e = 0; e < copies[i].size(); ++e)
+        ASSERT_EQ(std::memcmp(&copies[i][e], &tma[i][e], 4), 0)
+            << "K=" << K << " n=" << widths[i] << ": token " << e / N << " row " << e % N;
+  }
+}
+
 // Several weights of one input in one call (a layer's q/k/v, a stacked projection's runs: outputs
 // that are column views of one buffer): every part's rows are the bits of its own matmul, at every
 // width, for Q4_K and Q6_K parts (one launch where the int8 matvecs allow: x quantized in-block, K <=

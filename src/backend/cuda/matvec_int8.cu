@@ -44,8 +44,14 @@
 // token: 2.1-2.3 TB/s on 4096 x 8192..12288 (f16 matvec 1.3-1.5); 17 tokens 1.3-1.5 (Q4_K), 1.4-1.6 (Q6_K).
 #include <cuda_fp16.h>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "backend/cuda/activations.cuh"
@@ -214,6 +220,7 @@ struct StepRing {
     group_stride = static_cast<uint32_t>(kRowsPerCopy * a.row_bytes);
     start_tile();
   }
+  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const void*) : StepRing(args, smem, slot) {}
   __device__ void start_tile() {
     const int64_t first = i_tile * kOut, rb = static_cast<int64_t>(a.row_bytes);
     gate = a.w + first * rb + 16 * p;
@@ -292,6 +299,73 @@ struct StepRing {
     if constexpr (L::kAligned) return p;
     return p + ((row_mis + s * L::kBlockBytes) & 15);
   }
+};
+
+// StepRing's plain form (no SwiGLU, no warp tiles) for a 16-byte multiple block (Q4_K) fed by TMA: a step's
+// 16 rows arrive as one box of a 3D tensor map [rows][super-blocks][block bytes] (q4k_tensor_map), issued
+// by lane 0 on the stage's mbarrier, where the cp.async ring takes ~6 copies a lane with their address and
+// predicate arithmetic (53 of a 16-token Q4_K warp-step's 467 instructions: PERFORMANCE.md "Session 48").
+// The same slot layout, so the same bits. Shared memory: the warps' mbarriers (kBarBytes), then the rings,
+// then the partial sums. Rows past the matrix arrive as zeros (TMA's out-of-bounds fill).
+template <class L>
+struct TmaStepRing {
+  static_assert(L::kAligned, "whole blocks a row: box {block bytes, 1, 16}");
+  static constexpr int kStages = 2;
+  static constexpr uint32_t kStepBytes = kRows * L::kSlotBytes;
+  static constexpr size_t kBarBytes = 128;  // kWarps x kStages mbarriers; keeps the rings 128-byte aligned
+  static_assert(kWarps * kStages * 8 <= kBarBytes && kStepBytes % 128 == 0);
+  const Int8MvArgs& a;
+  const void* map;  // the launch's __grid_constant__ CUtensorMap
+  uint8_t* ring;
+  float* red;
+  uint32_t bars;  // this warp's stage barriers (shared-space address)
+  int lane, ks, cnt;
+  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
+  int i_m = 0;
+
+  __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const void* tensor_map)
+      : a(args), map(tensor_map), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count),
+        first_tile(slot.idx) {
+    ring = smem + kBarBytes + ks * kStages * kStepBytes;
+    red = reinterpret_cast<float*>(smem + kBarBytes + kWarps * kStages * kStepBytes);
+    bars = smem_addr(smem) + 8 * kStages * ks;
+    const int64_t S = a.K / 256, tiles = (a.n_out + kRows - 1) / kRows;
+    my_tiles = i_tile < tiles ? (tiles - 1 - i_tile) / grid + 1 : 0;
+    cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
+    total = my_tiles * cnt;
+    if (lane == 0) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) mbar_init(bars + 8 * st, 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
+  __device__ void issue() {
+    if (issued < total) {
+      if (lane == 0) {
+        const int st = static_cast<int>(issued & 1);
+        const uint32_t bar = bars + 8 * st;
+        fence_proxy_async_smem();  // the warp's reads of this slot (before the caller's __syncwarp) come first
+        mbar_expect_tx(bar, kStepBytes);
+        tma_load_3d(smem_addr(ring + st * kStepBytes), map, 0, ks + kWarps * i_m, static_cast<int>(i_tile * kRows), bar);
+      }
+      ++issued;
+      if (++i_m == cnt) i_m = 0, i_tile += grid;
+    }
+  }
+  __device__ void prime() { issue(); }
+  // The next step's slot (its box has landed), after queueing the box of the one after.
+  __device__ const uint8_t* next() {
+    const int st = static_cast<int>(consumed & 1);
+    const uint32_t parity = static_cast<uint32_t>((consumed >> 1) & 1);
+    while (!mbar_try_wait(bars + 8 * st, parity)) {
+    }
+    __syncwarp();  // every lane has read the slot refilled next
+    issue();
+    return ring + (consumed++ & 1) * kStepBytes;
+  }
+  // The j-th tile this warp reads.
+  __device__ int64_t tile(int64_t j) const { return first_tile + j * grid; }
 };
 
 // The packed 6-bit scales (sc) and mins (mn) of sub-blocks 4h..4h+3 of a Q4_K block header, one per byte.
@@ -744,13 +818,15 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
 // kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers);
 // kXFold: x staged through Int8XFold (one row: kStageFold, kStagePlain).
-template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone>
-__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone,
+          bool kTma = false>
+__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const void* map = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<L, SW, WT> ring(a, smem, slot);
+  static_assert(!kTma || (!SW && !Q5 && !WT && !kConv && kXFold == kStageNone));
+  std::conditional_t<kTma, TmaStepRing<L>, StepRing<L, SW, WT>> ring(a, smem, slot, map);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -938,13 +1014,15 @@ __device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int6
 // block, so sum_k A B = sum_i m_i bsum_i, exactly. The k order inside a sub-block is permuted (lane
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
-template <int NT, bool SW, bool Q5 = false, bool kConv = false>
-__device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+// kTma: the weights arrive by TMA (TmaStepRing on the tensor map `map`; Q4_K, no SwiGLU, no conv).
+template <int NT, bool SW, bool Q5 = false, bool kConv = false, bool kTma = false>
+__device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const void* map = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  StepRing<L, SW> ring(a, smem, slot);
+  static_assert(!kTma || (!SW && !Q5 && !kConv));
+  std::conditional_t<kTma, TmaStepRing<L>, StepRing<L, SW>> ring(a, smem, slot, map);
   ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
@@ -1502,6 +1580,18 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
 }
+// q4k_dp4a_kernel's plain Q4_K form (no fold, no conv; a residual add) with the weights by TMA.
+template <int NMAX>
+__global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ CUtensorMap map) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  q4k_dp4a_body<NMAX, false, false, false, false, kStageNone, true>(a, tma_smem, launch_slot(), &map);
+}
+// q4k_mma_kernel's plain Q4_K form with the weights by TMA (HYSPEC_TMA_RING=1, sm_90).
+template <int NT>
+__global__ void __launch_bounds__(kWarps * 32, 2) q4k_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ CUtensorMap map) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  q4k_mma_body<NT, false, false, false, true>(a, tma_smem, launch_slot(), &map);
+}
 template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1587,6 +1677,60 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
   return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
 }
 
+// The 3D tensor map [rows][super-blocks][144 bytes] of a Q4_K weight, boxes of one block of 16 rows
+// (TmaStepRing), or false where the driver cannot make one (the address not 16-byte aligned). Made once a
+// weight (address and shape) and kept.
+bool q4k_tensor_map(const Int8MvArgs& a, CUtensorMap* out) {
+  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
+                        cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<Encode>(fn) : nullptr;
+  }();
+  if (!encode || (reinterpret_cast<uintptr_t>(a.w) & 15) != 0 || a.row_bytes % 16 != 0) return false;
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int64_t, int64_t>, CUtensorMap> made;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(static_cast<const void*>(a.w), a.n_out, a.K);
+  if (const auto it = made.find(key); it != made.end()) return *out = it->second, true;
+  constexpr cuuint32_t kBlock = Q4KLayout::kBlockBytes;
+  const cuuint64_t dims[3] = {kBlock, static_cast<cuuint64_t>(a.K / 256), static_cast<cuuint64_t>(a.n_out)};
+  const cuuint64_t strides[2] = {kBlock, a.row_bytes};
+  const cuuint32_t box[3] = {kBlock, 1, kRows}, unit[3] = {1, 1, 1};
+  CUtensorMap map;
+  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(a.w), dims, strides, box, unit,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return false;
+  made.emplace(key, map);
+  return *out = map, true;
+}
+// A TMA kernel of NMAX rows (the dp4a kernels' 1-2, the tensor-core kernels' 8 NT), launched as `launch` does.
+template <int NMAX, bool kStaged, auto kernel>
+cudaError_t launch_q4k_tma(Int8MvArgs a, const CUtensorMap& map, cudaStream_t stream) {
+  const size_t smem = smem_bytes<Q4KLayout>(NMAX, kStaged) + TmaStepRing<Q4KLayout>::kBarBytes;
+  static const cudaError_t attr_err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr_err != cudaSuccess) return attr_err;
+  const int64_t tiles = (a.n_out + kRows - 1) / kRows;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sm_count()})));
+  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a, map);
+}
+// HYSPEC_TMA_RING=1: plain Q4_K launches of 1..24 tokens take the TMA kernels on sm_90 (an A/B switch,
+// read at each launch so that a test can set it).
+bool use_tma_ring() {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major >= 9;
+  }();
+  return sm90 && env_int("HYSPEC_TMA_RING", 0) != 0;
+}
+
 // dp4a: the one- or two-token kernel, else the tensor cores by width; every choice gives the same
 // bits, so the switch is a speed choice only.
 template <bool SW, bool Q5>
@@ -1608,6 +1752,17 @@ cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
       return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
       return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStageFold>>(a, false, stream, true);  // (n = 1)
+  }
+  if constexpr (!SW && !Q5) {
+    CUtensorMap map;
+    if (n <= 24 && use_tma_ring() && q4k_tensor_map(a, &map)) {
+      if (dp4a)
+        return n == 1 ? launch_q4k_tma<1, true, q4k_dp4a_tma_kernel<1>>(a, map, stream)
+                      : launch_q4k_tma<2, true, q4k_dp4a_tma_kernel<2>>(a, map, stream);
+      if (n <= 8) return launch_q4k_tma<8, false, q4k_mma_tma_kernel<1>>(a, map, stream);
+      if (n <= 16) return launch_q4k_tma<16, false, q4k_mma_tma_kernel<2>>(a, map, stream);
+      return launch_q4k_tma<24, false, q4k_mma_tma_kernel<3>>(a, map, stream);
+    }
   }
   if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
                           : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
