@@ -472,37 +472,53 @@ TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
   }
 }
 
-// HYSPEC_TMA_RING=1 (sm_90): a plain Q4_K matmul of 1..24 tokens takes its weights by TMA boxes
-// (matvec_int8.cu, TmaStepRing) instead of cp.async copies: the same slots, so the same bits, with a
+// On sm_90 the Q4_K matmuls take their weights by TMA boxes (matvec_int8.cu, TmaStepRing) instead of
+// cp.async copies (HYSPEC_TMA_RING=0): the same slots, so the same bits, for the plain matmul, the fused
+// SwiGLU and a matmul_many with a Q6_K part (its cp.async ring in the same launch), at 1..32 tokens, with a
 // part tile past the matrix (8456 rows) and unequal steps a warp (K = 2304).
 TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
   if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
-  const int64_t N = 8456, n_max = 24;
-  const int64_t widths[] = {1, 2, 3, 8, 9, 16, 17, 24};
+  const int64_t N = 8456, N6 = 264, n_max = 32;
+  const int64_t widths[] = {1, 2, 3, 8, 9, 16, 17, 24, 25, 32};
   for (const int64_t K : {2304, 4096}) {
-    const auto bytes = random_weight_bytes(GgmlType::Q4_K, K, N, rng_);
-    auto w = gpu_->load_weight(tensor_info("w", GgmlType::Q4_K, bytes, K, N));
-    ASSERT_TRUE(w.is_ok()) << w.message();
-    const Tensor x = put(*gpu_, randn(n_max * K));
+    const auto gb = random_weight_bytes(GgmlType::Q4_K, K, N, rng_), ub = random_weight_bytes(GgmlType::Q4_K, K, N, rng_);
+    const auto b6 = random_weight_bytes(GgmlType::Q6_K, K, N6, rng_);
+    auto w = gpu_->load_weight(tensor_info("w", GgmlType::Q4_K, gb, K, N));
+    auto up = gpu_->load_weight(tensor_info("up", GgmlType::Q4_K, ub, K, N));
+    auto w6 = gpu_->load_weight(tensor_info("w6", GgmlType::Q6_K, b6, K, N6));
+    ASSERT_TRUE(w.is_ok() && up.is_ok() && w6.is_ok());
+    // (matmul_many's one launch at 3+ tokens takes x quantized by the norm that wrote it)
+    const Tensor x = put(*gpu_, randn(n_max * K)), wn = put(*gpu_, randn(K)), h = poison(*gpu_, n_max * K);
+    gpu_->rms_norm(x.rows(n_max, K), wn.f(), K, 1e-6f, h.rows(n_max, K));
     const char* before = std::getenv("HYSPEC_TMA_RING");  // (restored: a run may set it for every test)
     const std::string saved = before ? before : "";
     auto run = [&](const char* tma) {
       setenv("HYSPEC_TMA_RING", tma, 1);
       std::vector<std::vector<float>> out;
       for (const int64_t n : widths) {
-        const Tensor y = poison(*gpu_, n * N);
+        const Tensor y = poison(*gpu_, n * N), ys = poison(*gpu_, n * N), ym = poison(*gpu_, n * (2 * N + N6));
         gpu_->matmul(*w, x.rows(n, K), y.rows(n, N));
         out.push_back(get_gpu(y));
+        if (gpu_->matmul_swiglu(*w, *up, x.rows(n, K), ys.rows(n, N))) out.push_back(get_gpu(ys));
+        const Backend::MatmulPart parts[] = {{&*w, ym.rows(n, 2 * N + N6).cols(0, N)},
+                                             {&*w6, ym.rows(n, 2 * N + N6).cols(N, N6)},
+                                             {&*up, ym.rows(n, 2 * N + N6).cols(N + N6, N)}};
+        for (const Tensor* in : {&x, &h}) {
+          gpu_->matmul_many(in->rows(n, K), parts, 3);
+          out.push_back(get_gpu(ym));
+        }
       }
       if (before) setenv("HYSPEC_TMA_RING", saved.c_str(), 1);
       else unsetenv("HYSPEC_TMA_RING");
       return out;
     };
     const auto copies = run("0"), tma = run("1");
-    for (size_t i = 0; i < std::size(widths); ++i)
+    ASSERT_EQ(copies.size(), tma.size());
+    for (size_t i = 0; i < copies.size(); ++i) {
+      ASSERT_EQ(copies[i].size(), tma[i].size());
       for (size_t e = 0; e < copies[i].size(); ++e)
-        ASSERT_EQ(std::memcmp(&copies[i][e], &tma[i][e], 4), 0)
-            << "K=" << K << " n=" << widths[i] << ": token " << e / N << " row " << e % N;
+        ASSERT_EQ(std::memcmp(&copies[i][e], &tma[i][e], 4), 0) << "K=" << K << " output " << i << " at " << e;
+    }
   }
 }
 

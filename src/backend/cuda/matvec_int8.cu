@@ -220,7 +220,8 @@ struct StepRing {
     group_stride = static_cast<uint32_t>(kRowsPerCopy * a.row_bytes);
     start_tile();
   }
-  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const void*) : StepRing(args, smem, slot) {}
+  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const void* /*tma maps*/)
+      : StepRing(args, smem, slot) {}
   __device__ void start_tile() {
     const int64_t first = i_tile * kOut, rb = static_cast<int64_t>(a.row_bytes);
     gate = a.w + first * rb + 16 * p;
@@ -301,21 +302,31 @@ struct StepRing {
   }
 };
 
-// StepRing's plain form (no SwiGLU, no warp tiles) for a 16-byte multiple block (Q4_K) fed by TMA: a step's
-// 16 rows arrive as one box of a 3D tensor map [rows][super-blocks][block bytes] (q4k_tensor_map), issued
-// by lane 0 on the stage's mbarrier, where the cp.async ring takes ~6 copies a lane with their address and
-// predicate arithmetic (53 of a 16-token Q4_K warp-step's 467 instructions: PERFORMANCE.md "Session 48").
-// The same slot layout, so the same bits. Shared memory: the warps' mbarriers (kBarBytes), then the rings,
-// then the partial sums. Rows past the matrix arrive as zeros (TMA's out-of-bounds fill).
-template <class L>
+// The tensor maps of a TMA-fed launch (q4k_tensor_maps): the weights', and with SwiGLU the up weights'.
+struct TmaMaps {
+  CUtensorMap w, up;
+};
+// A TMA kernel's stage mbarriers sit in the first kTmaBarBytes of its shared memory; the body gets the
+// rest (so every other offset is the cp.async kernels'), 128-byte aligned as the boxes' destinations need.
+constexpr size_t kTmaBarBytes = 128;
+
+// StepRing (no warp tiles) for a 16-byte multiple block (Q4_K) fed by TMA: a step's 16 rows arrive as one
+// box of a 3D tensor map [rows][super-blocks][block bytes] (q4k_tensor_maps; SW: 8 gate rows and the same 8
+// up rows, a box of each map), issued by lane 0 on the stage's mbarrier, where the cp.async ring takes ~6
+// copies a lane with their address and predicate arithmetic (53 of a 16-token Q4_K warp-step's 467
+// instructions: PERFORMANCE.md "Session 48"). The same slot layout, so the same bits. The mbarriers are the
+// kTmaBarBytes below smem. Rows past the matrix arrive as zeros (TMA's out-of-bounds fill).
+// kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
+// each step as StepRing waits for them.
+template <class L, bool SW, bool kCopiesToo = false>
 struct TmaStepRing {
-  static_assert(L::kAligned, "whole blocks a row: box {block bytes, 1, 16}");
+  static_assert(L::kAligned && L::kSlotBytes == L::kBlockBytes, "whole blocks a row: box {block bytes, 1, rows}");
   static constexpr int kStages = 2;
+  static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
   static constexpr uint32_t kStepBytes = kRows * L::kSlotBytes;
-  static constexpr size_t kBarBytes = 128;  // kWarps x kStages mbarriers; keeps the rings 128-byte aligned
-  static_assert(kWarps * kStages * 8 <= kBarBytes && kStepBytes % 128 == 0);
+  static_assert(kWarps * kStages * 8 <= kTmaBarBytes && kStepBytes % 128 == 0 && (kStepBytes / 2) % 128 == 0);
   const Int8MvArgs& a;
-  const void* map;  // the launch's __grid_constant__ CUtensorMap
+  const TmaMaps* maps;  // the launch's __grid_constant__ maps
   uint8_t* ring;
   float* red;
   uint32_t bars;  // this warp's stage barriers (shared-space address)
@@ -323,13 +334,13 @@ struct TmaStepRing {
   int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
   int i_m = 0;
 
-  __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const void* tensor_map)
-      : a(args), map(tensor_map), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count),
+  __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const TmaMaps* tensor_maps)
+      : a(args), maps(tensor_maps), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count),
         first_tile(slot.idx) {
-    ring = smem + kBarBytes + ks * kStages * kStepBytes;
-    red = reinterpret_cast<float*>(smem + kBarBytes + kWarps * kStages * kStepBytes);
-    bars = smem_addr(smem) + 8 * kStages * ks;
-    const int64_t S = a.K / 256, tiles = (a.n_out + kRows - 1) / kRows;
+    ring = smem + ks * kStages * kStepBytes;
+    red = reinterpret_cast<float*>(smem + kWarps * kStages * kStepBytes);
+    bars = smem_addr(smem) - static_cast<uint32_t>(kTmaBarBytes) + 8 * kStages * ks;
+    const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
     my_tiles = i_tile < tiles ? (tiles - 1 - i_tile) / grid + 1 : 0;
     cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
     total = my_tiles * cnt;
@@ -343,11 +354,12 @@ struct TmaStepRing {
   __device__ void issue() {
     if (issued < total) {
       if (lane == 0) {
-        const int st = static_cast<int>(issued & 1);
-        const uint32_t bar = bars + 8 * st;
+        const int st = static_cast<int>(issued & 1), s = ks + kWarps * i_m, row = static_cast<int>(i_tile * kOut);
+        const uint32_t bar = bars + 8 * st, dst = smem_addr(ring + st * kStepBytes);
         fence_proxy_async_smem();  // the warp's reads of this slot (before the caller's __syncwarp) come first
         mbar_expect_tx(bar, kStepBytes);
-        tma_load_3d(smem_addr(ring + st * kStepBytes), map, 0, ks + kWarps * i_m, static_cast<int>(i_tile * kRows), bar);
+        tma_load_3d(dst, &maps->w, 0, s, row, bar);
+        if constexpr (SW) tma_load_3d(dst + kStepBytes / 2, &maps->up, 0, s, row, bar);
       }
       ++issued;
       if (++i_m == cnt) i_m = 0, i_tile += grid;
@@ -356,6 +368,7 @@ struct TmaStepRing {
   __device__ void prime() { issue(); }
   // The next step's slot (its box has landed), after queueing the box of the one after.
   __device__ const uint8_t* next() {
+    if constexpr (kCopiesToo) cp_async_wait<0>();
     const int st = static_cast<int>(consumed & 1);
     const uint32_t parity = static_cast<uint32_t>((consumed >> 1) & 1);
     while (!mbar_try_wait(bars + 8 * st, parity)) {
@@ -820,13 +833,14 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // kXFold: x staged through Int8XFold (one row: kStageFold, kStagePlain).
 template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone,
           bool kTma = false>
-__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const void* map = nullptr) {
+__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                              const TmaMaps* maps = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  static_assert(!kTma || (!SW && !Q5 && !WT && !kConv && kXFold == kStageNone));
-  std::conditional_t<kTma, TmaStepRing<L>, StepRing<L, SW, WT>> ring(a, smem, slot, map);
+  static_assert(!kTma || (!Q5 && !WT));
+  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1)>, StepRing<L, SW, WT>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -1014,15 +1028,16 @@ __device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int6
 // block, so sum_k A B = sum_i m_i bsum_i, exactly. The k order inside a sub-block is permuted (lane
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
-// kTma: the weights arrive by TMA (TmaStepRing on the tensor map `map`; Q4_K, no SwiGLU, no conv).
+// kTma: the weights arrive by TMA (TmaStepRing on the tensor maps `maps`; Q4_K).
 template <int NT, bool SW, bool Q5 = false, bool kConv = false, bool kTma = false>
-__device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const void* map = nullptr) {
+__device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                             const TmaMaps* maps = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  static_assert(!kTma || (!SW && !Q5 && !kConv));
-  std::conditional_t<kTma, TmaStepRing<L>, StepRing<L, SW>> ring(a, smem, slot, map);
+  static_assert(!kTma || !Q5);
+  std::conditional_t<kTma, TmaStepRing<L, SW, kConv>, StepRing<L, SW>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
@@ -1580,17 +1595,17 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
 }
-// q4k_dp4a_kernel's plain Q4_K form (no fold, no conv; a residual add) with the weights by TMA.
-template <int NMAX>
-__global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ CUtensorMap map) {
+// The Q4_K kernels with the weights by TMA boxes (sm_90: use_tma_ring): the mbarriers first, then the
+// cp.async kernels' shared memory.
+template <int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
+__global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  q4k_dp4a_body<NMAX, false, false, false, false, kStageNone, true>(a, tma_smem, launch_slot(), &map);
+  q4k_dp4a_body<NMAX, SW, false, false, kConv, kXFold, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
 }
-// q4k_mma_kernel's plain Q4_K form with the weights by TMA (HYSPEC_TMA_RING=1, sm_90).
-template <int NT>
-__global__ void __launch_bounds__(kWarps * 32, 2) q4k_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ CUtensorMap map) {
+template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
+__global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  q4k_mma_body<NT, false, false, false, true>(a, tma_smem, launch_slot(), &map);
+  q4k_mma_body<NT, SW, false, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
 }
 template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
@@ -1626,20 +1641,37 @@ struct Int8MvParts {
   bool s16[kInt8MvMaxParts];
   int n;
 };
-template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
-__global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_constant__ Int8MvParts p) {
-  extern __shared__ __align__(16) uint8_t smem[];
+// The parts' blocks as multi_kernel and multi_tma_kernel share them out. kTma: the Q4_K parts' weights by
+// TMA boxes (maps[i].w; the mbarriers in the kTmaBarBytes below smem).
+template <int W, bool kDp4a, bool kConv, int kXFold, bool kTma>
+__device__ __forceinline__ void multi_body(const Int8MvParts& p, uint8_t* smem, const TmaMaps* maps) {
   const int b = static_cast<int>(blockIdx.x);
   int i = 0;
   while (i + 1 < p.n && b >= p.first[i + 1]) ++i;
   const BlockSlot slot{b - p.first[i], p.first[i + 1] - p.first[i]};
+  const TmaMaps* const map = kTma ? maps + i : nullptr;
   if constexpr (kDp4a) {
     if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false, false, kConv, kXFold>(p.a[i], smem, slot);
-    else q4k_dp4a_body<W, false, false, false, kConv, kXFold>(p.a[i], smem, slot);
+    else q4k_dp4a_body<W, false, false, false, kConv, kXFold, kTma>(p.a[i], smem, slot, map);
   } else {
     if (p.s16[i]) s16_mma_body<Q6KCodes, W, false, kConv>(p.a[i], smem, slot);
-    else q4k_mma_body<W, false, false, kConv>(p.a[i], smem, slot);
+    else q4k_mma_body<W, false, false, kConv, kTma>(p.a[i], smem, slot, map);
   }
+}
+template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
+__global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_constant__ Int8MvParts p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  multi_body<W, kDp4a, kConv, kXFold, false>(p, smem, nullptr);
+}
+// (.up unused: no SwiGLU part)
+struct Int8MvPartMaps {
+  TmaMaps m[kInt8MvMaxParts];
+};
+template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
+__global__ void __launch_bounds__(kWarps * 32, 2) multi_tma_kernel(const __grid_constant__ Int8MvParts p,
+                                                                   const __grid_constant__ Int8MvPartMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  multi_body<W, kDp4a, kConv, kXFold, true>(p, tma_smem + kTmaBarBytes, maps.m);
 }
 
 // Scratch: q, then d, then bs, each 256-byte aligned, for padded_tokens(n) rows.
@@ -1664,23 +1696,26 @@ bool dp4a_fits() {
   return fits;
 }
 
+// maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel) tensor maps, its mbarriers' bytes added.
 template <class L, int NMAX, auto kernel, int MB = 2>
-cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false) {
+cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr) {
   // (a tensor-core kernel's NT = NMAX / 8; the dp4a kernels' NMAX of 1 or 2 keep one buffer)
   const int red_buffers = sw ? kMmaRedBuffers<NMAX / 8, true> : kMmaRedBuffers<NMAX / 8, false>;
-  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers);
+  constexpr bool kTma = std::is_invocable_v<decltype(kernel), Int8MvArgs, TmaMaps>;
+  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers) + (kTma ? kTmaBarBytes : 0);
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
   const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, MB * int64_t{sm_count()})));
-  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
+  if constexpr (kTma) return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a, *maps);
+  else return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
 }
 
-// The 3D tensor map [rows][super-blocks][144 bytes] of a Q4_K weight, boxes of one block of 16 rows
-// (TmaStepRing), or false where the driver cannot make one (the address not 16-byte aligned). Made once a
-// weight (address and shape) and kept.
-bool q4k_tensor_map(const Int8MvArgs& a, CUtensorMap* out) {
+// The 3D tensor map [rows][super-blocks][144 bytes] of a Q4_K weight at w, boxes of one block of
+// box_rows rows (TmaStepRing), or false where the driver cannot make one (the address not 16-byte
+// aligned). Made once a weight (address, shape and box) and kept.
+bool q4k_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_bytes, int box_rows, CUtensorMap* out) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static const Encode encode = [] {
     void* fn = nullptr;
@@ -1690,37 +1725,32 @@ bool q4k_tensor_map(const Int8MvArgs& a, CUtensorMap* out) {
                     found == cudaDriverEntryPointSuccess;
     return ok ? reinterpret_cast<Encode>(fn) : nullptr;
   }();
-  if (!encode || (reinterpret_cast<uintptr_t>(a.w) & 15) != 0 || a.row_bytes % 16 != 0) return false;
+  if (!encode || (reinterpret_cast<uintptr_t>(w) & 15) != 0 || row_bytes % 16 != 0) return false;
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t>, CUtensorMap> made;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> made;
   const std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(static_cast<const void*>(a.w), a.n_out, a.K);
+  const auto key = std::make_tuple(static_cast<const void*>(w), n_out, K, box_rows);
   if (const auto it = made.find(key); it != made.end()) return *out = it->second, true;
   constexpr cuuint32_t kBlock = Q4KLayout::kBlockBytes;
-  const cuuint64_t dims[3] = {kBlock, static_cast<cuuint64_t>(a.K / 256), static_cast<cuuint64_t>(a.n_out)};
-  const cuuint64_t strides[2] = {kBlock, a.row_bytes};
-  const cuuint32_t box[3] = {kBlock, 1, kRows}, unit[3] = {1, 1, 1};
+  const cuuint64_t dims[3] = {kBlock, static_cast<cuuint64_t>(K / 256), static_cast<cuuint64_t>(n_out)};
+  const cuuint64_t strides[2] = {kBlock, row_bytes};
+  const cuuint32_t box[3] = {kBlock, 1, static_cast<cuuint32_t>(box_rows)}, unit[3] = {1, 1, 1};
   CUtensorMap map;
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(a.w), dims, strides, box, unit,
+  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(w), dims, strides, box, unit,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return false;
   made.emplace(key, map);
   return *out = map, true;
 }
-// A TMA kernel of NMAX rows (the dp4a kernels' 1-2, the tensor-core kernels' 8 NT), launched as `launch` does.
-template <int NMAX, bool kStaged, auto kernel>
-cudaError_t launch_q4k_tma(Int8MvArgs a, const CUtensorMap& map, cudaStream_t stream) {
-  const size_t smem = smem_bytes<Q4KLayout>(NMAX, kStaged) + TmaStepRing<Q4KLayout>::kBarBytes;
-  static const cudaError_t attr_err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (attr_err != cudaSuccess) return attr_err;
-  const int64_t tiles = (a.n_out + kRows - 1) / kRows;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, 2 * int64_t{sm_count()})));
-  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a, map);
+// A Q4_K launch's maps (sw: the gate's and the up weights', 8 rows a box), or false: the cp.async kernels.
+bool q4k_tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) {
+  const int box_rows = sw ? kRows / 2 : kRows;
+  return q4k_tensor_map(a.w, a.n_out, a.K, a.row_bytes, box_rows, &maps->w) &&
+         (!sw || q4k_tensor_map(a.w2, a.n_out, a.K, a.row_bytes, box_rows, &maps->up));
 }
-// HYSPEC_TMA_RING=1: plain Q4_K launches of 1..24 tokens take the TMA kernels on sm_90 (an A/B switch,
-// read at each launch so that a test can set it).
+// Whether Q4_K launches take the TMA kernels: on sm_90 unless HYSPEC_TMA_RING=0 (an A/B switch, read at
+// each launch so that a test can set it).
 bool use_tma_ring() {
   static const bool sm90 = [] {
     int dev = 0, major = 0;
@@ -1728,49 +1758,60 @@ bool use_tma_ring() {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     return major >= 9;
   }();
-  return sm90 && env_int("HYSPEC_TMA_RING", 0) != 0;
+  return sm90 && env_int("HYSPEC_TMA_RING", 1) != 0;
+}
+
+// One Q4_K kernel of the ring kTma picks (the TMA kernels: Q4_K only).
+template <int NMAX, bool SW, bool Q5, bool kConv, int kXFold, bool kTma>
+cudaError_t launch_q4k_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
+  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+  if constexpr (kTma) return launch<L, NMAX, q4k_dp4a_tma_kernel<NMAX, SW, kConv, kXFold>>(a, SW, stream, true, maps);
+  else return launch<L, NMAX, q4k_dp4a_kernel<NMAX, SW, Q5, kConv, kXFold>>(a, SW, stream, true);
+}
+template <int NT, bool SW, bool Q5, bool kTma>
+cudaError_t launch_q4k_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
+  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+  constexpr int MB = NT >= 4 ? 1 : 2;
+  if constexpr (kTma) return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB>, MB>(a, SW, stream, false, maps);
+  else return launch<L, NT * 8, q4k_mma_kernel<NT, SW, Q5, MB>, MB>(a, SW, stream);
 }
 
 // dp4a: the one- or two-token kernel, else the tensor cores by width; every choice gives the same
-// bits, so the switch is a speed choice only.
-template <bool SW, bool Q5>
-cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
-  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+// bits, so the switch is a speed choice only. kTma: the weights by TMA boxes (maps).
+template <bool SW, bool Q5, bool kTma>
+cudaError_t launch_q4k_rings(const Int8MvArgs& a, bool dp4a, cudaStream_t stream, const TmaMaps* maps) {
   const int n = a.n;
   if constexpr (SW && !Q5) {
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)
-      return launch<L, 1, q4k_dp4a_kernel<1, true, false, false, kStageNorm>>(a, true, stream, true);  // (n = 1)
+      return launch_q4k_dp4a<1, true, false, false, kStageNorm, kTma>(a, stream, maps);  // (n = 1)
   }
   if constexpr (!SW && !Q5) {
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
-      return a.conv_y ? launch<L, 1, q4k_dp4a_kernel<1, false, false, true, kStageNorm>>(a, false, stream, true)
-                      : launch<L, 1, q4k_dp4a_kernel<1, false, false, false, kStageNorm>>(a, false, stream, true);
+      return a.conv_y ? launch_q4k_dp4a<1, false, false, true, kStageNorm, kTma>(a, stream, maps)
+                      : launch_q4k_dp4a<1, false, false, false, kStageNorm, kTma>(a, stream, maps);
   }
   if constexpr (!SW) {
-    if (dp4a && a.conv_y) return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, true>>(a, false, stream, true);  // (n = 1)
+    if (dp4a && a.conv_y) return launch_q4k_dp4a<1, false, Q5, true, kStageNone, kTma>(a, stream, maps);  // (n = 1)
     if (dp4a && a.xfold.kind == Int8XFold::kPlain)
-      return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
+      return launch_q4k_dp4a<1, false, Q5, false, kStagePlain, kTma>(a, stream, maps);  // (n = 1)
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
-      return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStageFold>>(a, false, stream, true);  // (n = 1)
+      return launch_q4k_dp4a<1, false, Q5, false, kStageFold, kTma>(a, stream, maps);  // (n = 1)
   }
-  if constexpr (!SW && !Q5) {
-    CUtensorMap map;
-    if (n <= 24 && use_tma_ring() && q4k_tensor_map(a, &map)) {
-      if (dp4a)
-        return n == 1 ? launch_q4k_tma<1, true, q4k_dp4a_tma_kernel<1>>(a, map, stream)
-                      : launch_q4k_tma<2, true, q4k_dp4a_tma_kernel<2>>(a, map, stream);
-      if (n <= 8) return launch_q4k_tma<8, false, q4k_mma_tma_kernel<1>>(a, map, stream);
-      if (n <= 16) return launch_q4k_tma<16, false, q4k_mma_tma_kernel<2>>(a, map, stream);
-      return launch_q4k_tma<24, false, q4k_mma_tma_kernel<3>>(a, map, stream);
-    }
-  }
-  if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
-                          : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
-  if (n <= 8) return launch<L, 8, q4k_mma_kernel<1, SW, Q5>>(a, SW, stream);
-  if (n <= 16) return launch<L, 16, q4k_mma_kernel<2, SW, Q5>>(a, SW, stream);
-  if (n <= 24) return launch<L, 24, q4k_mma_kernel<3, SW, Q5>>(a, SW, stream);
-  if constexpr (!SW) return launch<L, 32, q4k_mma_kernel<4, false, Q5, 1>, 1>(a, false, stream);
+  if (dp4a) return n == 1 ? launch_q4k_dp4a<1, SW, Q5, false, kStageNone, kTma>(a, stream, maps)
+                          : launch_q4k_dp4a<2, SW, Q5, false, kStageNone, kTma>(a, stream, maps);
+  if (n <= 8) return launch_q4k_mma<1, SW, Q5, kTma>(a, stream, maps);
+  if (n <= 16) return launch_q4k_mma<2, SW, Q5, kTma>(a, stream, maps);
+  if (n <= 24) return launch_q4k_mma<3, SW, Q5, kTma>(a, stream, maps);
+  if constexpr (!SW) return launch_q4k_mma<4, false, Q5, kTma>(a, stream, maps);
   return cudaErrorInvalidValue;
+}
+template <bool SW, bool Q5>
+cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
+  if constexpr (!Q5) {
+    TmaMaps maps;
+    if (use_tma_ring() && q4k_tensor_maps(a, SW, &maps)) return launch_q4k_rings<SW, false, true>(a, dp4a, stream, &maps);
+  }
+  return launch_q4k_rings<SW, Q5, false>(a, dp4a, stream, nullptr);
 }
 // Blocks for a Q6_K launch of 3..16 tokens on warp tiles (s16_mma_wt_kernel), or 0 for the block form:
 // at least two whole tiles a warp of the usual grid. HYSPEC_WARP_TILES=0: never; =B: on B blocks whenever
@@ -1891,11 +1932,26 @@ bool share_blocks(const int64_t* tiles, const int64_t* tile_cost, int parts, int
   return blocks_for(hi, g);
 }
 
+// The Q4_K parts' tensor maps (Q6_K parts: none), or false where one cannot be made.
+bool multi_tensor_maps(const Int8MvParts& p, Int8MvPartMaps& maps) {
+  for (int i = 0; i < p.n; ++i)
+    if (!p.s16[i] && !q4k_tensor_maps(p.a[i], false, &maps.m[i])) return false;
+  return true;
+}
 template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
 cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStream_t stream) {
   constexpr bool kConvRows = kConv && (!kDp4a || W > 1);  // (a several-row conv fold: its ConvTile)
   const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a)) +
                       (kConvRows ? sizeof(ConvTile) : 0);
+  Int8MvPartMaps maps;
+  if (use_tma_ring() && multi_tensor_maps(p, maps)) {
+    static const cudaError_t attr_err =
+        cudaFuncSetAttribute(multi_tma_kernel<W, kDp4a, kConv, kXFold>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem + kTmaBarBytes));
+    if (attr_err != cudaSuccess) return attr_err;
+    return launch_pdl(multi_tma_kernel<W, kDp4a, kConv, kXFold>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32),
+                      smem + kTmaBarBytes, stream, p, maps);
+  }
   static const cudaError_t attr_err = cudaFuncSetAttribute(multi_kernel<W, kDp4a, kConv, kXFold>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
