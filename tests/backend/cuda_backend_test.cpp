@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -442,6 +443,25 @@ TEST_P(CudaMatmulTest, MatvecRowsAreBitIdenticalAcrossWidths) {
   }
 }
 
+// Sets an environment variable for its lifetime, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* before = std::getenv(name)) saved_ = before;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (saved_) setenv(name_, saved_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
 // A Q6_K matmul of 3..16 tokens with many more row tiles than warps (the output head) runs on warp tiles
 // (matvec_int8.cu, s16_mma_wt_kernel), the tiles left over in the block form: row t keeps the bits of the
 // one-row matmul of x[t] (17 and 24 tokens take the block form: a check on the test). HYSPEC_WARP_TILES=8
@@ -449,10 +469,7 @@ TEST_P(CudaMatmulTest, MatvecRowsAreBitIdenticalAcrossWidths) {
 // steps (9 super-blocks), 4096 two each; 8456 rows leave a part tile.
 TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
   if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
-  struct WarpTiles {
-    WarpTiles() { setenv("HYSPEC_WARP_TILES", "8", 1); }
-    ~WarpTiles() { unsetenv("HYSPEC_WARP_TILES"); }
-  } const forced;
+  const ScopedEnv forced("HYSPEC_WARP_TILES", "8");
   const int64_t N = 8456;
   for (const int64_t K : {2304, 4096}) {
     const auto bytes = random_weight_bytes(GgmlType::Q6_K, K, N, rng_);
@@ -490,10 +507,9 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
     // (matmul_many's one launch at 3+ tokens takes x quantized by the norm that wrote it)
     const Tensor x = put(*gpu_, randn(n_max * K)), wn = put(*gpu_, randn(K)), h = poison(*gpu_, n_max * K);
     gpu_->rms_norm(x.rows(n_max, K), wn.f(), K, 1e-6f, h.rows(n_max, K));
-    const char* before = std::getenv("HYSPEC_TMA_RING");  // (restored: a run may set it for every test)
-    const std::string saved = before ? before : "";
     auto run = [&](const char* tma) {
-      setenv("HYSPEC_TMA_RING", tma, 1);
+      // (every width on TMA where tma is 1; restored after: a run may set them for every test)
+      const ScopedEnv ring("HYSPEC_TMA_RING", tma), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0");
       std::vector<std::vector<float>> out;
       for (const int64_t n : widths) {
         const Tensor y = poison(*gpu_, n * N), ys = poison(*gpu_, n * N), ym = poison(*gpu_, n * (2 * N + N6));
@@ -508,8 +524,6 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
           out.push_back(get_gpu(ym));
         }
       }
-      if (before) setenv("HYSPEC_TMA_RING", saved.c_str(), 1);
-      else unsetenv("HYSPEC_TMA_RING");
       return out;
     };
     const auto copies = run("0"), tma = run("1");

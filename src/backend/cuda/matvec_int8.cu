@@ -1749,16 +1749,18 @@ bool q4k_tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) {
   return q4k_tensor_map(a.w, a.n_out, a.K, a.row_bytes, box_rows, &maps->w) &&
          (!sw || q4k_tensor_map(a.w2, a.n_out, a.K, a.row_bytes, box_rows, &maps->up));
 }
-// Whether Q4_K launches take the TMA kernels: on sm_90 unless HYSPEC_TMA_RING=0 (an A/B switch, read at
-// each launch so that a test can set it).
-bool use_tma_ring() {
+// Whether a Q4_K launch of n rows (dp4a: on the dp4a kernels) takes the TMA kernels: on sm_90 unless
+// HYSPEC_TMA_RING=0 (an A/B switch, read at each launch so that a test can set it). The one-n-tile
+// tensor-core kernel (3..8 rows) only where K has HYSPEC_TMA_NT1_MIN_BLOCKS super-blocks.
+bool use_tma_ring(int64_t n, bool dp4a, int64_t K) {
   static const bool sm90 = [] {
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     return major >= 9;
   }();
-  return sm90 && env_int("HYSPEC_TMA_RING", 1) != 0;
+  if (!sm90 || env_int("HYSPEC_TMA_RING", 1) == 0) return false;
+  return dp4a || n > 8 || K / 256 >= env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 0);
 }
 
 // One Q4_K kernel of the ring kTma picks (the TMA kernels: Q4_K only).
@@ -1809,7 +1811,7 @@ template <bool SW, bool Q5>
 cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!Q5) {
     TmaMaps maps;
-    if (use_tma_ring() && q4k_tensor_maps(a, SW, &maps)) return launch_q4k_rings<SW, false, true>(a, dp4a, stream, &maps);
+    if (use_tma_ring(a.n, dp4a, a.K) && q4k_tensor_maps(a, SW, &maps)) return launch_q4k_rings<SW, false, true>(a, dp4a, stream, &maps);
   }
   return launch_q4k_rings<SW, Q5, false>(a, dp4a, stream, nullptr);
 }
@@ -1944,7 +1946,7 @@ cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStrea
   const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a)) +
                       (kConvRows ? sizeof(ConvTile) : 0);
   Int8MvPartMaps maps;
-  if (use_tma_ring() && multi_tensor_maps(p, maps)) {
+  if (use_tma_ring(p.a[0].n, kDp4a, p.a[0].K) && multi_tensor_maps(p, maps)) {
     static const cudaError_t attr_err =
         cudaFuncSetAttribute(multi_tma_kernel<W, kDp4a, kConv, kXFold>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem + kTmaBarBytes));
