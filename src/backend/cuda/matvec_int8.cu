@@ -1751,7 +1751,8 @@ bool q4k_tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) {
 }
 // Whether a Q4_K launch of n rows (dp4a: on the dp4a kernels) takes the TMA kernels: on sm_90 unless
 // HYSPEC_TMA_RING=0 (an A/B switch, read at each launch so that a test can set it). The one-n-tile
-// tensor-core kernel (3..8 rows) only where K has HYSPEC_TMA_NT1_MIN_BLOCKS super-blocks.
+// tensor-core kernel (3..8 rows) only where K has HYSPEC_TMA_NT1_MIN_BLOCKS (32) super-blocks: at 8 rows
+// TMA made K = 4096 x 12288 7% slower (and the 9B's verify-4 2%), K = 12288 x 4096 4% faster (session 52).
 bool use_tma_ring(int64_t n, bool dp4a, int64_t K) {
   static const bool sm90 = [] {
     int dev = 0, major = 0;
@@ -1760,7 +1761,7 @@ bool use_tma_ring(int64_t n, bool dp4a, int64_t K) {
     return major >= 9;
   }();
   if (!sm90 || env_int("HYSPEC_TMA_RING", 1) == 0) return false;
-  return dp4a || n > 8 || K / 256 >= env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 0);
+  return dp4a || n > 8 || K / 256 >= env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 32);
 }
 
 // One Q4_K kernel of the ring kTma picks (the TMA kernels: Q4_K only).
