@@ -527,6 +527,23 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
       return out;
     };
     const auto copies = run("0"), tma = run("1");
+    // Q6_K's tensor-core kernels (K = 4096; 2304 gives 1890-byte rows, which no tensor map takes)
+    auto run6 = [&](const char* tma6) {
+      const ScopedEnv ring("HYSPEC_TMA_Q6K", tma6), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0");
+      std::vector<std::vector<float>> out;
+      for (const int64_t n : widths) {
+        if (n < 3) continue;
+        const Tensor y = poison(*gpu_, n * N6);
+        gpu_->matmul(*w6, x.rows(n, K), y.rows(n, N6));
+        out.push_back(get_gpu(y));
+      }
+      return out;
+    };
+    const auto copies6 = run6("0"), tma6 = run6("2");
+    ASSERT_EQ(copies6.size(), tma6.size());
+    for (size_t i = 0; i < copies6.size(); ++i)
+      for (size_t e = 0; e < copies6[i].size(); ++e)
+        ASSERT_EQ(std::memcmp(&copies6[i][e], &tma6[i][e], 4), 0) << "Q6_K K=" << K << " output " << i << " at " << e;
     ASSERT_EQ(copies.size(), tma.size());
     for (size_t i = 0; i < copies.size(); ++i) {
       ASSERT_EQ(copies[i].size(), tma[i].size());

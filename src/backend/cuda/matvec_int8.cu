@@ -312,17 +312,22 @@ struct TmaMaps {
 // rest (so every other offset is the cp.async kernels'), 128-byte aligned as the boxes' destinations need.
 constexpr size_t kTmaBarBytes = 128;
 
-// StepRing (no warp tiles) for a 16-byte multiple block (Q4_K) fed by TMA: a step's 16 rows arrive as one
-// box of a 3D tensor map [rows][super-blocks][block bytes] (q4k_tensor_maps; SW: 8 gate rows and the same 8
-// up rows, a box of each map), issued by lane 0 on the stage's mbarrier, where the cp.async ring takes ~6
-// copies a lane with their address and predicate arithmetic (53 of a 16-token Q4_K warp-step's 467
-// instructions: PERFORMANCE.md "Session 48"). The same slot layout, so the same bits. The mbarriers are the
-// kTmaBarBytes below smem. Rows past the matrix arrive as zeros (TMA's out-of-bounds fill).
+// StepRing fed by TMA (sm_90): a step's 16 rows arrive as one box, issued by lane 0 on the stage's
+// mbarrier, where the cp.async ring takes ~6 copies a lane with their address and predicate arithmetic (53
+// of a 16-token Q4_K warp-step's 467 instructions: PERFORMANCE.md "Session 48"). SW: 8 gate rows and the
+// same 8 up rows, a box of each map. The mbarriers are the kTmaBarBytes below smem. Rows past the matrix
+// arrive as zeros (TMA's out-of-bounds fill).
+// - A 16-byte multiple block (Q4_K): a box {block, 1, rows} of a 3D map [rows][super-blocks][block bytes]
+//   lands each block as the cp.async ring's slot holds it, so the bits are the same.
+// - Q6_K (210 bytes): a box {slot bytes, rows} of a 2D map [rows][row bytes] started at the block's first
+//   byte lands each block at its slot row's start (16-byte aligned; the rest of the row: the next block's
+//   first bytes, or zeros past the row), where the cp.async ring keeps the block's offset in its 16-byte
+//   cover. The same bytes reach the same arithmetic (row_misalignment is 0), so the same bits.
 // kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
-// each step as StepRing waits for them.
-template <class L, bool SW, bool kCopiesToo = false>
+// each step as StepRing waits for them. WT, VW: StepRing's warp tiles and their order.
+template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false>
 struct TmaStepRing {
-  static_assert(L::kAligned && L::kSlotBytes == L::kBlockBytes, "whole blocks a row: box {block bytes, 1, rows}");
+  static_assert(!L::kAligned || L::kSlotBytes == L::kBlockBytes);
   static constexpr int kStages = 2;
   static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
   static constexpr uint32_t kStepBytes = kRows * L::kSlotBytes;
@@ -335,16 +340,18 @@ struct TmaStepRing {
   int lane, ks, cnt;
   int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
   int i_m = 0;
+  int i_s = 0, i_v = 0;  // VW: the issuing step's super-block and block-form warp
 
   __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const TmaMaps* tensor_maps)
-      : a(args), maps(tensor_maps), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count),
-        first_tile(slot.idx) {
+      : a(args), maps(tensor_maps), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count) {
     ring = smem + ks * kStages * kStepBytes;
     red = reinterpret_cast<float*>(smem + kWarps * kStages * kStepBytes);
     bars = smem_addr(smem) - static_cast<uint32_t>(kTmaBarBytes) + 8 * kStages * ks;
     const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
+    if constexpr (WT) i_tile = int64_t{slot.idx} * kWarps + ks, grid = int64_t{slot.count} * kWarps;
+    first_tile = i_tile;
     my_tiles = i_tile < tiles ? (tiles - 1 - i_tile) / grid + 1 : 0;
-    cnt = ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
+    cnt = WT ? static_cast<int>(S) : ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
     total = my_tiles * cnt;
     if (lane == 0) {
 #pragma unroll
@@ -353,18 +360,30 @@ struct TmaStepRing {
     }
     __syncwarp();
   }
+  __device__ void load(uint32_t dst, const CUtensorMap* map, int s, int row, uint32_t bar) const {
+    if constexpr (L::kAligned) tma_load_3d(dst, map, 0, s, row, bar);
+    else tma_load_2d(dst, map, s * L::kBlockBytes, row, bar);
+  }
   __device__ void issue() {
     if (issued < total) {
       if (lane == 0) {
-        const int st = static_cast<int>(issued & 1), s = ks + kWarps * i_m, row = static_cast<int>(i_tile * kOut);
+        const int st = static_cast<int>(issued & 1), row = static_cast<int>(i_tile * kOut);
+        const int s = VW ? i_s : WT ? i_m : ks + kWarps * i_m;
         const uint32_t bar = bars + 8 * st, dst = smem_addr(ring + st * kStepBytes);
         fence_proxy_async_smem();  // the warp's reads of this slot (before the caller's __syncwarp) come first
         mbar_expect_tx(bar, kStepBytes);
-        tma_load_3d(dst, &maps->w, 0, s, row, bar);
-        if constexpr (SW) tma_load_3d(dst + kStepBytes / 2, &maps->up, 0, s, row, bar);
+        load(dst, &maps->w, s, row, bar);
+        if constexpr (SW) load(dst + kStepBytes / 2, &maps->up, s, row, bar);
       }
       ++issued;
-      if (++i_m == cnt) i_m = 0, i_tile += grid;
+      if constexpr (VW) {
+        i_s += kWarps;
+        if (i_s >= cnt) i_s = ++i_v;
+      }
+      if (++i_m == cnt) {
+        i_m = 0, i_tile += grid;
+        if constexpr (VW) i_s = i_v = 0;
+      }
     }
   }
   __device__ void prime() { issue(); }
@@ -381,6 +400,9 @@ struct TmaStepRing {
   }
   // The j-th tile this warp reads.
   __device__ int64_t tile(int64_t j) const { return first_tile + j * grid; }
+  // Every block lands at its slot row's start.
+  __device__ int row_misalignment(int64_t, int) const { return 0; }
+  __device__ const uint8_t* block(const uint8_t* slot, int rr, int, int64_t) const { return slot + rr * L::kSlotBytes; }
 };
 
 // The packed 6-bit scales (sc) and mins (mn) of sub-blocks 4h..4h+3 of a Q4_K block header, one per byte.
@@ -1505,12 +1527,14 @@ __device__ __forceinline__ void s16_mma_step(const Int8MvArgs& a, Ring& ring, in
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k16 per 16-code sub-block and 8 tokens
 // (lane t's fragment columns 4t..4t+3 = the sub-block's elements 4t..4t+3); msum is one f16
 // mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
-template <class C, int NT, bool SW, bool kConv = false>
-__device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+// kTma: the weights by TMA boxes (TmaStepRing on the tensor maps `maps`; Q6_K).
+template <class C, int NT, bool SW, bool kConv = false, bool kTma = false>
+__device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                             const TmaMaps* maps = nullptr) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
-  StepRing<L, SW> ring(a, smem, slot);
+  std::conditional_t<kTma, TmaStepRing<L, SW, kConv>, StepRing<L, SW>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
@@ -1540,12 +1564,14 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 // a.n_out: a multiple of 16 x the launch's warps (every warp takes as many tiles). One and two n-tiles
 // only: at three the sums spill (84 bytes at 128 registers; 17 tokens 8% slower), and kept in shared
 // memory instead they lost at 18-23 tokens what they won at 24 (PERFORMANCE.md "Session 51").
-template <class C, int NT>
-__device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+template <class C, int NT, bool kTma = false>
+__device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                                   const TmaMaps* maps = nullptr) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  StepRing<L, false, true, true> ring(a, smem, slot);
+  std::conditional_t<kTma, TmaStepRing<L, false, false, true, true>, StepRing<L, false, true, true>> ring(a, smem, slot,
+                                                                                                        maps);
   const int64_t my_tiles = ring.my_tiles;
   const int S = ring.cnt;
   ring.prime();
@@ -1621,17 +1647,38 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
 }
 // Rows 0..warp_rows-1 on warp tiles, the rest (fewer tiles than the launch has warps) in the block form.
 // A warp's ring is its own in both (the block form's partial sums come after the rings), so no barrier.
-template <class C, int NT>
-__global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_kernel(Int8MvArgs a, int64_t warp_rows) {
-  extern __shared__ __align__(16) uint8_t smem[];
+// kTma: both by TMA, the rest's tiles from maps[1] (the map of those rows).
+template <class C, int NT, bool kTma>
+__device__ __forceinline__ void s16_mma_wt_parts(const Int8MvArgs& a, int64_t warp_rows, uint8_t* smem,
+                                                 const TmaMaps* maps) {
   Int8MvArgs part = a;
   part.n_out = warp_rows;
-  s16_mma_warp_tiles<C, NT>(part, smem, launch_slot());
+  s16_mma_warp_tiles<C, NT, kTma>(part, smem, launch_slot(), maps);
   if (warp_rows == a.n_out) return;
   part.w = a.w + warp_rows * static_cast<int64_t>(a.row_bytes);
   part.y = a.y + warp_rows;
   part.n_out = a.n_out - warp_rows;
-  s16_mma_body<C, NT, false>(part, smem, launch_slot());
+  s16_mma_body<C, NT, false, false, kTma>(part, smem, launch_slot(), kTma ? maps + 1 : nullptr);
+}
+template <class C, int NT>
+__global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_kernel(Int8MvArgs a, int64_t warp_rows) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  s16_mma_wt_parts<C, NT, false>(a, warp_rows, smem, nullptr);
+}
+// (maps[0]: the weights, maps[1]: the rows from warp_rows on)
+struct TmaMapPair {
+  TmaMaps m[2];
+};
+template <class C, int NT>
+__global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_tma_kernel(Int8MvArgs a, int64_t warp_rows,
+                                                                        const __grid_constant__ TmaMapPair maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  s16_mma_wt_parts<C, NT, true>(a, warp_rows, tma_smem + kTmaBarBytes, maps.m);
+}
+template <class C, int NT, int MB = (NT >= 4 ? 1 : 2)>
+__global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  s16_mma_body<C, NT, false, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
 }
 
 // Several matvecs of one input in one launch (int8_matvec_multi_launch): blocks first[i] ..
@@ -1714,10 +1761,12 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
   else return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
 }
 
-// The 3D tensor map [rows][super-blocks][144 bytes] of a Q4_K weight at w, boxes of one block of
-// box_rows rows (TmaStepRing), or false where the driver cannot make one (the address not 16-byte
-// aligned). Made once a weight (address, shape and box) and kept.
-bool q4k_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_bytes, int box_rows, CUtensorMap* out) {
+// The tensor map of a weight at w of layout L (TmaStepRing), boxes of box_rows rows: a 16-byte multiple
+// block's 3D map [rows][super-blocks][block bytes], box {block bytes, 1, box_rows}; else (Q6_K) a 2D map
+// [rows][row bytes], box {slot bytes, box_rows}. False where the driver cannot make one (the address or the
+// row bytes not a 16-byte multiple). Made once a weight (address, shape, layout and box) and kept.
+template <class L>
+bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_bytes, int box_rows, CUtensorMap* out) {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static const Encode encode = [] {
     void* fn = nullptr;
@@ -1733,29 +1782,42 @@ bool q4k_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_bytes
   const std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_tuple(static_cast<const void*>(w), n_out, K, box_rows);
   if (const auto it = made.find(key); it != made.end()) return *out = it->second, true;
-  constexpr cuuint32_t kBlock = Q4KLayout::kBlockBytes;
-  const cuuint64_t dims[3] = {kBlock, static_cast<cuuint64_t>(K / 256), static_cast<cuuint64_t>(n_out)};
-  const cuuint64_t strides[2] = {kBlock, row_bytes};
-  const cuuint32_t box[3] = {kBlock, 1, static_cast<cuuint32_t>(box_rows)}, unit[3] = {1, 1, 1};
+  constexpr cuuint32_t kBlock = L::kBlockBytes;
+  const cuuint32_t rows = static_cast<cuuint32_t>(box_rows), unit[3] = {1, 1, 1};
   CUtensorMap map;
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(w), dims, strides, box, unit,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-    return false;
+  CUresult made_ok;
+  if constexpr (L::kAligned) {
+    const cuuint64_t dims[3] = {kBlock, static_cast<cuuint64_t>(K / 256), static_cast<cuuint64_t>(n_out)};
+    const cuuint64_t strides[2] = {kBlock, row_bytes};
+    const cuuint32_t box[3] = {kBlock, 1, rows};
+    made_ok = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(w), dims, strides, box, unit,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  } else {
+    const cuuint64_t dims[2] = {row_bytes, static_cast<cuuint64_t>(n_out)};
+    const cuuint64_t strides[1] = {row_bytes};
+    const cuuint32_t box[2] = {static_cast<cuuint32_t>(L::kSlotBytes), rows};
+    made_ok = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box, unit,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  }
+  if (made_ok != CUDA_SUCCESS) return false;
   made.emplace(key, map);
   return *out = map, true;
 }
-// A Q4_K launch's maps (sw: the gate's and the up weights', 8 rows a box), or false: the cp.async kernels.
-bool q4k_tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) {
+// A launch's maps (sw: the gate's and the up weights', 8 rows a box), or false: the cp.async kernels.
+template <class L>
+bool tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) {
   const int box_rows = sw ? kRows / 2 : kRows;
-  return q4k_tensor_map(a.w, a.n_out, a.K, a.row_bytes, box_rows, &maps->w) &&
-         (!sw || q4k_tensor_map(a.w2, a.n_out, a.K, a.row_bytes, box_rows, &maps->up));
+  return weight_tensor_map<L>(a.w, a.n_out, a.K, a.row_bytes, box_rows, &maps->w) &&
+         (!sw || weight_tensor_map<L>(a.w2, a.n_out, a.K, a.row_bytes, box_rows, &maps->up));
 }
+bool q4k_tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) { return tensor_maps<Q4KLayout>(a, sw, maps); }
 // Whether a Q4_K launch of n rows (dp4a: on the dp4a kernels) takes the TMA kernels: on sm_90 unless
 // HYSPEC_TMA_RING=0 (an A/B switch, read at each launch so that a test can set it). The one-n-tile
 // tensor-core kernel (3..8 rows) only where K has HYSPEC_TMA_NT1_MIN_BLOCKS (32) super-blocks: at 8 rows
 // TMA made K = 4096 x 12288 7% slower (and the 9B's verify-4 2%), K = 12288 x 4096 4% faster (session 52).
-bool use_tma_ring(int64_t n, bool dp4a, int64_t K) {
+bool use_tma_ring(int64_t n, bool dp4a, int64_t K, int nt1_min_blocks = -1) {
   static const bool sm90 = [] {
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
@@ -1763,7 +1825,8 @@ bool use_tma_ring(int64_t n, bool dp4a, int64_t K) {
     return major >= 9;
   }();
   if (!sm90 || env_int("HYSPEC_TMA_RING", 1) == 0) return false;
-  return dp4a || n > 8 || K / 256 >= env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 32);
+  if (nt1_min_blocks < 0) nt1_min_blocks = env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 32);
+  return dp4a || n > 8 || K / 256 >= nt1_min_blocks;
 }
 
 // One Q4_K kernel of the ring kTma picks (the TMA kernels: Q4_K only).
@@ -1827,11 +1890,22 @@ int64_t warp_tile_blocks(int64_t full_tiles) {
   const int64_t blocks = forced > 0 ? forced : 2 * int64_t{sm_count()};
   return full_tiles / (blocks * kWarps) >= (forced > 0 ? 1 : 2) ? blocks : 0;
 }
+// tma: the weights' map (maps->w), or null: the cp.async kernel.
 template <class C, int NT>
-cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream) {
+cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream, const TmaMaps* tma = nullptr) {
   using L = typename C::L;
   const int64_t warps = blocks * kWarps, warp_rows = a.n_out / kRows / warps * warps * kRows;
   const size_t smem = smem_bytes<L>(NT * 8, false);
+  TmaMapPair maps{};
+  if (tma) maps.m[0] = *tma;
+  if (tma && (warp_rows == a.n_out || weight_tensor_map<L>(a.w + warp_rows * static_cast<int64_t>(a.row_bytes),
+                                                             a.n_out - warp_rows, a.K, a.row_bytes, kRows, &maps.m[1].w))) {
+    static const cudaError_t attr_err = cudaFuncSetAttribute(
+        s16_mma_wt_tma_kernel<C, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem + kTmaBarBytes));
+    if (attr_err != cudaSuccess) return attr_err;
+    return launch_pdl(s16_mma_wt_tma_kernel<C, NT>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32),
+                      smem + kTmaBarBytes, stream, a, warp_rows, maps);
+  }
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(s16_mma_wt_kernel<C, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
@@ -1844,9 +1918,21 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = typename C::L;
   const int n = a.n;
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
+    TmaMaps maps;
+    // HYSPEC_TMA_Q6K: 0 the cp.async ring, 1 TMA as Q4_K takes it, 2 (default) TMA at every width
+    const int q6 = env_int("HYSPEC_TMA_Q6K", 2);
+    const bool tma = !dp4a && q6 != 0 && use_tma_ring(n, false, a.K, q6 == 2 ? 0 : -1) &&
+                     tensor_maps<L>(a, false, &maps);
     if (!dp4a && n <= 16) {
       if (const int64_t blocks = warp_tile_blocks(a.n_out / kRows))
-        return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream) : launch_s16_wt<C, 2>(a, blocks, stream);
+        return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream, tma ? &maps : nullptr)
+                      : launch_s16_wt<C, 2>(a, blocks, stream, tma ? &maps : nullptr);
+    }
+    if (tma) {
+      if (n <= 8) return launch<L, 8, s16_mma_tma_kernel<C, 1>>(a, false, stream, false, &maps);
+      if (n <= 16) return launch<L, 16, s16_mma_tma_kernel<C, 2>>(a, false, stream, false, &maps);
+      if (n <= 24) return launch<L, 24, s16_mma_tma_kernel<C, 3>>(a, false, stream, false, &maps);
+      return launch<L, 32, s16_mma_tma_kernel<C, 4, 1>, 1>(a, false, stream, false, &maps);
     }
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
       return a.conv_y ? launch<L, 1, s16_dp4a_kernel<C, 1, false, true, kStageNorm>>(a, false, stream, true)
