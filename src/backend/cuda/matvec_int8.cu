@@ -319,10 +319,10 @@ constexpr size_t kTmaBarBytes = 128;
 // arrive as zeros (TMA's out-of-bounds fill).
 // - A 16-byte multiple block (Q4_K): a box {block, 1, rows} of a 3D map [rows][super-blocks][block bytes]
 //   lands each block as the cp.async ring's slot holds it, so the bits are the same.
-// - Q6_K (210 bytes): a box {slot bytes, rows} of a 2D map [rows][row bytes] started at the block's first
-//   byte lands each block at its slot row's start (16-byte aligned; the rest of the row: the next block's
-//   first bytes, or zeros past the row), where the cp.async ring keeps the block's offset in its 16-byte
-//   cover. The same bytes reach the same arithmetic (row_misalignment is 0), so the same bits.
+// - Q6_K (210 bytes): a box {slot bytes, rows} of a 2D map [rows][row bytes] (rows a 16-byte multiple)
+//   started at the 16-byte aligned cover of the step's blocks lands each as the cp.async ring's slot holds
+//   it, at the same offset in its cover (a box started elsewhere in the row was an illegal instruction on
+//   the H200), so the bits are the same. Past the row: zeros.
 // kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
 // each step as StepRing waits for them. WT, VW: StepRing's warp tiles and their order.
 template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false>
@@ -362,7 +362,7 @@ struct TmaStepRing {
   }
   __device__ void load(uint32_t dst, const CUtensorMap* map, int s, int row, uint32_t bar) const {
     if constexpr (L::kAligned) tma_load_3d(dst, map, 0, s, row, bar);
-    else tma_load_2d(dst, map, s * L::kBlockBytes, row, bar);
+    else tma_load_2d(dst, map, (s * L::kBlockBytes) & ~15, row, bar);
   }
   __device__ void issue() {
     if (issued < total) {
@@ -400,9 +400,14 @@ struct TmaStepRing {
   }
   // The j-th tile this warp reads.
   __device__ int64_t tile(int64_t j) const { return first_tile + j * grid; }
-  // Every block lands at its slot row's start.
+  // Rows start 16-byte aligned (weight_tensor_map), so a block's offset in its slot row is its offset in the row's
+  // 16-byte pieces, as in StepRing.
   __device__ int row_misalignment(int64_t, int) const { return 0; }
-  __device__ const uint8_t* block(const uint8_t* slot, int rr, int, int64_t) const { return slot + rr * L::kSlotBytes; }
+  __device__ const uint8_t* block(const uint8_t* slot, int rr, int, int64_t s) const {
+    const uint8_t* p = slot + rr * L::kSlotBytes;
+    if constexpr (L::kAligned) return p;
+    return p + ((s * L::kBlockBytes) & 15);
+  }
 };
 
 // The packed 6-bit scales (sc) and mins (mn) of sub-blocks 4h..4h+3 of a Q4_K block header, one per byte.
