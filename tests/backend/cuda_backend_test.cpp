@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -442,6 +443,25 @@ TEST_P(CudaMatmulTest, MatvecRowsAreBitIdenticalAcrossWidths) {
   }
 }
 
+// Sets an environment variable for its lifetime, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* before = std::getenv(name)) saved_ = before;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (saved_) setenv(name_, saved_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
 // A Q6_K matmul of 3..16 tokens with many more row tiles than warps (the output head) runs on warp tiles
 // (matvec_int8.cu, s16_mma_wt_kernel), the tiles left over in the block form: row t keeps the bits of the
 // one-row matmul of x[t] (17 and 24 tokens take the block form: a check on the test). HYSPEC_WARP_TILES=8
@@ -449,10 +469,7 @@ TEST_P(CudaMatmulTest, MatvecRowsAreBitIdenticalAcrossWidths) {
 // steps (9 super-blocks), 4096 two each; 8456 rows leave a part tile.
 TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
   if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
-  struct WarpTiles {
-    WarpTiles() { setenv("HYSPEC_WARP_TILES", "8", 1); }
-    ~WarpTiles() { unsetenv("HYSPEC_WARP_TILES"); }
-  } const forced;
+  const ScopedEnv forced("HYSPEC_WARP_TILES", "8");
   const int64_t N = 8456;
   for (const int64_t K : {2304, 4096}) {
     const auto bytes = random_weight_bytes(GgmlType::Q6_K, K, N, rng_);
@@ -468,6 +485,70 @@ TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
       const auto got = get_gpu(y);
       for (int64_t i = 0; i < n * N; ++i)
         ASSERT_EQ(std::memcmp(&got[i], &ref[i], 4), 0) << "K=" << K << " n=" << n << " token " << i / N << " row " << i % N;
+    }
+  }
+}
+
+// On sm_90 the Q4_K matmuls take their weights by TMA boxes (matvec_int8.cu, TmaStepRing) instead of
+// cp.async copies (HYSPEC_TMA_RING=0): the same slots, so the same bits, for the plain matmul, the fused
+// SwiGLU and a matmul_many with a Q6_K part (its cp.async ring in the same launch), at 1..32 tokens, with a
+// part tile past the matrix (8456 rows) and unequal steps a warp (K = 2304).
+TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
+  if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
+  const int64_t N = 8456, N6 = 264, n_max = 32;
+  const int64_t widths[] = {1, 2, 3, 8, 9, 16, 17, 24, 25, 32};
+  for (const int64_t K : {2304, 4096}) {
+    const auto gb = random_weight_bytes(GgmlType::Q4_K, K, N, rng_), ub = random_weight_bytes(GgmlType::Q4_K, K, N, rng_);
+    const auto b6 = random_weight_bytes(GgmlType::Q6_K, K, N6, rng_);
+    auto w = gpu_->load_weight(tensor_info("w", GgmlType::Q4_K, gb, K, N));
+    auto up = gpu_->load_weight(tensor_info("up", GgmlType::Q4_K, ub, K, N));
+    auto w6 = gpu_->load_weight(tensor_info("w6", GgmlType::Q6_K, b6, K, N6));
+    ASSERT_TRUE(w.is_ok() && up.is_ok() && w6.is_ok());
+    // (matmul_many's one launch at 3+ tokens takes x quantized by the norm that wrote it)
+    const Tensor x = put(*gpu_, randn(n_max * K)), wn = put(*gpu_, randn(K)), h = poison(*gpu_, n_max * K);
+    gpu_->rms_norm(x.rows(n_max, K), wn.f(), K, 1e-6f, h.rows(n_max, K));
+    auto run = [&](const char* tma) {
+      // (every width on TMA where tma is 1; restored after: a run may set them for every test)
+      const ScopedEnv ring("HYSPEC_TMA_RING", tma), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0");
+      std::vector<std::vector<float>> out;
+      for (const int64_t n : widths) {
+        const Tensor y = poison(*gpu_, n * N), ys = poison(*gpu_, n * N), ym = poison(*gpu_, n * (2 * N + N6));
+        gpu_->matmul(*w, x.rows(n, K), y.rows(n, N));
+        out.push_back(get_gpu(y));
+        if (gpu_->matmul_swiglu(*w, *up, x.rows(n, K), ys.rows(n, N))) out.push_back(get_gpu(ys));
+        const Backend::MatmulPart parts[] = {{&*w, ym.rows(n, 2 * N + N6).cols(0, N)},
+                                             {&*w6, ym.rows(n, 2 * N + N6).cols(N, N6)},
+                                             {&*up, ym.rows(n, 2 * N + N6).cols(N + N6, N)}};
+        for (const Tensor* in : {&x, &h}) {
+          gpu_->matmul_many(in->rows(n, K), parts, 3);
+          out.push_back(get_gpu(ym));
+        }
+      }
+      return out;
+    };
+    const auto copies = run("0"), tma = run("1");
+    // Q6_K's tensor-core kernels (K = 4096; 2304 gives 1890-byte rows, which no tensor map takes)
+    auto run6 = [&](const char* tma6) {
+      const ScopedEnv ring("HYSPEC_TMA_Q6K", tma6), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0");
+      std::vector<std::vector<float>> out;
+      for (const int64_t n : widths) {
+        if (n < 3) continue;
+        const Tensor y = poison(*gpu_, n * N6);
+        gpu_->matmul(*w6, x.rows(n, K), y.rows(n, N6));
+        out.push_back(get_gpu(y));
+      }
+      return out;
+    };
+    const auto copies6 = run6("0"), tma6 = run6("2");
+    ASSERT_EQ(copies6.size(), tma6.size());
+    for (size_t i = 0; i < copies6.size(); ++i)
+      for (size_t e = 0; e < copies6[i].size(); ++e)
+        ASSERT_EQ(std::memcmp(&copies6[i][e], &tma6[i][e], 4), 0) << "Q6_K K=" << K << " output " << i << " at " << e;
+    ASSERT_EQ(copies.size(), tma.size());
+    for (size_t i = 0; i < copies.size(); ++i) {
+      ASSERT_EQ(copies[i].size(), tma[i].size());
+      for (size_t e = 0; e < copies[i].size(); ++e)
+        ASSERT_EQ(std::memcmp(&copies[i][e], &tma[i][e], 4), 0) << "K=" << K << " output " << i << " at " << e;
     }
   }
 }

@@ -20,7 +20,9 @@
 //
 // Layout: a block of 8 warps owns a tile of 16 rows at a time (8 gate + 8 up rows for the fused
 // SwiGLU); warp ks takes the super-blocks (steps) ks, ks + 8, ... of the tile's rows, streamed
-// through a private double-buffered cp.async ring of 16 rows' blocks (Q4KLayout, Q6KLayout). The
+// through a private double-buffered cp.async ring of 16 rows' blocks (Q4KLayout, Q6KLayout); on sm_90 the
+// Q4_K kernels' ring is fed by one TMA box a step instead (TmaStepRing; session 52: decode -1.5%, verify-15
+// -3.3%). The
 // warps are summed in a fixed order, so a row's result is the same bits whatever the number of
 // tokens, and the same in the fused SwiGLU as in a plain call. Several matvecs of one input (a
 // layer's q/k/v, a Q6_K and a Q4_K run of stacked projections) may share one launch (multi_kernel):
@@ -44,8 +46,14 @@
 // token: 2.1-2.3 TB/s on 4096 x 8192..12288 (f16 matvec 1.3-1.5); 17 tokens 1.3-1.5 (Q4_K), 1.4-1.6 (Q6_K).
 #include <cuda_fp16.h>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "backend/cuda/activations.cuh"
@@ -214,6 +222,8 @@ struct StepRing {
     group_stride = static_cast<uint32_t>(kRowsPerCopy * a.row_bytes);
     start_tile();
   }
+  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const void* /*tma maps*/)
+      : StepRing(args, smem, slot) {}
   __device__ void start_tile() {
     const int64_t first = i_tile * kOut, rb = static_cast<int64_t>(a.row_bytes);
     gate = a.w + first * rb + 16 * p;
@@ -291,6 +301,112 @@ struct StepRing {
     const uint8_t* p = slot + rr * L::kSlotBytes;
     if constexpr (L::kAligned) return p;
     return p + ((row_mis + s * L::kBlockBytes) & 15);
+  }
+};
+
+// The tensor maps of a TMA-fed launch (q4k_tensor_maps): the weights', and with SwiGLU the up weights'.
+struct TmaMaps {
+  CUtensorMap w, up;
+};
+// A TMA kernel's stage mbarriers sit in the first kTmaBarBytes of its shared memory; the body gets the
+// rest (so every other offset is the cp.async kernels'), 128-byte aligned as the boxes' destinations need.
+constexpr size_t kTmaBarBytes = 128;
+
+// StepRing fed by TMA (sm_90): a step's 16 rows arrive as one box, issued by lane 0 on the stage's
+// mbarrier, where the cp.async ring takes ~6 copies a lane with their address and predicate arithmetic (53
+// of a 16-token Q4_K warp-step's 467 instructions: PERFORMANCE.md "Session 48"). SW: 8 gate rows and the
+// same 8 up rows, a box of each map. The mbarriers are the kTmaBarBytes below smem. Rows past the matrix
+// arrive as zeros (TMA's out-of-bounds fill).
+// - A 16-byte multiple block (Q4_K): a box {block, 1, rows} of a 3D map [rows][super-blocks][block bytes]
+//   lands each block as the cp.async ring's slot holds it, so the bits are the same.
+// - Q6_K (210 bytes): a box {slot bytes, rows} of a 2D map [rows][row bytes] (rows a 16-byte multiple)
+//   started at the 16-byte aligned cover of the step's blocks lands each as the cp.async ring's slot holds
+//   it, at the same offset in its cover (a box started elsewhere in the row was an illegal instruction on
+//   the H200), so the bits are the same. Past the row: zeros.
+// kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
+// each step as StepRing waits for them. WT, VW: StepRing's warp tiles and their order.
+template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false>
+struct TmaStepRing {
+  static_assert(!L::kAligned || L::kSlotBytes == L::kBlockBytes);
+  static constexpr int kStages = 2;
+  static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
+  static constexpr uint32_t kStepBytes = kRows * L::kSlotBytes;
+  static_assert(kWarps * kStages * 8 <= kTmaBarBytes && kStepBytes % 128 == 0 && (kStepBytes / 2) % 128 == 0);
+  const Int8MvArgs& a;
+  const TmaMaps* maps;  // the launch's __grid_constant__ maps
+  uint8_t* ring;
+  float* red;
+  uint32_t bars;  // this warp's stage barriers (shared-space address)
+  int lane, ks, cnt;
+  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
+  int i_m = 0;
+  int i_s = 0, i_v = 0;  // VW: the issuing step's super-block and block-form warp
+
+  __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const TmaMaps* tensor_maps)
+      : a(args), maps(tensor_maps), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count) {
+    ring = smem + ks * kStages * kStepBytes;
+    red = reinterpret_cast<float*>(smem + kWarps * kStages * kStepBytes);
+    bars = smem_addr(smem) - static_cast<uint32_t>(kTmaBarBytes) + 8 * kStages * ks;
+    const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
+    if constexpr (WT) i_tile = int64_t{slot.idx} * kWarps + ks, grid = int64_t{slot.count} * kWarps;
+    first_tile = i_tile;
+    my_tiles = i_tile < tiles ? (tiles - 1 - i_tile) / grid + 1 : 0;
+    cnt = WT ? static_cast<int>(S) : ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
+    total = my_tiles * cnt;
+    if (lane == 0) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) mbar_init(bars + 8 * st, 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
+  __device__ void load(uint32_t dst, const CUtensorMap* map, int s, int row, uint32_t bar) const {
+    if constexpr (L::kAligned) tma_load_3d(dst, map, 0, s, row, bar);
+    else tma_load_2d(dst, map, (s * L::kBlockBytes) & ~15, row, bar);
+  }
+  __device__ void issue() {
+    if (issued < total) {
+      if (lane == 0) {
+        const int st = static_cast<int>(issued & 1), row = static_cast<int>(i_tile * kOut);
+        const int s = VW ? i_s : WT ? i_m : ks + kWarps * i_m;
+        const uint32_t bar = bars + 8 * st, dst = smem_addr(ring + st * kStepBytes);
+        fence_proxy_async_smem();  // the warp's reads of this slot (before the caller's __syncwarp) come first
+        mbar_expect_tx(bar, kStepBytes);
+        load(dst, &maps->w, s, row, bar);
+        if constexpr (SW) load(dst + kStepBytes / 2, &maps->up, s, row, bar);
+      }
+      ++issued;
+      if constexpr (VW) {
+        i_s += kWarps;
+        if (i_s >= cnt) i_s = ++i_v;
+      }
+      if (++i_m == cnt) {
+        i_m = 0, i_tile += grid;
+        if constexpr (VW) i_s = i_v = 0;
+      }
+    }
+  }
+  __device__ void prime() { issue(); }
+  // The next step's slot (its box has landed), after queueing the box of the one after.
+  __device__ const uint8_t* next() {
+    if constexpr (kCopiesToo) cp_async_wait<0>();
+    const int st = static_cast<int>(consumed & 1);
+    const uint32_t parity = static_cast<uint32_t>((consumed >> 1) & 1);
+    while (!mbar_try_wait(bars + 8 * st, parity)) {
+    }
+    __syncwarp();  // every lane has read the slot refilled next
+    issue();
+    return ring + (consumed++ & 1) * kStepBytes;
+  }
+  // The j-th tile this warp reads.
+  __device__ int64_t tile(int64_t j) const { return first_tile + j * grid; }
+  // Rows start 16-byte aligned (weight_tensor_map), so a block's offset in its slot row is its offset in the row's
+  // 16-byte pieces, as in StepRing.
+  __device__ int row_misalignment(int64_t, int) const { return 0; }
+  __device__ const uint8_t* block(const uint8_t* slot, int rr, int, int64_t s) const {
+    const uint8_t* p = slot + rr * L::kSlotBytes;
+    if constexpr (L::kAligned) return p;
+    return p + ((s * L::kBlockBytes) & 15);
   }
 };
 
@@ -744,13 +860,16 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // Q5 (Q5_K): the same with the fifth bit of every code from qh.
 // kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers);
 // kXFold: x staged through Int8XFold (one row: kStageFold, kStagePlain).
-template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone>
-__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone,
+          bool kTma = false>
+__device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                              const TmaMaps* maps = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<L, SW, WT> ring(a, smem, slot);
+  static_assert(!kTma || (!Q5 && !WT));
+  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1)>, StepRing<L, SW, WT>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -938,13 +1057,16 @@ __device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int6
 // block, so sum_k A B = sum_i m_i bsum_i, exactly. The k order inside a sub-block is permuted (lane
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
-template <int NT, bool SW, bool Q5 = false, bool kConv = false>
-__device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+// kTma: the weights arrive by TMA (TmaStepRing on the tensor maps `maps`; Q4_K).
+template <int NT, bool SW, bool Q5 = false, bool kConv = false, bool kTma = false>
+__device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                             const TmaMaps* maps = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  StepRing<L, SW> ring(a, smem, slot);
+  static_assert(!kTma || !Q5);
+  std::conditional_t<kTma, TmaStepRing<L, SW, kConv>, StepRing<L, SW>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
@@ -1410,12 +1532,14 @@ __device__ __forceinline__ void s16_mma_step(const Int8MvArgs& a, Ring& ring, in
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k16 per 16-code sub-block and 8 tokens
 // (lane t's fragment columns 4t..4t+3 = the sub-block's elements 4t..4t+3); msum is one f16
 // mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
-template <class C, int NT, bool SW, bool kConv = false>
-__device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+// kTma: the weights by TMA boxes (TmaStepRing on the tensor maps `maps`; Q6_K).
+template <class C, int NT, bool SW, bool kConv = false, bool kTma = false>
+__device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                             const TmaMaps* maps = nullptr) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
-  StepRing<L, SW> ring(a, smem, slot);
+  std::conditional_t<kTma, TmaStepRing<L, SW, kConv>, StepRing<L, SW>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
@@ -1445,12 +1569,14 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 // a.n_out: a multiple of 16 x the launch's warps (every warp takes as many tiles). One and two n-tiles
 // only: at three the sums spill (84 bytes at 128 registers; 17 tokens 8% slower), and kept in shared
 // memory instead they lost at 18-23 tokens what they won at 24 (PERFORMANCE.md "Session 51").
-template <class C, int NT>
-__device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+template <class C, int NT, bool kTma = false>
+__device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                                   const TmaMaps* maps = nullptr) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  StepRing<L, false, true, true> ring(a, smem, slot);
+  std::conditional_t<kTma, TmaStepRing<L, false, false, true, true>, StepRing<L, false, true, true>> ring(a, smem, slot,
+                                                                                                        maps);
   const int64_t my_tiles = ring.my_tiles;
   const int S = ring.cnt;
   ring.prime();
@@ -1502,6 +1628,18 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
   extern __shared__ __align__(16) uint8_t smem[];
   q4k_mma_body<NT, SW, Q5>(a, smem, launch_slot());
 }
+// The Q4_K kernels with the weights by TMA boxes (sm_90: use_tma_ring): the mbarriers first, then the
+// cp.async kernels' shared memory.
+template <int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
+__global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  q4k_dp4a_body<NMAX, SW, false, false, kConv, kXFold, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+}
+template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
+__global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  q4k_mma_body<NT, SW, false, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+}
 template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1514,17 +1652,38 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
 }
 // Rows 0..warp_rows-1 on warp tiles, the rest (fewer tiles than the launch has warps) in the block form.
 // A warp's ring is its own in both (the block form's partial sums come after the rings), so no barrier.
-template <class C, int NT>
-__global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_kernel(Int8MvArgs a, int64_t warp_rows) {
-  extern __shared__ __align__(16) uint8_t smem[];
+// kTma: both by TMA, the rest's tiles from maps[1] (the map of those rows).
+template <class C, int NT, bool kTma>
+__device__ __forceinline__ void s16_mma_wt_parts(const Int8MvArgs& a, int64_t warp_rows, uint8_t* smem,
+                                                 const TmaMaps* maps) {
   Int8MvArgs part = a;
   part.n_out = warp_rows;
-  s16_mma_warp_tiles<C, NT>(part, smem, launch_slot());
+  s16_mma_warp_tiles<C, NT, kTma>(part, smem, launch_slot(), maps);
   if (warp_rows == a.n_out) return;
   part.w = a.w + warp_rows * static_cast<int64_t>(a.row_bytes);
   part.y = a.y + warp_rows;
   part.n_out = a.n_out - warp_rows;
-  s16_mma_body<C, NT, false>(part, smem, launch_slot());
+  s16_mma_body<C, NT, false, false, kTma>(part, smem, launch_slot(), kTma ? maps + 1 : nullptr);
+}
+template <class C, int NT>
+__global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_kernel(Int8MvArgs a, int64_t warp_rows) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  s16_mma_wt_parts<C, NT, false>(a, warp_rows, smem, nullptr);
+}
+// (maps[0]: the weights, maps[1]: the rows from warp_rows on)
+struct TmaMapPair {
+  TmaMaps m[2];
+};
+template <class C, int NT>
+__global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_tma_kernel(Int8MvArgs a, int64_t warp_rows,
+                                                                        const __grid_constant__ TmaMapPair maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  s16_mma_wt_parts<C, NT, true>(a, warp_rows, tma_smem + kTmaBarBytes, maps.m);
+}
+template <class C, int NT, int MB = (NT >= 4 ? 1 : 2)>
+__global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  s16_mma_body<C, NT, false, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
 }
 
 // Several matvecs of one input in one launch (int8_matvec_multi_launch): blocks first[i] ..
@@ -1536,20 +1695,37 @@ struct Int8MvParts {
   bool s16[kInt8MvMaxParts];
   int n;
 };
-template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
-__global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_constant__ Int8MvParts p) {
-  extern __shared__ __align__(16) uint8_t smem[];
+// The parts' blocks as multi_kernel and multi_tma_kernel share them out. kTma: the Q4_K parts' weights by
+// TMA boxes (maps[i].w; the mbarriers in the kTmaBarBytes below smem).
+template <int W, bool kDp4a, bool kConv, int kXFold, bool kTma>
+__device__ __forceinline__ void multi_body(const Int8MvParts& p, uint8_t* smem, const TmaMaps* maps) {
   const int b = static_cast<int>(blockIdx.x);
   int i = 0;
   while (i + 1 < p.n && b >= p.first[i + 1]) ++i;
   const BlockSlot slot{b - p.first[i], p.first[i + 1] - p.first[i]};
+  const TmaMaps* const map = kTma ? maps + i : nullptr;
   if constexpr (kDp4a) {
     if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false, false, kConv, kXFold>(p.a[i], smem, slot);
-    else q4k_dp4a_body<W, false, false, false, kConv, kXFold>(p.a[i], smem, slot);
+    else q4k_dp4a_body<W, false, false, false, kConv, kXFold, kTma>(p.a[i], smem, slot, map);
   } else {
     if (p.s16[i]) s16_mma_body<Q6KCodes, W, false, kConv>(p.a[i], smem, slot);
-    else q4k_mma_body<W, false, false, kConv>(p.a[i], smem, slot);
+    else q4k_mma_body<W, false, false, kConv, kTma>(p.a[i], smem, slot, map);
   }
+}
+template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
+__global__ void __launch_bounds__(kWarps * 32, 2) multi_kernel(const __grid_constant__ Int8MvParts p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  multi_body<W, kDp4a, kConv, kXFold, false>(p, smem, nullptr);
+}
+// (.up unused: no SwiGLU part)
+struct Int8MvPartMaps {
+  TmaMaps m[kInt8MvMaxParts];
+};
+template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
+__global__ void __launch_bounds__(kWarps * 32, 2) multi_tma_kernel(const __grid_constant__ Int8MvParts p,
+                                                                   const __grid_constant__ Int8MvPartMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  multi_body<W, kDp4a, kConv, kXFold, true>(p, tma_smem + kTmaBarBytes, maps.m);
 }
 
 // Scratch: q, then d, then bs, each 256-byte aligned, for padded_tokens(n) rows.
@@ -1574,48 +1750,141 @@ bool dp4a_fits() {
   return fits;
 }
 
+// maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel) tensor maps, its mbarriers' bytes added.
 template <class L, int NMAX, auto kernel, int MB = 2>
-cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false) {
+cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr) {
   // (a tensor-core kernel's NT = NMAX / 8; the dp4a kernels' NMAX of 1 or 2 keep one buffer)
   const int red_buffers = sw ? kMmaRedBuffers<NMAX / 8, true> : kMmaRedBuffers<NMAX / 8, false>;
-  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers);
+  constexpr bool kTma = std::is_invocable_v<decltype(kernel), Int8MvArgs, TmaMaps>;
+  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers) + (kTma ? kTmaBarBytes : 0);
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
   const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, MB * int64_t{sm_count()})));
-  return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
+  if constexpr (kTma) return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a, *maps);
+  else return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
+}
+
+// The tensor map of a weight at w of layout L (TmaStepRing), boxes of box_rows rows: a 16-byte multiple
+// block's 3D map [rows][super-blocks][block bytes], box {block bytes, 1, box_rows}; else (Q6_K) a 2D map
+// [rows][row bytes], box {slot bytes, box_rows}. False where the driver cannot make one (the address or the
+// row bytes not a 16-byte multiple). Made once a weight (address, shape, layout and box) and kept.
+template <class L>
+bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_bytes, int box_rows, CUtensorMap* out) {
+  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
+                        cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<Encode>(fn) : nullptr;
+  }();
+  if (!encode || (reinterpret_cast<uintptr_t>(w) & 15) != 0 || row_bytes % 16 != 0) return false;
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> made;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(static_cast<const void*>(w), n_out, K, box_rows);
+  if (const auto it = made.find(key); it != made.end()) return *out = it->second, true;
+  constexpr cuuint32_t kBlock = L::kBlockBytes;
+  const cuuint32_t rows = static_cast<cuuint32_t>(box_rows), unit[3] = {1, 1, 1};
+  CUtensorMap map;
+  CUresult made_ok;
+  if constexpr (L::kAligned) {
+    const cuuint64_t dims[3] = {kBlock, static_cast<cuuint64_t>(K / 256), static_cast<cuuint64_t>(n_out)};
+    const cuuint64_t strides[2] = {kBlock, row_bytes};
+    const cuuint32_t box[3] = {kBlock, 1, rows};
+    made_ok = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(w), dims, strides, box, unit,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  } else {
+    const cuuint64_t dims[2] = {row_bytes, static_cast<cuuint64_t>(n_out)};
+    const cuuint64_t strides[1] = {row_bytes};
+    const cuuint32_t box[2] = {static_cast<cuuint32_t>(L::kSlotBytes), rows};
+    made_ok = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box, unit,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  }
+  if (made_ok != CUDA_SUCCESS) return false;
+  made.emplace(key, map);
+  return *out = map, true;
+}
+// A launch's maps (sw: the gate's and the up weights', 8 rows a box), or false: the cp.async kernels.
+template <class L>
+bool tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) {
+  const int box_rows = sw ? kRows / 2 : kRows;
+  return weight_tensor_map<L>(a.w, a.n_out, a.K, a.row_bytes, box_rows, &maps->w) &&
+         (!sw || weight_tensor_map<L>(a.w2, a.n_out, a.K, a.row_bytes, box_rows, &maps->up));
+}
+bool q4k_tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) { return tensor_maps<Q4KLayout>(a, sw, maps); }
+// Whether a Q4_K launch of n rows (dp4a: on the dp4a kernels) takes the TMA kernels: on sm_90 unless
+// HYSPEC_TMA_RING=0 (an A/B switch, read at each launch so that a test can set it). The one-n-tile
+// tensor-core kernel (3..8 rows) only where K has HYSPEC_TMA_NT1_MIN_BLOCKS (32) super-blocks: at 8 rows
+// TMA made K = 4096 x 12288 7% slower (and the 9B's verify-4 2%), K = 12288 x 4096 4% faster (session 52).
+bool use_tma_ring(int64_t n, bool dp4a, int64_t K, int nt1_min_blocks = -1) {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major >= 9;
+  }();
+  if (!sm90 || env_int("HYSPEC_TMA_RING", 1) == 0) return false;
+  if (nt1_min_blocks < 0) nt1_min_blocks = env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 32);
+  return dp4a || n > 8 || K / 256 >= nt1_min_blocks;
+}
+
+// One Q4_K kernel of the ring kTma picks (the TMA kernels: Q4_K only).
+template <int NMAX, bool SW, bool Q5, bool kConv, int kXFold, bool kTma>
+cudaError_t launch_q4k_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
+  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+  if constexpr (kTma) return launch<L, NMAX, q4k_dp4a_tma_kernel<NMAX, SW, kConv, kXFold>>(a, SW, stream, true, maps);
+  else return launch<L, NMAX, q4k_dp4a_kernel<NMAX, SW, Q5, kConv, kXFold>>(a, SW, stream, true);
+}
+template <int NT, bool SW, bool Q5, bool kTma>
+cudaError_t launch_q4k_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
+  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+  constexpr int MB = NT >= 4 ? 1 : 2;
+  if constexpr (kTma) return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB>, MB>(a, SW, stream, false, maps);
+  else return launch<L, NT * 8, q4k_mma_kernel<NT, SW, Q5, MB>, MB>(a, SW, stream);
 }
 
 // dp4a: the one- or two-token kernel, else the tensor cores by width; every choice gives the same
-// bits, so the switch is a speed choice only.
-template <bool SW, bool Q5>
-cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
-  using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+// bits, so the switch is a speed choice only. kTma: the weights by TMA boxes (maps).
+template <bool SW, bool Q5, bool kTma>
+cudaError_t launch_q4k_rings(const Int8MvArgs& a, bool dp4a, cudaStream_t stream, const TmaMaps* maps) {
   const int n = a.n;
   if constexpr (SW && !Q5) {
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)
-      return launch<L, 1, q4k_dp4a_kernel<1, true, false, false, kStageNorm>>(a, true, stream, true);  // (n = 1)
+      return launch_q4k_dp4a<1, true, false, false, kStageNorm, kTma>(a, stream, maps);  // (n = 1)
   }
   if constexpr (!SW && !Q5) {
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
-      return a.conv_y ? launch<L, 1, q4k_dp4a_kernel<1, false, false, true, kStageNorm>>(a, false, stream, true)
-                      : launch<L, 1, q4k_dp4a_kernel<1, false, false, false, kStageNorm>>(a, false, stream, true);
+      return a.conv_y ? launch_q4k_dp4a<1, false, false, true, kStageNorm, kTma>(a, stream, maps)
+                      : launch_q4k_dp4a<1, false, false, false, kStageNorm, kTma>(a, stream, maps);
   }
   if constexpr (!SW) {
-    if (dp4a && a.conv_y) return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, true>>(a, false, stream, true);  // (n = 1)
+    if (dp4a && a.conv_y) return launch_q4k_dp4a<1, false, Q5, true, kStageNone, kTma>(a, stream, maps);  // (n = 1)
     if (dp4a && a.xfold.kind == Int8XFold::kPlain)
-      return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
+      return launch_q4k_dp4a<1, false, Q5, false, kStagePlain, kTma>(a, stream, maps);  // (n = 1)
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
-      return launch<L, 1, q4k_dp4a_kernel<1, false, Q5, false, kStageFold>>(a, false, stream, true);  // (n = 1)
+      return launch_q4k_dp4a<1, false, Q5, false, kStageFold, kTma>(a, stream, maps);  // (n = 1)
   }
-  if (dp4a) return n == 1 ? launch<L, 1, q4k_dp4a_kernel<1, SW, Q5>>(a, SW, stream, true)
-                          : launch<L, 2, q4k_dp4a_kernel<2, SW, Q5>>(a, SW, stream, true);
-  if (n <= 8) return launch<L, 8, q4k_mma_kernel<1, SW, Q5>>(a, SW, stream);
-  if (n <= 16) return launch<L, 16, q4k_mma_kernel<2, SW, Q5>>(a, SW, stream);
-  if (n <= 24) return launch<L, 24, q4k_mma_kernel<3, SW, Q5>>(a, SW, stream);
-  if constexpr (!SW) return launch<L, 32, q4k_mma_kernel<4, false, Q5, 1>, 1>(a, false, stream);
+  if (dp4a) return n == 1 ? launch_q4k_dp4a<1, SW, Q5, false, kStageNone, kTma>(a, stream, maps)
+                          : launch_q4k_dp4a<2, SW, Q5, false, kStageNone, kTma>(a, stream, maps);
+  if (n <= 8) return launch_q4k_mma<1, SW, Q5, kTma>(a, stream, maps);
+  if (n <= 16) return launch_q4k_mma<2, SW, Q5, kTma>(a, stream, maps);
+  if (n <= 24) return launch_q4k_mma<3, SW, Q5, kTma>(a, stream, maps);
+  if constexpr (!SW) return launch_q4k_mma<4, false, Q5, kTma>(a, stream, maps);
   return cudaErrorInvalidValue;
+}
+template <bool SW, bool Q5>
+cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
+  if constexpr (!Q5) {
+    TmaMaps maps;
+    if (use_tma_ring(a.n, dp4a, a.K) && q4k_tensor_maps(a, SW, &maps)) return launch_q4k_rings<SW, false, true>(a, dp4a, stream, &maps);
+  }
+  return launch_q4k_rings<SW, Q5, false>(a, dp4a, stream, nullptr);
 }
 // Blocks for a Q6_K launch of 3..16 tokens on warp tiles (s16_mma_wt_kernel), or 0 for the block form:
 // at least two whole tiles a warp of the usual grid. HYSPEC_WARP_TILES=0: never; =B: on B blocks whenever
@@ -1626,11 +1895,22 @@ int64_t warp_tile_blocks(int64_t full_tiles) {
   const int64_t blocks = forced > 0 ? forced : 2 * int64_t{sm_count()};
   return full_tiles / (blocks * kWarps) >= (forced > 0 ? 1 : 2) ? blocks : 0;
 }
+// tma: the weights' map (maps->w), or null: the cp.async kernel.
 template <class C, int NT>
-cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream) {
+cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream, const TmaMaps* tma = nullptr) {
   using L = typename C::L;
   const int64_t warps = blocks * kWarps, warp_rows = a.n_out / kRows / warps * warps * kRows;
   const size_t smem = smem_bytes<L>(NT * 8, false);
+  TmaMapPair maps{};
+  if (tma) maps.m[0] = *tma;
+  if (tma && (warp_rows == a.n_out || weight_tensor_map<L>(a.w + warp_rows * static_cast<int64_t>(a.row_bytes),
+                                                             a.n_out - warp_rows, a.K, a.row_bytes, kRows, &maps.m[1].w))) {
+    static const cudaError_t attr_err = cudaFuncSetAttribute(
+        s16_mma_wt_tma_kernel<C, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem + kTmaBarBytes));
+    if (attr_err != cudaSuccess) return attr_err;
+    return launch_pdl(s16_mma_wt_tma_kernel<C, NT>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32),
+                      smem + kTmaBarBytes, stream, a, warp_rows, maps);
+  }
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(s16_mma_wt_kernel<C, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
@@ -1643,9 +1923,21 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = typename C::L;
   const int n = a.n;
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
+    TmaMaps maps;
+    // HYSPEC_TMA_Q6K: 0 the cp.async ring, 1 TMA as Q4_K takes it, 2 (default) TMA at every width
+    const int q6 = env_int("HYSPEC_TMA_Q6K", 2);
+    const bool tma = !dp4a && q6 != 0 && use_tma_ring(n, false, a.K, q6 == 2 ? 0 : -1) &&
+                     tensor_maps<L>(a, false, &maps);
     if (!dp4a && n <= 16) {
       if (const int64_t blocks = warp_tile_blocks(a.n_out / kRows))
-        return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream) : launch_s16_wt<C, 2>(a, blocks, stream);
+        return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream, tma ? &maps : nullptr)
+                      : launch_s16_wt<C, 2>(a, blocks, stream, tma ? &maps : nullptr);
+    }
+    if (tma) {
+      if (n <= 8) return launch<L, 8, s16_mma_tma_kernel<C, 1>>(a, false, stream, false, &maps);
+      if (n <= 16) return launch<L, 16, s16_mma_tma_kernel<C, 2>>(a, false, stream, false, &maps);
+      if (n <= 24) return launch<L, 24, s16_mma_tma_kernel<C, 3>>(a, false, stream, false, &maps);
+      return launch<L, 32, s16_mma_tma_kernel<C, 4, 1>, 1>(a, false, stream, false, &maps);
     }
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
       return a.conv_y ? launch<L, 1, s16_dp4a_kernel<C, 1, false, true, kStageNorm>>(a, false, stream, true)
@@ -1736,11 +2028,26 @@ bool share_blocks(const int64_t* tiles, const int64_t* tile_cost, int parts, int
   return blocks_for(hi, g);
 }
 
+// The Q4_K parts' tensor maps (Q6_K parts: none), or false where one cannot be made.
+bool multi_tensor_maps(const Int8MvParts& p, Int8MvPartMaps& maps) {
+  for (int i = 0; i < p.n; ++i)
+    if (!p.s16[i] && !q4k_tensor_maps(p.a[i], false, &maps.m[i])) return false;
+  return true;
+}
 template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
 cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStream_t stream) {
   constexpr bool kConvRows = kConv && (!kDp4a || W > 1);  // (a several-row conv fold: its ConvTile)
   const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a)) +
                       (kConvRows ? sizeof(ConvTile) : 0);
+  Int8MvPartMaps maps;
+  if (use_tma_ring(p.a[0].n, kDp4a, p.a[0].K) && multi_tensor_maps(p, maps)) {
+    static const cudaError_t attr_err =
+        cudaFuncSetAttribute(multi_tma_kernel<W, kDp4a, kConv, kXFold>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem + kTmaBarBytes));
+    if (attr_err != cudaSuccess) return attr_err;
+    return launch_pdl(multi_tma_kernel<W, kDp4a, kConv, kXFold>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32),
+                      smem + kTmaBarBytes, stream, p, maps);
+  }
   static const cudaError_t attr_err = cudaFuncSetAttribute(multi_kernel<W, kDp4a, kConv, kXFold>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
