@@ -57,6 +57,12 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 #endif
 }
+// Before an mbarrier's location is used again, even for another mbarrier (PTX).
+__device__ __forceinline__ void mbar_inval(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
 // After mbar_init, before the barriers' first use by the copy engine.
 __device__ __forceinline__ void mbar_init_fence() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

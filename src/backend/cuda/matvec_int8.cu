@@ -21,8 +21,8 @@
 // Layout: a block of 8 warps owns a tile of 16 rows at a time (8 gate + 8 up rows for the fused
 // SwiGLU); warp ks takes the super-blocks (steps) ks, ks + 8, ... of the tile's rows, streamed
 // through a private double-buffered cp.async ring of 16 rows' blocks (Q4KLayout, Q6KLayout); on sm_90 the
-// Q4_K kernels' ring is fed by one TMA box a step instead (TmaStepRing; session 52: decode -1.5%, verify-15
-// -3.3%). The
+// Q4_K kernels' ring and Q6_K's tensor-core kernels' are fed by one TMA box a step instead (TmaStepRing;
+// session 52: decode -1.5%, verify-15 -4.5%). The
 // warps are summed in a fixed order, so a row's result is the same bits whatever the number of
 // tokens, and the same in the fused SwiGLU as in a plain call. Several matvecs of one input (a
 // layer's q/k/v, a Q6_K and a Q4_K run of stacked projections) may share one launch (multi_kernel):
@@ -304,7 +304,7 @@ struct StepRing {
   }
 };
 
-// The tensor maps of a TMA-fed launch (q4k_tensor_maps): the weights', and with SwiGLU the up weights'.
+// The tensor maps of a TMA-fed launch (tensor_maps): the weights', and with SwiGLU the up weights'.
 struct TmaMaps {
   CUtensorMap w, up;
 };
@@ -357,6 +357,16 @@ struct TmaStepRing {
 #pragma unroll
       for (int st = 0; st < kStages; ++st) mbar_init(bars + 8 * st, 1);
       mbar_init_fence();
+    }
+    __syncwarp();
+  }
+  // Every box issued has landed and been read by then (a body consumes all `total` steps). The barriers'
+  // location may hold the next ring's (s16_mma_wt_parts).
+  __device__ ~TmaStepRing() {
+    __syncwarp();
+    if (lane == 0) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) mbar_inval(bars + 8 * st);
     }
     __syncwarp();
   }
@@ -1750,7 +1760,8 @@ bool dp4a_fits() {
   return fits;
 }
 
-// maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel) tensor maps, its mbarriers' bytes added.
+// maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel, s16_mma_tma_kernel) tensor maps, its
+// mbarriers' bytes added.
 template <class L, int NMAX, auto kernel, int MB = 2>
 cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr) {
   // (a tensor-core kernel's NT = NMAX / 8; the dp4a kernels' NMAX of 1 or 2 keep one buffer)
