@@ -20,8 +20,8 @@
 #include "format/quants.h"
 #include "util/half.h"
 
-#ifdef HYSPEC_ATTN_TRACE
-#include "backend/cuda/kernels.h"  // attention_trace_report
+#ifdef HYSPEC_HAVE_CUDA
+#include "backend/cuda/kernels.h"  // attention_trace_report, int8_matvec_tma_available
 #endif
 
 namespace hyspec {
@@ -489,12 +489,16 @@ TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
   }
 }
 
-// On sm_90 the Q4_K matmuls take their weights by TMA boxes (matvec_int8.cu, TmaStepRing) instead of
-// cp.async copies (HYSPEC_TMA_RING=0): the same slots, so the same bits, for the plain matmul, the fused
-// SwiGLU and a matmul_many with a Q6_K part (its cp.async ring in the same launch), at 1..32 tokens, with a
-// part tile past the matrix (8456 rows) and unequal steps a warp (K = 2304).
+// On sm_90 the Q4_K matmuls and Q6_K's tensor-core ones take their weights by TMA boxes (matvec_int8.cu,
+// TmaStepRing) instead of cp.async copies (HYSPEC_TMA_RING=0, HYSPEC_TMA_Q6K=0): the same slots, so the same
+// bits, for the plain matmul, the fused SwiGLU and a matmul_many with a Q6_K part (its cp.async ring in the
+// same launch), at 1..32 tokens, with a part tile past the matrix (8456 rows) and unequal steps a warp
+// (K = 2304).
 TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
   if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
+#ifdef HYSPEC_HAVE_CUDA
+  if (!cuda::int8_matvec_tma_available()) GTEST_SKIP() << "no TMA here (sm_90 and the driver's tensor-map encoder)";
+#endif
   const int64_t N = 8456, N6 = 264, n_max = 32;
   const int64_t widths[] = {1, 2, 3, 8, 9, 16, 17, 24, 25, 32};
   for (const int64_t K : {2304, 4096}) {

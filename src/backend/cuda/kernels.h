@@ -78,6 +78,9 @@ cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, M
 // (BackendOptions::int8_matvec, the default).
 constexpr int64_t kInt8MvMaxWidth = 32;
 bool int8_matvec_supported(const WeightView& w, int64_t n);
+// Whether the int8 matvecs can take their weights by TMA boxes here (sm_90 and the driver's tensor-map
+// encoder; HYSPEC_TMA_RING=0 turns them off).
+bool int8_matvec_tma_available();
 size_t int8_matvec_scratch_bytes(const WeightView& w, int64_t n);
 // A step's depthwise causal conv of kernel 4 + SiLU (causal_conv_silu_launch) folded into the launch that
 // writes its input: a one-row launch, or part 0 of a multi launch of one row (decode) or of up to 24 (verify,

@@ -1781,17 +1781,22 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
 // block's 3D map [rows][super-blocks][block bytes], box {block bytes, 1, box_rows}; else (Q6_K) a 2D map
 // [rows][row bytes], box {slot bytes, box_rows}. False where the driver cannot make one (the address or the
 // row bytes not a 16-byte multiple). Made once a weight (address, shape, layout and box) and kept.
-template <class L>
-bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_bytes, int box_rows, CUtensorMap* out) {
-  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
-  static const Encode encode = [] {
+// The driver's cuTensorMapEncodeTiled, or null where the driver has none.
+using TensorMapEncoder = PFN_cuTensorMapEncodeTiled_v12000;
+TensorMapEncoder tensor_map_encoder() {
+  static const TensorMapEncoder encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
     const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
                         cudaSuccess &&
                     found == cudaDriverEntryPointSuccess;
-    return ok ? reinterpret_cast<Encode>(fn) : nullptr;
+    return ok ? reinterpret_cast<TensorMapEncoder>(fn) : nullptr;
   }();
+  return encode;
+}
+template <class L>
+bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_bytes, int box_rows, CUtensorMap* out) {
+  const TensorMapEncoder encode = tensor_map_encoder();
   if (!encode || (reinterpret_cast<uintptr_t>(w) & 15) != 0 || row_bytes % 16 != 0) return false;
   static std::mutex mu;
   static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> made;
@@ -1833,14 +1838,17 @@ bool q4k_tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) { return tenso
 // HYSPEC_TMA_RING=0 (an A/B switch, read at each launch so that a test can set it). The one-n-tile
 // tensor-core kernel (3..8 rows) only where K has HYSPEC_TMA_NT1_MIN_BLOCKS (32) super-blocks: at 8 rows
 // TMA made K = 4096 x 12288 7% slower (and the 9B's verify-4 2%), K = 12288 x 4096 4% faster (session 52).
-bool use_tma_ring(int64_t n, bool dp4a, int64_t K, int nt1_min_blocks = -1) {
-  static const bool sm90 = [] {
+bool sm90() {
+  static const bool is = [] {
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     return major >= 9;
   }();
-  if (!sm90 || env_int("HYSPEC_TMA_RING", 1) == 0) return false;
+  return is;
+}
+bool use_tma_ring(int64_t n, bool dp4a, int64_t K, int nt1_min_blocks = -1) {
+  if (!sm90() || env_int("HYSPEC_TMA_RING", 1) == 0) return false;
   if (nt1_min_blocks < 0) nt1_min_blocks = env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 32);
   return dp4a || n > 8 || K / 256 >= nt1_min_blocks;
 }
@@ -2067,6 +2075,8 @@ cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStrea
 }
 
 }  // namespace
+
+bool int8_matvec_tma_available() { return sm90() && tensor_map_encoder() != nullptr; }
 
 bool int8_matvec_supported(const WeightView& w, int64_t n) {
   return w.int8_matvec && with_int8_family(w.type, [](auto) {}) && w.n_in % 256 == 0 && n >= 1 && n <= kInt8MvMaxWidth;
