@@ -1834,10 +1834,6 @@ bool tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) {
          (!sw || weight_tensor_map<L>(a.w2, a.n_out, a.K, a.row_bytes, box_rows, &maps->up));
 }
 bool q4k_tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) { return tensor_maps<Q4KLayout>(a, sw, maps); }
-// Whether a Q4_K launch of n rows (dp4a: on the dp4a kernels) takes the TMA kernels: on sm_90 unless
-// HYSPEC_TMA_RING=0 (an A/B switch, read at each launch so that a test can set it). The one-n-tile
-// tensor-core kernel (3..8 rows) only where K has HYSPEC_TMA_NT1_MIN_BLOCKS (32) super-blocks: at 8 rows
-// TMA made K = 4096 x 12288 7% slower (and the 9B's verify-4 2%), K = 12288 x 4096 4% faster (session 52).
 bool sm90() {
   static const bool is = [] {
     int dev = 0, major = 0;
@@ -1847,6 +1843,11 @@ bool sm90() {
   }();
   return is;
 }
+// Whether a launch of n rows (dp4a: on the dp4a kernels) takes the TMA kernels: on sm_90 unless
+// HYSPEC_TMA_RING=0 (an A/B switch, read at each launch so that a test can set it). The one-n-tile
+// tensor-core kernel (3..8 rows) only where K has nt1_min_blocks super-blocks (-1: HYSPEC_TMA_NT1_MIN_BLOCKS,
+// default 32, Q4_K's rule): at 8 rows TMA made Q4_K 4096 x 12288 7% slower (and the 9B's verify-4 2%),
+// 12288 x 4096 4% faster (session 52).
 bool use_tma_ring(int64_t n, bool dp4a, int64_t K, int nt1_min_blocks = -1) {
   if (!sm90() || env_int("HYSPEC_TMA_RING", 1) == 0) return false;
   if (nt1_min_blocks < 0) nt1_min_blocks = env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 32);
@@ -1901,7 +1902,8 @@ template <bool SW, bool Q5>
 cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!Q5) {
     TmaMaps maps;
-    if (use_tma_ring(a.n, dp4a, a.K) && q4k_tensor_maps(a, SW, &maps)) return launch_q4k_rings<SW, false, true>(a, dp4a, stream, &maps);
+    if (use_tma_ring(a.n, dp4a, a.K) && q4k_tensor_maps(a, SW, &maps))
+      return launch_q4k_rings<SW, false, true>(a, dp4a, stream, &maps);
   }
   return launch_q4k_rings<SW, Q5, false>(a, dp4a, stream, nullptr);
 }
