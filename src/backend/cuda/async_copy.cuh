@@ -8,18 +8,21 @@
 
 namespace hyspec::cuda {
 
+// The shared-space address of a pointer into shared memory (what the instructions below take).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
 // Every copy hints the L2 to fetch the 128-byte block around it (.L2::128B): these copies stream rows
 // (weight tiles of the matvec rings and GEMMs, K/V steps, the chunked GDN's rows) whose neighbours the
 // next copies want. 9B Q4_K_M decode on an H100: 2.555 -> 2.501 ms (.L2::64B: 2.567, as no hint), verify-15
 // 3.50 -> 3.44; on an H200 2.201 -> 2.152 (.L2::256B: 2.227, slower than no hint).
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const uint32_t d = smem_addr(smem_dst);
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src) : "memory");
 }
 // The same, issued only where pred holds: a predicated instruction, so a warp whose lanes differ does
 // not branch around it (an `if` around the asm compiled to a divergent branch and reconvergence per copy).
 __device__ __forceinline__ void cp_async16_if(bool pred, void* smem_dst, const void* gmem_src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const uint32_t d = smem_addr(smem_dst);
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n}\n"
       ::"r"(d), "l"(gmem_src), "r"(static_cast<int>(pred))
@@ -45,13 +48,12 @@ __device__ __forceinline__ void cp_async_wait_upto(int n) {
 // A 16-byte shared-memory load (p 16-byte aligned) kept whole and in place: LLVM splits a uint4 load
 // whose words feed different branches and sinks the parts into them.
 __device__ __forceinline__ uint4 lds128(const void* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  const uint32_t a = smem_addr(p);
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
   return v;
 }
-// sm_90 tensor-map (TMA) copies completing on a shared-memory mbarrier (shared-space addresses).
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// sm_90 tensor-map (TMA) copies completing on a shared-memory mbarrier (shared-space addresses: smem_addr).
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
