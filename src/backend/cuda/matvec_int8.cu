@@ -173,8 +173,62 @@ struct BlockSlot {
   int idx, count;
 };
 
-// A warp's double-buffered ring of cp.async slots over the (tile, step) items of a persistent block:
-// warp ks takes steps ks, ks + 8, ... of tiles slot.idx, + slot.count, ...; a slot holds the 16 rows'
+// Outputs a tile: 16 rows, or with SwiGLU 8 gate and the same 8 up rows.
+template <bool SW>
+constexpr int kTileOutputs = SW ? kRows / 2 : kRows;
+
+// The (tile, step) items a warp of a persistent block walks, in the order its ring (StepRing, TmaStepRing)
+// issues them: warp ks takes steps ks, ks + 8, ... of tiles slot.idx, + slot.count, ... (kOut outputs a
+// tile). WT (warp tiles, for K < 8 super-blocks): warp ks walks every step of its own tiles slot.idx * 8 +
+// ks, + slot.count * 8, ... instead of sharing each tile with the block's warps. VW (with WT): a tile's
+// steps in the block form's warp order (0, 8, .., then 1, 9, ..: s16_mma_warp_tiles).
+template <int kOut, bool WT, bool VW>
+struct StepWalk {
+  int lane, ks, cnt;
+  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
+  int i_m = 0;
+  int i_s = 0, i_v = 0;  // VW: the issuing step's super-block and block-form warp
+
+  __device__ explicit StepWalk(BlockSlot slot)
+      : lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count) {}
+  // The walk over a's tiles, set up after the ring's own pointers (the order the rings have always had).
+  __device__ void start(const Int8MvArgs& a, BlockSlot slot) {
+    const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
+    if constexpr (WT) i_tile = int64_t{slot.idx} * kWarps + ks, grid = int64_t{slot.count} * kWarps;
+    first_tile = i_tile;
+    my_tiles = i_tile < tiles ? (tiles - 1 - i_tile) / grid + 1 : 0;
+    cnt = WT ? static_cast<int>(S) : ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
+    total = my_tiles * cnt;
+  }
+  // The super-block of the item to issue (of tile i_tile).
+  __device__ int issuing_step() const { return VW ? i_s : WT ? i_m : ks + kWarps * i_m; }
+  // Past the item issued; new_tile() where it was its tile's last (i_tile is then the next tile).
+  template <class F>
+  __device__ void advance(F&& new_tile) {
+    ++issued;
+    if constexpr (VW) {
+      i_s += kWarps;
+      if (i_s >= cnt) i_s = ++i_v;
+    }
+    if (++i_m == cnt) {
+      i_m = 0, i_tile += grid, new_tile();
+      if constexpr (VW) i_s = i_v = 0;
+    }
+  }
+  // The j-th tile this warp reads.
+  __device__ int64_t tile(int64_t j) const { return first_tile + j * grid; }
+};
+
+// Row rr's block of super-block s in a ring's slot (16 rows of L::kSlotBytes), given the low 4 address bits of
+// the row's start (Q6_K: a block sits in its slot row as in its 16-byte aligned cover).
+template <class L>
+__device__ __forceinline__ const uint8_t* slot_block(const uint8_t* slot, int rr, int row_mis, int64_t s) {
+  const uint8_t* p = slot + rr * L::kSlotBytes;
+  if constexpr (L::kAligned) return p;
+  return p + ((row_mis + s * L::kBlockBytes) & 15);
+}
+
+// A warp's double-buffered ring of cp.async slots over its StepWalk's items: a slot holds the 16 rows'
 // blocks of one step (16 x L::kSlotBytes) and one step is in flight while the other is read (deeper
 // rings measured the same or slower on an H100: one token, 4096 x 12288, 1.97 TB/s at 2 slots, 1.88
 // at 4, 1.72 at 6; on an H200 a ring of sm_90 bulk copies, one a row and step on per-stage mbarriers,
@@ -184,39 +238,28 @@ struct BlockSlot {
 // 20% slower at one token). Addresses are the tile's first row plus the lane's piece (set once per
 // tile) plus 32-bit offsets: the lane's row, the copy's group and the step (the 64-bit arithmetic per
 // copy and step was ~130 of ~655 instructions per step of the 17-token kernel).
-// WT (warp tiles, for K < 8 super-blocks): warp ks walks every step of its own tiles slot.idx * 8 +
-// ks, + slot.count * 8, ... instead of sharing each tile with the block's warps. VW (with WT): a tile's
-// steps in the block form's warp order (0, 8, .., then 1, 9, ..: s16_mma_warp_tiles).
 template <class L, bool SW, bool WT = false, bool VW = false>
-struct StepRing {
+struct StepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
+  using Walk = StepWalk<kTileOutputs<SW>, WT, VW>;
+  using Walk::consumed, Walk::i_tile, Walk::issued, Walk::ks, Walk::lane, Walk::total;
   static constexpr int kStages = 2;
-  static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
+  static constexpr int kOut = kTileOutputs<SW>;
   static constexpr int kPieces = L::kPieces;
   static constexpr int kRowsPerCopy = 32 / kPieces;
   static constexpr int kCopies = (kRows + kRowsPerCopy - 1) / kRowsPerCopy;
   const Int8MvArgs& a;
   uint8_t* ring;
   float* red;  // after the rings: [warps][NMAX][16] partial sums
-  int lane, ks, cnt;
-  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
-  int i_m = 0;
-  int i_s = 0, i_v = 0;  // VW: the issuing step's super-block and block-form warp
   int q, p;  // this lane's row in a copy group (q >= kRowsPerCopy: idle) and piece
   uint32_t lane_row, group_stride;  // q * row_bytes, kRowsPerCopy * row_bytes
   const uint8_t* gate;  // the issuing tile's first row (SW: of the gate weights), plus 16 p
   const uint8_t* up;    // SW: the up weights' first row of the tile, 8 rows back (slot rows 8..15), plus 16 p
   uint32_t copies;      // bit c: copy c holds a row of the issuing tile (rows past the matrix are not copied)
 
-  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot)
-      : a(args), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count) {
+  __device__ StepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot) : Walk(slot), a(args) {
     ring = smem + ks * kStages * kRows * L::kSlotBytes;
     red = reinterpret_cast<float*>(smem + kWarps * kStages * kRows * L::kSlotBytes);
-    const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
-    if constexpr (WT) i_tile = int64_t{slot.idx} * kWarps + ks, grid = int64_t{slot.count} * kWarps;
-    first_tile = i_tile;
-    my_tiles = i_tile < tiles ? (tiles - 1 - i_tile) / grid + 1 : 0;
-    cnt = WT ? static_cast<int>(S) : ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
-    total = my_tiles * cnt;
+    this->start(a, slot);
     q = lane / kPieces, p = lane - q * kPieces;
     lane_row = static_cast<uint32_t>(q * a.row_bytes);
     group_stride = static_cast<uint32_t>(kRowsPerCopy * a.row_bytes);
@@ -247,7 +290,7 @@ struct StepRing {
   }
   __device__ void issue() {
     if (issued < total) {
-      const uint32_t step = static_cast<uint32_t>(VW ? i_s : WT ? i_m : ks + kWarps * i_m) * L::kBlockBytes;
+      const uint32_t step = static_cast<uint32_t>(this->issuing_step()) * L::kBlockBytes;
       uint8_t* dst = ring + (issued & 1) * kRows * L::kSlotBytes + q * L::kSlotBytes + 16 * p;
 #pragma unroll
       for (int c = 0; c < kCopies; ++c) {
@@ -270,15 +313,7 @@ struct StepRing {
                         reinterpret_cast<const uint8_t*>(u & ~uintptr_t{15}));
         }
       }
-      ++issued;
-      if constexpr (VW) {
-        i_s += kWarps;
-        if (i_s >= cnt) i_s = ++i_v;
-      }
-      if (++i_m == cnt) {
-        i_m = 0, i_tile += grid, start_tile();
-        if constexpr (VW) i_s = i_v = 0;
-      }
+      this->advance([&] { start_tile(); });
     }
     cp_async_commit();  // one group per call, empty or not, so wait_group counts items
   }
@@ -290,17 +325,13 @@ struct StepRing {
     issue();
     return ring + (consumed++ & 1) * kRows * L::kSlotBytes;
   }
-  // The j-th tile this warp reads.
-  __device__ int64_t tile(int64_t j) const { return first_tile + j * grid; }
   // The low 4 address bits of row rr's blocks in `tile` (Q6_K: where a block sits in its cover).
   __device__ int row_misalignment(int64_t tile, int rr) const {
     return static_cast<int>(reinterpret_cast<uintptr_t>(row_src(tile, rr)) & 15);
   }
   // Row rr's block of super-block s in its slot, given its row_misalignment.
   __device__ const uint8_t* block(const uint8_t* slot, int rr, int row_mis, int64_t s) const {
-    const uint8_t* p = slot + rr * L::kSlotBytes;
-    if constexpr (L::kAligned) return p;
-    return p + ((row_mis + s * L::kBlockBytes) & 15);
+    return slot_block<L>(slot, rr, row_mis, s);
   }
 };
 
@@ -326,10 +357,12 @@ constexpr size_t kTmaBarBytes = 128;
 // kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
 // each step as StepRing waits for them. WT, VW: StepRing's warp tiles and their order.
 template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false>
-struct TmaStepRing {
+struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
+  using Walk = StepWalk<kTileOutputs<SW>, WT, VW>;
+  using Walk::consumed, Walk::i_tile, Walk::issued, Walk::ks, Walk::lane, Walk::total;
   static_assert(!L::kAligned || L::kSlotBytes == L::kBlockBytes);
   static constexpr int kStages = 2;
-  static constexpr int kOut = SW ? kRows / 2 : kRows;  // outputs per tile
+  static constexpr int kOut = kTileOutputs<SW>;
   static constexpr uint32_t kStepBytes = kRows * L::kSlotBytes;
   static_assert(kWarps * kStages * 8 <= kTmaBarBytes && kStepBytes % 128 == 0 && (kStepBytes / 2) % 128 == 0);
   const Int8MvArgs& a;
@@ -337,22 +370,13 @@ struct TmaStepRing {
   uint8_t* ring;
   float* red;
   uint32_t bars;  // this warp's stage barriers (shared-space address)
-  int lane, ks, cnt;
-  int64_t my_tiles, total, issued = 0, consumed = 0, i_tile, grid, first_tile;
-  int i_m = 0;
-  int i_s = 0, i_v = 0;  // VW: the issuing step's super-block and block-form warp
 
   __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const TmaMaps* tensor_maps)
-      : a(args), maps(tensor_maps), lane(threadIdx.x & 31), ks(threadIdx.x >> 5), i_tile(slot.idx), grid(slot.count) {
+      : Walk(slot), a(args), maps(tensor_maps) {
     ring = smem + ks * kStages * kStepBytes;
     red = reinterpret_cast<float*>(smem + kWarps * kStages * kStepBytes);
     bars = smem_addr(smem) - static_cast<uint32_t>(kTmaBarBytes) + 8 * kStages * ks;
-    const int64_t S = a.K / 256, tiles = (a.n_out + kOut - 1) / kOut;
-    if constexpr (WT) i_tile = int64_t{slot.idx} * kWarps + ks, grid = int64_t{slot.count} * kWarps;
-    first_tile = i_tile;
-    my_tiles = i_tile < tiles ? (tiles - 1 - i_tile) / grid + 1 : 0;
-    cnt = WT ? static_cast<int>(S) : ks < S ? static_cast<int>((S - 1 - ks) / kWarps + 1) : 0;
-    total = my_tiles * cnt;
+    this->start(a, slot);
     if (lane == 0) {
 #pragma unroll
       for (int st = 0; st < kStages; ++st) mbar_init(bars + 8 * st, 1);
@@ -378,22 +402,14 @@ struct TmaStepRing {
     if (issued < total) {
       if (lane == 0) {
         const int st = static_cast<int>(issued & 1), row = static_cast<int>(i_tile * kOut);
-        const int s = VW ? i_s : WT ? i_m : ks + kWarps * i_m;
+        const int s = this->issuing_step();
         const uint32_t bar = bars + 8 * st, dst = smem_addr(ring + st * kStepBytes);
         fence_proxy_async_smem();  // the warp's reads of this slot (before the caller's __syncwarp) come first
         mbar_expect_tx(bar, kStepBytes);
         load(dst, &maps->w, s, row, bar);
         if constexpr (SW) load(dst + kStepBytes / 2, &maps->up, s, row, bar);
       }
-      ++issued;
-      if constexpr (VW) {
-        i_s += kWarps;
-        if (i_s >= cnt) i_s = ++i_v;
-      }
-      if (++i_m == cnt) {
-        i_m = 0, i_tile += grid;
-        if constexpr (VW) i_s = i_v = 0;
-      }
+      this->advance([] {});
     }
   }
   __device__ void prime() { issue(); }
@@ -408,15 +424,11 @@ struct TmaStepRing {
     issue();
     return ring + (consumed++ & 1) * kStepBytes;
   }
-  // The j-th tile this warp reads.
-  __device__ int64_t tile(int64_t j) const { return first_tile + j * grid; }
   // Rows start 16-byte aligned (weight_tensor_map), so a block's offset in its slot row is its offset in the row's
   // 16-byte pieces, as in StepRing.
   __device__ int row_misalignment(int64_t, int) const { return 0; }
   __device__ const uint8_t* block(const uint8_t* slot, int rr, int, int64_t s) const {
-    const uint8_t* p = slot + rr * L::kSlotBytes;
-    if constexpr (L::kAligned) return p;
-    return p + ((s * L::kBlockBytes) & 15);
+    return slot_block<L>(slot, rr, 0, s);
   }
 };
 
@@ -1833,7 +1845,6 @@ bool tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) {
   return weight_tensor_map<L>(a.w, a.n_out, a.K, a.row_bytes, box_rows, &maps->w) &&
          (!sw || weight_tensor_map<L>(a.w2, a.n_out, a.K, a.row_bytes, box_rows, &maps->up));
 }
-bool q4k_tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) { return tensor_maps<Q4KLayout>(a, sw, maps); }
 bool sm90() {
   static const bool is = [] {
     int dev = 0, major = 0;
@@ -1902,7 +1913,7 @@ template <bool SW, bool Q5>
 cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!Q5) {
     TmaMaps maps;
-    if (use_tma_ring(a.n, dp4a, a.K) && q4k_tensor_maps(a, SW, &maps))
+    if (use_tma_ring(a.n, dp4a, a.K) && tensor_maps<Q4KLayout>(a, SW, &maps))
       return launch_q4k_rings<SW, false, true>(a, dp4a, stream, &maps);
   }
   return launch_q4k_rings<SW, Q5, false>(a, dp4a, stream, nullptr);
@@ -1939,6 +1950,21 @@ cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream, con
                     warp_rows);
 }
 
+// The tensor-core kernel of a's width (kTma: by TMA boxes, maps; Q6_K without SwiGLU).
+template <class C, bool SW, bool kTma>
+cudaError_t launch_s16_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
+  using L = typename C::L;
+  auto by_nt = [&](auto nt) {
+    constexpr int NT = decltype(nt)::value, MB = NT >= 4 ? 1 : 2;
+    if constexpr (kTma) return launch<L, NT * 8, s16_mma_tma_kernel<C, NT, MB>, MB>(a, false, stream, false, maps);
+    else return launch<L, NT * 8, s16_mma_kernel<C, NT, SW, MB>, MB>(a, SW, stream);
+  };
+  if (a.n <= 8) return by_nt(std::integral_constant<int, 1>{});
+  if (a.n <= 16) return by_nt(std::integral_constant<int, 2>{});
+  if (a.n <= 24) return by_nt(std::integral_constant<int, 3>{});
+  if constexpr (!SW) return by_nt(std::integral_constant<int, 4>{});
+  return cudaErrorInvalidValue;
+}
 template <class C, bool SW>
 cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   using L = typename C::L;
@@ -1954,12 +1980,7 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
         return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream, tma ? &maps : nullptr)
                       : launch_s16_wt<C, 2>(a, blocks, stream, tma ? &maps : nullptr);
     }
-    if (tma) {
-      if (n <= 8) return launch<L, 8, s16_mma_tma_kernel<C, 1>>(a, false, stream, false, &maps);
-      if (n <= 16) return launch<L, 16, s16_mma_tma_kernel<C, 2>>(a, false, stream, false, &maps);
-      if (n <= 24) return launch<L, 24, s16_mma_tma_kernel<C, 3>>(a, false, stream, false, &maps);
-      return launch<L, 32, s16_mma_tma_kernel<C, 4, 1>, 1>(a, false, stream, false, &maps);
-    }
+    if (tma) return launch_s16_mma<C, false, true>(a, stream, &maps);
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
       return a.conv_y ? launch<L, 1, s16_dp4a_kernel<C, 1, false, true, kStageNorm>>(a, false, stream, true)
                       : launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStageNorm>>(a, false, stream, true);
@@ -1971,11 +1992,7 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   }
   if (dp4a) return n == 1 ? launch<L, 1, s16_dp4a_kernel<C, 1, SW>>(a, SW, stream, true)
                           : launch<L, 2, s16_dp4a_kernel<C, 2, SW>>(a, SW, stream, true);
-  if (n <= 8) return launch<L, 8, s16_mma_kernel<C, 1, SW>>(a, SW, stream);
-  if (n <= 16) return launch<L, 16, s16_mma_kernel<C, 2, SW>>(a, SW, stream);
-  if (n <= 24) return launch<L, 24, s16_mma_kernel<C, 3, SW>>(a, SW, stream);
-  if constexpr (!SW) return launch<L, 32, s16_mma_kernel<C, 4, false>, 1>(a, false, stream);
-  return cudaErrorInvalidValue;
+  return launch_s16_mma<C, SW, false>(a, stream, nullptr);
 }
 
 // The int8 matvec's weight types as kernel families: the ring layout, the activations' order for the
@@ -2052,7 +2069,7 @@ bool share_blocks(const int64_t* tiles, const int64_t* tile_cost, int parts, int
 // The Q4_K parts' tensor maps (Q6_K parts: none), or false where one cannot be made.
 bool multi_tensor_maps(const Int8MvParts& p, Int8MvPartMaps& maps) {
   for (int i = 0; i < p.n; ++i)
-    if (!p.s16[i] && !q4k_tensor_maps(p.a[i], false, &maps.m[i])) return false;
+    if (!p.s16[i] && !tensor_maps<Q4KLayout>(p.a[i], false, &maps.m[i])) return false;
   return true;
 }
 template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
