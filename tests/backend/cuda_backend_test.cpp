@@ -489,11 +489,10 @@ TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
   }
 }
 
-// On sm_90 the Q4_K matmuls and Q6_K's tensor-core ones take their weights by TMA boxes (matvec_int8.cu,
-// TmaStepRing) instead of cp.async copies (HYSPEC_TMA_RING=0, HYSPEC_TMA_Q6K=0): the same slots, so the same
-// bits, for the plain matmul, the fused SwiGLU and a matmul_many with a Q6_K part (its cp.async ring in the
-// same launch), at 1..32 tokens, with a part tile past the matrix (8456 rows) and unequal steps a warp
-// (K = 2304).
+// On sm_90 the Q4_K and Q6_K matmuls take their weights by TMA boxes (matvec_int8.cu, TmaStepRing) instead
+// of cp.async copies (HYSPEC_TMA_RING=0, HYSPEC_TMA_Q6K=0): the same slots, so the same bits, for the plain
+// matmul, the fused SwiGLU and a matmul_many with a Q6_K part (its cp.async ring in the same launch), at
+// 1..32 tokens, with a part tile past the matrix (8456 rows) and unequal steps a warp (K = 2304).
 TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
   if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
 #ifdef HYSPEC_HAVE_CUDA
@@ -503,11 +502,12 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
   const int64_t widths[] = {1, 2, 3, 8, 9, 16, 17, 24, 25, 32};
   for (const int64_t K : {2304, 4096}) {
     const auto gb = random_weight_bytes(GgmlType::Q4_K, K, N, rng_), ub = random_weight_bytes(GgmlType::Q4_K, K, N, rng_);
-    const auto b6 = random_weight_bytes(GgmlType::Q6_K, K, N6, rng_);
+    const auto b6 = random_weight_bytes(GgmlType::Q6_K, K, N6, rng_), u6 = random_weight_bytes(GgmlType::Q6_K, K, N6, rng_);
     auto w = gpu_->load_weight(tensor_info("w", GgmlType::Q4_K, gb, K, N));
     auto up = gpu_->load_weight(tensor_info("up", GgmlType::Q4_K, ub, K, N));
     auto w6 = gpu_->load_weight(tensor_info("w6", GgmlType::Q6_K, b6, K, N6));
-    ASSERT_TRUE(w.is_ok() && up.is_ok() && w6.is_ok());
+    auto up6 = gpu_->load_weight(tensor_info("up6", GgmlType::Q6_K, u6, K, N6));
+    ASSERT_TRUE(w.is_ok() && up.is_ok() && w6.is_ok() && up6.is_ok());
     // (matmul_many's one launch at 3+ tokens takes x quantized by the norm that wrote it)
     const Tensor x = put(*gpu_, randn(n_max * K)), wn = put(*gpu_, randn(K)), h = poison(*gpu_, n_max * K);
     gpu_->rms_norm(x.rows(n_max, K), wn.f(), K, 1e-6f, h.rows(n_max, K));
@@ -531,15 +531,15 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
       return out;
     };
     const auto copies = run("0"), tma = run("1");
-    // Q6_K's tensor-core kernels (K = 4096; 2304 gives 1890-byte rows, which no tensor map takes)
+    // Q6_K, plain and SwiGLU (K = 4096; 2304 gives 1890-byte rows, which no tensor map takes)
     auto run6 = [&](const char* tma6) {
       const ScopedEnv ring("HYSPEC_TMA_Q6K", tma6), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0");
       std::vector<std::vector<float>> out;
       for (const int64_t n : widths) {
-        if (n < 3) continue;
-        const Tensor y = poison(*gpu_, n * N6);
+        const Tensor y = poison(*gpu_, n * N6), ys = poison(*gpu_, n * N6);
         gpu_->matmul(*w6, x.rows(n, K), y.rows(n, N6));
         out.push_back(get_gpu(y));
+        if (gpu_->matmul_swiglu(*w6, *up6, x.rows(n, K), ys.rows(n, N6))) out.push_back(get_gpu(ys));
       }
       return out;
     };

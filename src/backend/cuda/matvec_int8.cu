@@ -1390,12 +1390,14 @@ struct Iq4XsCodes {
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
-template <class C, int NMAX, bool SW, bool WT = false, bool kConv = false, int kXFold = kStageNone>
-__device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+// kTma: the weights by TMA boxes (TmaStepRing on the tensor maps `maps`; Q6_K).
+template <class C, int NMAX, bool SW, bool WT = false, bool kConv = false, int kXFold = kStageNone, bool kTma = false>
+__device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                              const TmaMaps* maps = nullptr) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<L, SW, WT> ring(a, smem, slot);
+  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1), WT>, StepRing<L, SW, WT>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -1702,10 +1704,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_tma_kernel(Int8MvAr
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
   s16_mma_wt_parts<C, NT, true>(a, warp_rows, tma_smem + kTmaBarBytes, maps.m);
 }
-template <class C, int NT, int MB = (NT >= 4 ? 1 : 2)>
+template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  s16_mma_body<C, NT, false, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+  s16_mma_body<C, NT, SW, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+}
+template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
+__global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  s16_dp4a_body<C, NMAX, SW, false, kConv, kXFold, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
 }
 
 // Several matvecs of one input in one launch (int8_matvec_multi_launch): blocks first[i] ..
@@ -1950,13 +1957,20 @@ cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream, con
                     warp_rows);
 }
 
-// The tensor-core kernel of a's width (kTma: by TMA boxes, maps; Q6_K without SwiGLU).
+// One Q6_K/Q3_K/IQ4_XS kernel of the ring kTma picks (the TMA kernels: Q6_K only).
+template <class C, int NMAX, bool SW, bool kConv, int kXFold, bool kTma>
+cudaError_t launch_s16_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
+  using L = typename C::L;
+  if constexpr (kTma) return launch<L, NMAX, s16_dp4a_tma_kernel<C, NMAX, SW, kConv, kXFold>>(a, SW, stream, true, maps);
+  else return launch<L, NMAX, s16_dp4a_kernel<C, NMAX, SW, kConv, kXFold>>(a, SW, stream, true);
+}
+// The tensor-core kernel of a's width (kTma: by TMA boxes, maps; Q6_K).
 template <class C, bool SW, bool kTma>
 cudaError_t launch_s16_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
   using L = typename C::L;
   auto by_nt = [&](auto nt) {
     constexpr int NT = decltype(nt)::value, MB = NT >= 4 ? 1 : 2;
-    if constexpr (kTma) return launch<L, NT * 8, s16_mma_tma_kernel<C, NT, MB>, MB>(a, false, stream, false, maps);
+    if constexpr (kTma) return launch<L, NT * 8, s16_mma_tma_kernel<C, NT, SW, MB>, MB>(a, SW, stream, false, maps);
     else return launch<L, NT * 8, s16_mma_kernel<C, NT, SW, MB>, MB>(a, SW, stream);
   };
   if (a.n <= 8) return by_nt(std::integral_constant<int, 1>{});
@@ -1965,34 +1979,39 @@ cudaError_t launch_s16_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMa
   if constexpr (!SW) return by_nt(std::integral_constant<int, 4>{});
   return cudaErrorInvalidValue;
 }
-template <class C, bool SW>
-cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
-  using L = typename C::L;
+template <class C, bool SW, bool kTma>
+cudaError_t launch_s16_rings(const Int8MvArgs& a, bool dp4a, cudaStream_t stream, const TmaMaps* maps) {
   const int n = a.n;
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
-    TmaMaps maps;
-    // HYSPEC_TMA_Q6K: 0 the cp.async ring, 1 TMA as Q4_K takes it, 2 (default) TMA at every width
-    const int q6 = env_int("HYSPEC_TMA_Q6K", 2);
-    const bool tma = !dp4a && q6 != 0 && use_tma_ring(n, false, a.K, q6 == 2 ? 0 : -1) &&
-                     tensor_maps<L>(a, false, &maps);
     if (!dp4a && n <= 16) {
       if (const int64_t blocks = warp_tile_blocks(a.n_out / kRows))
-        return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream, tma ? &maps : nullptr)
-                      : launch_s16_wt<C, 2>(a, blocks, stream, tma ? &maps : nullptr);
+        return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream, maps) : launch_s16_wt<C, 2>(a, blocks, stream, maps);
     }
-    if (tma) return launch_s16_mma<C, false, true>(a, stream, &maps);
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
-      return a.conv_y ? launch<L, 1, s16_dp4a_kernel<C, 1, false, true, kStageNorm>>(a, false, stream, true)
-                      : launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStageNorm>>(a, false, stream, true);
-    if (dp4a && a.conv_y) return launch<L, 1, s16_dp4a_kernel<C, 1, false, true>>(a, false, stream, true);  // (n = 1)
+      return a.conv_y ? launch_s16_dp4a<C, 1, false, true, kStageNorm, kTma>(a, stream, maps)
+                      : launch_s16_dp4a<C, 1, false, false, kStageNorm, kTma>(a, stream, maps);
+    if (dp4a && a.conv_y) return launch_s16_dp4a<C, 1, false, true, kStageNone, kTma>(a, stream, maps);  // (n = 1)
     if (dp4a && a.xfold.kind == Int8XFold::kPlain)
-      return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
+      return launch_s16_dp4a<C, 1, false, false, kStagePlain, kTma>(a, stream, maps);  // (n = 1)
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
-      return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStageFold>>(a, false, stream, true);  // (n = 1)
+      return launch_s16_dp4a<C, 1, false, false, kStageFold, kTma>(a, stream, maps);  // (n = 1)
   }
-  if (dp4a) return n == 1 ? launch<L, 1, s16_dp4a_kernel<C, 1, SW>>(a, SW, stream, true)
-                          : launch<L, 2, s16_dp4a_kernel<C, 2, SW>>(a, SW, stream, true);
-  return launch_s16_mma<C, SW, false>(a, stream, nullptr);
+  if (dp4a) return n == 1 ? launch_s16_dp4a<C, 1, SW, false, kStageNone, kTma>(a, stream, maps)
+                          : launch_s16_dp4a<C, 2, SW, false, kStageNone, kTma>(a, stream, maps);
+  return launch_s16_mma<C, SW, kTma>(a, stream, maps);
+}
+// HYSPEC_TMA_Q6K: 0 the cp.async ring; 1 TMA as Q4_K takes it; 2 (default) TMA at every width. The one- and
+// two-row kernels too unless HYSPEC_TMA_Q6K_DP4A=0.
+template <class C, bool SW>
+cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
+  if constexpr (std::is_same_v<C, Q6KCodes>) {
+    const int q6 = env_int("HYSPEC_TMA_Q6K", 2);
+    TmaMaps maps;
+    if (q6 != 0 && (!dp4a || env_int("HYSPEC_TMA_Q6K_DP4A", 1) != 0) &&
+        use_tma_ring(a.n, dp4a, a.K, q6 == 2 ? 0 : -1) && tensor_maps<typename C::L>(a, SW, &maps))
+      return launch_s16_rings<C, SW, true>(a, dp4a, stream, &maps);
+  }
+  return launch_s16_rings<C, SW, false>(a, dp4a, stream, nullptr);
 }
 
 // The int8 matvec's weight types as kernel families: the ring layout, the activations' order for the
