@@ -1824,6 +1824,15 @@ bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_by
   if (const auto it = made.find(key); it != made.end()) return *out = it->second, true;
   constexpr cuuint32_t kBlock = L::kBlockBytes;
   const cuuint32_t rows = static_cast<cuuint32_t>(box_rows), unit[3] = {1, 1, 1};
+  // HYSPEC_TMA_L2_PROMOTION (an A/B switch, read once): 0, 64, 128 (default) or 256 bytes
+  static const CUtensorMapL2promotion promotion = [] {
+    switch (env_int("HYSPEC_TMA_L2_PROMOTION", 128)) {
+      case 0: return CU_TENSOR_MAP_L2_PROMOTION_NONE;
+      case 64: return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
+      case 256: return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+      default: return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+    }
+  }();
   CUtensorMap map;
   CUresult made_ok;
   if constexpr (L::kAligned) {
@@ -1831,14 +1840,14 @@ bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_by
     const cuuint64_t strides[2] = {kBlock, row_bytes};
     const cuuint32_t box[3] = {kBlock, 1, rows};
     made_ok = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(w), dims, strides, box, unit,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promotion,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   } else {
     const cuuint64_t dims[2] = {row_bytes, static_cast<cuuint64_t>(n_out)};
     const cuuint64_t strides[1] = {row_bytes};
     const cuuint32_t box[2] = {static_cast<cuuint32_t>(L::kSlotBytes), rows};
     made_ok = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box, unit,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promotion,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   }
   if (made_ok != CUDA_SUCCESS) return false;
