@@ -341,7 +341,10 @@ struct TmaMaps {
 };
 // A TMA kernel's stage mbarriers sit in the first kTmaBarBytes of its shared memory; the body gets the
 // rest (so every other offset is the cp.async kernels'), 128-byte aligned as the boxes' destinations need.
-constexpr size_t kTmaBarBytes = 128;
+// kStages stages a warp (a deeper ring: HYSPEC_TMA_STAGES=3), 128-byte multiples.
+template <int kStages>
+constexpr size_t kTmaBarBytesFor = (kWarps * kStages * 8 + 127) / 128 * 128;
+constexpr size_t kTmaBarBytes = kTmaBarBytesFor<2>;
 
 // StepRing fed by TMA (sm_90): a step's 16 rows arrive as one box, issued by lane 0 on the stage's
 // mbarrier, where the cp.async ring takes ~6 copies a lane with their address and predicate arithmetic (53
@@ -356,26 +359,31 @@ constexpr size_t kTmaBarBytes = 128;
 //   the H200), so the bits are the same. Past the row: zeros.
 // kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
 // each step as StepRing waits for them. WT, VW: StepRing's warp tiles and their order.
-template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false>
+// kStagesT: the ring's depth (2; 3 behind HYSPEC_TMA_STAGES=3, the plain and SwiGLU Q4_K kernels only: it
+// moves the partial sums, so not with a conv tile).
+template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false, int kStagesT = 2>
 struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
   using Walk = StepWalk<kTileOutputs<SW>, WT, VW>;
   using Walk::consumed, Walk::i_tile, Walk::issued, Walk::ks, Walk::lane, Walk::total;
   static_assert(!L::kAligned || L::kSlotBytes == L::kBlockBytes);
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kStagesT;
+  static_assert(kStages == 2 || !kCopiesToo);
   static constexpr int kOut = kTileOutputs<SW>;
   static constexpr uint32_t kStepBytes = kRows * L::kSlotBytes;
-  static_assert(kWarps * kStages * 8 <= kTmaBarBytes && kStepBytes % 128 == 0 && (kStepBytes / 2) % 128 == 0);
+  static_assert(kStepBytes % 128 == 0 && (kStepBytes / 2) % 128 == 0);
   const Int8MvArgs& a;
   const TmaMaps* maps;  // the launch's __grid_constant__ maps
   uint8_t* ring;
   float* red;
   uint32_t bars;  // this warp's stage barriers (shared-space address)
+  int issue_st = 0, use_st = 0;  // kStages != 2: the stages of the next issue and the next use
+  uint32_t use_phase = 0;        // ... and the use's phase parity
 
   __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const TmaMaps* tensor_maps)
       : Walk(slot), a(args), maps(tensor_maps) {
     ring = smem + ks * kStages * kStepBytes;
     red = reinterpret_cast<float*>(smem + kWarps * kStages * kStepBytes);
-    bars = smem_addr(smem) - static_cast<uint32_t>(kTmaBarBytes) + 8 * kStages * ks;
+    bars = smem_addr(smem) - static_cast<uint32_t>(kTmaBarBytesFor<kStages>) + 8 * kStages * ks;
     this->start(a, slot);
     if (lane == 0) {
 #pragma unroll
@@ -401,7 +409,7 @@ struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
   __device__ void issue() {
     if (issued < total) {
       if (lane == 0) {
-        const int st = static_cast<int>(issued & 1), row = static_cast<int>(i_tile * kOut);
+        const int st = kStages == 2 ? static_cast<int>(issued & 1) : issue_st, row = static_cast<int>(i_tile * kOut);
         const int s = this->issuing_step();
         const uint32_t bar = bars + 8 * st, dst = smem_addr(ring + st * kStepBytes);
         fence_proxy_async_smem();  // the warp's reads of this slot (before the caller's __syncwarp) come first
@@ -409,20 +417,36 @@ struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
         load(dst, &maps->w, s, row, bar);
         if constexpr (SW) load(dst + kStepBytes / 2, &maps->up, s, row, bar);
       }
+      if constexpr (kStages != 2) issue_st = issue_st + 1 == kStages ? 0 : issue_st + 1;
       this->advance([] {});
     }
   }
-  __device__ void prime() { issue(); }
+  // The first kStages - 1 steps in flight.
+  __device__ void prime() {
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) issue();
+  }
   // The next step's slot (its box has landed), after queueing the box of the one after.
   __device__ const uint8_t* next() {
     if constexpr (kCopiesToo) cp_async_wait<0>();
-    const int st = static_cast<int>(consumed & 1);
-    const uint32_t parity = static_cast<uint32_t>((consumed >> 1) & 1);
-    while (!mbar_try_wait(bars + 8 * st, parity)) {
+    if constexpr (kStages == 2) {
+      const int st = static_cast<int>(consumed & 1);
+      const uint32_t parity = static_cast<uint32_t>((consumed >> 1) & 1);
+      while (!mbar_try_wait(bars + 8 * st, parity)) {
+      }
+      __syncwarp();  // every lane has read the slot refilled next
+      issue();
+      return ring + (consumed++ & 1) * kStepBytes;
+    } else {
+      const int st = use_st;
+      while (!mbar_try_wait(bars + 8 * st, use_phase)) {
+      }
+      __syncwarp();  // every lane has read the slot refilled next (the one used before this)
+      issue();
+      ++consumed;
+      if (++use_st == kStages) use_st = 0, use_phase ^= 1u;
+      return ring + st * kStepBytes;
     }
-    __syncwarp();  // every lane has read the slot refilled next
-    issue();
-    return ring + (consumed++ & 1) * kStepBytes;
   }
   // Rows start 16-byte aligned (weight_tensor_map), so a block's offset in its slot row is its offset in the row's
   // 16-byte pieces, as in StepRing.
@@ -883,7 +907,7 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers);
 // kXFold: x staged through Int8XFold (one row: kStageFold, kStagePlain).
 template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone,
-          bool kTma = false>
+          bool kTma = false, int kStages = 2>
 __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
                                               const TmaMaps* maps = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
@@ -891,7 +915,8 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
   static_assert(!kTma || (!Q5 && !WT));
-  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1)>, StepRing<L, SW, WT>> ring(a, smem, slot, maps);
+  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1), false, false, kStages>, StepRing<L, SW, WT>> ring(
+      a, smem, slot, maps);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -1080,7 +1105,7 @@ __device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int6
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
 // kTma: the weights arrive by TMA (TmaStepRing on the tensor maps `maps`; Q4_K).
-template <int NT, bool SW, bool Q5 = false, bool kConv = false, bool kTma = false>
+template <int NT, bool SW, bool Q5 = false, bool kConv = false, bool kTma = false, int kStages = 2>
 __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
                                              const TmaMaps* maps = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
@@ -1088,7 +1113,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   static_assert(!kTma || !Q5);
-  std::conditional_t<kTma, TmaStepRing<L, SW, kConv>, StepRing<L, SW>> ring(a, smem, slot, maps);
+  std::conditional_t<kTma, TmaStepRing<L, SW, kConv, false, false, kStages>, StepRing<L, SW>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
@@ -1654,15 +1679,16 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
 }
 // The Q4_K kernels with the weights by TMA boxes (sm_90: use_tma_ring): the mbarriers first, then the
 // cp.async kernels' shared memory.
-template <int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
+template <int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone, int kStages = 2>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  q4k_dp4a_body<NMAX, SW, false, false, kConv, kXFold, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+  q4k_dp4a_body<NMAX, SW, false, false, kConv, kXFold, true, kStages>(a, tma_smem + kTmaBarBytesFor<kStages>,
+                                                                      launch_slot(), &maps);
 }
-template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
+template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2), int kStages = 2>
 __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  q4k_mma_body<NT, SW, false, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+  q4k_mma_body<NT, SW, false, false, true, kStages>(a, tma_smem + kTmaBarBytesFor<kStages>, launch_slot(), &maps);
 }
 template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
@@ -1782,11 +1808,13 @@ bool dp4a_fits() {
 // maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel, s16_mma_tma_kernel) tensor maps, its
 // mbarriers' bytes added.
 template <class L, int NMAX, auto kernel, int MB = 2>
-cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr) {
+// extra: more shared memory (a deeper TMA ring's stages and barriers).
+cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr,
+                   size_t extra = 0) {
   // (a tensor-core kernel's NT = NMAX / 8; the dp4a kernels' NMAX of 1 or 2 keep one buffer)
   const int red_buffers = sw ? kMmaRedBuffers<NMAX / 8, true> : kMmaRedBuffers<NMAX / 8, false>;
   constexpr bool kTma = std::is_invocable_v<decltype(kernel), Int8MvArgs, TmaMaps>;
-  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers) + (kTma ? kTmaBarBytes : 0);
+  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers) + (kTma ? kTmaBarBytes : 0) + extra;
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
@@ -1882,9 +1910,18 @@ bool use_tma_ring(int64_t n, bool dp4a, int64_t K, int nt1_min_blocks = -1) {
 }
 
 // One Q4_K kernel of the ring kTma picks (the TMA kernels: Q4_K only).
+// HYSPEC_TMA_STAGES=3 (an A/B switch): the plain and SwiGLU Q4_K TMA kernels on a three-stage ring; the extra
+// shared memory it takes.
+bool tma_three_stages() { return env_int("HYSPEC_TMA_STAGES", 2) == 3; }
+constexpr size_t kThirdStageBytes = kWarps * kRows * Q4KLayout::kSlotBytes + kTmaBarBytesFor<3> - kTmaBarBytes;
 template <int NMAX, bool SW, bool Q5, bool kConv, int kXFold, bool kTma>
 cudaError_t launch_q4k_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+  if constexpr (kTma && !kConv && kXFold == kStageNone) {
+    if (tma_three_stages())
+      return launch<L, NMAX, q4k_dp4a_tma_kernel<NMAX, SW, false, kStageNone, 3>>(a, SW, stream, true, maps,
+                                                                                    kThirdStageBytes);
+  }
   if constexpr (kTma) return launch<L, NMAX, q4k_dp4a_tma_kernel<NMAX, SW, kConv, kXFold>>(a, SW, stream, true, maps);
   else return launch<L, NMAX, q4k_dp4a_kernel<NMAX, SW, Q5, kConv, kXFold>>(a, SW, stream, true);
 }
@@ -1892,8 +1929,13 @@ template <int NT, bool SW, bool Q5, bool kTma>
 cudaError_t launch_q4k_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int MB = NT >= 4 ? 1 : 2;
-  if constexpr (kTma) return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB>, MB>(a, SW, stream, false, maps);
-  else return launch<L, NT * 8, q4k_mma_kernel<NT, SW, Q5, MB>, MB>(a, SW, stream);
+  if constexpr (kTma) {
+    if (tma_three_stages())
+      return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB, 3>, MB>(a, SW, stream, false, maps, kThirdStageBytes);
+    return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB>, MB>(a, SW, stream, false, maps);
+  } else {
+    return launch<L, NT * 8, q4k_mma_kernel<NT, SW, Q5, MB>, MB>(a, SW, stream);
+  }
 }
 
 // dp4a: the one- or two-token kernel, else the tensor cores by width; every choice gives the same
