@@ -1793,6 +1793,56 @@ TEST_F(CudaBackendTest, MoeFfnGroupedRowsEqualOneTokenSteps) {
   }
 }
 
+// The per-slot int8 experts take their weights by TMA boxes of a map of all experts' rows on sm_90
+// (HYSPEC_TMA_EXPERTS=0: cp.async copies): the same bits, one slot at a time (1 and 3 tokens) and in pairs
+// (24), with the SwiGLU and the down projection's warp tiles (ffn 256 < 8 super-blocks); Q6_K at 2048-wide
+// rows (1680 bytes: 16-byte rows, which its maps need).
+TEST_F(CudaBackendTest, MoeFfnByTmaKeepsTheCopiesBits) {
+#ifdef HYSPEC_HAVE_CUDA
+  if (!cuda::int8_matvec_tma_available()) GTEST_SKIP() << "no TMA here (sm_90 and the driver's tensor-map encoder)";
+#endif
+  struct Case {
+    GgmlType type;
+    int64_t hidden, ffn;
+  };
+  const int64_t E = 8;
+  for (const Case cs : {Case{GgmlType::Q4_K, 256, 256}, Case{GgmlType::Q4_K, 2048, 256}, Case{GgmlType::Q6_K, 2048, 2048}}) {
+    const int64_t hidden = cs.hidden, ffn = cs.ffn;
+    const auto router_b = random_weight_bytes(GgmlType::F32, hidden, E, rng_);
+    const auto gate_b = random_weight_bytes(cs.type, hidden, ffn * E, rng_);
+    const auto up_b = random_weight_bytes(cs.type, hidden, ffn * E, rng_);
+    const auto down_b = random_weight_bytes(cs.type, ffn, hidden * E, rng_);
+    Weight router = gpu_->load_weight(tensor_info("router", GgmlType::F32, router_b, hidden, E)).value();
+    Weight gate = gpu_->load_weight(tensor_info("gate", cs.type, gate_b, hidden, ffn, E)).value();
+    Weight up = gpu_->load_weight(tensor_info("up", cs.type, up_b, hidden, ffn, E)).value();
+    Weight down = gpu_->load_weight(tensor_info("down", cs.type, down_b, ffn, hidden, E)).value();
+    for (const int64_t n : {1, 3, 24}) {
+      const Tensor x = put(*gpu_, randn(n * hidden));
+      auto run = [&](const char* tma) {
+        const ScopedEnv ring("HYSPEC_TMA_EXPERTS", tma);
+        const Tensor out = poison(*gpu_, n * hidden);
+        MoeArgs a;
+        a.x = x.rows(n, hidden);
+        a.router = &router;
+        a.gate_exps = &gate;
+        a.up_exps = &up;
+        a.down_exps = &down;
+        a.top_k = 4;
+        a.out = out.rows(n, hidden);
+        gpu_->moe_ffn(a);
+        return get_gpu(out);
+      };
+      const auto copies = run("0"), tma = run("1");
+      ASSERT_EQ(copies.size(), tma.size());
+      for (size_t i = 0; i < copies.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(copies[i])) << ggml_type_name(cs.type) << " n=" << n << " at " << i;
+        ASSERT_EQ(std::memcmp(&copies[i], &tma[i], 4), 0) << ggml_type_name(cs.type) << " hidden=" << hidden << " n=" << n
+                                                          << " at " << i;
+      }
+    }
+  }
+}
+
 // A decode step recorded once and replayed with new token ids and positions equals running the ops.
 TEST_F(CudaBackendTest, CapturedStepReplaysWithNewPositions) {
   Backend& b = *gpu_;

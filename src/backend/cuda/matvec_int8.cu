@@ -165,6 +165,7 @@ struct Int8MvArgs {
   int64_t conv_y_stride;  // several rows
   Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
   float* residual = nullptr;  // one row, dp4a, no SwiGLU: residual[i] += y[i] as y[i] is stored
+  int64_t tma_row0 = 0;       // TmaStepRing: the tensor map's row of w's first row (an expert's, in all experts')
 };
 
 // The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
@@ -409,7 +410,8 @@ struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
   __device__ void issue() {
     if (issued < total) {
       if (lane == 0) {
-        const int st = kStages == 2 ? static_cast<int>(issued & 1) : issue_st, row = static_cast<int>(i_tile * kOut);
+        const int st = kStages == 2 ? static_cast<int>(issued & 1) : issue_st;
+        const int row = static_cast<int>(a.tma_row0 + i_tile * kOut);
         const int s = this->issuing_step();
         const uint32_t bar = bars + 8 * st, dst = smem_addr(ring + st * kStepBytes);
         fence_proxy_async_smem();  // the warp's reads of this slot (before the caller's __syncwarp) come first
@@ -914,8 +916,8 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  static_assert(!kTma || (!Q5 && !WT));
-  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1), false, false, kStages>, StepRing<L, SW, WT>> ring(
+  static_assert(!kTma || !Q5);
+  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1), WT, false, kStages>, StepRing<L, SW, WT>> ring(
       a, smem, slot, maps);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
@@ -2074,9 +2076,9 @@ struct Q4KFamily {
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_q4k<true, Q5>(a, dp4a, stream) : launch_q4k<false, Q5>(a, dp4a, stream);
   }
-  template <int NMAX, bool SW, bool WT>
-  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
-    q4k_dp4a_body<NMAX, SW, Q5, WT>(a, smem, slot);
+  template <int NMAX, bool SW, bool WT, bool kTma = false>
+  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const TmaMaps* maps = nullptr) {
+    q4k_dp4a_body<NMAX, SW, Q5, WT, false, kStageNone, kTma>(a, smem, slot, maps);
   }
 };
 template <class C>
@@ -2086,9 +2088,9 @@ struct S16Family {
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_s16<C, true>(a, dp4a, stream) : launch_s16<C, false>(a, dp4a, stream);
   }
-  template <int NMAX, bool SW, bool WT>
-  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
-    s16_dp4a_body<C, NMAX, SW, WT>(a, smem, slot);
+  template <int NMAX, bool SW, bool WT, bool kTma = false>
+  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const TmaMaps* maps = nullptr) {
+    s16_dp4a_body<C, NMAX, SW, WT, false, kStageNone, kTma>(a, smem, slot, maps);
   }
 };
 // f(family) for a type of the int8 matvec; false for any other.
@@ -2417,9 +2419,9 @@ struct Int8ExpertArgs {
   size_t expert_bytes;
   int x_div, blocks_per_slot, n_slots;
 };
-template <class Family, bool SW, bool WT, bool PAIRS>
-__global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
-  extern __shared__ __align__(16) uint8_t smem[];
+// kTma: the weights by TMA boxes, from maps of all experts' rows (expert e's first row: e x n_out).
+template <class Family, bool SW, bool WT, bool PAIRS, bool kTma>
+__device__ __forceinline__ void experts_body(const Int8ExpertArgs& e, uint8_t* smem, const TmaMaps* maps) {
   __shared__ int2 pair;  // PAIRS: the pair's first and second slot (-1: this slot alone)
   const int b = static_cast<int>(blockIdx.x), slot = b / e.blocks_per_slot;
   pdl_wait();  // the router's ids, and x, belong to earlier kernels (no weight is prefetched before)
@@ -2453,6 +2455,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
   const size_t at = static_cast<size_t>(expert) * e.expert_bytes;
   a.w += at;
   if constexpr (SW) a.w2 += at;
+  if constexpr (kTma) a.tma_row0 = int64_t{expert} * a.n_out;
   a.xf += static_cast<int64_t>(s0 / e.x_div) * a.xf_stride;
   a.y += static_cast<int64_t>(s0) * a.y_stride;
   if (s1 >= 0) {  // the second row: at a stride from the first (any sign)
@@ -2461,14 +2464,40 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
     a.n = 2;
   }
   if (PAIRS && s1 >= 0)
-    Family::template dp4a_body<2, SW, WT>(a, smem, bs);
+    Family::template dp4a_body<2, SW, WT, kTma>(a, smem, bs, maps);
   else  // (a slot alone: the one-token body, lighter than the two-token one at n = 1)
-    Family::template dp4a_body<1, SW, WT>(a, smem, bs);
+    Family::template dp4a_body<1, SW, WT, kTma>(a, smem, bs, maps);
+}
+template <class Family, bool SW, bool WT, bool PAIRS>
+__global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  experts_body<Family, SW, WT, PAIRS, false>(e, smem, nullptr);
+}
+template <class Family, bool SW, bool WT, bool PAIRS>
+__global__ void __launch_bounds__(kWarps * 32, 2) experts_tma_kernel(const __grid_constant__ Int8ExpertArgs e,
+                                                                     const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  experts_body<Family, SW, WT, PAIRS, true>(e, tma_smem + kTmaBarBytes, &maps);
 }
 
+// The expert families with TMA kernels (Q4_K, Q6_K).
+template <class Family>
+constexpr bool kTmaExperts =
+    std::is_same_v<typename Family::L, Q4KLayout> || std::is_same_v<typename Family::L, Q6KLayout>;
+// maps: the TMA kernel's (all experts' rows), or null: the cp.async kernel.
 template <class Family, bool SW, bool WT, bool PAIRS>
-cudaError_t launch_experts(const Int8ExpertArgs& e, int64_t grid, cudaStream_t stream) {
+cudaError_t launch_experts(const Int8ExpertArgs& e, int64_t grid, cudaStream_t stream, const TmaMaps* maps) {
   const size_t smem = smem_bytes<typename Family::L>(PAIRS ? 2 : 1, true);
+  if constexpr (kTmaExperts<Family>) {
+    if (maps) {
+      static const cudaError_t attr_err =
+          cudaFuncSetAttribute(experts_tma_kernel<Family, SW, WT, PAIRS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem + kTmaBarBytes));
+      if (attr_err != cudaSuccess) return attr_err;
+      return launch_pdl(experts_tma_kernel<Family, SW, WT, PAIRS>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32),
+                        smem + kTmaBarBytes, stream, e, *maps);
+    }
+  }
   static const cudaError_t attr_err = cudaFuncSetAttribute(experts_kernel<Family, SW, WT, PAIRS>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
@@ -2495,8 +2524,8 @@ bool int8_experts_supported(const WeightView& w) {
   return fits && w.int8_matvec && w.n_in % 256 == 0 && staged_x_bytes(1, w.n_in) <= kMaxStagedX;
 }
 
-cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
-                                int x_div, Mat x, Mat y, cudaStream_t stream, bool pairs) {
+cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, int64_t n_experts, const int32_t* expert_ids,
+                                int64_t n_slots, int x_div, Mat x, Mat y, cudaStream_t stream, bool pairs) {
   if (n_slots == 0) return cudaSuccess;
   if (!int8_experts_supported(w) || x_div < 1 || n_slots > (int64_t{1} << 20)) return cudaErrorInvalidValue;
   // Rows of fewer than 8 super-blocks (the 512 or 768 inputs of an expert's down projection) would leave
@@ -2519,14 +2548,23 @@ cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const in
   cudaError_t err = cudaErrorInvalidValue;
   with_expert_family(w.type, [&](auto family) {
     using Family = decltype(family);
+    // All experts' rows in one map a weight (HYSPEC_TMA_EXPERTS=0: the cp.async kernels).
+    TmaMaps maps_of_all;
+    Int8MvArgs all = e.a;
+    all.n_out = n_experts * w.n_out;
+    const TmaMaps* maps = kTmaExperts<Family> && n_experts > 0 && env_int("HYSPEC_TMA_EXPERTS", 1) != 0 &&
+                                  use_tma_ring(1, true, w.n_in) &&
+                                  tensor_maps<typename Family::L>(all, up != nullptr, &maps_of_all)
+                              ? &maps_of_all
+                              : nullptr;
     if (pairs)
-      err = up           ? launch_experts<Family, true, false, true>(e, grid, stream)
-            : warp_tiles ? launch_experts<Family, false, true, true>(e, grid, stream)
-                         : launch_experts<Family, false, false, true>(e, grid, stream);
+      err = up           ? launch_experts<Family, true, false, true>(e, grid, stream, maps)
+            : warp_tiles ? launch_experts<Family, false, true, true>(e, grid, stream, maps)
+                         : launch_experts<Family, false, false, true>(e, grid, stream, maps);
     else
-      err = up           ? launch_experts<Family, true, false, false>(e, grid, stream)
-            : warp_tiles ? launch_experts<Family, false, true, false>(e, grid, stream)
-                         : launch_experts<Family, false, false, false>(e, grid, stream);
+      err = up           ? launch_experts<Family, true, false, false>(e, grid, stream, maps)
+            : warp_tiles ? launch_experts<Family, false, true, false>(e, grid, stream, maps)
+                         : launch_experts<Family, false, false, false>(e, grid, stream, maps);
   });
   return err;
 }
