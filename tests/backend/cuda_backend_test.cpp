@@ -489,11 +489,10 @@ TEST_P(CudaMatmulTest, MatvecOnWarpTilesKeepsTheOneRowBits) {
   }
 }
 
-// On sm_90 the Q4_K matmuls and Q6_K's tensor-core ones take their weights by TMA boxes (matvec_int8.cu,
-// TmaStepRing) instead of cp.async copies (HYSPEC_TMA_RING=0, HYSPEC_TMA_Q6K=0): the same slots, so the same
-// bits, for the plain matmul, the fused SwiGLU and a matmul_many with a Q6_K part (its cp.async ring in the
-// same launch), at 1..32 tokens, with a part tile past the matrix (8456 rows) and unequal steps a warp
-// (K = 2304).
+// On sm_90 the Q4_K and Q6_K matmuls take their weights by TMA boxes (matvec_int8.cu, TmaStepRing) instead
+// of cp.async copies (HYSPEC_TMA_RING=0, HYSPEC_TMA_Q6K=0): the same slots, so the same bits, for the plain
+// matmul, the fused SwiGLU and a matmul_many with a Q6_K part (its cp.async ring in the same launch), at
+// 1..32 tokens, with a part tile past the matrix (8456 rows) and unequal steps a warp (K = 2304).
 TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
   if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
 #ifdef HYSPEC_HAVE_CUDA
@@ -503,17 +502,19 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
   const int64_t widths[] = {1, 2, 3, 8, 9, 16, 17, 24, 25, 32};
   for (const int64_t K : {2304, 4096}) {
     const auto gb = random_weight_bytes(GgmlType::Q4_K, K, N, rng_), ub = random_weight_bytes(GgmlType::Q4_K, K, N, rng_);
-    const auto b6 = random_weight_bytes(GgmlType::Q6_K, K, N6, rng_);
+    const auto b6 = random_weight_bytes(GgmlType::Q6_K, K, N6, rng_), u6 = random_weight_bytes(GgmlType::Q6_K, K, N6, rng_);
     auto w = gpu_->load_weight(tensor_info("w", GgmlType::Q4_K, gb, K, N));
     auto up = gpu_->load_weight(tensor_info("up", GgmlType::Q4_K, ub, K, N));
     auto w6 = gpu_->load_weight(tensor_info("w6", GgmlType::Q6_K, b6, K, N6));
-    ASSERT_TRUE(w.is_ok() && up.is_ok() && w6.is_ok());
+    auto up6 = gpu_->load_weight(tensor_info("up6", GgmlType::Q6_K, u6, K, N6));
+    ASSERT_TRUE(w.is_ok() && up.is_ok() && w6.is_ok() && up6.is_ok());
     // (matmul_many's one launch at 3+ tokens takes x quantized by the norm that wrote it)
     const Tensor x = put(*gpu_, randn(n_max * K)), wn = put(*gpu_, randn(K)), h = poison(*gpu_, n_max * K);
     gpu_->rms_norm(x.rows(n_max, K), wn.f(), K, 1e-6f, h.rows(n_max, K));
-    auto run = [&](const char* tma) {
+    auto run = [&](const char* tma, const char* stages = "2") {
       // (every width on TMA where tma is 1; restored after: a run may set them for every test)
-      const ScopedEnv ring("HYSPEC_TMA_RING", tma), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0");
+      const ScopedEnv ring("HYSPEC_TMA_RING", tma), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0"),
+          depth("HYSPEC_TMA_STAGES", stages);
       std::vector<std::vector<float>> out;
       for (const int64_t n : widths) {
         const Tensor y = poison(*gpu_, n * N), ys = poison(*gpu_, n * N), ym = poison(*gpu_, n * (2 * N + N6));
@@ -530,16 +531,16 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
       }
       return out;
     };
-    const auto copies = run("0"), tma = run("1");
-    // Q6_K's tensor-core kernels (K = 4096; 2304 gives 1890-byte rows, which no tensor map takes)
+    const auto copies = run("0"), tma = run("1"), tma3 = run("1", "3");  // (3: the deeper ring, an A/B switch)
+    // Q6_K, plain and SwiGLU (K = 4096; 2304 gives 1890-byte rows, which no tensor map takes)
     auto run6 = [&](const char* tma6) {
       const ScopedEnv ring("HYSPEC_TMA_Q6K", tma6), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0");
       std::vector<std::vector<float>> out;
       for (const int64_t n : widths) {
-        if (n < 3) continue;
-        const Tensor y = poison(*gpu_, n * N6);
+        const Tensor y = poison(*gpu_, n * N6), ys = poison(*gpu_, n * N6);
         gpu_->matmul(*w6, x.rows(n, K), y.rows(n, N6));
         out.push_back(get_gpu(y));
+        if (gpu_->matmul_swiglu(*w6, *up6, x.rows(n, K), ys.rows(n, N6))) out.push_back(get_gpu(ys));
       }
       return out;
     };
@@ -548,11 +549,14 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
     for (size_t i = 0; i < copies6.size(); ++i)
       for (size_t e = 0; e < copies6[i].size(); ++e)
         ASSERT_EQ(std::memcmp(&copies6[i][e], &tma6[i][e], 4), 0) << "Q6_K K=" << K << " output " << i << " at " << e;
-    ASSERT_EQ(copies.size(), tma.size());
-    for (size_t i = 0; i < copies.size(); ++i) {
-      ASSERT_EQ(copies[i].size(), tma[i].size());
-      for (size_t e = 0; e < copies[i].size(); ++e)
-        ASSERT_EQ(std::memcmp(&copies[i][e], &tma[i][e], 4), 0) << "K=" << K << " output " << i << " at " << e;
+    for (const auto* other : {&tma, &tma3}) {
+      ASSERT_EQ(copies.size(), other->size());
+      for (size_t i = 0; i < copies.size(); ++i) {
+        ASSERT_EQ(copies[i].size(), (*other)[i].size());
+        for (size_t e = 0; e < copies[i].size(); ++e)
+          ASSERT_EQ(std::memcmp(&copies[i][e], &(*other)[i][e], 4), 0)
+              << "K=" << K << (other == &tma3 ? " three stages" : "") << " output " << i << " at " << e;
+      }
     }
   }
 }
@@ -1786,6 +1790,56 @@ TEST_F(CudaBackendTest, MoeFfnGroupedRowsEqualOneTokenSteps) {
     ASSERT_TRUE(gpu->synchronize().is_ok());
     EXPECT_EQ(std::memcmp(va.data(), vo.data(), va.size() * sizeof(float)), 0) << ggml_type_name(type) << " int8 "
                                                                                  << int8;
+  }
+}
+
+// The per-slot int8 experts take their weights by TMA boxes of a map of all experts' rows on sm_90
+// (HYSPEC_TMA_EXPERTS=0: cp.async copies): the same bits, one slot at a time (1 and 3 tokens) and in pairs
+// (24), with the SwiGLU and the down projection's warp tiles (ffn 256 < 8 super-blocks); Q6_K at 2048-wide
+// rows (1680 bytes: 16-byte rows, which its maps need).
+TEST_F(CudaBackendTest, MoeFfnByTmaKeepsTheCopiesBits) {
+#ifdef HYSPEC_HAVE_CUDA
+  if (!cuda::int8_matvec_tma_available()) GTEST_SKIP() << "no TMA here (sm_90 and the driver's tensor-map encoder)";
+#endif
+  struct Case {
+    GgmlType type;
+    int64_t hidden, ffn;
+  };
+  const int64_t E = 8;
+  for (const Case cs : {Case{GgmlType::Q4_K, 256, 256}, Case{GgmlType::Q4_K, 2048, 256}, Case{GgmlType::Q6_K, 2048, 2048}}) {
+    const int64_t hidden = cs.hidden, ffn = cs.ffn;
+    const auto router_b = random_weight_bytes(GgmlType::F32, hidden, E, rng_);
+    const auto gate_b = random_weight_bytes(cs.type, hidden, ffn * E, rng_);
+    const auto up_b = random_weight_bytes(cs.type, hidden, ffn * E, rng_);
+    const auto down_b = random_weight_bytes(cs.type, ffn, hidden * E, rng_);
+    Weight router = gpu_->load_weight(tensor_info("router", GgmlType::F32, router_b, hidden, E)).value();
+    Weight gate = gpu_->load_weight(tensor_info("gate", cs.type, gate_b, hidden, ffn, E)).value();
+    Weight up = gpu_->load_weight(tensor_info("up", cs.type, up_b, hidden, ffn, E)).value();
+    Weight down = gpu_->load_weight(tensor_info("down", cs.type, down_b, ffn, hidden, E)).value();
+    for (const int64_t n : {1, 3, 24}) {
+      const Tensor x = put(*gpu_, randn(n * hidden));
+      auto run = [&](const char* tma) {
+        const ScopedEnv ring("HYSPEC_TMA_EXPERTS", tma);
+        const Tensor out = poison(*gpu_, n * hidden);
+        MoeArgs a;
+        a.x = x.rows(n, hidden);
+        a.router = &router;
+        a.gate_exps = &gate;
+        a.up_exps = &up;
+        a.down_exps = &down;
+        a.top_k = 4;
+        a.out = out.rows(n, hidden);
+        gpu_->moe_ffn(a);
+        return get_gpu(out);
+      };
+      const auto copies = run("0"), tma = run("1");
+      ASSERT_EQ(copies.size(), tma.size());
+      for (size_t i = 0; i < copies.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(copies[i])) << ggml_type_name(cs.type) << " n=" << n << " at " << i;
+        ASSERT_EQ(std::memcmp(&copies[i], &tma[i], 4), 0) << ggml_type_name(cs.type) << " hidden=" << hidden << " n=" << n
+                                                          << " at " << i;
+      }
+    }
   }
 }
 

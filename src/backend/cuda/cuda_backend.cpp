@@ -642,7 +642,7 @@ class CudaBackend final : public Backend {
     const cuda::MatmulScratch ms{s, matmul_arena_.size};
     auto experts = [&](const cuda::WeightView& w, const uint8_t* up, int x_div, Mat x, Mat y, const char* what) {
       check(int8_slots && cuda::int8_experts_supported(w)
-                ? cuda::int8_experts_launch(w, up, ids, nk, x_div, x, y, stream_, pairs)
+                ? cuda::int8_experts_launch(w, up, E, ids, nk, x_div, x, y, stream_, pairs)
                 : cuda::matmul_experts_launch(w, up, ids, nk, x_div, x, y, ms, stream_),
             what);
     };

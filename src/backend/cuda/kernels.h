@@ -172,8 +172,9 @@ constexpr int64_t kInt8ExpertsMaxTokens = 65;
 bool int8_experts_supported(const WeightView& w);
 // pairs: the slots of one expert served two at a time (the two-token dp4a kernel, the same bits per
 // row), reading the expert's weights once per pair (steps of up to 256 slots; more take them one by one).
-cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
-                                int x_div, Mat x, Mat y, cudaStream_t stream, bool pairs = false);
+// n_experts: the experts w (and up) hold, one after another (w.n_out rows each).
+cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, int64_t n_experts, const int32_t* expert_ids,
+                                int64_t n_slots, int x_div, Mat x, Mat y, cudaStream_t stream, bool pairs = false);
 // Grouped expert matmul (MoE steps of several tokens): rows [offsets[e], offsets[e+1]) of x and y
 // belong to expert e (moe_group_launch's order); y[j] = W[e] x[j], each expert's weights read once
 // per 16 of its rows instead of once per row. up: fused SwiGLU with these up weights (same type and

@@ -165,6 +165,7 @@ struct Int8MvArgs {
   int64_t conv_y_stride;  // several rows
   Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
   float* residual = nullptr;  // one row, dp4a, no SwiGLU: residual[i] += y[i] as y[i] is stored
+  int64_t tma_row0 = 0;       // TmaStepRing: the tensor map's row of w's first row (an expert's, in all experts')
 };
 
 // The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
@@ -341,7 +342,10 @@ struct TmaMaps {
 };
 // A TMA kernel's stage mbarriers sit in the first kTmaBarBytes of its shared memory; the body gets the
 // rest (so every other offset is the cp.async kernels'), 128-byte aligned as the boxes' destinations need.
-constexpr size_t kTmaBarBytes = 128;
+// kStages stages a warp (a deeper ring: HYSPEC_TMA_STAGES=3), 128-byte multiples.
+template <int kStages>
+constexpr size_t kTmaBarBytesFor = (kWarps * kStages * 8 + 127) / 128 * 128;
+constexpr size_t kTmaBarBytes = kTmaBarBytesFor<2>;
 
 // StepRing fed by TMA (sm_90): a step's 16 rows arrive as one box, issued by lane 0 on the stage's
 // mbarrier, where the cp.async ring takes ~6 copies a lane with their address and predicate arithmetic (53
@@ -356,26 +360,31 @@ constexpr size_t kTmaBarBytes = 128;
 //   the H200), so the bits are the same. Past the row: zeros.
 // kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
 // each step as StepRing waits for them. WT, VW: StepRing's warp tiles and their order.
-template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false>
+// kStagesT: the ring's depth (2; 3 behind HYSPEC_TMA_STAGES=3, the plain and SwiGLU Q4_K kernels only: it
+// moves the partial sums, so not with a conv tile).
+template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false, int kStagesT = 2>
 struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
   using Walk = StepWalk<kTileOutputs<SW>, WT, VW>;
   using Walk::consumed, Walk::i_tile, Walk::issued, Walk::ks, Walk::lane, Walk::total;
   static_assert(!L::kAligned || L::kSlotBytes == L::kBlockBytes);
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kStagesT;
+  static_assert(kStages == 2 || !kCopiesToo);
   static constexpr int kOut = kTileOutputs<SW>;
   static constexpr uint32_t kStepBytes = kRows * L::kSlotBytes;
-  static_assert(kWarps * kStages * 8 <= kTmaBarBytes && kStepBytes % 128 == 0 && (kStepBytes / 2) % 128 == 0);
+  static_assert(kStepBytes % 128 == 0 && (kStepBytes / 2) % 128 == 0);
   const Int8MvArgs& a;
   const TmaMaps* maps;  // the launch's __grid_constant__ maps
   uint8_t* ring;
   float* red;
   uint32_t bars;  // this warp's stage barriers (shared-space address)
+  int issue_st = 0, use_st = 0;  // kStages != 2: the stages of the next issue and the next use
+  uint32_t use_phase = 0;        // ... and the use's phase parity
 
   __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const TmaMaps* tensor_maps)
       : Walk(slot), a(args), maps(tensor_maps) {
     ring = smem + ks * kStages * kStepBytes;
     red = reinterpret_cast<float*>(smem + kWarps * kStages * kStepBytes);
-    bars = smem_addr(smem) - static_cast<uint32_t>(kTmaBarBytes) + 8 * kStages * ks;
+    bars = smem_addr(smem) - static_cast<uint32_t>(kTmaBarBytesFor<kStages>) + 8 * kStages * ks;
     this->start(a, slot);
     if (lane == 0) {
 #pragma unroll
@@ -401,7 +410,8 @@ struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
   __device__ void issue() {
     if (issued < total) {
       if (lane == 0) {
-        const int st = static_cast<int>(issued & 1), row = static_cast<int>(i_tile * kOut);
+        const int st = kStages == 2 ? static_cast<int>(issued & 1) : issue_st;
+        const int row = static_cast<int>(a.tma_row0 + i_tile * kOut);
         const int s = this->issuing_step();
         const uint32_t bar = bars + 8 * st, dst = smem_addr(ring + st * kStepBytes);
         fence_proxy_async_smem();  // the warp's reads of this slot (before the caller's __syncwarp) come first
@@ -409,20 +419,36 @@ struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
         load(dst, &maps->w, s, row, bar);
         if constexpr (SW) load(dst + kStepBytes / 2, &maps->up, s, row, bar);
       }
+      if constexpr (kStages != 2) issue_st = issue_st + 1 == kStages ? 0 : issue_st + 1;
       this->advance([] {});
     }
   }
-  __device__ void prime() { issue(); }
+  // The first kStages - 1 steps in flight.
+  __device__ void prime() {
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) issue();
+  }
   // The next step's slot (its box has landed), after queueing the box of the one after.
   __device__ const uint8_t* next() {
     if constexpr (kCopiesToo) cp_async_wait<0>();
-    const int st = static_cast<int>(consumed & 1);
-    const uint32_t parity = static_cast<uint32_t>((consumed >> 1) & 1);
-    while (!mbar_try_wait(bars + 8 * st, parity)) {
+    if constexpr (kStages == 2) {
+      const int st = static_cast<int>(consumed & 1);
+      const uint32_t parity = static_cast<uint32_t>((consumed >> 1) & 1);
+      while (!mbar_try_wait(bars + 8 * st, parity)) {
+      }
+      __syncwarp();  // every lane has read the slot refilled next
+      issue();
+      return ring + (consumed++ & 1) * kStepBytes;
+    } else {
+      const int st = use_st;
+      while (!mbar_try_wait(bars + 8 * st, use_phase)) {
+      }
+      __syncwarp();  // every lane has read the slot refilled next (the one used before this)
+      issue();
+      ++consumed;
+      if (++use_st == kStages) use_st = 0, use_phase ^= 1u;
+      return ring + st * kStepBytes;
     }
-    __syncwarp();  // every lane has read the slot refilled next
-    issue();
-    return ring + (consumed++ & 1) * kStepBytes;
   }
   // Rows start 16-byte aligned (weight_tensor_map), so a block's offset in its slot row is its offset in the row's
   // 16-byte pieces, as in StepRing.
@@ -883,15 +909,16 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers);
 // kXFold: x staged through Int8XFold (one row: kStageFold, kStagePlain).
 template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone,
-          bool kTma = false>
+          bool kTma = false, int kStages = 2>
 __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
                                               const TmaMaps* maps = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int kQs = Q5 ? 48 : 16;  // offset of qs in the block
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  static_assert(!kTma || (!Q5 && !WT));
-  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1)>, StepRing<L, SW, WT>> ring(a, smem, slot, maps);
+  static_assert(!kTma || !Q5);
+  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1), WT, false, kStages>, StepRing<L, SW, WT>> ring(
+      a, smem, slot, maps);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -1080,7 +1107,7 @@ __device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int6
 // t's fragment columns 4t..4t+3 and 16+4t..16+4t+3 hold elements 8t..8t+7, weights and activations
 // alike): each lane loads 8 contiguous bytes of a row's codes and of a token's int8 x.
 // kTma: the weights arrive by TMA (TmaStepRing on the tensor maps `maps`; Q4_K).
-template <int NT, bool SW, bool Q5 = false, bool kConv = false, bool kTma = false>
+template <int NT, bool SW, bool Q5 = false, bool kConv = false, bool kTma = false, int kStages = 2>
 __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
                                              const TmaMaps* maps = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
@@ -1088,7 +1115,7 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   static_assert(!kTma || !Q5);
-  std::conditional_t<kTma, TmaStepRing<L, SW, kConv>, StepRing<L, SW>> ring(a, smem, slot, maps);
+  std::conditional_t<kTma, TmaStepRing<L, SW, kConv, false, false, kStages>, StepRing<L, SW>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
@@ -1390,12 +1417,14 @@ struct Iq4XsCodes {
 
 // dp4a kernel (one or two tokens), lane (r, h): row r, half h (elements 128h..128h+127, sub-blocks
 // 8h..8h+7) of each step; x staged in shared memory as for Q4_K.
-template <class C, int NMAX, bool SW, bool WT = false, bool kConv = false, int kXFold = kStageNone>
-__device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
+// kTma: the weights by TMA boxes (TmaStepRing on the tensor maps `maps`; Q6_K).
+template <class C, int NMAX, bool SW, bool WT = false, bool kConv = false, int kXFold = kStageNone, bool kTma = false>
+__device__ __forceinline__ void s16_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
+                                              const TmaMaps* maps = nullptr) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
-  StepRing<L, SW, WT> ring(a, smem, slot);
+  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1), WT>, StepRing<L, SW, WT>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -1652,15 +1681,16 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
 }
 // The Q4_K kernels with the weights by TMA boxes (sm_90: use_tma_ring): the mbarriers first, then the
 // cp.async kernels' shared memory.
-template <int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
+template <int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone, int kStages = 2>
 __global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  q4k_dp4a_body<NMAX, SW, false, false, kConv, kXFold, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+  q4k_dp4a_body<NMAX, SW, false, false, kConv, kXFold, true, kStages>(a, tma_smem + kTmaBarBytesFor<kStages>,
+                                                                      launch_slot(), &maps);
 }
-template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
+template <int NT, bool SW, int MB = (NT >= 4 ? 1 : 2), int kStages = 2>
 __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  q4k_mma_body<NT, SW, false, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+  q4k_mma_body<NT, SW, false, false, true, kStages>(a, tma_smem + kTmaBarBytesFor<kStages>, launch_slot(), &maps);
 }
 template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_kernel(Int8MvArgs a) {
@@ -1702,10 +1732,15 @@ __global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_tma_kernel(Int8MvAr
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
   s16_mma_wt_parts<C, NT, true>(a, warp_rows, tma_smem + kTmaBarBytes, maps.m);
 }
-template <class C, int NT, int MB = (NT >= 4 ? 1 : 2)>
+template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  s16_mma_body<C, NT, false, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+  s16_mma_body<C, NT, SW, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
+}
+template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
+__global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  s16_dp4a_body<C, NMAX, SW, false, kConv, kXFold, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
 }
 
 // Several matvecs of one input in one launch (int8_matvec_multi_launch): blocks first[i] ..
@@ -1775,11 +1810,13 @@ bool dp4a_fits() {
 // maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel, s16_mma_tma_kernel) tensor maps, its
 // mbarriers' bytes added.
 template <class L, int NMAX, auto kernel, int MB = 2>
-cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr) {
+// extra: more shared memory (a deeper TMA ring's stages and barriers).
+cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr,
+                   size_t extra = 0) {
   // (a tensor-core kernel's NT = NMAX / 8; the dp4a kernels' NMAX of 1 or 2 keep one buffer)
   const int red_buffers = sw ? kMmaRedBuffers<NMAX / 8, true> : kMmaRedBuffers<NMAX / 8, false>;
   constexpr bool kTma = std::is_invocable_v<decltype(kernel), Int8MvArgs, TmaMaps>;
-  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers) + (kTma ? kTmaBarBytes : 0);
+  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers) + (kTma ? kTmaBarBytes : 0) + extra;
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
@@ -1817,6 +1854,15 @@ bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_by
   if (const auto it = made.find(key); it != made.end()) return *out = it->second, true;
   constexpr cuuint32_t kBlock = L::kBlockBytes;
   const cuuint32_t rows = static_cast<cuuint32_t>(box_rows), unit[3] = {1, 1, 1};
+  // HYSPEC_TMA_L2_PROMOTION (an A/B switch, read once): 0, 64, 128 (default) or 256 bytes
+  static const CUtensorMapL2promotion promotion = [] {
+    switch (env_int("HYSPEC_TMA_L2_PROMOTION", 128)) {
+      case 0: return CU_TENSOR_MAP_L2_PROMOTION_NONE;
+      case 64: return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
+      case 256: return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+      default: return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+    }
+  }();
   CUtensorMap map;
   CUresult made_ok;
   if constexpr (L::kAligned) {
@@ -1824,14 +1870,14 @@ bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_by
     const cuuint64_t strides[2] = {kBlock, row_bytes};
     const cuuint32_t box[3] = {kBlock, 1, rows};
     made_ok = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(w), dims, strides, box, unit,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promotion,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   } else {
     const cuuint64_t dims[2] = {row_bytes, static_cast<cuuint64_t>(n_out)};
     const cuuint64_t strides[1] = {row_bytes};
     const cuuint32_t box[2] = {static_cast<cuuint32_t>(L::kSlotBytes), rows};
     made_ok = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box, unit,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promotion,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   }
   if (made_ok != CUDA_SUCCESS) return false;
@@ -1866,9 +1912,18 @@ bool use_tma_ring(int64_t n, bool dp4a, int64_t K, int nt1_min_blocks = -1) {
 }
 
 // One Q4_K kernel of the ring kTma picks (the TMA kernels: Q4_K only).
+// HYSPEC_TMA_STAGES=3 (an A/B switch): the plain and SwiGLU Q4_K TMA kernels on a three-stage ring; the extra
+// shared memory it takes.
+bool tma_three_stages() { return env_int("HYSPEC_TMA_STAGES", 2) == 3; }
+constexpr size_t kThirdStageBytes = kWarps * kRows * Q4KLayout::kSlotBytes + kTmaBarBytesFor<3> - kTmaBarBytes;
 template <int NMAX, bool SW, bool Q5, bool kConv, int kXFold, bool kTma>
 cudaError_t launch_q4k_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
+  if constexpr (kTma && !kConv && kXFold == kStageNone) {
+    if (tma_three_stages())
+      return launch<L, NMAX, q4k_dp4a_tma_kernel<NMAX, SW, false, kStageNone, 3>>(a, SW, stream, true, maps,
+                                                                                    kThirdStageBytes);
+  }
   if constexpr (kTma) return launch<L, NMAX, q4k_dp4a_tma_kernel<NMAX, SW, kConv, kXFold>>(a, SW, stream, true, maps);
   else return launch<L, NMAX, q4k_dp4a_kernel<NMAX, SW, Q5, kConv, kXFold>>(a, SW, stream, true);
 }
@@ -1876,8 +1931,13 @@ template <int NT, bool SW, bool Q5, bool kTma>
 cudaError_t launch_q4k_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int MB = NT >= 4 ? 1 : 2;
-  if constexpr (kTma) return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB>, MB>(a, SW, stream, false, maps);
-  else return launch<L, NT * 8, q4k_mma_kernel<NT, SW, Q5, MB>, MB>(a, SW, stream);
+  if constexpr (kTma) {
+    if (tma_three_stages())
+      return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB, 3>, MB>(a, SW, stream, false, maps, kThirdStageBytes);
+    return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB>, MB>(a, SW, stream, false, maps);
+  } else {
+    return launch<L, NT * 8, q4k_mma_kernel<NT, SW, Q5, MB>, MB>(a, SW, stream);
+  }
 }
 
 // dp4a: the one- or two-token kernel, else the tensor cores by width; every choice gives the same
@@ -1950,13 +2010,20 @@ cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream, con
                     warp_rows);
 }
 
-// The tensor-core kernel of a's width (kTma: by TMA boxes, maps; Q6_K without SwiGLU).
+// One Q6_K/Q3_K/IQ4_XS kernel of the ring kTma picks (the TMA kernels: Q6_K only).
+template <class C, int NMAX, bool SW, bool kConv, int kXFold, bool kTma>
+cudaError_t launch_s16_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
+  using L = typename C::L;
+  if constexpr (kTma) return launch<L, NMAX, s16_dp4a_tma_kernel<C, NMAX, SW, kConv, kXFold>>(a, SW, stream, true, maps);
+  else return launch<L, NMAX, s16_dp4a_kernel<C, NMAX, SW, kConv, kXFold>>(a, SW, stream, true);
+}
+// The tensor-core kernel of a's width (kTma: by TMA boxes, maps; Q6_K).
 template <class C, bool SW, bool kTma>
 cudaError_t launch_s16_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
   using L = typename C::L;
   auto by_nt = [&](auto nt) {
     constexpr int NT = decltype(nt)::value, MB = NT >= 4 ? 1 : 2;
-    if constexpr (kTma) return launch<L, NT * 8, s16_mma_tma_kernel<C, NT, MB>, MB>(a, false, stream, false, maps);
+    if constexpr (kTma) return launch<L, NT * 8, s16_mma_tma_kernel<C, NT, SW, MB>, MB>(a, SW, stream, false, maps);
     else return launch<L, NT * 8, s16_mma_kernel<C, NT, SW, MB>, MB>(a, SW, stream);
   };
   if (a.n <= 8) return by_nt(std::integral_constant<int, 1>{});
@@ -1965,34 +2032,39 @@ cudaError_t launch_s16_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMa
   if constexpr (!SW) return by_nt(std::integral_constant<int, 4>{});
   return cudaErrorInvalidValue;
 }
-template <class C, bool SW>
-cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
-  using L = typename C::L;
+template <class C, bool SW, bool kTma>
+cudaError_t launch_s16_rings(const Int8MvArgs& a, bool dp4a, cudaStream_t stream, const TmaMaps* maps) {
   const int n = a.n;
   if constexpr (!SW && std::is_same_v<C, Q6KCodes>) {
-    TmaMaps maps;
-    // HYSPEC_TMA_Q6K: 0 the cp.async ring, 1 TMA as Q4_K takes it, 2 (default) TMA at every width
-    const int q6 = env_int("HYSPEC_TMA_Q6K", 2);
-    const bool tma = !dp4a && q6 != 0 && use_tma_ring(n, false, a.K, q6 == 2 ? 0 : -1) &&
-                     tensor_maps<L>(a, false, &maps);
     if (!dp4a && n <= 16) {
       if (const int64_t blocks = warp_tile_blocks(a.n_out / kRows))
-        return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream, tma ? &maps : nullptr)
-                      : launch_s16_wt<C, 2>(a, blocks, stream, tma ? &maps : nullptr);
+        return n <= 8 ? launch_s16_wt<C, 1>(a, blocks, stream, maps) : launch_s16_wt<C, 2>(a, blocks, stream, maps);
     }
-    if (tma) return launch_s16_mma<C, false, true>(a, stream, &maps);
     if (dp4a && a.xfold.kind == Int8XFold::kRmsNorm)  // (n = 1)
-      return a.conv_y ? launch<L, 1, s16_dp4a_kernel<C, 1, false, true, kStageNorm>>(a, false, stream, true)
-                      : launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStageNorm>>(a, false, stream, true);
-    if (dp4a && a.conv_y) return launch<L, 1, s16_dp4a_kernel<C, 1, false, true>>(a, false, stream, true);  // (n = 1)
+      return a.conv_y ? launch_s16_dp4a<C, 1, false, true, kStageNorm, kTma>(a, stream, maps)
+                      : launch_s16_dp4a<C, 1, false, false, kStageNorm, kTma>(a, stream, maps);
+    if (dp4a && a.conv_y) return launch_s16_dp4a<C, 1, false, true, kStageNone, kTma>(a, stream, maps);  // (n = 1)
     if (dp4a && a.xfold.kind == Int8XFold::kPlain)
-      return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStagePlain>>(a, false, stream, true);  // (n = 1)
+      return launch_s16_dp4a<C, 1, false, false, kStagePlain, kTma>(a, stream, maps);  // (n = 1)
     if (dp4a && a.xfold.kind != Int8XFold::kNone)
-      return launch<L, 1, s16_dp4a_kernel<C, 1, false, false, kStageFold>>(a, false, stream, true);  // (n = 1)
+      return launch_s16_dp4a<C, 1, false, false, kStageFold, kTma>(a, stream, maps);  // (n = 1)
   }
-  if (dp4a) return n == 1 ? launch<L, 1, s16_dp4a_kernel<C, 1, SW>>(a, SW, stream, true)
-                          : launch<L, 2, s16_dp4a_kernel<C, 2, SW>>(a, SW, stream, true);
-  return launch_s16_mma<C, SW, false>(a, stream, nullptr);
+  if (dp4a) return n == 1 ? launch_s16_dp4a<C, 1, SW, false, kStageNone, kTma>(a, stream, maps)
+                          : launch_s16_dp4a<C, 2, SW, false, kStageNone, kTma>(a, stream, maps);
+  return launch_s16_mma<C, SW, kTma>(a, stream, maps);
+}
+// HYSPEC_TMA_Q6K: 0 the cp.async ring; 1 TMA as Q4_K takes it; 2 (default) TMA at every width. The one- and
+// two-row kernels too unless HYSPEC_TMA_Q6K_DP4A=0.
+template <class C, bool SW>
+cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
+  if constexpr (std::is_same_v<C, Q6KCodes>) {
+    const int q6 = env_int("HYSPEC_TMA_Q6K", 2);
+    TmaMaps maps;
+    if (q6 != 0 && (!dp4a || env_int("HYSPEC_TMA_Q6K_DP4A", 1) != 0) &&
+        use_tma_ring(a.n, dp4a, a.K, q6 == 2 ? 0 : -1) && tensor_maps<typename C::L>(a, SW, &maps))
+      return launch_s16_rings<C, SW, true>(a, dp4a, stream, &maps);
+  }
+  return launch_s16_rings<C, SW, false>(a, dp4a, stream, nullptr);
 }
 
 // The int8 matvec's weight types as kernel families: the ring layout, the activations' order for the
@@ -2004,9 +2076,9 @@ struct Q4KFamily {
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_q4k<true, Q5>(a, dp4a, stream) : launch_q4k<false, Q5>(a, dp4a, stream);
   }
-  template <int NMAX, bool SW, bool WT>
-  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
-    q4k_dp4a_body<NMAX, SW, Q5, WT>(a, smem, slot);
+  template <int NMAX, bool SW, bool WT, bool kTma = false>
+  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const TmaMaps* maps = nullptr) {
+    q4k_dp4a_body<NMAX, SW, Q5, WT, false, kStageNone, kTma>(a, smem, slot, maps);
   }
 };
 template <class C>
@@ -2016,9 +2088,9 @@ struct S16Family {
   static cudaError_t launch(Int8MvArgs a, bool sw, bool dp4a, cudaStream_t stream) {
     return sw ? launch_s16<C, true>(a, dp4a, stream) : launch_s16<C, false>(a, dp4a, stream);
   }
-  template <int NMAX, bool SW, bool WT>
-  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot) {
-    s16_dp4a_body<C, NMAX, SW, WT>(a, smem, slot);
+  template <int NMAX, bool SW, bool WT, bool kTma = false>
+  __device__ static void dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const TmaMaps* maps = nullptr) {
+    s16_dp4a_body<C, NMAX, SW, WT, false, kStageNone, kTma>(a, smem, slot, maps);
   }
 };
 // f(family) for a type of the int8 matvec; false for any other.
@@ -2347,9 +2419,9 @@ struct Int8ExpertArgs {
   size_t expert_bytes;
   int x_div, blocks_per_slot, n_slots;
 };
-template <class Family, bool SW, bool WT, bool PAIRS>
-__global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
-  extern __shared__ __align__(16) uint8_t smem[];
+// kTma: the weights by TMA boxes, from maps of all experts' rows (expert e's first row: e x n_out).
+template <class Family, bool SW, bool WT, bool PAIRS, bool kTma>
+__device__ __forceinline__ void experts_body(const Int8ExpertArgs& e, uint8_t* smem, const TmaMaps* maps) {
   __shared__ int2 pair;  // PAIRS: the pair's first and second slot (-1: this slot alone)
   const int b = static_cast<int>(blockIdx.x), slot = b / e.blocks_per_slot;
   pdl_wait();  // the router's ids, and x, belong to earlier kernels (no weight is prefetched before)
@@ -2383,6 +2455,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
   const size_t at = static_cast<size_t>(expert) * e.expert_bytes;
   a.w += at;
   if constexpr (SW) a.w2 += at;
+  if constexpr (kTma) a.tma_row0 = int64_t{expert} * a.n_out;
   a.xf += static_cast<int64_t>(s0 / e.x_div) * a.xf_stride;
   a.y += static_cast<int64_t>(s0) * a.y_stride;
   if (s1 >= 0) {  // the second row: at a stride from the first (any sign)
@@ -2391,14 +2464,40 @@ __global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_co
     a.n = 2;
   }
   if (PAIRS && s1 >= 0)
-    Family::template dp4a_body<2, SW, WT>(a, smem, bs);
+    Family::template dp4a_body<2, SW, WT, kTma>(a, smem, bs, maps);
   else  // (a slot alone: the one-token body, lighter than the two-token one at n = 1)
-    Family::template dp4a_body<1, SW, WT>(a, smem, bs);
+    Family::template dp4a_body<1, SW, WT, kTma>(a, smem, bs, maps);
+}
+template <class Family, bool SW, bool WT, bool PAIRS>
+__global__ void __launch_bounds__(kWarps * 32, 2) experts_kernel(const __grid_constant__ Int8ExpertArgs e) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  experts_body<Family, SW, WT, PAIRS, false>(e, smem, nullptr);
+}
+template <class Family, bool SW, bool WT, bool PAIRS>
+__global__ void __launch_bounds__(kWarps * 32, 2) experts_tma_kernel(const __grid_constant__ Int8ExpertArgs e,
+                                                                     const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
+  experts_body<Family, SW, WT, PAIRS, true>(e, tma_smem + kTmaBarBytes, &maps);
 }
 
+// The expert families with TMA kernels (Q4_K, Q6_K).
+template <class Family>
+constexpr bool kTmaExperts =
+    std::is_same_v<typename Family::L, Q4KLayout> || std::is_same_v<typename Family::L, Q6KLayout>;
+// maps: the TMA kernel's (all experts' rows), or null: the cp.async kernel.
 template <class Family, bool SW, bool WT, bool PAIRS>
-cudaError_t launch_experts(const Int8ExpertArgs& e, int64_t grid, cudaStream_t stream) {
+cudaError_t launch_experts(const Int8ExpertArgs& e, int64_t grid, cudaStream_t stream, const TmaMaps* maps) {
   const size_t smem = smem_bytes<typename Family::L>(PAIRS ? 2 : 1, true);
+  if constexpr (kTmaExperts<Family>) {
+    if (maps) {
+      static const cudaError_t attr_err =
+          cudaFuncSetAttribute(experts_tma_kernel<Family, SW, WT, PAIRS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem + kTmaBarBytes));
+      if (attr_err != cudaSuccess) return attr_err;
+      return launch_pdl(experts_tma_kernel<Family, SW, WT, PAIRS>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32),
+                        smem + kTmaBarBytes, stream, e, *maps);
+    }
+  }
   static const cudaError_t attr_err = cudaFuncSetAttribute(experts_kernel<Family, SW, WT, PAIRS>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
@@ -2425,8 +2524,8 @@ bool int8_experts_supported(const WeightView& w) {
   return fits && w.int8_matvec && w.n_in % 256 == 0 && staged_x_bytes(1, w.n_in) <= kMaxStagedX;
 }
 
-cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const int32_t* expert_ids, int64_t n_slots,
-                                int x_div, Mat x, Mat y, cudaStream_t stream, bool pairs) {
+cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, int64_t n_experts, const int32_t* expert_ids,
+                                int64_t n_slots, int x_div, Mat x, Mat y, cudaStream_t stream, bool pairs) {
   if (n_slots == 0) return cudaSuccess;
   if (!int8_experts_supported(w) || x_div < 1 || n_slots > (int64_t{1} << 20)) return cudaErrorInvalidValue;
   // Rows of fewer than 8 super-blocks (the 512 or 768 inputs of an expert's down projection) would leave
@@ -2449,14 +2548,23 @@ cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, const in
   cudaError_t err = cudaErrorInvalidValue;
   with_expert_family(w.type, [&](auto family) {
     using Family = decltype(family);
+    // All experts' rows in one map a weight (HYSPEC_TMA_EXPERTS=0: the cp.async kernels).
+    TmaMaps maps_of_all;
+    Int8MvArgs all = e.a;
+    all.n_out = n_experts * w.n_out;
+    const TmaMaps* maps = kTmaExperts<Family> && n_experts > 0 && env_int("HYSPEC_TMA_EXPERTS", 1) != 0 &&
+                                  use_tma_ring(1, true, w.n_in) &&
+                                  tensor_maps<typename Family::L>(all, up != nullptr, &maps_of_all)
+                              ? &maps_of_all
+                              : nullptr;
     if (pairs)
-      err = up           ? launch_experts<Family, true, false, true>(e, grid, stream)
-            : warp_tiles ? launch_experts<Family, false, true, true>(e, grid, stream)
-                         : launch_experts<Family, false, false, true>(e, grid, stream);
+      err = up           ? launch_experts<Family, true, false, true>(e, grid, stream, maps)
+            : warp_tiles ? launch_experts<Family, false, true, true>(e, grid, stream, maps)
+                         : launch_experts<Family, false, false, true>(e, grid, stream, maps);
     else
-      err = up           ? launch_experts<Family, true, false, false>(e, grid, stream)
-            : warp_tiles ? launch_experts<Family, false, true, false>(e, grid, stream)
-                         : launch_experts<Family, false, false, false>(e, grid, stream);
+      err = up           ? launch_experts<Family, true, false, false>(e, grid, stream, maps)
+            : warp_tiles ? launch_experts<Family, false, true, false>(e, grid, stream, maps)
+                         : launch_experts<Family, false, false, false>(e, grid, stream, maps);
   });
   return err;
 }
