@@ -12,7 +12,7 @@
 # ..." adds ncu's per-instruction view of the last variant. Every variant's greedy ids on the 9B (F16 and Q8_0
 # caches) come first: a change that keeps the bits keeps them. AB_DEPTH="16384" adds tg64 at depth 0 and
 # at that depth (capacity depth + 216) for each cache type of AB_KV (default "f16 q8_0"), interleaved too;
-# AB_MOE=1 the synthetic MoE's ids and steps; AB_MEMCHECK_9B=1 memcheck of the last variant's 9B decode.
+# AB_MOE=1 the synthetic MoE's ids and steps; AB_LOSSLESS=1 each variant's ngram speculation's ids; AB_MEMCHECK_9B=1 memcheck of the last variant's 9B decode.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 D=.device
@@ -83,6 +83,15 @@ for v in $V; do for kv in f16 q8_0; do
   echo "$v $kv $("$D/bin/hyspec_$v" run -m "$M" --backend cuda --kv-type $kv --tokens 1,2,3,4,5,6,7 -n 48 --temp 0 --ids \
     --no-stats 2>/dev/null | md5sum | cut -c1-12)"
 done; done
+# AB_LOSSLESS=1: each variant's ngram speculation (15 drafts a round, no adaptation) against plain decoding's ids
+# on a repeating prompt (96 tokens, both caches): a lossless build prints plain decoding's md5 (764fcb8da670).
+if [ "${AB_LOSSLESS:-0}" = 1 ]; then
+  echo "== ngram speculation's ids (96 tokens; F16 and Q8_0 caches)"
+  for v in $V; do for kv in f16 q8_0; do
+    echo "$v $kv $("$D/bin/hyspec_$v" run -m "$M" --backend cuda --kv-type $kv --tokens 1,2,3,4,5,6,7,1,2,3,4,5,6,7,1,2,3,4,5,6,7 \
+      -n 96 --temp 0 --ids --no-stats --spec ngram --draft-max 15 --no-adapt 2>/dev/null | md5sum | cut -c1-12)"
+  done; done
+fi
 echo "== hyspec bench 9B Q4_K_M (tg128, verify-k: t/s, ms/step, x tg step)"
 for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   for v in $V; do
