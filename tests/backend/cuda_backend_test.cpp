@@ -511,7 +511,7 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
     // (matmul_many's one launch at 3+ tokens takes x quantized by the norm that wrote it)
     const Tensor x = put(*gpu_, randn(n_max * K)), wn = put(*gpu_, randn(K)), h = poison(*gpu_, n_max * K);
     gpu_->rms_norm(x.rows(n_max, K), wn.f(), K, 1e-6f, h.rows(n_max, K));
-    auto run = [&](const char* tma, const char* stages = "2") {
+    auto run = [&](const char* tma, const char* stages = "0") {
       // (every width on TMA where tma is 1; restored after: a run may set them for every test)
       const ScopedEnv ring("HYSPEC_TMA_RING", tma), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0"),
           depth("HYSPEC_TMA_STAGES", stages);
@@ -531,7 +531,8 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
       }
       return out;
     };
-    const auto copies = run("0"), tma = run("1"), tma3 = run("1", "3");  // (3: the deeper ring, an A/B switch)
+    // (0: the default depths; 2 and 3: every plain and SwiGLU launch on that depth, the A/B switch)
+    const auto copies = run("0"), tma = run("1"), tma2 = run("1", "2"), tma3 = run("1", "3");
     // Q6_K, plain and SwiGLU (K = 4096; 2304 gives 1890-byte rows, which no tensor map takes)
     auto run6 = [&](const char* tma6) {
       const ScopedEnv ring("HYSPEC_TMA_Q6K", tma6), nt1("HYSPEC_TMA_NT1_MIN_BLOCKS", "0");
@@ -549,13 +550,14 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
     for (size_t i = 0; i < copies6.size(); ++i)
       for (size_t e = 0; e < copies6[i].size(); ++e)
         ASSERT_EQ(std::memcmp(&copies6[i][e], &tma6[i][e], 4), 0) << "Q6_K K=" << K << " output " << i << " at " << e;
-    for (const auto* other : {&tma, &tma3}) {
+    for (const auto* other : {&tma, &tma2, &tma3}) {
       ASSERT_EQ(copies.size(), other->size());
       for (size_t i = 0; i < copies.size(); ++i) {
         ASSERT_EQ(copies[i].size(), (*other)[i].size());
         for (size_t e = 0; e < copies[i].size(); ++e)
           ASSERT_EQ(std::memcmp(&copies[i][e], &(*other)[i][e], 4), 0)
-              << "K=" << K << (other == &tma3 ? " three stages" : "") << " output " << i << " at " << e;
+              << "K=" << K << " stages " << (other == &tma ? "default" : other == &tma2 ? "2" : "3") << " output " << i
+              << " at " << e;
       }
     }
   }

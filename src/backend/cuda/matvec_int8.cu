@@ -342,7 +342,7 @@ struct TmaMaps {
 };
 // A TMA kernel's stage mbarriers sit in the first kTmaBarBytes of its shared memory; the body gets the
 // rest (so every other offset is the cp.async kernels'), 128-byte aligned as the boxes' destinations need.
-// kStages stages a warp (a deeper ring: HYSPEC_TMA_STAGES=3), 128-byte multiples.
+// kStages stages a warp (a deeper ring: tma_ring_stages), 128-byte multiples.
 template <int kStages>
 constexpr size_t kTmaBarBytesFor = (kWarps * kStages * 8 + 127) / 128 * 128;
 constexpr size_t kTmaBarBytes = kTmaBarBytesFor<2>;
@@ -360,7 +360,7 @@ constexpr size_t kTmaBarBytes = kTmaBarBytesFor<2>;
 //   the H200), so the bits are the same. Past the row: zeros.
 // kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
 // each step as StepRing waits for them. WT, VW: StepRing's warp tiles and their order.
-// kStagesT: the ring's depth (2; 3 behind HYSPEC_TMA_STAGES=3, the plain and SwiGLU Q4_K kernels only: it
+// kStagesT: the ring's depth (2; 3 where tma_ring_stages says, the plain and SwiGLU Q4_K kernels only: it
 // moves the partial sums, so not with a conv tile).
 template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false, int kStagesT = 2>
 struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
@@ -1750,10 +1750,17 @@ struct Int8MvParts {
   Int8MvArgs a[kInt8MvMaxParts];
   int first[kInt8MvMaxParts + 1];
   bool s16[kInt8MvMaxParts];
+  bool s16_tma[kInt8MvMaxParts] = {};  // a Q6_K part's weights by TMA boxes (multi_tma_kernel; rows of a 16-byte multiple)
   int n;
 };
+// A Q6_K part's body (kTma: by the TMA boxes of maps[i].w).
+template <int W, bool kDp4a, bool kConv, int kXFold, bool kTma>
+__device__ __forceinline__ void multi_s16(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot, const TmaMaps* map) {
+  if constexpr (kDp4a) s16_dp4a_body<Q6KCodes, W, false, false, kConv, kXFold, kTma>(a, smem, slot, map);
+  else s16_mma_body<Q6KCodes, W, false, kConv, kTma>(a, smem, slot, map);
+}
 // The parts' blocks as multi_kernel and multi_tma_kernel share them out. kTma: the Q4_K parts' weights by
-// TMA boxes (maps[i].w; the mbarriers in the kTmaBarBytes below smem).
+// TMA boxes (maps[i].w; the mbarriers in the kTmaBarBytes below smem), and the Q6_K parts' where s16_tma.
 template <int W, bool kDp4a, bool kConv, int kXFold, bool kTma>
 __device__ __forceinline__ void multi_body(const Int8MvParts& p, uint8_t* smem, const TmaMaps* maps) {
   const int b = static_cast<int>(blockIdx.x);
@@ -1761,12 +1768,13 @@ __device__ __forceinline__ void multi_body(const Int8MvParts& p, uint8_t* smem, 
   while (i + 1 < p.n && b >= p.first[i + 1]) ++i;
   const BlockSlot slot{b - p.first[i], p.first[i + 1] - p.first[i]};
   const TmaMaps* const map = kTma ? maps + i : nullptr;
-  if constexpr (kDp4a) {
-    if (p.s16[i]) s16_dp4a_body<Q6KCodes, W, false, false, kConv, kXFold>(p.a[i], smem, slot);
-    else q4k_dp4a_body<W, false, false, false, kConv, kXFold, kTma>(p.a[i], smem, slot, map);
+  if (p.s16[i]) {
+    if (kTma && p.s16_tma[i]) multi_s16<W, kDp4a, kConv, kXFold, kTma>(p.a[i], smem, slot, map);
+    else multi_s16<W, kDp4a, kConv, kXFold, false>(p.a[i], smem, slot, nullptr);
+  } else if constexpr (kDp4a) {
+    q4k_dp4a_body<W, false, false, false, kConv, kXFold, kTma>(p.a[i], smem, slot, map);
   } else {
-    if (p.s16[i]) s16_mma_body<Q6KCodes, W, false, kConv>(p.a[i], smem, slot);
-    else q4k_mma_body<W, false, false, kConv, kTma>(p.a[i], smem, slot, map);
+    q4k_mma_body<W, false, false, kConv, kTma>(p.a[i], smem, slot, map);
   }
 }
 template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
@@ -1903,24 +1911,30 @@ bool sm90() {
 // Whether a launch of n rows (dp4a: on the dp4a kernels) takes the TMA kernels: on sm_90 unless
 // HYSPEC_TMA_RING=0 (an A/B switch, read at each launch so that a test can set it). The one-n-tile
 // tensor-core kernel (3..8 rows) only where K has nt1_min_blocks super-blocks (-1: HYSPEC_TMA_NT1_MIN_BLOCKS,
-// default 32, Q4_K's rule): at 8 rows TMA made Q4_K 4096 x 12288 7% slower (and the 9B's verify-4 2%),
-// 12288 x 4096 4% faster (session 52).
+// default 0: every K). On a two-stage ring TMA made Q4_K 4096 x 12288 7% slower at 8 rows (session 52); the
+// three-stage ring that kernel now takes (tma_ring_stages) is faster than the cp.async ring there (session 53).
 bool use_tma_ring(int64_t n, bool dp4a, int64_t K, int nt1_min_blocks = -1) {
   if (!sm90() || env_int("HYSPEC_TMA_RING", 1) == 0) return false;
-  if (nt1_min_blocks < 0) nt1_min_blocks = env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 32);
+  if (nt1_min_blocks < 0) nt1_min_blocks = env_int("HYSPEC_TMA_NT1_MIN_BLOCKS", 0);
   return dp4a || n > 8 || K / 256 >= nt1_min_blocks;
 }
 
 // One Q4_K kernel of the ring kTma picks (the TMA kernels: Q4_K only).
-// HYSPEC_TMA_STAGES=3 (an A/B switch): the plain and SwiGLU Q4_K TMA kernels on a three-stage ring; the extra
-// shared memory it takes.
-bool tma_three_stages() { return env_int("HYSPEC_TMA_STAGES", 2) == 3; }
+// The depth of the plain and SwiGLU Q4_K TMA kernels' ring: three stages for the one-n-tile tensor-core kernel
+// (3..8 rows: a warp has one or two steps a tile, and a third in flight hides the box's latency; Q4_K 4096 x 4096
+// at 8 rows 1428 -> 1478 GB/s, 9B verify-4 2.50 -> 2.43 ms), two elsewhere (at 16 rows three lost 5-10%: more shared memory
+// a block). HYSPEC_TMA_STAGES=2 or 3 puts every such launch (the dp4a kernels' too) on that depth (an A/B
+// switch). The extra shared memory of a third stage: kThirdStageBytes.
+int tma_ring_stages(bool one_n_tile) {
+  const int forced = env_int("HYSPEC_TMA_STAGES", 0);
+  return forced == 2 || forced == 3 ? forced : (one_n_tile ? 3 : 2);
+}
 constexpr size_t kThirdStageBytes = kWarps * kRows * Q4KLayout::kSlotBytes + kTmaBarBytesFor<3> - kTmaBarBytes;
 template <int NMAX, bool SW, bool Q5, bool kConv, int kXFold, bool kTma>
 cudaError_t launch_q4k_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   if constexpr (kTma && !kConv && kXFold == kStageNone) {
-    if (tma_three_stages())
+    if (tma_ring_stages(false) == 3)
       return launch<L, NMAX, q4k_dp4a_tma_kernel<NMAX, SW, false, kStageNone, 3>>(a, SW, stream, true, maps,
                                                                                     kThirdStageBytes);
   }
@@ -1932,7 +1946,7 @@ cudaError_t launch_q4k_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMa
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
   constexpr int MB = NT >= 4 ? 1 : 2;
   if constexpr (kTma) {
-    if (tma_three_stages())
+    if (tma_ring_stages(NT == 1) == 3)
       return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB, 3>, MB>(a, SW, stream, false, maps, kThirdStageBytes);
     return launch<L, NT * 8, q4k_mma_tma_kernel<NT, SW, MB>, MB>(a, SW, stream, false, maps);
   } else {
@@ -2138,14 +2152,18 @@ bool share_blocks(const int64_t* tiles, const int64_t* tile_cost, int parts, int
   return blocks_for(hi, g);
 }
 
-// The Q4_K parts' tensor maps (Q6_K parts: none), or false where one cannot be made.
-bool multi_tensor_maps(const Int8MvParts& p, Int8MvPartMaps& maps) {
-  for (int i = 0; i < p.n; ++i)
-    if (!p.s16[i] && !tensor_maps<Q4KLayout>(p.a[i], false, &maps.m[i])) return false;
+// The Q4_K parts' tensor maps, or false where one cannot be made; the Q6_K parts' where one can (s16_tma),
+// unless HYSPEC_TMA_MULTI_Q6K=0 (an A/B switch: their cp.async ring).
+bool multi_tensor_maps(Int8MvParts& p, Int8MvPartMaps& maps) {
+  const bool q6 = env_int("HYSPEC_TMA_MULTI_Q6K", 1) != 0;
+  for (int i = 0; i < p.n; ++i) {
+    if (p.s16[i]) p.s16_tma[i] = q6 && tensor_maps<Q6KLayout>(p.a[i], false, &maps.m[i]);
+    else if (!tensor_maps<Q4KLayout>(p.a[i], false, &maps.m[i])) return false;
+  }
   return true;
 }
 template <int W, bool kDp4a, bool kConv = false, int kXFold = kStageNone>
-cudaError_t launch_multi(const Int8MvParts& p, int64_t grid, int nmax, cudaStream_t stream) {
+cudaError_t launch_multi(Int8MvParts p, int64_t grid, int nmax, cudaStream_t stream) {
   constexpr bool kConvRows = kConv && (!kDp4a || W > 1);  // (a several-row conv fold: its ConvTile)
   const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a)) +
                       (kConvRows ? sizeof(ConvTile) : 0);
