@@ -360,7 +360,7 @@ constexpr size_t kTmaBarBytes = kTmaBarBytesFor<2>;
 //   the H200), so the bits are the same. Past the row: zeros.
 // kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
 // each step as StepRing waits for them. WT, VW: StepRing's warp tiles and their order.
-// kStagesT: the ring's depth (2; 3 for the one-n-tile tensor-core kernels, tma_third_stage: it
+// kStagesT: the ring's depth (2; 3 for Q4_K's one-n-tile tensor-core kernel, tma_third_stage: it
 // moves the partial sums, so not with a conv tile).
 template <class L, bool SW, bool kCopiesToo = false, bool WT = false, bool VW = false, int kStagesT = 2>
 struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
@@ -1584,13 +1584,13 @@ __device__ __forceinline__ void s16_mma_step(const Int8MvArgs& a, Ring& ring, in
 // (lane t's fragment columns 4t..4t+3 = the sub-block's elements 4t..4t+3); msum is one f16
 // mma.m16n8k16 per super-block and n-tile (A[row][j] = sc_j, B[j][tok] = bsum_j: exact).
 // kTma: the weights by TMA boxes (TmaStepRing on the tensor maps `maps`; Q6_K).
-template <class C, int NT, bool SW, bool kConv = false, bool kTma = false, int kStages = 2>
+template <class C, int NT, bool SW, bool kConv = false, bool kTma = false>
 __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
                                              const TmaMaps* maps = nullptr) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3, ks = threadIdx.x >> 5;
-  std::conditional_t<kTma, TmaStepRing<L, SW, kConv, false, false, kStages>, StepRing<L, SW>> ring(a, smem, slot, maps);
+  std::conditional_t<kTma, TmaStepRing<L, SW, kConv>, StepRing<L, SW>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv ? conv_tile_smem<L, NT * 8, false>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles;
@@ -1620,14 +1620,14 @@ __device__ __forceinline__ void s16_mma_body(const Int8MvArgs& a, uint8_t* smem,
 // a.n_out: a multiple of 16 x the launch's warps (every warp takes as many tiles). One and two n-tiles
 // only: at three the sums spill (84 bytes at 128 registers; 17 tokens 8% slower), and kept in shared
 // memory instead they lost at 18-23 tokens what they won at 24 (PERFORMANCE.md "Session 51").
-template <class C, int NT, bool kTma = false, int kStages = 2>
+template <class C, int NT, bool kTma = false>
 __device__ __forceinline__ void s16_mma_warp_tiles(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
                                                    const TmaMaps* maps = nullptr) {
   using L = typename C::L;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  std::conditional_t<kTma, TmaStepRing<L, false, false, true, true, kStages>, StepRing<L, false, true, true>> ring(
-      a, smem, slot, maps);
+  std::conditional_t<kTma, TmaStepRing<L, false, false, true, true>, StepRing<L, false, true, true>> ring(a, smem, slot,
+                                                                                                        maps);
   const int64_t my_tiles = ring.my_tiles;
   const int S = ring.cnt;
   ring.prime();
@@ -1704,17 +1704,17 @@ __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_kernel(Int8MvArgs a) 
 // Rows 0..warp_rows-1 on warp tiles, the rest (fewer tiles than the launch has warps) in the block form.
 // A warp's ring is its own in both (the block form's partial sums come after the rings), so no barrier.
 // kTma: both by TMA, the rest's tiles from maps[1] (the map of those rows).
-template <class C, int NT, bool kTma, int kStages = 2>
+template <class C, int NT, bool kTma>
 __device__ __forceinline__ void s16_mma_wt_parts(const Int8MvArgs& a, int64_t warp_rows, uint8_t* smem,
                                                  const TmaMaps* maps) {
   Int8MvArgs part = a;
   part.n_out = warp_rows;
-  s16_mma_warp_tiles<C, NT, kTma, kStages>(part, smem, launch_slot(), maps);
+  s16_mma_warp_tiles<C, NT, kTma>(part, smem, launch_slot(), maps);
   if (warp_rows == a.n_out) return;
   part.w = a.w + warp_rows * static_cast<int64_t>(a.row_bytes);
   part.y = a.y + warp_rows;
   part.n_out = a.n_out - warp_rows;
-  s16_mma_body<C, NT, false, false, kTma, kStages>(part, smem, launch_slot(), kTma ? maps + 1 : nullptr);
+  s16_mma_body<C, NT, false, false, kTma>(part, smem, launch_slot(), kTma ? maps + 1 : nullptr);
 }
 template <class C, int NT>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_kernel(Int8MvArgs a, int64_t warp_rows) {
@@ -1725,16 +1725,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_kernel(Int8MvArgs a
 struct TmaMapPair {
   TmaMaps m[2];
 };
-template <class C, int NT, int kStages = 2>
+template <class C, int NT>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_mma_wt_tma_kernel(Int8MvArgs a, int64_t warp_rows,
                                                                         const __grid_constant__ TmaMapPair maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  s16_mma_wt_parts<C, NT, true, kStages>(a, warp_rows, tma_smem + kTmaBarBytesFor<kStages>, maps.m);
+  s16_mma_wt_parts<C, NT, true>(a, warp_rows, tma_smem + kTmaBarBytes, maps.m);
 }
-template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2), int kStages = 2>
+template <class C, int NT, bool SW, int MB = (NT >= 4 ? 1 : 2)>
 __global__ void __launch_bounds__(kWarps * 32, MB) s16_mma_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
-  s16_mma_body<C, NT, SW, false, true, kStages>(a, tma_smem + kTmaBarBytesFor<kStages>, launch_slot(), &maps);
+  s16_mma_body<C, NT, SW, false, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
 }
 template <class C, int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
 __global__ void __launch_bounds__(kWarps * 32, 2) s16_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
@@ -1918,11 +1918,12 @@ bool use_tma_ring(int64_t n, bool dp4a, int64_t K, int nt1_min_blocks = -1) {
   return dp4a || n > 8 || K / 256 >= nt1_min_blocks;
 }
 
-// The one-n-tile tensor-core TMA kernels (3..8 rows; plain and SwiGLU Q4_K, Q6_K's block form and warp tiles)
-// run a three-stage ring: a warp has few steps a tile, and a third box in flight hides a box's latency (Q4_K
-// 4096 x 4096 at 8 rows 1359 -> 1487 GB/s; the 9B's verify-2 -0.8%, verify-4 -0.6%, session 53). Elsewhere two:
-// at 16 rows a third stage lost 5-10% and at one and two rows gained nothing. HYSPEC_TMA_STAGES=2 keeps two
-// there too (an A/B switch). kThirdStageBytes<L>: the shared memory a third stage adds.
+// Q4_K's one-n-tile tensor-core TMA kernel (3..8 rows, plain and SwiGLU) runs a three-stage ring: a warp has
+// few steps a tile, and a third box in flight hides a box's latency (4096 x 4096 at 8 rows 1359 -> 1487 GB/s;
+// the 9B's verify-2 -0.8%, verify-4 -0.6%, session 53). Elsewhere two: a third stage lost 5-10% at 16 rows,
+// gained nothing at one and two, and made Q6_K's one-n-tile kernels 2-3.5% slower (the head's warp tiles
+// too; verify-2 +1.3%). HYSPEC_TMA_STAGES=2 keeps two there too (an A/B switch). kThirdStageBytes<L>: the
+// shared memory a third stage adds.
 bool tma_third_stage() { return env_int("HYSPEC_TMA_STAGES", 3) != 2; }
 template <class L>
 constexpr size_t kThirdStageBytes = kWarps * kRows * L::kSlotBytes + kTmaBarBytesFor<3> - kTmaBarBytes;
@@ -1996,15 +1997,6 @@ int64_t warp_tile_blocks(int64_t full_tiles) {
   const int64_t blocks = forced > 0 ? forced : 2 * int64_t{sm_count()};
   return full_tiles / (blocks * kWarps) >= (forced > 0 ? 1 : 2) ? blocks : 0;
 }
-// A warp-tile TMA kernel on `blocks` blocks with `smem` bytes of shared memory (the same for every launch of it).
-template <auto kernel>
-cudaError_t launch_wt_tma(const Int8MvArgs& a, int64_t blocks, int64_t warp_rows, const TmaMapPair& maps, size_t smem,
-                          cudaStream_t stream) {
-  static const cudaError_t attr_err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (attr_err != cudaSuccess) return attr_err;
-  return launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), smem, stream, a, warp_rows, maps);
-}
 // tma: the weights' map (maps->w), or null: the cp.async kernel.
 template <class C, int NT>
 cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream, const TmaMaps* tma = nullptr) {
@@ -2015,12 +2007,11 @@ cudaError_t launch_s16_wt(Int8MvArgs a, int64_t blocks, cudaStream_t stream, con
   if (tma) maps.m[0] = *tma;
   if (tma && (warp_rows == a.n_out || weight_tensor_map<L>(a.w + warp_rows * static_cast<int64_t>(a.row_bytes),
                                                              a.n_out - warp_rows, a.K, a.row_bytes, kRows, &maps.m[1].w))) {
-    if constexpr (NT == 1) {
-      if (tma_third_stage())
-        return launch_wt_tma<s16_mma_wt_tma_kernel<C, 1, 3>>(a, blocks, warp_rows, maps,
-                                                             smem + kTmaBarBytes + kThirdStageBytes<L>, stream);
-    }
-    return launch_wt_tma<s16_mma_wt_tma_kernel<C, NT>>(a, blocks, warp_rows, maps, smem + kTmaBarBytes, stream);
+    static const cudaError_t attr_err = cudaFuncSetAttribute(
+        s16_mma_wt_tma_kernel<C, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem + kTmaBarBytes));
+    if (attr_err != cudaSuccess) return attr_err;
+    return launch_pdl(s16_mma_wt_tma_kernel<C, NT>, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32),
+                      smem + kTmaBarBytes, stream, a, warp_rows, maps);
   }
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(s16_mma_wt_kernel<C, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -2042,10 +2033,6 @@ cudaError_t launch_s16_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMa
   using L = typename C::L;
   auto by_nt = [&](auto nt) {
     constexpr int NT = decltype(nt)::value, MB = NT >= 4 ? 1 : 2;
-    if constexpr (kTma && NT == 1) {
-      if (tma_third_stage())
-        return launch<L, 8, s16_mma_tma_kernel<C, 1, SW, MB, 3>, MB>(a, SW, stream, false, maps, kThirdStageBytes<L>);
-    }
     if constexpr (kTma) return launch<L, NT * 8, s16_mma_tma_kernel<C, NT, SW, MB>, MB>(a, SW, stream, false, maps);
     else return launch<L, NT * 8, s16_mma_kernel<C, NT, SW, MB>, MB>(a, SW, stream);
   };
