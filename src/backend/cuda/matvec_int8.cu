@@ -909,7 +909,7 @@ __device__ __forceinline__ void write_dp4a_tile(const Int8MvArgs& a, float* red,
 // kConv: the tiles fold Int8ConvFold's conv (its own instantiation: the prefetched inputs take registers);
 // kXFold: x staged through Int8XFold (one row: kStageFold, kStagePlain).
 template <int NMAX, bool SW, bool Q5 = false, bool WT = false, bool kConv = false, int kXFold = kStageNone,
-          bool kTma = false, int kStages = 2>
+          bool kTma = false>
 __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem, BlockSlot slot,
                                               const TmaMaps* maps = nullptr) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
@@ -917,8 +917,7 @@ __device__ __forceinline__ void q4k_dp4a_body(const Int8MvArgs& a, uint8_t* smem
   const int lane = threadIdx.x & 31, ks = threadIdx.x >> 5;
   const int r = lane & 15, h = lane >> 4;
   static_assert(!kTma || !Q5);
-  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1), WT, false, kStages>, StepRing<L, SW, WT>> ring(
-      a, smem, slot, maps);
+  std::conditional_t<kTma, TmaStepRing<L, SW, (kConv && NMAX > 1), WT>, StepRing<L, SW, WT>> ring(a, smem, slot, maps);
   ConvTile* const ct = kConv && NMAX > 1 ? conv_tile_smem<L, NMAX, true>(smem) : nullptr;
   float* const red = ring.red;
   const int64_t my_tiles = ring.my_tiles, n = a.n;
@@ -1816,8 +1815,8 @@ bool dp4a_fits() {
 
 // maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel, s16_mma_tma_kernel) tensor maps, its
 // mbarriers' bytes added.
-template <class L, int NMAX, auto kernel, int MB = 2>
 // extra: more shared memory (a deeper TMA ring's stages and barriers).
+template <class L, int NMAX, auto kernel, int MB = 2>
 cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr,
                    size_t extra = 0) {
   // (a tensor-core kernel's NT = NMAX / 8; the dp4a kernels' NMAX of 1 or 2 keep one buffer)
