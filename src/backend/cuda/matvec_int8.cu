@@ -1832,10 +1832,6 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
   else return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
 }
 
-// The tensor map of a weight at w of layout L (TmaStepRing), boxes of box_rows rows: a 16-byte multiple
-// block's 3D map [rows][super-blocks][block bytes], box {block bytes, 1, box_rows}; else (Q6_K) a 2D map
-// [rows][row bytes], box {slot bytes, box_rows}. False where the driver cannot make one (the address or the
-// row bytes not a 16-byte multiple). Made once a weight (address, shape, layout and box) and kept.
 // The driver's cuTensorMapEncodeTiled, or null where the driver has none.
 using TensorMapEncoder = PFN_cuTensorMapEncodeTiled_v12000;
 TensorMapEncoder tensor_map_encoder() {
@@ -1849,6 +1845,10 @@ TensorMapEncoder tensor_map_encoder() {
   }();
   return encode;
 }
+// The tensor map of a weight at w of layout L (TmaStepRing), boxes of box_rows rows: a 16-byte multiple
+// block's 3D map [rows][super-blocks][block bytes], box {block bytes, 1, box_rows}; else (Q6_K) a 2D map
+// [rows][row bytes], box {slot bytes, box_rows}. False where the driver cannot make one (the address or the
+// row bytes not a 16-byte multiple). Made once a weight (address, shape, layout and box) and kept.
 template <class L>
 bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_bytes, int box_rows, CUtensorMap* out) {
   const TensorMapEncoder encode = tensor_map_encoder();
@@ -1927,6 +1927,17 @@ bool tma_third_stage() { return env_int("HYSPEC_TMA_STAGES", 3) != 2; }
 template <class L>
 constexpr size_t kThirdStageBytes = kWarps * kRows * L::kSlotBytes + kTmaBarBytesFor<3> - kTmaBarBytes;
 
+// The tensor-core kernel for n rows: f(std::integral_constant<int, NT>) with NT n-tiles of 8 rows (four, 25..32
+// rows, without SwiGLU only).
+template <bool SW, class F>
+cudaError_t by_n_tiles(int64_t n, F&& f) {
+  if (n <= 8) return f(std::integral_constant<int, 1>{});
+  if (n <= 16) return f(std::integral_constant<int, 2>{});
+  if (n <= 24) return f(std::integral_constant<int, 3>{});
+  if constexpr (!SW) return f(std::integral_constant<int, 4>{});
+  return cudaErrorInvalidValue;
+}
+
 // One Q4_K kernel of the ring kTma picks (the TMA kernels: Q4_K only).
 template <int NMAX, bool SW, bool Q5, bool kConv, int kXFold, bool kTma>
 cudaError_t launch_q4k_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
@@ -1972,11 +1983,7 @@ cudaError_t launch_q4k_rings(const Int8MvArgs& a, bool dp4a, cudaStream_t stream
   }
   if (dp4a) return n == 1 ? launch_q4k_dp4a<1, SW, Q5, false, kStageNone, kTma>(a, stream, maps)
                           : launch_q4k_dp4a<2, SW, Q5, false, kStageNone, kTma>(a, stream, maps);
-  if (n <= 8) return launch_q4k_mma<1, SW, Q5, kTma>(a, stream, maps);
-  if (n <= 16) return launch_q4k_mma<2, SW, Q5, kTma>(a, stream, maps);
-  if (n <= 24) return launch_q4k_mma<3, SW, Q5, kTma>(a, stream, maps);
-  if constexpr (!SW) return launch_q4k_mma<4, false, Q5, kTma>(a, stream, maps);
-  return cudaErrorInvalidValue;
+  return by_n_tiles<SW>(n, [&](auto nt) { return launch_q4k_mma<decltype(nt)::value, SW, Q5, kTma>(a, stream, maps); });
 }
 template <bool SW, bool Q5>
 cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
@@ -2030,16 +2037,11 @@ cudaError_t launch_s16_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaM
 template <class C, bool SW, bool kTma>
 cudaError_t launch_s16_mma(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
   using L = typename C::L;
-  auto by_nt = [&](auto nt) {
+  return by_n_tiles<SW>(a.n, [&](auto nt) {
     constexpr int NT = decltype(nt)::value, MB = NT >= 4 ? 1 : 2;
     if constexpr (kTma) return launch<L, NT * 8, s16_mma_tma_kernel<C, NT, SW, MB>, MB>(a, SW, stream, false, maps);
     else return launch<L, NT * 8, s16_mma_kernel<C, NT, SW, MB>, MB>(a, SW, stream);
-  };
-  if (a.n <= 8) return by_nt(std::integral_constant<int, 1>{});
-  if (a.n <= 16) return by_nt(std::integral_constant<int, 2>{});
-  if (a.n <= 24) return by_nt(std::integral_constant<int, 3>{});
-  if constexpr (!SW) return by_nt(std::integral_constant<int, 4>{});
-  return cudaErrorInvalidValue;
+  });
 }
 template <class C, bool SW, bool kTma>
 cudaError_t launch_s16_rings(const Int8MvArgs& a, bool dp4a, cudaStream_t stream, const TmaMaps* maps) {
