@@ -562,6 +562,47 @@ TEST_P(CudaMatmulTest, MatvecByTmaKeepsTheCopiesBits) {
       }
     }
   }
+  // Q6_K rows 8 bytes past a 16-byte multiple (K = 5120: 4200 bytes) take a map of row pairs on the tensor-core
+  // kernels (3+ rows; 1-2 rows keep cp.async): the plain matmul (warp tiles forced on too), the SwiGLU (its
+  // 8-row halves keep cp.async), and a matmul_many beside a Q4_K part; 263 rows (no whole pairs) keep cp.async.
+  const int64_t K = 5120;
+  const Tensor x = put(*gpu_, randn(n_max * K)), wn = put(*gpu_, randn(K)), h = poison(*gpu_, n_max * K);
+  gpu_->rms_norm(x.rows(n_max, K), wn.f(), K, 1e-6f, h.rows(n_max, K));
+  const auto b4 = random_weight_bytes(GgmlType::Q4_K, K, 64, rng_);
+  auto w4 = gpu_->load_weight(tensor_info("w4", GgmlType::Q4_K, b4, K, 64));
+  ASSERT_TRUE(w4.is_ok());
+  for (const int64_t rows : {int64_t{264}, int64_t{263}, int64_t{8456}}) {
+    const auto b6 = random_weight_bytes(GgmlType::Q6_K, K, rows, rng_), u6 = random_weight_bytes(GgmlType::Q6_K, K, rows, rng_);
+    auto w6 = gpu_->load_weight(tensor_info("w6", GgmlType::Q6_K, b6, K, rows));
+    auto up6 = gpu_->load_weight(tensor_info("up6", GgmlType::Q6_K, u6, K, rows));
+    ASSERT_TRUE(w6.is_ok() && up6.is_ok());
+    auto run = [&](const char* tma, const char* warp_tiles) {
+      const ScopedEnv ring("HYSPEC_TMA_RING", tma), wt("HYSPEC_WARP_TILES", warp_tiles);
+      std::vector<std::vector<float>> out;
+      for (const int64_t n : widths) {
+        const Tensor y = poison(*gpu_, n * rows), ys = poison(*gpu_, n * rows), ym = poison(*gpu_, n * (rows + 64));
+        gpu_->matmul(*w6, x.rows(n, K), y.rows(n, rows));
+        out.push_back(get_gpu(y));
+        if (gpu_->matmul_swiglu(*w6, *up6, x.rows(n, K), ys.rows(n, rows))) out.push_back(get_gpu(ys));
+        const Backend::MatmulPart parts[] = {{&*w6, ym.rows(n, rows + 64).cols(0, rows)},
+                                             {&*w4, ym.rows(n, rows + 64).cols(rows, 64)}};
+        for (const Tensor* in : {&x, &h}) {
+          gpu_->matmul_many(in->rows(n, K), parts, 2);
+          out.push_back(get_gpu(ym));
+        }
+      }
+      return out;
+    };
+    const auto copies = run("0", "0");
+    for (const char* warp_tiles : {"0", "8"}) {
+      const auto tma = run("1", warp_tiles);
+      ASSERT_EQ(copies.size(), tma.size());
+      for (size_t i = 0; i < copies.size(); ++i)
+        for (size_t e = 0; e < copies[i].size(); ++e)
+          ASSERT_EQ(std::memcmp(&copies[i][e], &tma[i][e], 4), 0)
+              << "Q6_K K=5120, " << rows << " rows, warp tiles " << warp_tiles << ": output " << i << " at " << e;
+    }
+  }
 }
 
 // Several weights of one input in one call (a layer's q/k/v, a stacked projection's runs: outputs

@@ -347,6 +347,12 @@ template <int kStages>
 constexpr size_t kTmaBarBytesFor = (kWarps * kStages * 8 + 127) / 128 * 128;
 constexpr size_t kTmaBarBytes = kTmaBarBytesFor<2>;
 
+// How a TMA map groups a weight's rows (TmaStepRing, weight_tensor_map): 0 rows of a 16-byte multiple, one a map
+// row; 1 rows 8 bytes past one, two a map row (its stride then a 16-byte multiple, as a map needs); -1 no map.
+__host__ __device__ constexpr int row_group_log2(size_t row_bytes) {
+  return row_bytes % 16 == 0 ? 0 : row_bytes % 8 == 0 ? 1 : -1;
+}
+
 // StepRing fed by TMA (sm_90): a step's 16 rows arrive as one box, issued by lane 0 on the stage's
 // mbarrier, where the cp.async ring takes ~6 copies a lane with their address and predicate arithmetic (53
 // of a 16-token Q4_K warp-step's 467 instructions: PERFORMANCE.md "Session 48"). SW: 8 gate rows and the
@@ -357,7 +363,11 @@ constexpr size_t kTmaBarBytes = kTmaBarBytesFor<2>;
 // - Q6_K (210 bytes): a box {slot bytes, rows} of a 2D map [rows][row bytes] (rows a 16-byte multiple)
 //   started at the 16-byte aligned cover of the step's blocks lands each as the cp.async ring's slot holds
 //   it, at the same offset in its cover (a box started elsewhere in the row was an illegal instruction on
-//   the H200), so the bits are the same. Past the row: zeros.
+//   the H200), so the bits are the same. Past the row: zeros. Rows of 8 bytes past a 16-byte multiple (K =
+//   5120, 17408: the 27B's) pair up on the tensor-core kernels (tensor_maps): the map's rows are row pairs
+//   [rows / 2][2 x row bytes], and a step is two boxes of 8 pairs, the even rows' covers then the odd rows'
+//   (each started at its own aligned cover), so slot row slot_row(rr) holds row rr as the cp.async ring's
+//   slot row rr would (row_group_log2).
 // kCopiesToo: the body also issues cp.async copies (a several-row conv fold's ConvTile), waited for with
 // each step as StepRing waits for them. WT, VW: StepRing's warp tiles and their order.
 // kStagesT: the ring's depth (2; 3 for Q4_K's one-n-tile tensor-core kernel, tma_third_stage: it
@@ -379,12 +389,14 @@ struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
   uint32_t bars;  // this warp's stage barriers (shared-space address)
   int issue_st = 0, use_st = 0;  // kStages != 2: the stages of the next issue and the next use
   uint32_t use_phase = 0;        // ... and the use's phase parity
+  int pairs = 0;                 // Q6_K: 1 where the map's rows are row pairs (row_group_log2)
 
   __device__ TmaStepRing(const Int8MvArgs& args, uint8_t* smem, BlockSlot slot, const TmaMaps* tensor_maps)
       : Walk(slot), a(args), maps(tensor_maps) {
     ring = smem + ks * kStages * kStepBytes;
     red = reinterpret_cast<float*>(smem + kWarps * kStages * kStepBytes);
     bars = smem_addr(smem) - static_cast<uint32_t>(kTmaBarBytesFor<kStages>) + 8 * kStages * ks;
+    if constexpr (!L::kAligned) pairs = row_group_log2(a.row_bytes) == 1;
     this->start(a, slot);
     if (lane == 0) {
 #pragma unroll
@@ -403,9 +415,18 @@ struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
     }
     __syncwarp();
   }
+  // The boxes of rows row.. of step s: one, or with row pairs the even rows' then the odd rows' (kOut / 2
+  // slot rows each).
   __device__ void load(uint32_t dst, const CUtensorMap* map, int s, int row, uint32_t bar) const {
-    if constexpr (L::kAligned) tma_load_3d(dst, map, 0, s, row, bar);
-    else tma_load_2d(dst, map, (s * L::kBlockBytes) & ~15, row, bar);
+    if constexpr (L::kAligned) {
+      tma_load_3d(dst, map, 0, s, row, bar);
+    } else if (!pairs) {
+      tma_load_2d(dst, map, (s * L::kBlockBytes) & ~15, row, bar);
+    } else {
+      const int x = s * L::kBlockBytes, rb = static_cast<int>(a.row_bytes);
+      tma_load_2d(dst, map, x & ~15, row >> 1, bar);
+      tma_load_2d(dst + kOut / 2 * L::kSlotBytes, map, (rb + x) & ~15, row >> 1, bar);
+    }
   }
   __device__ void issue() {
     if (issued < total) {
@@ -451,10 +472,23 @@ struct TmaStepRing : StepWalk<kTileOutputs<SW>, WT, VW> {
     }
   }
   // Rows start 16-byte aligned (weight_tensor_map), so a block's offset in its slot row is its offset in the row's
-  // 16-byte pieces, as in StepRing.
-  __device__ int row_misalignment(int64_t, int) const { return 0; }
-  __device__ const uint8_t* block(const uint8_t* slot, int rr, int, int64_t s) const {
-    return slot_block<L>(slot, rr, 0, s);
+  // 16-byte pieces, as in StepRing; with row pairs an odd row starts 8 bytes past (a pair and a tile's first
+  // row start aligned).
+  __device__ int row_misalignment(int64_t, int rr) const {
+    if constexpr (L::kAligned) return 0;
+    return pairs ? 8 * (rr & 1) : 0;
+  }
+  // Where row rr of the tile sits in the slot: with row pairs the even rows of each half (SwiGLU: gate, up)
+  // come first.
+  __device__ int slot_row(int rr) const {
+    if constexpr (L::kAligned) return rr;
+    if (!pairs) return rr;
+    constexpr int kHalf = kOut;  // a half of the slot (a box's rows) holds kOut / 2 rows of each parity
+    const int h = rr & (kHalf - 1);
+    return (rr - h) + (h & 1) * (kHalf / 2) + (h >> 1);
+  }
+  __device__ const uint8_t* block(const uint8_t* slot, int rr, int row_mis, int64_t s) const {
+    return slot_block<L>(slot, slot_row(rr), row_mis, s);
   }
 };
 
@@ -1847,12 +1881,21 @@ TensorMapEncoder tensor_map_encoder() {
 }
 // The tensor map of a weight at w of layout L (TmaStepRing), boxes of box_rows rows: a 16-byte multiple
 // block's 3D map [rows][super-blocks][block bytes], box {block bytes, 1, box_rows}; else (Q6_K) a 2D map
-// [rows][row bytes], box {slot bytes, box_rows}. False where the driver cannot make one (the address or the
-// row bytes not a 16-byte multiple). Made once a weight (address, shape, layout and box) and kept.
+// [rows][row bytes], box {slot bytes, box_rows}, or, rows 8 bytes past a 16-byte multiple, a map of row pairs
+// [rows/2][2 x row bytes]. False where the driver cannot make one (the address not 16-byte aligned, row bytes
+// neither a 16-byte multiple nor a pair of them) or pairs do not fit (below). Made once a weight (address,
+// shape, layout and box) and kept.
 template <class L>
 bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_bytes, int box_rows, CUtensorMap* out) {
   const TensorMapEncoder encode = tensor_map_encoder();
-  if (!encode || (reinterpret_cast<uintptr_t>(w) & 15) != 0 || row_bytes % 16 != 0) return false;
+  // Row pairs (Q6_K, row_group_log2): whole pairs, and each parity's box (box_rows / 2 slot rows) landing at a
+  // 128-byte multiple, as a box's destination needs (so plain launches only, not SwiGLU's 8-row halves).
+  // HYSPEC_TMA_Q6K_PAIRS=0: none (an A/B switch: their cp.async ring).
+  const int lg = L::kAligned ? (row_bytes % 16 == 0 ? 0 : -1) : row_group_log2(row_bytes);
+  if (!encode || (reinterpret_cast<uintptr_t>(w) & 15) != 0 || lg < 0 ||
+      (lg == 1 && (n_out % 2 != 0 || (box_rows / 2 * L::kSlotBytes) % 128 != 0 ||
+                   env_int("HYSPEC_TMA_Q6K_PAIRS", 1) == 0)))
+    return false;
   static std::mutex mu;
   static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> made;
   const std::lock_guard<std::mutex> lock(mu);
@@ -1879,9 +1922,9 @@ bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_by
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promotion,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   } else {
-    const cuuint64_t dims[2] = {row_bytes, static_cast<cuuint64_t>(n_out)};
-    const cuuint64_t strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {static_cast<cuuint32_t>(L::kSlotBytes), rows};
+    const cuuint64_t dims[2] = {row_bytes << lg, static_cast<cuuint64_t>(n_out >> lg)};
+    const cuuint64_t strides[1] = {row_bytes << lg};
+    const cuuint32_t box[2] = {static_cast<cuuint32_t>(L::kSlotBytes), rows >> lg};
     made_ok = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box, unit,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promotion,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -1892,7 +1935,10 @@ bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_by
 }
 // A launch's maps (sw: the gate's and the up weights', 8 rows a box), or false: the cp.async kernels.
 template <class L>
-bool tensor_maps(const Int8MvArgs& a, bool sw, TmaMaps* maps) {
+bool tensor_maps(const Int8MvArgs& a, bool sw, bool dp4a, TmaMaps* maps) {
+  // Row pairs on the tensor-core kernels only: on the one- and two-row dp4a kernels they lost 0.5-3.4% at the
+  // 27B's FFN shapes (PERFORMANCE.md "Session 54").
+  if (dp4a && row_group_log2(a.row_bytes) == 1) return false;
   const int box_rows = sw ? kRows / 2 : kRows;
   return weight_tensor_map<L>(a.w, a.n_out, a.K, a.row_bytes, box_rows, &maps->w) &&
          (!sw || weight_tensor_map<L>(a.w2, a.n_out, a.K, a.row_bytes, box_rows, &maps->up));
@@ -1989,7 +2035,7 @@ template <bool SW, bool Q5>
 cudaError_t launch_q4k(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
   if constexpr (!Q5) {
     TmaMaps maps;
-    if (use_tma_ring(a.n, dp4a, a.K) && tensor_maps<Q4KLayout>(a, SW, &maps))
+    if (use_tma_ring(a.n, dp4a, a.K) && tensor_maps<Q4KLayout>(a, SW, dp4a, &maps))
       return launch_q4k_rings<SW, false, true>(a, dp4a, stream, &maps);
   }
   return launch_q4k_rings<SW, Q5, false>(a, dp4a, stream, nullptr);
@@ -2072,7 +2118,7 @@ cudaError_t launch_s16(Int8MvArgs a, bool dp4a, cudaStream_t stream) {
     const int q6 = env_int("HYSPEC_TMA_Q6K", 2);
     TmaMaps maps;
     if (q6 != 0 && (!dp4a || env_int("HYSPEC_TMA_Q6K_DP4A", 1) != 0) &&
-        use_tma_ring(a.n, dp4a, a.K, q6 == 2 ? 0 : -1) && tensor_maps<typename C::L>(a, SW, &maps))
+        use_tma_ring(a.n, dp4a, a.K, q6 == 2 ? 0 : -1) && tensor_maps<typename C::L>(a, SW, dp4a, &maps))
       return launch_s16_rings<C, SW, true>(a, dp4a, stream, &maps);
   }
   return launch_s16_rings<C, SW, false>(a, dp4a, stream, nullptr);
@@ -2151,11 +2197,11 @@ bool share_blocks(const int64_t* tiles, const int64_t* tile_cost, int parts, int
 
 // The Q4_K parts' tensor maps, or false where one cannot be made; the Q6_K parts' where one can (s16_tma),
 // unless HYSPEC_TMA_MULTI_Q6K=0 (an A/B switch: their cp.async ring).
-bool multi_tensor_maps(Int8MvParts& p, Int8MvPartMaps& maps) {
+bool multi_tensor_maps(Int8MvParts& p, bool dp4a, Int8MvPartMaps& maps) {
   const bool q6 = env_int("HYSPEC_TMA_MULTI_Q6K", 1) != 0;
   for (int i = 0; i < p.n; ++i) {
-    if (p.s16[i]) p.s16_tma[i] = q6 && tensor_maps<Q6KLayout>(p.a[i], false, &maps.m[i]);
-    else if (!tensor_maps<Q4KLayout>(p.a[i], false, &maps.m[i])) return false;
+    if (p.s16[i]) p.s16_tma[i] = q6 && tensor_maps<Q6KLayout>(p.a[i], false, dp4a, &maps.m[i]);
+    else if (!tensor_maps<Q4KLayout>(p.a[i], false, dp4a, &maps.m[i])) return false;
   }
   return true;
 }
@@ -2165,7 +2211,7 @@ cudaError_t launch_multi(Int8MvParts p, int64_t grid, int nmax, cudaStream_t str
   const size_t smem = std::max(smem_bytes<Q4KLayout>(nmax, kDp4a), smem_bytes<Q6KLayout>(nmax, kDp4a)) +
                       (kConvRows ? sizeof(ConvTile) : 0);
   Int8MvPartMaps maps;
-  if (use_tma_ring(p.a[0].n, kDp4a, p.a[0].K) && multi_tensor_maps(p, maps)) {
+  if (use_tma_ring(p.a[0].n, kDp4a, p.a[0].K) && multi_tensor_maps(p, kDp4a, maps)) {
     static const cudaError_t attr_err =
         cudaFuncSetAttribute(multi_tma_kernel<W, kDp4a, kConv, kXFold>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem + kTmaBarBytes));
@@ -2563,13 +2609,14 @@ cudaError_t int8_experts_launch(const WeightView& w, const uint8_t* up, int64_t 
   cudaError_t err = cudaErrorInvalidValue;
   with_expert_family(w.type, [&](auto family) {
     using Family = decltype(family);
-    // All experts' rows in one map a weight (HYSPEC_TMA_EXPERTS=0: the cp.async kernels).
+    // All experts' rows in one map a weight (HYSPEC_TMA_EXPERTS=0: the cp.async kernels; one-token dp4a
+    // kernels, so no row pairs).
     TmaMaps maps_of_all;
     Int8MvArgs all = e.a;
     all.n_out = n_experts * w.n_out;
     const TmaMaps* maps = kTmaExperts<Family> && n_experts > 0 && env_int("HYSPEC_TMA_EXPERTS", 1) != 0 &&
                                   use_tma_ring(1, true, w.n_in) &&
-                                  tensor_maps<typename Family::L>(all, up != nullptr, &maps_of_all)
+                                  tensor_maps<typename Family::L>(all, up != nullptr, true, &maps_of_all)
                               ? &maps_of_all
                               : nullptr;
     if (pairs)
