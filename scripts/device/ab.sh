@@ -31,9 +31,16 @@ summary() {
 }
 # AB_SYNTH=1: the 9B from the anchor file's skeleton in the repo, filled with random weights of its
 # types (~20 s, no .anchor in the carry), instead of the anchor's converter and llama-quantize.
+# AB_SYNTH=27b: that skeleton resized to the anchor's 27B shape (gguf_skeleton resize: llama.cpp's
+# Q4_K_M types by layer; 16.5 GB) and filled; the greedy ids then have no reference but each other's.
 if [ "${AB_SYNTH:-0}" = 1 ]; then
   M=/tmp/9b.gguf
   xz -T0 -dc bench/data/9b-q4km.skeleton.gguf.xz > "$M" && "$D/bin/gguf_skeleton" fill "$M" > /dev/null || exit 3
+elif [ "${AB_SYNTH:-0}" = 27b ]; then
+  M=/tmp/27b.gguf
+  xz -T0 -dc bench/data/9b-q4km.skeleton.gguf.xz > /tmp/9b-skeleton.gguf &&
+    "$D/bin/gguf_skeleton" resize /tmp/9b-skeleton.gguf "$M" 5120 17408 64 24 48 && rm /tmp/9b-skeleton.gguf &&
+    "$D/bin/gguf_skeleton" fill "$M" > /dev/null || exit 3
 else
   M=/tmp/anchor/9b-q4km.gguf
   ANCHOR_MODELS_ONLY=1 bash bench/compare_llamacpp.sh start 9b
@@ -73,7 +80,7 @@ echo "== matvec kernel benches, variants interleaved (GB/s)"
       grep -E "^\| |BENCH swiglu $type"
   done
 done | tee "$OUT/kernels_ab.md"
-if [ "${AB_SYNTH:-0}" != 1 ]; then
+if [ "${AB_SYNTH:-0}" = 0 ]; then
   while [ ! -f /tmp/anchor/anchor.done ] && [ "$SECONDS" -lt 560 ]; do sleep 5; done
   # (a model still being written would fail every bench below)
   [ -f /tmp/anchor/anchor.done ] && [ -f "$M" ] || { echo "no 9B model after ${SECONDS}s: $(tail -3 /tmp/anchor/anchor.err)"; exit 3; }
@@ -92,7 +99,7 @@ if [ "${AB_LOSSLESS:-0}" = 1 ]; then
       -n 96 --temp 0 --ids --no-stats --spec ngram --draft-max 15 --no-adapt 2>/dev/null | md5sum | cut -c1-12)"
   done; done
 fi
-echo "== hyspec bench 9B Q4_K_M (tg128, verify-k: t/s, ms/step, x tg step)"
+echo "== hyspec bench $(basename "$M" .gguf) (tg128, verify-k: t/s, ms/step, x tg step)"
 for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   for v in $V; do
     echo "-- round $round: $v"
@@ -101,7 +108,7 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   done
 done | tee "$OUT/e2e_ab.md"
 if [ -n "${AB_DEPTH:-}" ]; then
-  echo "== hyspec bench 9B Q4_K_M, tg64 at depth 0 and $AB_DEPTH (ms a step), per cache type"
+  echo "== hyspec bench $(basename "$M" .gguf), tg64 at depth 0 and $AB_DEPTH (ms a step), per cache type"
   for round in $(seq 1 "${AB_ROUNDS:-2}"); do
     for v in $V; do for kv in ${AB_KV:-f16 q8_0}; do
       echo "-- round $round: $v $kv $("$D/bin/hyspec_$v" bench -m "$M" --backend cuda -p 0 -n 64 -d "0,$AB_DEPTH" \

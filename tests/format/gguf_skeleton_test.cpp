@@ -1,5 +1,6 @@
 // tools/gguf_skeleton: a skeleton keeps the header byte for byte with a zero data section; a fill gives
-// every tensor finite, model-sized weights, the same bytes for the same seed.
+// every tensor finite, model-sized weights, the same bytes for the same seed; resize gives a qwen35 file
+// at another shape with llama.cpp's layer-dependent types.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "common/fixtures.h"
 #include "common/process.h"
 #include "format/gguf.h"
 #include "format/gguf_writer.h"
@@ -198,4 +202,104 @@ TEST(GgufSkeleton, DflashForWritesADrafterOfTheTargetsWidth) {
 }
 
 }  // namespace
+struct Listed {
+  std::string name, type, shape;
+  bool operator==(const Listed&) const = default;
+};
+std::vector<Listed> tensor_list(const GgufFile& f) {
+  std::vector<Listed> v;
+  for (const GgufTensorInfo& t : f.tensors()) v.push_back({t.name, std::string(ggml_type_name(t.type)), t.shape_string()});
+  return v;
+}
+
+// resize on the anchor's 9B Q4_K_M (bench/data: llama.cpp's converter and llama-quantize made it) to the
+// anchor's 27B shape: the metadata of that shape, 48 recurrent and 16 full-attention blocks in the 9B's
+// tensor order, and Q6_K for attn_qkv / attn_v and ffn_down exactly in llama.cpp's use_more_bits layers
+// of 64 (0-7, 10, 13, ..., 55, 56-63); the 9B at its own shape is the 9B.
+TEST(GgufSkeleton, ResizeMakesThe27BOfThe9BWithLlamaCppsTypes) {
+  const ScratchDir scratch("gguf_resize");
+  const std::string& dir = scratch.path;
+  const std::string nine = dir + "/9b.gguf", same = dir + "/same.gguf", big = dir + "/27b.gguf";
+  // (sparse: the 5.6 GB of zeros after the header take no room)
+  const auto unpacked = test::run_command("xz -dc '" + test::source_dir() + "/bench/data/9b-q4km.skeleton.gguf.xz' | dd of='" +
+                                          nine + "' bs=1M iflag=fullblock conv=sparse status=none");
+  ASSERT_EQ(unpacked.exit_code, 0) << unpacked.output;
+  const auto kept = run("resize '" + nine + "' '" + same + "' 4096 12288 32 16 32");
+  ASSERT_EQ(kept.exit_code, 0) << kept.output;
+  auto a = GgufFile::open(nine), b = GgufFile::open(same);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_TRUE(tensor_list(**b) == tensor_list(**a));
+  EXPECT_EQ((*b)->metadata().size(), (*a)->metadata().size());
+
+  const auto made = run("resize '" + nine + "' '" + big + "' 5120 17408 64 24 48");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto f = GgufFile::open(big);
+  ASSERT_TRUE(f.is_ok()) << f.message();
+  const GgufFile& g = **f;
+  EXPECT_EQ(g.get_int("qwen35.block_count").value(), 64);
+  EXPECT_EQ(g.get_int("qwen35.embedding_length").value(), 5120);
+  EXPECT_EQ(g.get_int("qwen35.feed_forward_length").value(), 17408);
+  EXPECT_EQ(g.get_int("qwen35.attention.head_count").value(), 24);
+  EXPECT_EQ(g.get_int("qwen35.attention.head_count_kv").value(), 4);
+  EXPECT_EQ(g.get_int("qwen35.ssm.time_step_rank").value(), 48);
+  EXPECT_EQ(g.get_int("qwen35.ssm.inner_size").value(), 6144);
+  EXPECT_EQ(g.get_string_array("tokenizer.ggml.tokens").value().size(), 248320u);
+  ASSERT_EQ(g.tensors().size(), 3u + 48 * 14 + 16 * 11);
+  EXPECT_EQ(g.find_tensor("output.weight")->shape_string(), "[5120, 248320]");
+  EXPECT_EQ(g.find_tensor("blk.0.attn_qkv.weight")->shape_string(), "[5120, 10240]");
+  EXPECT_EQ(g.find_tensor("blk.0.ssm_conv1d.weight")->shape_string(), "[4, 10240]");
+  EXPECT_EQ(g.find_tensor("blk.0.ssm_out.weight")->shape_string(), "[6144, 5120]");
+  EXPECT_EQ(g.find_tensor("blk.62.ssm_alpha.weight")->shape_string(), "[5120, 48]");
+  EXPECT_EQ(g.find_tensor("blk.63.attn_q.weight")->shape_string(), "[5120, 12288]");
+  EXPECT_EQ(g.find_tensor("blk.63.attn_output.weight")->shape_string(), "[6144, 5120]");
+  EXPECT_EQ(g.find_tensor("blk.3.ffn_down.weight")->shape_string(), "[17408, 5120]");
+  EXPECT_EQ(g.find_tensor("blk.3.attn_qkv.weight"), nullptr);
+  const std::vector<int> more = {0,  1,  2,  3,  4,  5,  6,  7,  10, 13, 16, 19, 22, 25, 28, 31,
+                                 34, 37, 40, 43, 46, 49, 52, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+  for (int i = 0; i < 64; ++i) {
+    const bool q6 = std::find(more.begin(), more.end(), i) != more.end();
+    const GgufTensorInfo* wv = g.find_tensor(fmt::format("blk.{}.{}.weight", i, (i + 1) % 4 ? "attn_qkv" : "attn_v"));
+    ASSERT_TRUE(wv) << i;
+    EXPECT_EQ(wv->type, q6 ? GgmlType::Q6_K : GgmlType::Q4_K) << wv->name;
+    EXPECT_EQ(g.find_tensor(fmt::format("blk.{}.ffn_down.weight", i))->type, q6 ? GgmlType::Q6_K : GgmlType::Q4_K) << i;
+    EXPECT_EQ(g.find_tensor(fmt::format("blk.{}.ffn_up.weight", i))->type, GgmlType::Q4_K) << i;
+  }
+  EXPECT_EQ(g.find_tensor("output.weight")->type, GgmlType::Q6_K);
+  const auto not_qwen = run("resize '" + test::fixture_path("dflash-tiny/dflash-tiny-f32.gguf") + "' '" + dir + "/x.gguf' 256 512 4 4 4");
+  EXPECT_NE(not_qwen.exit_code, 0);
+  EXPECT_NE(not_qwen.output.find("not qwen35"), std::string::npos) << not_qwen.output;
+}
+
+// resize on a fixture with an MTP block (the converter's order: the trunk, output_norm, then the nextn
+// block): the trunk replaced, the nextn block renumbered after it, and the result a model hyspec runs,
+// MTP speculation included, once filled.
+TEST(GgufSkeleton, ResizeKeepsTheMtpBlockAndMakesAModel) {
+  const ScratchDir scratch("gguf_resize_mtp");
+  const std::string out = scratch.path + "/t12.gguf";
+  const std::string in = test::fixture_path("qwen35-tiny/qwen35-tiny-f32.gguf");
+  const auto made = run("resize '" + in + "' '" + out + "' 192 384 12 6 6");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto f = GgufFile::open(out);
+  ASSERT_TRUE(f.is_ok()) << f.message();
+  const GgufFile& g = **f;
+  EXPECT_EQ(g.get_int("qwen35.block_count").value(), 13);
+  EXPECT_EQ(g.get_int("qwen35.nextn_predict_layers").value(), 1);
+  EXPECT_EQ(g.find_tensor("blk.12.nextn.eh_proj.weight")->shape_string(), "[384, 192]");
+  EXPECT_EQ(g.find_tensor("blk.12.attn_q.weight")->shape_string(), "[192, 768]");
+  EXPECT_EQ(g.find_tensor("blk.11.attn_q.weight")->shape_string(), "[192, 768]");
+  EXPECT_EQ(g.find_tensor("blk.10.attn_qkv.weight")->shape_string(), "[192, 320]");
+  EXPECT_EQ(g.find_tensor("blk.10.ssm_norm.weight")->shape_string(), "[32]");
+  EXPECT_EQ(g.find_tensor("blk.8.nextn.eh_proj.weight"), nullptr);
+  size_t norm_at = 0, mtp_at = 0;
+  for (size_t i = 0; i < g.tensors().size(); ++i) {
+    if (g.tensors()[i].name == "output_norm.weight") norm_at = i;
+    if (g.tensors()[i].name.starts_with("blk.12.") && !mtp_at) mtp_at = i;
+  }
+  EXPECT_LT(norm_at, mtp_at);
+  ASSERT_EQ(run("fill '" + out + "'").exit_code, 0);
+  const auto ran = test::run_command(std::string("'") + HYSPEC_BINARY + "' run -m '" + out +
+                                     "' --backend cpu --tokens 1,2,3 -n 4 --temp 0 --ids --no-stats --spec mtp");
+  EXPECT_EQ(ran.exit_code, 0) << ran.output;
+}
+
 }  // namespace hyspec

@@ -10,6 +10,14 @@
 //                                             the shapes and types of the last full-attention block's, the
 //                                             nextn.eh_proj / enorm / hnorm, block_count N + 1 and
 //                                             nextn_predict_layers 1 (the anchor's files have no MTP head)
+//   gguf_skeleton resize IN.gguf OUT.gguf EMBD FFN LAYERS HEADS V_HEADS
+//                                             IN (a qwen35 file) at another shape, as a skeleton to fill:
+//                                             embedding and FFN width, trunk layers, attention heads and
+//                                             GDN value heads (head dims, kv and key heads kept), in IN's
+//                                             tensor order and per-tensor types, with llama.cpp's per-layer
+//                                             choice (use_more_bits) for attn_qkv / attn_v and ffn_down;
+//                                             refused unless IN at its own shape comes out as IN (the
+//                                             anchor's 9B -> its 27B: 5120 17408 64 24 48)
 //   gguf_skeleton dflash-for TARGET.gguf OUT.gguf [LAYERS]
 //                                             a DFlash drafter for TARGET as a skeleton to fill: LAYERS
 //                                             (5) Qwen3-style layers of TARGET's width and FFN (32 heads,
@@ -25,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -182,6 +191,214 @@ Status add_nextn(const std::string& in, const std::string& out) {
   return Status::ok();
 }
 
+// The shape a qwen35 file's tensors follow (resize).
+struct Qwen35Shape {
+  int64_t embd, ffn, trunk, heads, kv_heads, head_dim, k_heads, k_dim, v_heads, v_dim, conv, vocab, interval;
+};
+
+// The dims of tensor `suffix` (the name past "blk.N.", or a whole non-block name) at shape s.
+Result<std::vector<int64_t>> qwen35_dims(std::string_view suffix, const Qwen35Shape& s) {
+  const int64_t E = s.embd, inner = s.v_heads * s.v_dim, qkv = 2 * s.k_heads * s.k_dim + inner;
+  if (suffix == "token_embd.weight" || suffix == "output.weight") return std::vector<int64_t>{E, s.vocab};
+  if (suffix == "output_norm.weight" || suffix == "attn_norm.weight" || suffix == "post_attention_norm.weight" ||
+      suffix == "nextn.enorm.weight" || suffix == "nextn.hnorm.weight" || suffix == "nextn.shared_head_norm.weight")
+    return std::vector<int64_t>{E};
+  if (suffix == "attn_qkv.weight") return std::vector<int64_t>{E, qkv};
+  if (suffix == "attn_gate.weight") return std::vector<int64_t>{E, inner};
+  if (suffix == "ssm_out.weight") return std::vector<int64_t>{inner, E};
+  if (suffix == "ssm_conv1d.weight") return std::vector<int64_t>{s.conv, qkv};
+  if (suffix == "ssm_a" || suffix == "ssm_dt.bias") return std::vector<int64_t>{s.v_heads};
+  if (suffix == "ssm_alpha.weight" || suffix == "ssm_beta.weight") return std::vector<int64_t>{E, s.v_heads};
+  if (suffix == "ssm_norm.weight") return std::vector<int64_t>{s.v_dim};
+  if (suffix == "attn_q.weight") return std::vector<int64_t>{E, 2 * s.heads * s.head_dim};  // queries and their gates
+  if (suffix == "attn_k.weight" || suffix == "attn_v.weight") return std::vector<int64_t>{E, s.kv_heads * s.head_dim};
+  if (suffix == "attn_output.weight") return std::vector<int64_t>{s.heads * s.head_dim, E};
+  if (suffix == "attn_q_norm.weight" || suffix == "attn_k_norm.weight") return std::vector<int64_t>{s.head_dim};
+  if (suffix == "ffn_gate.weight" || suffix == "ffn_up.weight") return std::vector<int64_t>{E, s.ffn};
+  if (suffix == "ffn_down.weight") return std::vector<int64_t>{s.ffn, E};
+  if (suffix == "nextn.eh_proj.weight") return std::vector<int64_t>{2 * E, E};
+  return Status::errorf("tensor '{}': no resize rule", suffix);
+}
+
+// llama.cpp's llama-quant.cpp: the layers whose attn_v (counted with the GDN's attn_qkv) and ffn_down
+// take more bits in its _M mixes.
+bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+struct ShapedTensor {
+  std::string name;
+  GgmlType type;
+  std::vector<int64_t> ne;
+  bool operator==(const ShapedTensor&) const = default;
+};
+
+// IN's tensor list at shape s: non-block tensors where IN has them; the trunk's blocks, where IN has its
+// own, as copies of IN's first recurrent or first full-attention block (their order and types), renamed
+// and reshaped; IN's nextn blocks after them, renumbered. attn_qkv / attn_v and ffn_down take the type
+// IN gives such a tensor where use_more_bits agrees (counted over the file as llama.cpp counts them).
+Result<std::vector<ShapedTensor>> qwen35_tensors(const GgufFile& in, const Qwen35Shape& from, const Qwen35Shape& s) {
+  auto block_of = [](std::string_view name, std::string_view& suffix) -> int64_t {
+    if (!name.starts_with("blk.")) return -1;
+    const size_t dot = name.find('.', 4);
+    if (dot == std::string_view::npos) return -1;
+    suffix = name.substr(dot + 1);
+    return std::strtoll(std::string(name.substr(4, dot - 4)).c_str(), nullptr, 10);
+  };
+  auto recurrent = [](int64_t b, const Qwen35Shape& sh) { return b < sh.trunk && (b + 1) % sh.interval != 0; };
+  auto wv = [](std::string_view suffix) { return suffix == "attn_qkv.weight" || suffix == "attn_v.weight"; };
+  // The template blocks, and the types IN gives the use_more_bits classes ([0]: fewer bits, [1]: more).
+  int64_t first_rec = -1, first_full = -1, n_wv = 0, n_down = 0;
+  std::optional<GgmlType> wv_type[2], down_type[2];
+  for (const GgufTensorInfo& t : in.tensors()) {
+    std::string_view suffix;
+    const bool block = block_of(t.name, suffix) >= 0;
+    n_wv += block && wv(suffix);
+    n_down += block && suffix == "ffn_down.weight";
+  }
+  int64_t i_wv = 0, i_down = 0;
+  for (const GgufTensorInfo& t : in.tensors()) {
+    std::string_view suffix;
+    const int64_t b = block_of(t.name, suffix);
+    if (b < 0) continue;
+    if (recurrent(b, from) && first_rec < 0) first_rec = b;
+    if (b < from.trunk && !recurrent(b, from) && first_full < 0) first_full = b;
+    std::optional<GgmlType>* slot = nullptr;
+    if (wv(suffix)) slot = &wv_type[use_more_bits(i_wv++, n_wv)];
+    if (suffix == "ffn_down.weight") slot = &down_type[use_more_bits(i_down++, n_down)];
+    if (slot && !*slot) *slot = t.type;
+  }
+  if (first_rec < 0 || first_full < 0) return Status::error("no recurrent or no full-attention block to copy");
+  // (new block or -1, IN's tensor) in the new file's order. IN's trunk must be one run of tensors (it is
+  // in the converter's and llama-quantize's files): the new trunk replaces it.
+  std::vector<std::pair<int64_t, const GgufTensorInfo*>> emitted;
+  const auto& all = in.tensors();
+  bool trunk_seen = false;
+  for (size_t i = 0; i < all.size(); ++i) {
+    std::string_view suffix;
+    const int64_t b = block_of(all[i].name, suffix);
+    if (b < 0 || b >= from.trunk) {
+      emitted.emplace_back(b < 0 ? -1 : s.trunk + (b - from.trunk), &all[i]);
+      continue;
+    }
+    if (trunk_seen) {
+      std::string_view prev_suffix;
+      const int64_t pb = block_of(all[i - 1].name, prev_suffix);
+      if (pb < 0 || pb >= from.trunk) return Status::errorf("the trunk's blocks are not one run of tensors (at {})", all[i].name);
+      continue;
+    }
+    trunk_seen = true;
+    for (int64_t nb = 0; nb < s.trunk; ++nb) {
+      const std::string tmpl = fmt::format("blk.{}.", recurrent(nb, s) ? first_rec : first_full);
+      for (const GgufTensorInfo& u : all)
+        if (u.name.starts_with(tmpl)) emitted.emplace_back(nb, &u);
+    }
+  }
+  int64_t wv_total = 0, down_total = 0;
+  for (const auto& [nb, t] : emitted) {
+    std::string_view suffix;
+    const bool block = block_of(t->name, suffix) >= 0;
+    wv_total += block && wv(suffix);
+    down_total += block && suffix == "ffn_down.weight";
+  }
+  std::vector<ShapedTensor> out;
+  int64_t j_wv = 0, j_down = 0;
+  for (const auto& [nb, t] : emitted) {
+    std::string_view suffix = t->name;
+    if (nb >= 0) block_of(t->name, suffix);
+    HS_ASSIGN_OR_RETURN(std::vector<int64_t> at_from, qwen35_dims(suffix, from));
+    if (static_cast<int>(at_from.size()) != t->n_dims || !std::equal(at_from.begin(), at_from.end(), t->ne))
+      return Status::errorf("{} is {}, not the shape the resize rules give it", t->name, t->shape_string());
+    HS_ASSIGN_OR_RETURN(std::vector<int64_t> ne, qwen35_dims(suffix, s));
+    std::optional<GgmlType> type = t->type;
+    if (nb >= 0 && wv(suffix)) type = wv_type[use_more_bits(j_wv++, wv_total)];
+    if (nb >= 0 && suffix == "ffn_down.weight") type = down_type[use_more_bits(j_down++, down_total)];
+    if (!type) return Status::errorf("{}: IN has no tensor of its bits class to take a type from", t->name);
+    out.push_back({nb >= 0 ? fmt::format("blk.{}.{}", nb, suffix) : t->name, *type, std::move(ne)});
+  }
+  return out;
+}
+
+Status resize(const std::string& in_path, const std::string& out, Qwen35Shape to) {
+  HS_ASSIGN_OR_RETURN(auto in, GgufFile::open(in_path));
+  HS_ASSIGN_OR_RETURN(std::string_view arch_view, in->get_string("general.architecture"));
+  if (arch_view != "qwen35") return Status::errorf("{}: architecture '{}', not qwen35", in_path, arch_view);
+  const std::string a = "qwen35.";
+  auto get = [&](const char* key) { return in->get_int(a + key); };
+  Qwen35Shape from{};
+  HS_ASSIGN_OR_RETURN(int64_t blocks, get("block_count"));
+  HS_ASSIGN_OR_RETURN(int64_t nextn, in->get_int_or(a + "nextn_predict_layers", 0));
+  HS_ASSIGN_OR_RETURN(from.embd, get("embedding_length"));
+  HS_ASSIGN_OR_RETURN(from.ffn, get("feed_forward_length"));
+  HS_ASSIGN_OR_RETURN(from.heads, get("attention.head_count"));
+  HS_ASSIGN_OR_RETURN(from.kv_heads, get("attention.head_count_kv"));
+  HS_ASSIGN_OR_RETURN(from.head_dim, get("attention.key_length"));
+  HS_ASSIGN_OR_RETURN(from.k_heads, get("ssm.group_count"));
+  HS_ASSIGN_OR_RETURN(from.k_dim, get("ssm.state_size"));
+  HS_ASSIGN_OR_RETURN(from.v_heads, get("ssm.time_step_rank"));
+  HS_ASSIGN_OR_RETURN(int64_t inner, get("ssm.inner_size"));
+  HS_ASSIGN_OR_RETURN(from.conv, get("ssm.conv_kernel"));
+  HS_ASSIGN_OR_RETURN(from.interval, get("full_attention_interval"));
+  const GgufTensorInfo* embd = in->find_tensor("token_embd.weight");
+  if (!embd || embd->n_dims != 2) return Status::errorf("{}: no 2-D token_embd.weight", in_path);
+  from.vocab = embd->ne[1];
+  from.trunk = blocks - nextn;
+  if (from.v_heads <= 0 || inner % from.v_heads != 0 || from.interval <= 0 || from.trunk <= 0)
+    return Status::errorf("{}: inconsistent GDN or layer metadata", in_path);
+  from.v_dim = inner / from.v_heads;
+  if (to.embd <= 0 || to.ffn <= 0 || to.trunk <= 0 || to.heads <= 0 || to.v_heads <= 0)
+    return Status::error("EMBD, FFN, LAYERS, HEADS and V_HEADS must be positive");
+  to.kv_heads = from.kv_heads, to.head_dim = from.head_dim, to.k_heads = from.k_heads, to.k_dim = from.k_dim;
+  to.v_dim = from.v_dim, to.conv = from.conv, to.vocab = from.vocab, to.interval = from.interval;
+
+  // The rules must give IN back at IN's own shape: names, order, dims and types.
+  HS_ASSIGN_OR_RETURN(std::vector<ShapedTensor> self, qwen35_tensors(*in, from, from));
+  if (self.size() != in->tensors().size()) return Status::errorf("{}: the resize rules do not give it back", in_path);
+  for (size_t i = 0; i < self.size(); ++i) {
+    const GgufTensorInfo& t = in->tensors()[i];
+    const ShapedTensor mine{t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims)};
+    if (!(self[i] == mine))
+      return Status::errorf("{}: the resize rules give {} {} as {} {}", in_path, t.name, ggml_type_name(t.type),
+                            self[i].name, ggml_type_name(self[i].type));
+  }
+  HS_ASSIGN_OR_RETURN(std::vector<ShapedTensor> tensors, qwen35_tensors(*in, from, to));
+
+  GgufWriter w;
+  auto same_type = [](const GgufValue& v, int64_t x) -> Result<GgufMetaValue> {
+    switch (v.type) {
+      case GgufValueType::UINT32: return GgufMetaValue::u32(static_cast<uint32_t>(x));
+      case GgufValueType::INT32: return GgufMetaValue::i32(static_cast<int32_t>(x));
+      case GgufValueType::UINT64: return GgufMetaValue::u64(static_cast<uint64_t>(x));
+      case GgufValueType::INT64: return GgufMetaValue::i64(x);
+      default: return Status::errorf("an integer key of type {}", gguf_value_type_name(v.type));
+    }
+  };
+  const std::pair<std::string, int64_t> ints[] = {
+      {a + "block_count", to.trunk + nextn},      {a + "embedding_length", to.embd},
+      {a + "feed_forward_length", to.ffn},        {a + "attention.head_count", to.heads},
+      {a + "ssm.time_step_rank", to.v_heads},     {a + "ssm.inner_size", to.v_heads * to.v_dim}};
+  for (const auto& [key, value] : in->metadata()) {
+    GgufMetaValue v = GgufMetaValue::from(value);
+    for (const auto& [k, x] : ints) {
+      if (key != k) continue;
+      HS_ASSIGN_OR_RETURN(v, same_type(value, x));
+    }
+    if (key == a + "attention.recurrent_layers") {
+      if (value.type != GgufValueType::ARRAY || value.elem_type != GgufValueType::BOOL)
+        return Status::errorf("{}: {} is not an array of bools", in_path, key);
+      std::vector<GgufMetaValue> flags;
+      for (int64_t b = 0; b < to.trunk + nextn; ++b) flags.push_back(GgufMetaValue::boolean(b < to.trunk && (b + 1) % to.interval != 0));
+      v = GgufMetaValue::array(GgufValueType::BOOL, std::move(flags));
+    }
+    HS_RETURN_IF_ERROR(w.set(key, std::move(v)));
+  }
+  for (ShapedTensor& t : tensors) HS_RETURN_IF_ERROR(w.add_tensor_shape(t.name, t.type, std::move(t.ne)));
+  HS_RETURN_IF_ERROR(w.write_skeleton(out));
+  std::fprintf(stderr, "%s: %s at %lld x %lld, %lld layers, %lld heads, %lld GDN value heads (%zu tensors)\n", out.c_str(),
+               in_path.c_str(), static_cast<long long>(to.embd), static_cast<long long>(to.ffn),
+               static_cast<long long>(to.trunk), static_cast<long long>(to.heads), static_cast<long long>(to.v_heads),
+               tensors.size());
+  return Status::ok();
+}
+
 Status dflash_for(const std::string& target_path, const std::string& out, int layers) {
   HS_ASSIGN_OR_RETURN(auto target, GgufFile::open(target_path));
   HS_ASSIGN_OR_RETURN(std::string_view arch_view, target->get_string("general.architecture"));
@@ -272,11 +489,17 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   Status s = Status::error(
       "usage: gguf_skeleton skeleton IN.gguf OUT.gguf | fill FILE.gguf [SEED] | add-nextn IN.gguf OUT.gguf | "
-      "dflash-for TARGET.gguf OUT.gguf [LAYERS]");
+      "dflash-for TARGET.gguf OUT.gguf [LAYERS] | resize IN.gguf OUT.gguf EMBD FFN LAYERS HEADS V_HEADS");
   if (mode == "skeleton" && argc == 4) s = hyspec::skeleton(argv[2], argv[3]);
   if (mode == "add-nextn" && argc == 4) s = hyspec::add_nextn(argv[2], argv[3]);
   if (mode == "dflash-for" && (argc == 4 || argc == 5))
     s = hyspec::dflash_for(argv[2], argv[3], argc == 5 ? std::atoi(argv[4]) : 5);
+  if (mode == "resize" && argc == 9) {
+    auto num = [&](int i) { return std::strtoll(argv[i], nullptr, 10); };
+    hyspec::Qwen35Shape to{};
+    to.embd = num(4), to.ffn = num(5), to.trunk = num(6), to.heads = num(7), to.v_heads = num(8);
+    s = hyspec::resize(argv[2], argv[3], to);
+  }
   if (mode == "fill" && (argc == 3 || argc == 4)) s = hyspec::fill(argv[2], argc == 4 ? std::strtoull(argv[3], nullptr, 10) : 1);
   if (s.is_ok()) return 0;
   std::fprintf(stderr, "error: %s\n", s.message().c_str());
