@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Here (no GPU): whether an edit changed a CUDA file's machine code. Compiles src/backend/cuda/FILE.cu as it is
-# in the working tree and as it is at REF (default HEAD) to sm_90 cubins (the build's flags, no -lineinfo) and
+# in the working tree and as it is at REF (default HEAD), each with its own side's headers (so a header edit
+# shows in every file that includes it), to sm_90 cubins (the build's flags, no -lineinfo) and
 # compares every kernel's .text section byte for byte: prints the kernels whose code differs, and those only
 # one side has. PTX is no guide (a blank line renumbers its registers; CUDA_NOTES "Left to do", session 35).
 #   scripts/sass_diff.sh matvec_int8 [REF]
@@ -10,13 +11,17 @@ name=${1:?"usage: scripts/sass_diff.sh FILE (under src/backend/cuda, without .cu
 ref=${2:-HEAD}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-git show "$ref:src/backend/cuda/$name.cu" > "$tmp/a.cu"
-cp "src/backend/cuda/$name.cu" "$tmp/b.cu"
+mkdir -p "$tmp/a" "$tmp/b"
+git archive "$ref" src | tar -x -C "$tmp/a"
+cp -r src "$tmp/b/"
+[ -f "$tmp/a/src/backend/cuda/$name.cu" ] || { echo "no src/backend/cuda/$name.cu at $ref" >&2; exit 1; }
+pids=()
 for v in a b; do
-  /usr/local/cuda/bin/nvcc -I"$PWD/src" -O3 -DNDEBUG -arch=sm_90 -cubin --expt-relaxed-constexpr -std=c++17 \
-    "$tmp/$v.cu" -o "$tmp/$v.cubin" &
+  /usr/local/cuda/bin/nvcc -I"$tmp/$v/src" -O3 -DNDEBUG -arch=sm_90 -cubin --expt-relaxed-constexpr -std=c++17 \
+    "$tmp/$v/src/backend/cuda/$name.cu" -o "$tmp/$v.cubin" &
+  pids+=($!)
 done
-wait
+for p in "${pids[@]}"; do wait "$p"; done  # (set -e: a failed compile stops here)
 python3 - "$tmp/a.cubin" "$tmp/b.cubin" <<'PY'
 import re, subprocess, sys
 
