@@ -30,12 +30,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -471,8 +474,20 @@ Status fill(const std::string& path, uint64_t seed) {
   uint8_t* base = static_cast<uint8_t*>(p);
   Status s = [&]() -> Status {
     HS_ASSIGN_OR_RETURN(auto file, GgufFile::parse(base, size, path));
-    for (const GgufTensorInfo& t : file->tensors())
-      HS_RETURN_IF_ERROR(fill_tensor(t, const_cast<uint8_t*>(t.data), seed));  // a view of our writable map
+    // Tensors on all cores (each seeded by its name, so the bytes do not depend on the order): a device
+    // call fills the 9B in a few seconds instead of ~20.
+    const auto& tensors = file->tensors();
+    std::atomic<size_t> next{0};
+    std::vector<Status> errors(tensors.size(), Status::ok());
+    auto work = [&] {
+      for (size_t i; (i = next++) < tensors.size();)
+        errors[i] = fill_tensor(tensors[i], const_cast<uint8_t*>(tensors[i].data), seed);  // a view of our writable map
+    };
+    std::vector<std::thread> pool(std::max(1u, std::thread::hardware_concurrency()) - 1);
+    for (std::thread& th : pool) th = std::thread(work);
+    work();
+    for (std::thread& th : pool) th.join();
+    for (const Status& e : errors) HS_RETURN_IF_ERROR(e);
     std::fprintf(stderr, "%s: %zu tensors filled (seed %llu)\n", path.c_str(), file->tensors().size(),
                  static_cast<unsigned long long>(seed));
     return Status::ok();
