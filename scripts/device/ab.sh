@@ -30,7 +30,7 @@ summary() {
   echo "$r" | grep PASSED; echo "failed: $(echo "$r" | grep -c "FAILED  \] [A-Za-z]")"; echo "$r" | grep "FAILED  \] [A-Za-z]" | head -25
 }
 # AB_SYNTH=1: the 9B from the anchor file's skeleton in the repo, filled with random weights of its
-# types (seconds: fill runs on all cores; no .anchor in the carry), instead of the anchor's converter and llama-quantize.
+# types (fill on all cores since session 54, ~20 s serial before; no .anchor in the carry), instead of the anchor's converter and llama-quantize.
 # AB_SYNTH=27b: that skeleton resized to the anchor's 27B shape (gguf_skeleton resize: llama.cpp's
 # Q4_K_M types by layer; 16.5 GB) and filled; the greedy ids then have no reference but each other's.
 if [ "${AB_SYNTH:-0}" = 1 ]; then
