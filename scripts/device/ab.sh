@@ -45,6 +45,7 @@ else
   M=/tmp/anchor/9b-q4km.gguf
   ANCHOR_MODELS_ONLY=1 bash bench/compare_llamacpp.sh start 9b
 fi
+[ "${AB_SYNTH:-0}" = 0 ] || echo "== $(basename "$M") made and filled after ${SECONDS}s"
 for v in $V; do  # (a variant may come without test binaries; AB_TESTS filters test_backend's)
   for t in "$D"/bin/test_*_"$v"; do
     [ -x "$t" ] || continue
