@@ -1117,6 +1117,81 @@ TEST_P(CudaMatmulTest, AddNormSplitIntoTheMatvecsAroundItGivesTheNormsBits) {
   }
 }
 
+// The fused SwiGLU of 3..24 rows quantizes its output for the down projection in its own blocks
+// (matvec_int8.cu, quantize_swiglu_groups): the down projection reads those rows instead of a quantize
+// launch's, with the same bits, eagerly and in a graph, and again on the next call (the group counters go
+// back to zero). Outputs of whole 256-groups (512, 1280) take it, others (400) and one or two rows do not;
+// checked here on the launch itself, since the bits alone would not tell.
+TEST_P(CudaMatmulTest, SwiGluQuantizesItsOutputWithTheQuantizeKernelsBits) {
+  if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
+  const int64_t K = 1024, n_max = 24;
+  const Tensor x = put(*gpu_, randn(n_max * K)), wn = put(*gpu_, randn(K));
+  for (const GgmlType gu : {GgmlType::Q4_K, GgmlType::Q5_K})
+    for (const int64_t F : {512, 1280, 400})
+      for (const GgmlType dt : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+        const Weight gate = load_random_weight(*gpu_, gu, K, F, rng_), up = load_random_weight(*gpu_, gu, K, F, rng_);
+        const Weight down = load_random_weight(*gpu_, dt, F, K, rng_);
+        for (const int64_t n : {1, 3, 8, 9, 16, 17, 24}) {
+          const std::string what = fmt::format("{} gate/up x {}, {} down, {} rows", ggml_type_name(gu), F,
+                                               ggml_type_name(dt), n);
+          struct Run {
+            Tensor h, g, out;
+          };
+          auto fresh = [&] { return Run{poison(*gpu_, n * K), poison(*gpu_, n * F), poison(*gpu_, n * K)}; };
+          auto ops = [&](Run& r) {
+            gpu_->rms_norm(x.rows(n_max, K).rows(0, n), wn.f(), K, 1e-6f, r.h.rows(n, K));  // x quantized by the norm
+            ASSERT_TRUE(gpu_->matmul_swiglu(gate, up, r.h.rows(n, K), r.g.rows(n, F)));
+            gpu_->matmul(down, r.g.rows(n, F), r.out.rows(n, K));
+          };
+          auto outputs = [&](const Run& r) { return std::vector{get_gpu(r.g), get_gpu(r.out)}; };
+          Run ref = fresh(), once = fresh(), twice = fresh(), graph = fresh();
+          {
+            const ScopedEnv off("HYSPEC_SWIGLU_QUANTIZE", "0");
+            ASSERT_NO_FATAL_FAILURE(ops(ref));
+          }
+          ASSERT_NO_FATAL_FAILURE(ops(once));
+          ASSERT_NO_FATAL_FAILURE(ops(twice));
+          ASSERT_NO_FATAL_FAILURE(ops(twice));
+          auto g = gpu_->capture([&] { ops(graph); });
+          ASSERT_TRUE(g.is_ok()) << g.message();
+          ASSERT_TRUE(g.value()->replay().is_ok() && g.value()->replay().is_ok());
+          const auto want = outputs(ref);
+          for (const Run* r : {&once, &twice, &graph}) {
+            const auto got = outputs(*r);
+            const std::string how = what + (r == &once ? "" : r == &twice ? ", second call" : ", graph");
+            EXPECT_TRUE(same_bits(got[0], want[0])) << how << ": SwiGLU outputs";
+            EXPECT_TRUE(same_bits(got[1], want[1])) << how << ": down projection";
+          }
+#ifdef HYSPEC_HAVE_CUDA
+          // Whether the launch quantized y: a launch of its own on the backend's rows and weights.
+          const cuda::WeightView gv{static_cast<const uint8_t*>(gate.data), gate.type, K, F, gate.row_bytes, true};
+          const cuda::WeightView uv{static_cast<const uint8_t*>(up.data), up.type, K, F, up.row_bytes, true};
+          const size_t qbytes = cuda::quantized_x_bytes(), cbytes = cuda::kQuantizedYGroups * sizeof(unsigned),
+                       sbytes = cuda::matmul_scratch_bytes(gv, n);
+          void* mem = nullptr;
+          ASSERT_EQ(cudaMalloc(&mem, qbytes + cbytes + sbytes), cudaSuccess);
+          ASSERT_EQ(cudaMemset(mem, 0, qbytes + cbytes), cudaSuccess);
+          cuda::QuantizedY qy{cuda::quantized_x_at(mem), reinterpret_cast<unsigned*>(static_cast<char*>(mem) + qbytes)};
+          bool written = false;
+          const Rows h = once.h.rows(n, K), y = graph.g.rows(n, F);
+          cudaStream_t stream = nullptr;
+          ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+          const cudaError_t e = cuda::matmul_swiglu_launch(
+              gv, uv, cuda::Mat{h.data, n, K, h.stride}, cuda::Mat{y.data, n, F, y.stride},
+              {static_cast<char*>(mem) + qbytes + cbytes, sbytes}, stream, nullptr, &qy, &written);
+          EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          cudaStreamDestroy(stream);
+          std::vector<unsigned> counters(cuda::kQuantizedYGroups);
+          EXPECT_EQ(cudaMemcpy(counters.data(), qy.counters, cbytes, cudaMemcpyDeviceToHost), cudaSuccess);
+          cudaFree(mem);
+          EXPECT_EQ(e, cudaSuccess) << what;
+          EXPECT_EQ(written, n >= 3 && F % 256 == 0) << what;
+          EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), cuda::kQuantizedYGroups) << what << ": counters";
+#endif
+        }
+      }
+}
+
 // A one-row int8 matmul may be launched as late as the backend's next call (the conv fold defers it): a
 // weight or an output buffer freed before then gets the launch first (run under compute-sanitizer
 // memcheck on the device: no access to freed memory).
