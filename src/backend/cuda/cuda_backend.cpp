@@ -338,15 +338,9 @@ class CudaBackend final : public Backend {
       return true;
     void* s = arena(matmul_arena_, cuda::matmul_scratch_bytes(g, x.n_rows));
     if (!s) return true;
-    // y quantized for the down projection by the SwiGLU's own blocks where it can (not on the side line:
-    // quantized_y_ and its counters are the main line's).
-    const cuda::QuantizedY* qy = quantized_y_.counters && !on_side_ ? &quantized_y_ : nullptr;
-    bool y_quantized = false;
-    check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_, quantized(x), qy,
-                                     &y_quantized),
+    check(cuda::matmul_swiglu_launch(g, u, mat(x), mat(y), {s, matmul_arena_.size}, stream_, quantized(x)),
           "matmul_swiglu");
     matmul_wrote(y);
-    if (y_quantized) quantized_rows_ = y, quantized_in_ = &quantized_y_.x;
     return true;
   }
 
@@ -827,15 +821,6 @@ class CudaBackend final : public Backend {
         return Status::error("cudaMalloc of the quantized activations failed");
       owned_.push_back(q);
       quantized_x_ = cuda::quantized_x_at(q);
-      // The fused SwiGLU's quantized output (matmul_swiglu): a second buffer, since that kernel reads the
-      // norm's rows while it writes these; and its group counters, zero between launches.
-      void* qy = nullptr;
-      const size_t counters_bytes = cuda::kQuantizedYGroups * sizeof(unsigned);
-      if (cudaMalloc(&qy, bytes + counters_bytes) != cudaSuccess || cudaMemset(qy, 0, bytes + counters_bytes) != cudaSuccess)
-        return Status::error("cudaMalloc of the quantized SwiGLU rows failed");
-      owned_.push_back(qy);
-      quantized_y_.x = cuda::quantized_x_at(qy);
-      quantized_y_.counters = reinterpret_cast<unsigned*>(static_cast<char*>(qy) + bytes);
     }
     // Enough for every decode-width op of the real models; prefill grows them once.
     if (!arena(matmul_arena_, size_t(8) << 20) || !arena(op_arena_, size_t(32) << 20)) return synchronize();
@@ -1201,13 +1186,12 @@ class CudaBackend final : public Backend {
   const cuda::QuantizedX* quantize_into() const { return quantized_x_.d ? &quantized_x_ : nullptr; }
   void norm_wrote(Rows y, bool quantized) {
     quantized_rows_ = quantized ? y : Rows();
-    quantized_in_ = &quantized_x_;
   }
   const cuda::QuantizedX* quantized(Rows x) const {
     const Rows& q = quantized_rows_;
     const bool same =
         q.data && x.data == q.data && x.n_rows == q.n_rows && x.n_cols == q.n_cols && x.stride == q.stride;
-    return same ? quantized_in_ : nullptr;
+    return same ? &quantized_x_ : nullptr;
   }
   // After a matmul wrote y: the quantized rows are stale if y overlaps them.
   void matmul_wrote(Rows y) {
@@ -1329,9 +1313,6 @@ class CudaBackend final : public Backend {
   // its input. Every other op, memory op, capture and replay forgets them.
   cuda::QuantizedX quantized_x_;
   Rows quantized_rows_;
-  // Where quantized_rows_ are: quantized_x_ (a norm's, a gate's), or quantized_y_.x (a fused SwiGLU's output).
-  const cuda::QuantizedX* quantized_in_ = &quantized_x_;
-  cuda::QuantizedY quantized_y_;
   std::vector<void*> owned_;
 };
 

@@ -58,6 +58,13 @@ __device__ __forceinline__ float group_inv_rms(float ss, int tpg, float* partial
   return inv_rms_of_warp_sums(partial, tpg, group, eps);
 }
 
+// A warp's quantized 256-block (quantize_lane) into block b of the Q8K rows qx, in every XOrder.
+__device__ __forceinline__ void store_quantized_x(const Q8KLane& q, int lane, const QuantizedX& qx, int64_t b) {
+#pragma unroll
+  for (int o = 0; o < 3; ++o) store_codes(q, lane, qx.q[o] + b * 256, static_cast<XOrder>(o));
+  store_sums(q, lane, reinterpret_cast<__half*>(qx.bs) + b * 16, qx.d + b);
+}
+
 // The block's groups (whole 256-blocks of one row, staged in span[] by the norm) -> Q8K rows of qx in
 // every XOrder, a warp per 256-block: the codes quantize_q8k_kernel would make of the stored y.
 __device__ void quantize_span(const NormArgs& a, const float* span) {

@@ -58,13 +58,6 @@ struct QuantizedX {
 };
 size_t quantized_x_bytes();
 QuantizedX quantized_x_at(void* base);  // the layout in quantized_x_bytes() at base (256-byte aligned)
-// A fused SwiGLU's output quantized as a norm's (matmul_swiglu_launch's qy): the rows in x, with each 256-output
-// group's tiles counted in counters (kQuantizedYGroups of them, zero before a launch and again after it).
-constexpr int64_t kQuantizedYGroups = kQuantizedXMaxK / 256;
-struct QuantizedY {
-  QuantizedX x;
-  unsigned* counters = nullptr;
-};
 
 // y[t] = W x[t] for t < x.rows. Widths <= 32 read each weight byte once (tensor-core matvec); wider
 // inputs dequantise weight tiles to f16 and call cuBLAS. qx: x as a norm quantized it, or null.
@@ -76,12 +69,8 @@ cudaError_t matmul_launch(const WeightView& w, Mat x, Mat y, MatmulScratch scrat
 // matmul_scratch_bytes(gate, n).
 constexpr int64_t kMmvSwiGluMaxWidth = 24;
 bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64_t n);
-// qy: y also quantized into qy->x as the next int8 matvec reads it (the bits quantize_q8k_kernel would make of
-// y, every XOrder), where the kernel does it: the tensor-core Q4_K/Q5_K SwiGLU (3..24 rows), y's rows of whole
-// 256-groups up to kQuantizedXMaxK, unless HYSPEC_SWIGLU_QUANTIZE=0. *qy_written says whether it did.
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
-                                 cudaStream_t stream, const QuantizedX* qx = nullptr, const QuantizedY* qy = nullptr,
-                                 bool* qy_written = nullptr);
+                                 cudaStream_t stream, const QuantizedX* qx = nullptr);
 
 // Q4_K, Q5_K and Q6_K at widths 1..kInt8MvMaxWidth (matvec_int8.cu): activations quantized to int8 per 256
 // elements, integer dot products (dp4a / int8 mma); matmul_launch and matmul_swiglu_launch route such
@@ -146,11 +135,10 @@ bool int8_norm_fold_supported(const WeightView& w, bool swiglu, int64_t n, int64
 int norm_threads_per_group(int64_t group);
 // residual (one row, dp4a): residual[i] += y[i] as each output is stored, the residual add of an
 // add_rms_norm that follows (the norm kernel's x + delta, so its bits), saving the norm that step.
-// qy, qy_written (SwiGLU only): as matmul_swiglu_launch's.
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx = nullptr,
                                const Int8ConvFold* conv = nullptr, const Int8XFold* xfold = nullptr,
-                               float* residual = nullptr, const QuantizedY* qy = nullptr, bool* qy_written = nullptr);
+                               float* residual = nullptr);
 bool int8_residual_supported(const WeightView& w, int64_t n);
 
 // y[i] = W[i] x for several Q4_K / Q6_K weights of one input in one launch (the blocks shared out by

@@ -851,11 +851,9 @@ bool matmul_swiglu_supported(const WeightView& gate, const WeightView& up, int64
 }
 
 cudaError_t matmul_swiglu_launch(const WeightView& gate, const WeightView& up, Mat x, Mat y, MatmulScratch scratch,
-                                 cudaStream_t stream, const QuantizedX* qx, const QuantizedY* qy, bool* qy_written) {
-  if (qy_written) *qy_written = false;
+                                 cudaStream_t stream, const QuantizedX* qx) {
   if (!matmul_swiglu_supported(gate, up, x.rows)) return cudaErrorInvalidValue;
-  if (int8_matvec_supported(gate, x.rows))
-    return int8_matvec_launch(gate, up.data, x, y, scratch.data, stream, qx, nullptr, nullptr, nullptr, qy, qy_written);
+  if (int8_matvec_supported(gate, x.rows)) return int8_matvec_launch(gate, up.data, x, y, scratch.data, stream, qx);
   cudaError_t err = cudaErrorInvalidValue;
   with_type(gate.type, [&](auto tag) {
     using T = decltype(tag);

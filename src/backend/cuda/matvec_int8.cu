@@ -166,10 +166,6 @@ struct Int8MvArgs {
   Int8XFold xfold;  // one row quantized in-block: the op folded into the staging of x (kNone: none)
   float* residual = nullptr;  // one row, dp4a, no SwiGLU: residual[i] += y[i] as y[i] is stored
   int64_t tma_row0 = 0;       // TmaStepRing: the tensor map's row of w's first row (an expert's, in all experts')
-  // Fused SwiGLU on the tensor-core Q4_K/Q5_K kernels: y also quantized into qout (QuantizedY; counters null:
-  // not). Last, so that the other fields keep their offsets in every kernel's parameters.
-  QuantizedX qout{};
-  unsigned* qout_counters = nullptr;
 };
 
 // The blocks that serve one matvec: a launch's blocks (slot = blockIdx.x of gridDim.x), or a share of
@@ -1136,40 +1132,6 @@ __device__ __forceinline__ void q4k_finish_super_block(const Int8MvArgs& a, int6
   });
 }
 
-// The fused SwiGLU's end with a.qout_counters (several rows): y also as the Q8K rows the next int8 matvec
-// reads, in every XOrder, with the bits quantize_q8k_kernel would make of y, so that matvec needs no quantize
-// launch. A 256-output group spans kGroupTiles tiles of different blocks: after its last tile each block adds
-// its tiles to their groups' counters, and the block whose count completes a group quantizes its n rows
-// (read back from L2) and sets the counter to zero for the next launch. (The padding rows up to
-// padded_tokens(n) keep what they hold, as a norm's quantize leaves them: they reach only padding outputs.)
-// Cost: a fence and one atomic a tile, then, in the completing blocks, a group's n x 256 outputs (16 KB at 16
-// rows) from L2; the quantize launch it replaces held a verify step's chain ~3.5 us (PERFORMANCE.md "Session 46").
-constexpr int kGroupTiles = 256 / kTileOutputs<true>;
-constexpr int kMaxGroupsDone = 64;  // groups a block may complete (int8_matvec_launch checks its tiles)
-__device__ void quantize_swiglu_groups(const Int8MvArgs& a, BlockSlot slot, int64_t my_tiles) {
-  __shared__ int s_done, s_groups[kMaxGroupsDone];
-  if (threadIdx.x == 0) s_done = 0;
-  __threadfence();  // this thread's outputs, before its block counts them
-  __syncthreads();
-  for (int64_t j = threadIdx.x; j < my_tiles; j += blockDim.x) {
-    const int group = static_cast<int>((slot.idx + j * slot.count) / kGroupTiles);
-    if (atomicAdd(a.qout_counters + group, 1u) == kGroupTiles - 1) s_groups[atomicAdd(&s_done, 1)] = group;
-  }
-  __syncthreads();
-  const int done = s_done;
-  if (done == 0) return;
-  __threadfence();  // the other blocks' outputs of these groups, counted before, ahead of the loads below
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = a.n, P = static_cast<int>(padded_tokens(n));
-  for (int i = warp; i < done * n; i += kWarps) {
-    const int group = s_groups[i / n], t = i % n;
-    const float4* yb = reinterpret_cast<const float4*>(a.y + t * a.y_stride + int64_t{group} * 256);
-    const float4 v0 = __ldcg(yb + 2 * lane), v1 = __ldcg(yb + 2 * lane + 1);
-    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    store_quantized_x(quantize_lane(v), lane, a.qout, int64_t{group} * P + t);
-  }
-  if (static_cast<int>(threadIdx.x) < done) a.qout_counters[s_groups[threadIdx.x]] = 0u;
-}
-
 // Tensor-core kernel for several tokens: one int8 mma.m16n8k32 per sub-block and 8 tokens gives the
 // exact dot_i of 16 rows; lane (g, t) = (lane / 4, lane % 4) holds rows g, g+8 and tokens 2t, 2t+1 of
 // each n-tile and adds sc_i * dot_i to its integer sums. msum is one f16 mma.m16n8k16 per super-block
@@ -1291,9 +1253,6 @@ __device__ __forceinline__ void q4k_mma_body(const Int8MvArgs& a, uint8_t* smem,
     write_mma_tile<NT, SW, kConv>(a, mma_red<NT, SW>(red, j), acc, tile, g, t, ks, ct);
   }
   cp_async_wait<0>();
-  if constexpr (SW) {
-    if (a.qout_counters) quantize_swiglu_groups(a, slot, my_tiles);
-  }
 }
 
 // ---- Sub-blocks of 16 codes with int8 scales: Q6_K, Q3_K, IQ4_XS -------------------------------
@@ -2336,8 +2295,7 @@ bool int8_residual_supported(const WeightView& w, int64_t n) { return one_row_dp
 
 cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Mat y, void* scratch,
                                cudaStream_t stream, const QuantizedX* qx, const Int8ConvFold* conv,
-                               const Int8XFold* xfold, float* residual, const QuantizedY* qy, bool* qy_written) {
-  if (qy_written) *qy_written = false;
+                               const Int8XFold* xfold, float* residual) {
   if (!int8_matvec_supported(w, x.rows)) return cudaErrorInvalidValue;
   const int64_t n = x.rows, K = w.n_in;
   Int8MvArgs a{w.data, up, w.row_bytes, w.n_out, K, Q8K{}, x.data, x.stride, static_cast<int>(n), y.data, y.stride};
@@ -2387,17 +2345,7 @@ cudaError_t int8_matvec_launch(const WeightView& w, const uint8_t* up, Mat x, Ma
                        K, a.x, order);
       if (err != cudaSuccess) return;
     }
-    // The SwiGLU's y quantized by its own blocks (quantize_swiglu_groups: whole 256-groups, at most
-    // kMaxGroupsDone of them completed by a block of the launch's grid).
-    const int64_t tiles = w.n_out / kTileOutputs<true>;
-    const bool quantize_y = up && qy && qy->counters && !dp4a && Family::kOrder == XOrder::kFragQ4 &&
-                            a.xfold.kind == Int8XFold::kNone && w.n_out % 256 == 0 && w.n_out <= kQuantizedXMaxK &&
-                            aligned(y.data) && y.stride % 4 == 0 &&
-                            tiles <= kMaxGroupsDone * std::min<int64_t>(tiles, sm_count()) &&
-                            env_int("HYSPEC_SWIGLU_QUANTIZE", 1) != 0;
-    if (quantize_y) a.qout = qy->x, a.qout_counters = qy->counters;
     err = Family::launch(a, up != nullptr, dp4a, stream);
-    if (qy_written) *qy_written = quantize_y && err == cudaSuccess;
   });
   return err;
 }

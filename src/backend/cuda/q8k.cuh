@@ -7,8 +7,6 @@
 
 #include <cstdint>
 
-#include "backend/cuda/kernels.h"
-
 namespace hyspec::cuda {
 
 // Quantized rows, stored by 256-block in step-major order: block (s, t) (elements 256s.. of row t) is
@@ -81,14 +79,6 @@ __device__ __forceinline__ void store_codes(const Q8KLane& r, int lane, int8_t* 
 __device__ __forceinline__ void store_sums(const Q8KLane& r, int lane, __half* bs, float* d) {
   if ((lane & 1) == 0) bs[lane / 2] = __int2half_rn(r.pair_sum);
   if (lane == 0) *d = r.d;
-}
-
-// A warp's quantized 256-block (quantize_lane) into block b of the Q8K rows qx, in every XOrder (the norms'
-// quantize and the fused SwiGLU's).
-__device__ __forceinline__ void store_quantized_x(const Q8KLane& q, int lane, const QuantizedX& qx, int64_t b) {
-#pragma unroll
-  for (int o = 0; o < 3; ++o) store_codes(q, lane, qx.q[o] + b * 256, static_cast<XOrder>(o));
-  store_sums(q, lane, reinterpret_cast<__half*>(qx.bs) + b * 16, qx.d + b);
 }
 
 }  // namespace hyspec::cuda
