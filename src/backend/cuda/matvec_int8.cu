@@ -1850,18 +1850,39 @@ bool dp4a_fits() {
 // maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel, s16_mma_tma_kernel) tensor maps, its
 // mbarriers' bytes added.
 // extra: more shared memory (a deeper TMA ring's stages and barriers).
+// The share of a launch's block slots that its tiles fill: tiles over slots blocks, in whole rounds.
+double wave_fill(int64_t tiles, int64_t slots) {
+  const int64_t rounds = (tiles + slots - 1) / slots;
+  return static_cast<double>(tiles) / static_cast<double>(rounds * slots);
+}
+
 template <class L, int NMAX, auto kernel, int MB = 2>
 cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr,
                    size_t extra = 0) {
   // (a tensor-core kernel's NT = NMAX / 8; the dp4a kernels' NMAX of 1 or 2 keep one buffer)
   const int red_buffers = sw ? kMmaRedBuffers<NMAX / 8, true> : kMmaRedBuffers<NMAX / 8, false>;
   constexpr bool kTma = std::is_invocable_v<decltype(kernel), Int8MvArgs, TmaMaps>;
-  const size_t smem = smem_bytes<L>(NMAX, staged, red_buffers) + (kTma ? kTmaBarBytes : 0) + extra;
+  size_t smem = smem_bytes<L>(NMAX, staged, red_buffers) + (kTma ? kTmaBarBytes : 0) + extra;
   static const cudaError_t attr_err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr_err != cudaSuccess) return attr_err;
-  const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, MB * int64_t{sm_count()})));
+  const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out, sms = sm_count();
+  int64_t blocks = std::min<int64_t>(tiles, MB * sms);
+  // A dp4a launch whose tiles fill two blocks an SM in rounds badly (the 27B's 320-tile projections to 5120:
+  // two rounds at 61% of the slots) takes three an SM where they fit (the staged x sized to its row, not
+  // kMaxStagedX; no conv tile after it): one round at 81%. Each tile's arithmetic is the same in any block, so
+  // the bits are too. HYSPEC_MATVEC_WAVES=0: two an SM (an A/B switch, read at each launch).
+  if (staged && MB == 2 && extra == 0 && tiles > MB * sms && wave_fill(tiles, 3 * sms) > wave_fill(tiles, MB * sms) + 0.05 &&
+      env_int("HYSPEC_MATVEC_WAVES", 1) != 0) {
+    const size_t sized = smem_bytes<L>(NMAX, false, red_buffers) + (staged_x_bytes(a.n, a.K) + 15) / 16 * 16 +
+                         (kTma ? kTmaBarBytes : 0);
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, sized) != cudaSuccess)
+      cudaGetLastError();  // (the query's own error: the launch keeps two blocks an SM)
+    else if (per_sm >= 3)
+      smem = sized, blocks = std::min<int64_t>(tiles, 3 * sms);
+  }
+  const dim3 grid(static_cast<unsigned>(blocks));
   if constexpr (kTma) return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a, *maps);
   else return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a);
 }
