@@ -1855,14 +1855,6 @@ double wave_fill(int64_t tiles, int64_t slots) {
   const int64_t rounds = (tiles + slots - 1) / slots;
   return static_cast<double>(tiles) / static_cast<double>(rounds * slots);
 }
-// Whether a dp4a launch of `tiles` tiles asks for three blocks an SM (launch, where the kernel fits them): its
-// tiles fill two an SM in rounds badly (the 27B's 320-tile projections to 5120: two rounds at 61% of the slots,
-// one at 81% with three). HYSPEC_MATVEC_WAVES=0: never (an A/B switch, read at each launch).
-bool wants_three_blocks(int64_t tiles) {
-  const int64_t sms = sm_count();
-  return tiles > 2 * sms && wave_fill(tiles, 3 * sms) > wave_fill(tiles, 2 * sms) + 0.05 &&
-         env_int("HYSPEC_MATVEC_WAVES", 1) != 0;
-}
 
 template <class L, int NMAX, auto kernel, int MB = 2>
 cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr,
@@ -1876,9 +1868,12 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
   if (attr_err != cudaSuccess) return attr_err;
   const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out, sms = sm_count();
   int64_t blocks = std::min<int64_t>(tiles, MB * sms);
-  // A dp4a launch that wants_three_blocks takes them where they fit (the staged x sized to its row, not
-  // kMaxStagedX; no conv tile after it). Each tile's arithmetic is the same in any block, so the bits are too.
-  if (staged && MB == 2 && extra == 0 && wants_three_blocks(tiles)) {
+  // A dp4a launch whose tiles fill two blocks an SM in rounds badly (the 27B's 320-tile projections to 5120:
+  // two rounds at 61% of the slots) takes three an SM where they fit (the staged x sized to its row, not
+  // kMaxStagedX; no conv tile after it): one round at 81%. Each tile's arithmetic is the same in any block, so
+  // the bits are too. HYSPEC_MATVEC_WAVES=0: two an SM (an A/B switch, read at each launch).
+  if (staged && MB == 2 && extra == 0 && tiles > MB * sms && wave_fill(tiles, 3 * sms) > wave_fill(tiles, MB * sms) + 0.05 &&
+      env_int("HYSPEC_MATVEC_WAVES", 1) != 0) {
     const size_t sized = smem_bytes<L>(NMAX, false, red_buffers) + (staged_x_bytes(a.n, a.K) + 15) / 16 * 16 +
                          (kTma ? kTmaBarBytes : 0);
     int per_sm = 0;
@@ -1962,12 +1957,10 @@ bool weight_tensor_map(const uint8_t* w, int64_t n_out, int64_t K, size_t row_by
 // A launch's maps (sw: the gate's and the up weights', 8 rows a box), or false: the cp.async kernels.
 template <class L>
 bool tensor_maps(const Int8MvArgs& a, bool sw, bool dp4a, TmaMaps* maps) {
-  // Row pairs on the tensor-core kernels, and on the dp4a kernels where the launch wants_three_blocks (the
-  // TMA kernel fits three an SM, the cp.async one's registers do not): at two blocks an SM they lost 0.5-3.4%
-  // at the 27B's FFN shapes (PERFORMANCE.md "Session 54").
+  // Row pairs on the tensor-core kernels only: on the one- and two-row dp4a kernels they lost 0.5-3.4% at the
+  // 27B's FFN shapes (PERFORMANCE.md "Session 54").
+  if (dp4a && row_group_log2(a.row_bytes) == 1) return false;
   const int box_rows = sw ? kRows / 2 : kRows;
-  if (dp4a && row_group_log2(a.row_bytes) == 1 && !wants_three_blocks((a.n_out + box_rows - 1) / box_rows))
-    return false;
   return weight_tensor_map<L>(a.w, a.n_out, a.K, a.row_bytes, box_rows, &maps->w) &&
          (!sw || weight_tensor_map<L>(a.w2, a.n_out, a.K, a.row_bytes, box_rows, &maps->up));
 }
