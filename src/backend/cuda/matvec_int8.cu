@@ -1847,15 +1847,15 @@ bool dp4a_fits() {
   return fits;
 }
 
-// maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel, s16_mma_tma_kernel) tensor maps, its
-// mbarriers' bytes added.
-// extra: more shared memory (a deeper TMA ring's stages and barriers).
 // The share of a launch's block slots that its tiles fill: tiles over slots blocks, in whole rounds.
 double wave_fill(int64_t tiles, int64_t slots) {
   const int64_t rounds = (tiles + slots - 1) / slots;
   return static_cast<double>(tiles) / static_cast<double>(rounds * slots);
 }
 
+// maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel, s16_mma_tma_kernel) tensor maps, its
+// mbarriers' bytes added.
+// extra: more shared memory (a deeper TMA ring's stages and barriers).
 template <class L, int NMAX, auto kernel, int MB = 2>
 cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = false, const TmaMaps* maps = nullptr,
                    size_t extra = 0) {
@@ -1872,8 +1872,8 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
   // two rounds at 61% of the slots) takes three an SM where they fit (the staged x sized to its row, not
   // kMaxStagedX; no conv tile after it): one round at 81%. Each tile's arithmetic is the same in any block, so
   // the bits are too. HYSPEC_MATVEC_WAVES=0: two an SM (an A/B switch, read at each launch).
-  if (staged && MB == 2 && extra == 0 && tiles > MB * sms && wave_fill(tiles, 3 * sms) > wave_fill(tiles, MB * sms) + 0.05 &&
-      env_int("HYSPEC_MATVEC_WAVES", 1) != 0) {
+  if (staged && MB == 2 && extra == 0 && tiles > MB * sms &&
+      wave_fill(tiles, 3 * sms) > wave_fill(tiles, MB * sms) + 0.05 && env_int("HYSPEC_MATVEC_WAVES", 1) != 0) {
     const size_t sized = smem_bytes<L>(NMAX, false, red_buffers) + (staged_x_bytes(a.n, a.K) + 15) / 16 * 16 +
                          (kTma ? kTmaBarBytes : 0);
     int per_sm = 0;
