@@ -688,9 +688,7 @@ __host__ __device__ constexpr size_t staged_x_bytes(int64_t n, int64_t K) {
 // How the dp4a kernels stage x (their kXFold parameter): the generic paths, Int8XFold's op (kGatedNorm,
 // kSigmoidGate) or its kPlain rounds. Each is an instantiation of its own: the gate's activations held
 // across the wait take the op fold's kernels from 71-84 to ~106 registers (the rounds' kernels: 74-84).
-// kStageFoldLate: kStageFold with the gate read after the wait, beside x (no registers held across it: the
-// three-blocks-an-SM kernel's form, see launch_q4k_dp4a).
-constexpr int kStageNone = 0, kStageFold = 1, kStagePlain = 2, kStageNorm = 3, kStageFoldLate = 4;
+constexpr int kStageNone = 0, kStageFold = 1, kStagePlain = 2, kStageNorm = 3;
 constexpr int kXFoldBlocks = static_cast<int>(kInt8XFoldMaxK / (256 * kWarps));
 static_assert(kXFoldBlocks * 256 * kWarps == kInt8XFoldMaxK && kInt8XFoldGroup == 128);
 struct XFoldPre {
@@ -745,14 +743,14 @@ __device__ __forceinline__ void stage_folded_x(const Int8MvArgs& a, const Q8K& x
   for (int r = 0; r < (kXFold == kStagePlain ? kXFoldRounds : 1); ++r) {
     const int first = ks + kWarps * kXFoldBlocks * r;  // the round's first block
     if (first >= nb) break;                             // warp-uniform
-    constexpr bool op = kXFold == kStageFold || kXFold == kStageFoldLate;
+    constexpr bool op = kXFold == kStageFold;
     // Every block's loads first: one L2 round trip (the stores into shared memory between would otherwise
     // keep each block's loads behind the previous block's, for all the compiler knows).
     float xv[kXFoldBlocks][8];
 #pragma unroll
     for (int i = 0; i < kXFoldBlocks; ++i) {
       if (first + kWarps * i >= nb) break;  // warp-uniform
-      if (op && (kXFold == kStageFoldLate || !f.gate_early)) xfold_gate(a, i, pre);
+      if (op && !f.gate_early) xfold_gate(a, i, pre);
       load8(a.xf + 256 * (first + kWarps * i) + 8 * lane, xv[i]);
     }
 #pragma unroll
@@ -1716,9 +1714,8 @@ __global__ void __launch_bounds__(kWarps * 32, MB) q4k_mma_kernel(Int8MvArgs a) 
 }
 // The Q4_K kernels with the weights by TMA boxes (sm_90: use_tma_ring): the mbarriers first, then the
 // cp.async kernels' shared memory.
-// MB: blocks an SM the registers allow (3: kStageFoldLate, for launches that want_three_blocks).
-template <int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone, int MB = 2>
-__global__ void __launch_bounds__(kWarps * 32, MB) q4k_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
+template <int NMAX, bool SW, bool kConv = false, int kXFold = kStageNone>
+__global__ void __launch_bounds__(kWarps * 32, 2) q4k_dp4a_tma_kernel(Int8MvArgs a, const __grid_constant__ TmaMaps maps) {
   extern __shared__ __align__(128) uint8_t tma_smem[];  // (the dynamic shared memory, named for its alignment)
   q4k_dp4a_body<NMAX, SW, false, false, kConv, kXFold, true>(a, tma_smem + kTmaBarBytes, launch_slot(), &maps);
 }
@@ -1855,14 +1852,6 @@ double wave_fill(int64_t tiles, int64_t slots) {
   const int64_t rounds = (tiles + slots - 1) / slots;
   return static_cast<double>(tiles) / static_cast<double>(rounds * slots);
 }
-// Whether a dp4a launch of `tiles` tiles asks for three blocks an SM: its tiles fill two an SM in rounds badly
-// (the 27B's 320-tile projections to 5120: two rounds at 61% of the slots, one at 81% with three).
-// HYSPEC_MATVEC_WAVES=0: never (an A/B switch, read at each launch).
-bool wants_three_blocks(int64_t tiles) {
-  const int64_t sms = sm_count();
-  return tiles > 2 * sms && wave_fill(tiles, 3 * sms) > wave_fill(tiles, 2 * sms) + 0.05 &&
-         env_int("HYSPEC_MATVEC_WAVES", 1) != 0;
-}
 
 // maps: a TMA kernel's (q4k_dp4a_tma_kernel, q4k_mma_tma_kernel, s16_mma_tma_kernel) tensor maps, its
 // mbarriers' bytes added.
@@ -1879,10 +1868,12 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
   if (attr_err != cudaSuccess) return attr_err;
   const int64_t out = sw ? kRows / 2 : kRows, tiles = (a.n_out + out - 1) / out, sms = sm_count();
   int64_t blocks = std::min<int64_t>(tiles, MB * sms);
-  // A dp4a launch that wants_three_blocks takes them where they fit (the staged x sized to its row, not
-  // kMaxStagedX; no conv tile after it), as does a kernel built for three (MB). Each tile's arithmetic is the
-  // same in any block, so the bits are too.
-  if (staged && extra == 0 && (MB == 3 || (MB == 2 && wants_three_blocks(tiles)))) {
+  // A dp4a launch whose tiles fill two blocks an SM in rounds badly (the 27B's 320-tile projections to 5120:
+  // two rounds at 61% of the slots) takes three an SM where they fit (the staged x sized to its row, not
+  // kMaxStagedX; no conv tile after it): one round at 81%. Each tile's arithmetic is the same in any block, so
+  // the bits are too. HYSPEC_MATVEC_WAVES=0: two an SM (an A/B switch, read at each launch).
+  if (staged && MB == 2 && extra == 0 && tiles > MB * sms &&
+      wave_fill(tiles, 3 * sms) > wave_fill(tiles, MB * sms) + 0.05 && env_int("HYSPEC_MATVEC_WAVES", 1) != 0) {
     const size_t sized = smem_bytes<L>(NMAX, false, red_buffers) + (staged_x_bytes(a.n, a.K) + 15) / 16 * 16 +
                          (kTma ? kTmaBarBytes : 0);
     int per_sm = 0;
@@ -2018,12 +2009,6 @@ cudaError_t by_n_tiles(int64_t n, F&& f) {
 template <int NMAX, bool SW, bool Q5, bool kConv, int kXFold, bool kTma>
 cudaError_t launch_q4k_dp4a(const Int8MvArgs& a, cudaStream_t stream, const TmaMaps* maps) {
   using L = std::conditional_t<Q5, Q5KLayout, Q4KLayout>;
-  if constexpr (kTma && NMAX == 1 && !SW && !kConv && kXFold == kStageFold) {
-    // The op folds hold the gate across the wait (~102 registers: two blocks an SM); for three, the form that
-    // reads it after the wait (the 27B's out-projections to 5120).
-    if (wants_three_blocks((a.n_out + kRows - 1) / kRows))
-      return launch<L, NMAX, q4k_dp4a_tma_kernel<NMAX, SW, kConv, kStageFoldLate, 3>, 3>(a, SW, stream, true, maps);
-  }
   if constexpr (kTma) return launch<L, NMAX, q4k_dp4a_tma_kernel<NMAX, SW, kConv, kXFold>>(a, SW, stream, true, maps);
   else return launch<L, NMAX, q4k_dp4a_kernel<NMAX, SW, Q5, kConv, kXFold>>(a, SW, stream, true);
 }
