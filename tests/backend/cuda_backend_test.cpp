@@ -1119,28 +1119,31 @@ TEST_P(CudaMatmulTest, AddNormSplitIntoTheMatvecsAroundItGivesTheNormsBits) {
 
 // One- and two-row matvecs whose 16-row tiles fill two blocks an SM in rounds badly (5120 outputs: 320 tiles)
 // run three blocks an SM where they fit (matvec_int8.cu, launch): the same bits as two (HYSPEC_MATVEC_WAVES=0),
-// for x staged in rounds (K = 17408: the 27B's down projection), copied from a norm's rows or quantized in-block.
+// for x staged in rounds (K = 17408: the 27B's down projection), copied from a norm's rows or quantized in-block;
+// and with three forced wherever they fit (=2) on 8448 outputs too (528 tiles, which keep two by default).
 TEST_P(CudaMatmulTest, ThreeBlocksAnSmKeepTheBits) {
   if (!GetParam()) GTEST_SKIP() << "the int8 matvec's kernels";
-  const int64_t N = 5120;
-  for (const int64_t K : {17408, 4096, 1024})
-    for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-      const Weight w = load_random_weight(*gpu_, type, K, N, rng_);
-      const Tensor x = put(*gpu_, randn(2 * K)), wn = put(*gpu_, randn(K)), h = poison(*gpu_, 2 * K);
-      for (const int64_t n : {1, 2})
-        for (const bool normed : {false, true}) {
-          auto run = [&](const char* waves) {
-            const ScopedEnv env("HYSPEC_MATVEC_WAVES", waves);
-            const Tensor y = poison(*gpu_, n * N);
-            if (normed) gpu_->rms_norm(x.rows(2, K).rows(0, n), wn.f(), K, 1e-6f, h.rows(n, K));
-            gpu_->matmul(w, (normed ? h : x).rows(2, K).rows(0, n), y.rows(n, N));
-            return get_gpu(y);
-          };
-          const auto two = run("0"), three = run("1");
-          EXPECT_TRUE(same_bits(two, three))
-              << ggml_type_name(type) << " K " << K << ", " << n << " rows" << (normed ? ", a norm's x" : "");
-        }
-    }
+  for (const int64_t N : {5120, 8448})
+    for (const int64_t K : {17408, 4096, 1024})
+      for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+        const Weight w = load_random_weight(*gpu_, type, K, N, rng_);
+        const Tensor x = put(*gpu_, randn(2 * K)), wn = put(*gpu_, randn(K)), h = poison(*gpu_, 2 * K);
+        for (const int64_t n : {1, 2})
+          for (const bool normed : {false, true}) {
+            auto run = [&](const char* waves) {
+              const ScopedEnv env("HYSPEC_MATVEC_WAVES", waves);
+              const Tensor y = poison(*gpu_, n * N);
+              if (normed) gpu_->rms_norm(x.rows(2, K).rows(0, n), wn.f(), K, 1e-6f, h.rows(n, K));
+              gpu_->matmul(w, (normed ? h : x).rows(2, K).rows(0, n), y.rows(n, N));
+              return get_gpu(y);
+            };
+            const auto two = run("0"), three = run("1"), forced = run("2");
+            const std::string what = fmt::format("{} {} x {}, {} rows{}", ggml_type_name(type), K, N, n,
+                                                 normed ? ", a norm's x" : "");
+            EXPECT_TRUE(same_bits(two, three)) << what;
+            EXPECT_TRUE(same_bits(two, forced)) << what << ", three forced";
+          }
+      }
 }
 
 // A one-row int8 matmul may be launched as late as the backend's next call (the conv fold defers it): a
