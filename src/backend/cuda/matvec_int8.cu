@@ -1878,11 +1878,22 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
       (waves == 2 || wave_fill(tiles, 3 * sms) > wave_fill(tiles, MB * sms) + 0.05)) {
     const size_t sized = smem_bytes<L>(NMAX, false, red_buffers) + (staged_x_bytes(a.n, a.K) + 15) / 16 * 16 +
                          (kTma ? kTmaBarBytes : 0);
+    // (the occupancy by shared memory, asked once per size: an eager step launches these every token)
+    static std::mutex mu;
+    static std::map<size_t, int> blocks_per_sm;
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, sized) != cudaSuccess)
-      cudaGetLastError();  // (the query's own error: the launch keeps two blocks an SM)
-    else if (per_sm >= 3)
-      smem = sized, blocks = std::min<int64_t>(tiles, 3 * sms);
+    {
+      const std::lock_guard<std::mutex> lock(mu);
+      if (const auto it = blocks_per_sm.find(sized); it != blocks_per_sm.end()) {
+        per_sm = it->second;
+      } else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, sized) == cudaSuccess) {
+        blocks_per_sm.emplace(sized, per_sm);
+      } else {
+        cudaGetLastError();  // (the query's own error: the launch keeps two blocks an SM)
+        per_sm = 0;
+      }
+    }
+    if (per_sm >= 3) smem = sized, blocks = std::min<int64_t>(tiles, 3 * sms);
   }
   const dim3 grid(static_cast<unsigned>(blocks));
   if constexpr (kTma) return launch_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a, *maps);
