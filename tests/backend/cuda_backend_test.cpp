@@ -2058,8 +2058,11 @@ TEST_F(CudaBench, MatmulDecode) {
         ++p;
       }
     }
+    // Weight copies the graph walks (HYSPEC_BENCH_COPIES, default 8: past L2; 1 keeps a weight of up to ~40 MB in
+    // L2, to see how fast a matvec runs on weights that a prefetch put there)
+    const char* copies_env = std::getenv("HYSPEC_BENCH_COPIES");
+    const int kCopies = copies_env && *copies_env ? std::max(1, std::atoi(copies_env)) : 8;
     for (const Shape sh : shapes) {
-      constexpr int kCopies = 8;
       const auto bytes = random_weight_bytes(type, sh.K, sh.N, rng_);
       std::vector<Weight> ws;
       for (int c = 0; c < kCopies; ++c) ws.push_back(b.load_weight(tensor_info("w", type, bytes, sh.K, sh.N)).value());
