@@ -24,10 +24,14 @@ V=${AB_VARIANTS:?variants}
 for v in $V; do  # (the packed build is hyspec: a baseline named base needs its own hyspec_base, a build or a link)
   [ -x "$D/bin/hyspec_$v" ] || { echo "ab.sh: no $D/bin/hyspec_$v for variant $v" >&2; exit 2; }
 done
-# A gtest run's outcome: the PASSED count and how many failed first, then the failed tests' names.
+# A gtest run's outcome: the PASSED count and how many failed first, then the failed tests' names and the first
+# lines of their failure messages (the whole output in $OUT/NAME.log).
 summary() {
-  local r; r=$(grep -E "^\[  (PASSED|FAILED)  \]" | sort -u)
+  local log="$OUT/$1.log" r
+  cat > "$log"
+  r=$(grep -E "^\[  (PASSED|FAILED)  \]" "$log" | sort -u)
   echo "$r" | grep PASSED; echo "failed: $(echo "$r" | grep -c "FAILED  \] [A-Za-z]")"; echo "$r" | grep "FAILED  \] [A-Za-z]" | head -25
+  grep -A3 -E "Failure$|: Failure" "$log" | head -40
 }
 # AB_SYNTH=1: the 9B from the anchor file's skeleton in the repo, filled with random weights of its
 # types (fill on all cores since session 54, ~20 s serial before; no .anchor in the carry), instead of the anchor's converter and llama-quantize.
@@ -52,7 +56,7 @@ for v in $V; do  # (a variant may come without test binaries; AB_TESTS filters t
     filter='*'
     [ "$(basename "$t")" = "test_backend_$v" ] && filter=${AB_TESTS:=Matvec/*:CudaBackendTest.*Norm*:CudaBackendTest.Captured*}
     echo "== $(basename "$t") (cuda): $filter"
-    HYSPEC_TEST_BACKEND=cuda timeout 200 "$t" --gtest_brief=1 --gtest_filter="$filter" 2>&1 | summary
+    HYSPEC_TEST_BACKEND=cuda timeout 200 "$t" --gtest_brief=1 --gtest_filter="$filter" 2>&1 | summary "$(basename "$t")"
   done
 done
 # AB_MEMCHECK=1: compute-sanitizer on the last variant's MTP decode and verify steps (the f32 fixture,
