@@ -2061,11 +2061,11 @@ TEST_F(CudaBench, MatmulDecode) {
     // Weight copies the graph walks (HYSPEC_BENCH_COPIES, default 8: past L2; 1 keeps a weight of up to ~40 MB in
     // L2, to see how fast a matvec runs on weights that a prefetch put there)
     const char* copies_env = std::getenv("HYSPEC_BENCH_COPIES");
-    const int kCopies = copies_env && *copies_env ? std::max(1, std::atoi(copies_env)) : 8;
+    const int copies = copies_env && *copies_env ? std::max(1, std::atoi(copies_env)) : 8;
     for (const Shape sh : shapes) {
       const auto bytes = random_weight_bytes(type, sh.K, sh.N, rng_);
       std::vector<Weight> ws;
-      for (int c = 0; c < kCopies; ++c) ws.push_back(b.load_weight(tensor_info("w", type, bytes, sh.K, sh.N)).value());
+      for (int c = 0; c < copies; ++c) ws.push_back(b.load_weight(tensor_info("w", type, bytes, sh.K, sh.N)).value());
       table += fmt::format("| {} {}x{} |", ggml_type_name(type), sh.K, sh.N);
       for (int64_t n : widths) {
         Tensor x = put(b, randn(n * sh.K)), y = poison(b, n * sh.N);
@@ -2074,7 +2074,7 @@ TEST_F(CudaBench, MatmulDecode) {
               for (int rep = 0; rep < 4; ++rep)
                 for (auto& w : ws) b.matmul(w, x.rows(n, sh.K), y.rows(n, sh.N));
             },
-            4 * kCopies);
+            4 * copies);
         std::printf("BENCH matmul %-5s %5ldx%-5ld n=%-3ld %8.2f us %6.0f GB/s %6.1f TFLOP/s\n",
                     std::string(ggml_type_name(type)).c_str(), static_cast<long>(sh.K), static_cast<long>(sh.N),
                     static_cast<long>(n), s * 1e6, bytes.size() / s / 1e9, 2.0 * sh.K * sh.N * n / s / 1e12);
