@@ -120,6 +120,15 @@ std::string_view gguf_value_type_name(GgufValueType t) {
   return i < std::size(names) ? names[i] : "unknown";
 }
 
+int gguf_block_index(std::string_view name) {
+  if (name.substr(0, 4) != "blk.") return -1;
+  int n = 0;
+  size_t i = 4;
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) n = n * 10 + (name[i] - '0');
+  return i < name.size() && name[i] == '.' ? n : -1;
+}
+
 size_t gguf_scalar_size(GgufValueType t) {
   switch (t) {
     case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: return 1;

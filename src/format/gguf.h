@@ -41,6 +41,9 @@ struct GgufValue {
   double as_double() const;
 };
 
+// The block of a llama.cpp-named "blk.N.*" tensor, or -1 for the others.
+int gguf_block_index(std::string_view tensor_name);
+
 struct GgufTensorInfo {
   std::string name;
   GgmlType type = GgmlType::F32;

@@ -134,20 +134,6 @@ Result<Qwen35Hparams> read_qwen35_hparams(const GgufFile& f) {
   return hp;
 }
 
-namespace {
-
-// Layer index of "blk.N.*" tensors, -1 for the others.
-int block_index(std::string_view name) {
-  if (name.substr(0, 4) != "blk.") return -1;
-  int n = 0;
-  size_t i = 4;
-  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
-  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) n = n * 10 + (name[i] - '0');
-  return i < name.size() && name[i] == '.' ? n : -1;
-}
-
-}  // namespace
-
 DecodeWeightBytes decode_weight_bytes(const GgufFile& f, int64_t first_nextn, int64_t n_expert, int64_t n_used) {
   const bool tied = f.find_tensor("output.weight") == nullptr;
   DecodeWeightBytes r;
@@ -156,7 +142,7 @@ DecodeWeightBytes decode_weight_bytes(const GgufFile& f, int64_t first_nextn, in
     if (t.name == "token_embd.weight" && !tied) bytes = t.nbytes / static_cast<uint64_t>(t.n_elements() / t.ne[0]);
     else if (n_expert > 0 && n_used > 0 && t.name.find("_exps.") != std::string::npos)
       bytes = t.nbytes / static_cast<uint64_t>(n_expert) * static_cast<uint64_t>(n_used);
-    const int blk = block_index(t.name);
+    const int blk = gguf_block_index(t.name);
     (blk >= 0 && blk >= first_nextn ? r.nextn : r.target) += bytes;
   }
   return r;

@@ -60,6 +60,18 @@ void expect_error(const Bytes& b, const std::string& want, size_t size = SIZE_MA
   EXPECT_NE(m.find(want), std::string::npos) << "message: " << m << "\nwanted: " << want;
 }
 
+// llama.cpp's block naming: "blk.N." and a tensor name after it; anything else is not a block's.
+TEST(GgufNames, BlockIndexOfBlkTensorsOnly) {
+  EXPECT_EQ(gguf_block_index("blk.0.attn_q.weight"), 0);
+  EXPECT_EQ(gguf_block_index("blk.63.ffn_down.weight"), 63);
+  EXPECT_EQ(gguf_block_index("blk.12.nextn.eh_proj.weight"), 12);
+  EXPECT_EQ(gguf_block_index("token_embd.weight"), -1);
+  EXPECT_EQ(gguf_block_index("blk.x.attn_q.weight"), -1);
+  EXPECT_EQ(gguf_block_index("blk.3"), -1);
+  EXPECT_EQ(gguf_block_index("blk."), -1);
+  EXPECT_EQ(gguf_block_index("blk3.attn_q.weight"), -1);
+}
+
 TEST(GgufRead, SmallFileIsValid) {
   const Bytes b = small_file();
   auto f = GgufFile::parse(b.data(), b.size(), kName);

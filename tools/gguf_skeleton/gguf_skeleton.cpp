@@ -240,23 +240,23 @@ struct ShapedTensor {
 // IN gives such a tensor where use_more_bits agrees (counted over the file as llama.cpp counts them).
 Result<std::vector<ShapedTensor>> qwen35_tensors(const GgufFile& in, const Qwen35Shape& from, const Qwen35Shape& s) {
   auto block_of = [](std::string_view name, std::string_view& suffix) -> int64_t {
-    if (!name.starts_with("blk.")) return -1;
-    const size_t dot = name.find('.', 4);
-    if (dot == std::string_view::npos) return -1;
-    suffix = name.substr(dot + 1);
-    return std::strtoll(std::string(name.substr(4, dot - 4)).c_str(), nullptr, 10);
+    const int b = gguf_block_index(name);
+    if (b >= 0) suffix = name.substr(name.find('.', 4) + 1);
+    return b;
   };
   auto recurrent = [](int64_t b, const Qwen35Shape& sh) { return b < sh.trunk && (b + 1) % sh.interval != 0; };
   auto wv = [](std::string_view suffix) { return suffix == "attn_qkv.weight" || suffix == "attn_v.weight"; };
-  // The template blocks, and the types IN gives the use_more_bits classes ([0]: fewer bits, [1]: more).
-  int64_t first_rec = -1, first_full = -1, n_wv = 0, n_down = 0;
-  std::optional<GgmlType> wv_type[2], down_type[2];
-  for (const GgufTensorInfo& t : in.tensors()) {
+  // The attn_qkv / attn_v and ffn_down tensors of a list, counted as use_more_bits counts them.
+  auto count_classes = [&](const GgufTensorInfo& t, int64_t& n_wv, int64_t& n_down) {
     std::string_view suffix;
     const bool block = block_of(t.name, suffix) >= 0;
     n_wv += block && wv(suffix);
     n_down += block && suffix == "ffn_down.weight";
-  }
+  };
+  // The template blocks, and the types IN gives the use_more_bits classes ([0]: fewer bits, [1]: more).
+  int64_t first_rec = -1, first_full = -1, n_wv = 0, n_down = 0;
+  std::optional<GgmlType> wv_type[2], down_type[2];
+  for (const GgufTensorInfo& t : in.tensors()) count_classes(t, n_wv, n_down);
   int64_t i_wv = 0, i_down = 0;
   for (const GgufTensorInfo& t : in.tensors()) {
     std::string_view suffix;
@@ -296,12 +296,7 @@ Result<std::vector<ShapedTensor>> qwen35_tensors(const GgufFile& in, const Qwen3
     }
   }
   int64_t wv_total = 0, down_total = 0;
-  for (const auto& [nb, t] : emitted) {
-    std::string_view suffix;
-    const bool block = block_of(t->name, suffix) >= 0;
-    wv_total += block && wv(suffix);
-    down_total += block && suffix == "ffn_down.weight";
-  }
+  for (const auto& [nb, t] : emitted) count_classes(*t, wv_total, down_total);
   std::vector<ShapedTensor> out;
   int64_t j_wv = 0, j_down = 0;
   for (const auto& [nb, t] : emitted) {
