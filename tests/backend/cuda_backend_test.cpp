@@ -142,7 +142,7 @@ class CudaBackendTest : public ::testing::Test {
   // Attention of n new rows at ctx..ctx+n-1 (keys and values of every position stored by kv_store) on
   // both backends, within 1e-4.
   void attention_matches_cpu(const AttnCase& ac, GgmlType kv_type, int64_t n, bool causal) {
-    const int64_t D = ac.head_dim, W = ac.n_kv * D, cap = ac.ctx + n + 3, total = ac.ctx + n;
+    const int64_t D = ac.head_dim, W = ac.n_kv * D, cap = std::max(ac.capacity, ac.ctx + n + 3), total = ac.ctx + n;
     const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
     std::vector<int32_t> pos(total);
     for (int64_t i = 0; i < total; ++i) pos[i] = static_cast<int32_t>(i);
@@ -1455,6 +1455,14 @@ TEST_F(CudaBackendTest, AttentionMatchesCpuForEveryWidthKvTypeAndMode) {
         for (bool causal : {true, false}) attention_matches_cpu(ac, kv_type, n, causal);
 }
 
+// A cache of more splits than one wave of decode blocks holds (40000 keys: 79 splits of 512 on 132 SMs, where a wave
+// is 33 blocks a kv head) at a depth past that wave (20000 keys: 40 splits): the splits run in two waves and the
+// merge takes 40 partials.
+TEST_F(CudaBackendTest, AttentionInALongCacheMatchesCpu) {
+  for (GgmlType kv_type : {GgmlType::F16, GgmlType::Q8_0})
+    for (int64_t n : {1, 17}) attention_matches_cpu(AttnCase{16, 4, 256, 20000, 40000}, kv_type, n, true);
+}
+
 // Prompt steps at the 9B's shape (16 heads, 4 kv heads of 256): many 64-query blocks (the tensor-core
 // prompt kernel for 16-bit caches), a last partial one, causal and block mode, with and without earlier
 // context (one split, then several).
@@ -1471,9 +1479,10 @@ TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
   // over warp pairs) walk their copy stages round more than once. On 132 SMs the rows of 2280 keys (splits of 96)
   // reach into 24 and 25 splits, those of 2550 in a 10000-key cache (splits of 320) into 8 and 9: a wider step's
   // blocks merge splits past its first rows' keys, which must add exact zeros to those rows (any grouping of the
-  // split merge must keep that; session 49 measured one in two levels).
+  // split merge must keep that; session 49 measured one in two levels). 20000 keys of 40000 (79 splits of 512): the
+  // rows reach 40 splits, more than one wave of blocks.
   const AttnCase cases[] = {{16, 4, 256, 300},       {16, 4, 256, 9000}, {4, 2, 64, 1100},
-                            {16, 4, 256, 2280},      {16, 4, 256, 2550, 10000}};
+                            {16, 4, 256, 2280},      {16, 4, 256, 2550, 10000}, {16, 4, 256, 20000, 40000}};
   for (const AttnCase& ac : cases) {
     for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
       const int64_t D = ac.head_dim, W = ac.n_kv * D, n_max = 32, QW = ac.n_head * D;
