@@ -6,7 +6,7 @@
 # bench/compare_llamacpp.sh (the anchor's checkpoint, converter and quantizer, two calls with the ~490 s llama.cpp
 # build on the device), llama-bench is built here, once, and carried:
 #   bench/compare_llamacpp_synth.sh build   # here: .anchor/llama-bench.xz from .anchor/llama.cpp-src.tar.xz
-#                                            # (bench/pack_llamacpp.sh), CUDA sm_90, static; ~1 h on 2 cores
+#                                            # (bench/pack_llamacpp.sh), CUDA sm_90, static; ~25 min on 2 cores
 #   bench/compare_llamacpp_synth.sh run 27b # there: SHAPE 9b or 27b (~25 s for the 27B on an H200)
 # The carry: [".device", ".anchor/llama-bench.xz"], .device from `HYSPEC_DEVICE_BINS="" HYSPEC_DEVICE_FIXTURES=""
 # scripts/device/pack.sh` (hyspec and gguf_skeleton, ~21 MB) and the 41 MB llama-bench: with the tree that is past
@@ -31,7 +31,10 @@ SHAPE=${2:-27b}
 D=.device; OUT=${OUT:-/tmp/hyspec-out}; mkdir -p "$OUT"
 [ -d "$D/bin" ] || tar xJf "$D/bin.tar.xz" -C "$D"
 export LD_LIBRARY_PATH="$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-[ -x /tmp/llama-bench ] || xz -dc .anchor/llama-bench.xz > /tmp/llama-bench && chmod +x /tmp/llama-bench
+if [ ! -x /tmp/llama-bench ]; then
+  [ -f .anchor/llama-bench.xz ] || { echo "no .anchor/llama-bench.xz: run '$0 build' here and carry it" >&2; exit 2; }
+  xz -dc .anchor/llama-bench.xz > /tmp/llama-bench.part && chmod +x /tmp/llama-bench.part && mv /tmp/llama-bench.part /tmp/llama-bench || exit 3
+fi
 M=/tmp/$SHAPE.gguf
 xz -T0 -dc bench/data/9b-q4km.skeleton.gguf.xz > /tmp/9b-skeleton.gguf || exit 3
 if [ "$SHAPE" = 27b ]; then
