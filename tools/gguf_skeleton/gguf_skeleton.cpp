@@ -199,6 +199,9 @@ struct Qwen35Shape {
   int64_t embd, ffn, trunk, heads, kv_heads, head_dim, k_heads, k_dim, v_heads, v_dim, conv, vocab, interval;
 };
 
+// Whether block b of a file at shape s is a recurrent (GDN) one: a trunk block off the full-attention interval.
+bool qwen35_recurrent(int64_t b, const Qwen35Shape& s) { return b < s.trunk && (b + 1) % s.interval != 0; }
+
 // The dims of tensor `suffix` (the name past "blk.N.", or a whole non-block name) at shape s.
 Result<std::vector<int64_t>> qwen35_dims(std::string_view suffix, const Qwen35Shape& s) {
   const int64_t E = s.embd, inner = s.v_heads * s.v_dim, qkv = 2 * s.k_heads * s.k_dim + inner;
@@ -244,7 +247,6 @@ Result<std::vector<ShapedTensor>> qwen35_tensors(const GgufFile& in, const Qwen3
     if (b >= 0) suffix = name.substr(name.find('.', 4) + 1);
     return b;
   };
-  auto recurrent = [](int64_t b, const Qwen35Shape& sh) { return b < sh.trunk && (b + 1) % sh.interval != 0; };
   auto wv = [](std::string_view suffix) { return suffix == "attn_qkv.weight" || suffix == "attn_v.weight"; };
   // The attn_qkv / attn_v and ffn_down tensors of a list, counted as use_more_bits counts them.
   auto count_classes = [&](const GgufTensorInfo& t, int64_t& n_wv, int64_t& n_down) {
@@ -262,8 +264,8 @@ Result<std::vector<ShapedTensor>> qwen35_tensors(const GgufFile& in, const Qwen3
     std::string_view suffix;
     const int64_t b = block_of(t.name, suffix);
     if (b < 0) continue;
-    if (recurrent(b, from) && first_rec < 0) first_rec = b;
-    if (b < from.trunk && !recurrent(b, from) && first_full < 0) first_full = b;
+    if (qwen35_recurrent(b, from) && first_rec < 0) first_rec = b;
+    if (b < from.trunk && !qwen35_recurrent(b, from) && first_full < 0) first_full = b;
     std::optional<GgmlType>* slot = nullptr;
     if (wv(suffix)) slot = &wv_type[use_more_bits(i_wv++, n_wv)];
     if (suffix == "ffn_down.weight") slot = &down_type[use_more_bits(i_down++, n_down)];
@@ -290,7 +292,7 @@ Result<std::vector<ShapedTensor>> qwen35_tensors(const GgufFile& in, const Qwen3
     }
     trunk_seen = true;
     for (int64_t nb = 0; nb < s.trunk; ++nb) {
-      const std::string tmpl = fmt::format("blk.{}.", recurrent(nb, s) ? first_rec : first_full);
+      const std::string tmpl = fmt::format("blk.{}.", qwen35_recurrent(nb, s) ? first_rec : first_full);
       for (const GgufTensorInfo& u : all)
         if (u.name.starts_with(tmpl)) emitted.emplace_back(nb, &u);
     }
@@ -383,7 +385,7 @@ Status resize(const std::string& in_path, const std::string& out, Qwen35Shape to
       if (value.type != GgufValueType::ARRAY || value.elem_type != GgufValueType::BOOL)
         return Status::errorf("{}: {} is not an array of bools", in_path, key);
       std::vector<GgufMetaValue> flags;
-      for (int64_t b = 0; b < to.trunk + nextn; ++b) flags.push_back(GgufMetaValue::boolean(b < to.trunk && (b + 1) % to.interval != 0));
+      for (int64_t b = 0; b < to.trunk + nextn; ++b) flags.push_back(GgufMetaValue::boolean(qwen35_recurrent(b, to)));
       v = GgufMetaValue::array(GgufValueType::BOOL, std::move(flags));
     }
     HS_RETURN_IF_ERROR(w.set(key, std::move(v)));

@@ -1872,7 +1872,8 @@ cudaError_t launch(Int8MvArgs a, bool sw, cudaStream_t stream, bool staged = fal
   // two rounds at 61% of the slots) takes three an SM where they fit (the staged x sized to its row, not
   // kMaxStagedX; no conv tile after it): one round at 81%. Each tile's arithmetic is the same in any block, so
   // the bits are too. HYSPEC_MATVEC_WAVES=0: two an SM; =2: three wherever they fit and the tiles outnumber two
-  // an SM (A/B switches, read at each launch; 2 is for measuring, e.g. the output head, not measured yet).
+  // an SM (A/B switches, read at each launch; 2 gained nothing on the 9B, its head or the MoE: PERFORMANCE.md
+  // "Session 56").
   const int waves = env_int("HYSPEC_MATVEC_WAVES", 1);
   if (staged && MB == 2 && extra == 0 && tiles > MB * sms && waves != 0 &&
       (waves == 2 || wave_fill(tiles, 3 * sms) > wave_fill(tiles, MB * sms) + 0.05)) {
