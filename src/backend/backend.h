@@ -127,6 +127,12 @@ struct AttentionArgs {
   // (a non-causal block whose rows were stored at consecutive positions, as DFlash drafts).
   bool causal = true;
   Rows out;                        // [n, n_head*head_dim]
+  // An upper bound on the keys any row reads (the last row's position + 1), or 0: the capacity. A step
+  // recorded as a graph passes one that holds for every replay. The CUDA decode kernels launch blocks only
+  // for the splits below it, so that a step in a long-capacity cache does not pay for the capacity's empty
+  // splits; a bound that is too small is a caller's bug, which still reads every key (the last block takes
+  // the rest), only without the verify rows' bit identity with decode steps.
+  int64_t max_keys = 0;
 };
 
 // Gated DeltaNet over n tokens of one sequence (QWEN35.md, "Gated DeltaNet mixer", steps 3-5).

@@ -222,6 +222,7 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
     a.positions = pos_dev;
     a.gdn_chunked = prefill;
     a.capture = !prefill && capture;
+    if (!prefill) a.max_keys = recorded_key_bound(depth + m, n_ctx_);  // the timed step's, at `depth`, as a session's
     a.logits = Rows(logits.as<float>(), prefill ? 1 : m, hp.n_vocab);
     return a;
   };
@@ -530,6 +531,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   a.tokens = tok_dev;
   a.positions = pos_dev;
   a.capture = k > 0;
+  a.max_keys = recorded_key_bound(committed_ + n_run, e.n_ctx_);
   a.logits = Rows(e.logits_.as<float>(), n_run, V);
   if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), n_run, hp.n_embd);
   if (e.feature_width_ > 0) {
@@ -657,8 +659,8 @@ Status Session::decode_round(std::vector<int32_t>& out) {
 }
 
 Status Session::run_step(const ForwardArgs& args) {
-  const StepGraphs::Key key = {args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
-                               args.features.data != nullptr};
+  const StepGraphs::Key key = {args.n,         args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
+                               args.features.data != nullptr, args.max_keys};
   return graphs_.run(key, [this, args] { return engine_.run_forward(args, state_); });
 }
 

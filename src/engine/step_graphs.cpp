@@ -1,8 +1,15 @@
 #include "engine/step_graphs.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace hyspec {
+
+int64_t recorded_key_bound(int64_t end, int64_t capacity) {
+  int64_t bound = 4096;
+  while (bound < end && bound < capacity) bound *= 2;
+  return std::min(bound, capacity);
+}
 
 Status StepGraphs::run(const Key& key, const std::function<Status()>& step) {
   if (!enabled_) return step();

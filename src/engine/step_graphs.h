@@ -12,6 +12,12 @@
 
 namespace hyspec {
 
+// The key bound (AttentionArgs::max_keys) of a recorded step whose rows end before position `end`, in a
+// cache of `capacity` positions: a power of two of at least 4096, at most the capacity. A session then
+// records at most log2(capacity / 4096) + 1 graphs of each step shape, and a step's attention launches at
+// most twice the splits its keys need, not the capacity's.
+int64_t recorded_key_bound(int64_t end, int64_t capacity);
+
 // What step graphs have cost so far.
 struct GraphStats {
   int64_t recorded = 0;  // graphs recorded (a round that recorded one timed the recording, not the step)
@@ -24,7 +30,7 @@ struct GraphStats {
 
 class StepGraphs {
  public:
-  using Key = std::array<int64_t, 5>;
+  using Key = std::array<int64_t, 6>;
   // enabled: record at all (the caller's --no-graphs); only backends that replay graphs (CUDA) do.
   StepGraphs(Backend& be, bool enabled) : be_(be), enabled_(enabled && be.kind() == BackendKind::Cuda) {}
 

@@ -46,6 +46,7 @@ struct ForwardArgs {
   Rows final_hidden;                   // optional [n, n_embd]: hidden after output_norm (MTP input)
   Rows features;                       // optional [n, taps*n_embd]: inputs of the tapped layers (DFlash)
   std::vector<int> taps;               // layer ids whose input goes to `features` (n_layer = final, pre-norm)
+  int64_t max_keys = 0;                // AttentionArgs::max_keys of the attention layers (0: the capacity)
 };
 
 struct MtpArgs {

@@ -14,6 +14,7 @@ struct Ctx {
   const Qwen35Hparams& hp;
   Qwen35Model::Impl& I;
   int64_t n;
+  int64_t max_keys = 0;  // AttentionArgs::max_keys
   Rows buf(float* p, int64_t cols) const { return Rows(p, n, cols); }
 };
 
@@ -89,6 +90,7 @@ void attention_mixer(const Ctx& c, const AttentionWeights& w, Rows x, const KvLa
   a.scale = 1.0f / std::sqrt(static_cast<float>(D));
   a.causal = true;
   a.out = att;
+  a.max_keys = c.max_keys;
   c.be.attention(a);
   // The gated output over q (read by the attention only), not in place: as the GDN mixer's norm.
   Rows att_heads(att.data, n * H, D), gate_parts(qg.data + D, n * H, D, 2 * D), gated = c.buf(c.I.t2, H * D);
@@ -167,7 +169,7 @@ Status Qwen35Model::forward(const ForwardArgs& args, SequenceState& st) {
   if (args.capture && n > st.max_capture)
     return Status::errorf("capture of {} tokens exceeds the state's capture room of {}", n, st.max_capture);
   if (args.logits.n_rows > n) return Status::error("more logits rows requested than tokens");
-  Ctx c{backend_, hp_, I, n};
+  Ctx c{backend_, hp_, I, n, args.max_keys};
   Rows x = c.buf(I.x, E), h = c.buf(I.h, E), mix = c.buf(I.mix, E);
   backend_.embed(I.token_embd, args.tokens, n, x);
   auto tap = [&](int layer) {

@@ -140,8 +140,8 @@ class CudaBackendTest : public ::testing::Test {
   };
 
   // Attention of n new rows at ctx..ctx+n-1 (keys and values of every position stored by kv_store) on
-  // both backends, within 1e-4.
-  void attention_matches_cpu(const AttnCase& ac, GgmlType kv_type, int64_t n, bool causal) {
+  // both backends, within 1e-4 (max_keys: AttentionArgs').
+  void attention_matches_cpu(const AttnCase& ac, GgmlType kv_type, int64_t n, bool causal, int64_t max_keys = 0) {
     const int64_t D = ac.head_dim, W = ac.n_kv * D, cap = std::max(ac.capacity, ac.ctx + n + 3), total = ac.ctx + n;
     const size_t row = KvLayer{nullptr, nullptr, kv_type, cap, W, D}.row_bytes();
     std::vector<int32_t> pos(total);
@@ -164,12 +164,13 @@ class CudaBackendTest : public ::testing::Test {
       a.scale = 1.0f / std::sqrt(static_cast<float>(D));
       a.causal = causal;
       a.out = (g ? out.g : out.c).rows(n, ac.n_head * D);
+      a.max_keys = max_keys;
       be->attention(a);
       ASSERT_TRUE(be->synchronize().is_ok());
     }
     expect_close(out, 1e-4,
-                 fmt::format("H={} Hkv={} D={} ctx={} kv={} n={} causal={}", ac.n_head, ac.n_kv, D, ac.ctx,
-                             ggml_type_name(kv_type), n, causal));
+                 fmt::format("H={} Hkv={} D={} ctx={} kv={} n={} causal={} max_keys={}", ac.n_head, ac.n_kv, D, ac.ctx,
+                             ggml_type_name(kv_type), n, causal, max_keys));
   }
   void gdn_on_both(const GdnPairs& p, bool chunked, bool with_capture) {
     const int64_t Kc = int64_t{p.n_k} * p.d, Vc = int64_t{p.n_v} * p.d;
@@ -1463,6 +1464,16 @@ TEST_F(CudaBackendTest, AttentionInALongCacheMatchesCpu) {
     for (int64_t n : {1, 17}) attention_matches_cpu(AttnCase{16, 4, 256, 20000, 40000}, kv_type, n, true);
 }
 
+// AttentionArgs::max_keys below the step's keys (a caller's bug): the decode kernels launch 2 of the 79
+// splits, whose last block reads the other 19000 keys, so the output is still the attention, and the
+// merge's counters are left reset for the next step (a bounded and an unbounded one after it).
+TEST_F(CudaBackendTest, AttentionWithAKeyBoundBelowItsKeysStillReadsThemAll) {
+  for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0})
+    for (int64_t n : {1, 17})
+      for (int64_t max_keys : {int64_t{600}, 20000 + n, int64_t{0}})
+        attention_matches_cpu(AttnCase{16, 4, 256, 20000, 40000}, kv_type, n, true, max_keys);
+}
+
 // Prompt steps at the 9B's shape (16 heads, 4 kv heads of 256): many 64-query blocks (the tensor-core
 // prompt kernel for 16-bit caches), a last partial one, causal and block mode, with and without earlier
 // context (one split, then several).
@@ -1496,7 +1507,9 @@ TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
       Buffer p = put_i32(*gpu_, pos);
       const KvLayer kv{kc.data(), vc.data(), kv_type, total, W, D};
       gpu_->kv_store(k.rows(total, W), v.rows(total, W), kv, p.as<int32_t>());
-      auto run = [&](int64_t t0, int64_t n, Tensor& out) {
+      // bounded: the step's key bound (AttentionArgs::max_keys) as a recorded step's, its blocks launched for
+      // the splits below it only: the same bits.
+      auto run = [&](int64_t t0, int64_t n, Tensor& out, bool bounded = false) {
         AttentionArgs a;
         a.q = q.rows(n_max, QW).rows(t0, n);
         a.kv = kv;
@@ -1506,16 +1519,19 @@ TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
         a.head_dim = ac.head_dim;
         a.scale = 1.0f / std::sqrt(static_cast<float>(D));
         a.out = out.rows(n_max, QW).rows(t0, n);
+        a.max_keys = bounded ? ac.ctx + t0 + n : 0;
         gpu_->attention(a);
       };
       for (int64_t t = 0; t < n_max; ++t) run(t, 1, one);
       const auto want = get_gpu(one);
-      for (int64_t n : {2, 5, 17, 32}) {
-        run(0, n, many);
-        const auto got = get_gpu(many);
-        EXPECT_EQ(std::memcmp(got.data(), want.data(), static_cast<size_t>(n * QW) * sizeof(float)), 0)
-            << fmt::format("D={} ctx={} kv={} n={}", D, ac.ctx, ggml_type_name(kv_type), n);
-      }
+      for (int64_t n : {1, 2, 5, 17, 32})
+        for (bool bounded : {false, true}) {
+          if (n == 1 && !bounded) continue;  // want itself
+          run(0, n, many, bounded);
+          const auto got = get_gpu(many);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), static_cast<size_t>(n * QW) * sizeof(float)), 0)
+              << fmt::format("D={} ctx={} kv={} n={} bounded={}", D, ac.ctx, ggml_type_name(kv_type), n, bounded);
+        }
       ASSERT_TRUE(gpu_->synchronize().is_ok());
     }
   }

@@ -15,7 +15,8 @@ inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecM
                                            bool add_ngram = false, GgmlType kv_type = GgmlType::F32,
                                            int64_t draft_vocab = 0,
                                            StateCapture capture = EngineConfig{}.capture,
-                                           PadVerify pad_verify = EngineConfig{}.pad_verify) {
+                                           PadVerify pad_verify = EngineConfig{}.pad_verify,
+                                           bool use_graphs = true) {
   EngineConfig c;
   c.model_path = fixture_path(fixture_dir + "/" + fixture_dir + "-f32.gguf");
   c.spec = spec;
@@ -30,6 +31,7 @@ inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecM
   c.draft_vocab = draft_vocab;
   c.capture = capture;
   c.pad_verify = pad_verify;
+  c.use_graphs = use_graphs;
   auto e = Engine::create(c);
   EXPECT_TRUE(e.is_ok()) << e.message();
   return e.is_ok() ? std::move(e).value() : nullptr;

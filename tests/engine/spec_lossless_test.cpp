@@ -122,6 +122,43 @@ TEST(SessionGraphs, ASecondSequenceOfTheSameShapesRecordsNoGraph) {
   EXPECT_EQ(second, first);
 }
 
+TEST(SessionGraphs, ARecordedStepsKeyBoundIsAPowerOfTwoFrom4096WithinTheCapacity) {
+  EXPECT_EQ(recorded_key_bound(1, 131072), 4096);
+  EXPECT_EQ(recorded_key_bound(4096, 131072), 4096);
+  EXPECT_EQ(recorded_key_bound(4097, 131072), 8192);
+  EXPECT_EQ(recorded_key_bound(70000, 131072), 131072);
+  EXPECT_EQ(recorded_key_bound(131072, 131072), 131072);
+  EXPECT_EQ(recorded_key_bound(9, 512), 512);
+  EXPECT_EQ(recorded_key_bound(5000, 9000), 8192);
+  EXPECT_EQ(recorded_key_bound(8193, 9000), 9000);
+}
+
+// Recorded steps bound their attention's keys (recorded_key_bound): a sequence that crosses a bound
+// records the next bound's graphs, whose attention launches more splits, and its tokens are the
+// unrecorded steps' (speculation's verify steps on both sides of the bound, F16 and Q8_0 caches).
+TEST(SessionGraphs, StepsAcrossARecordedKeyBoundGiveTheUnrecordedStepsTokens) {
+  if (test::test_backend_kind() != BackendKind::Cuda) GTEST_SKIP() << "steps are recorded as graphs on CUDA only";
+  std::vector<int32_t> prompt;
+  const auto base = test::fixture_prompts("qwen35-tiny")[0];
+  while (prompt.size() < 4085) prompt.push_back(base[prompt.size() % base.size()]);
+  GenerateOptions o;
+  o.max_tokens = 40;
+  o.adaptive = false;  // speculate on every round
+  for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
+    std::vector<int32_t> ids[2];
+    for (bool graphs : {false, true}) {
+      auto e = test::make_engine("qwen35-tiny", SpecMethod::Mtp, 8, 9000, "", false, kv, 0, EngineConfig{}.capture,
+                                 PadVerify::kOn, graphs);
+      ASSERT_TRUE(e);
+      SessionStats st;
+      ids[graphs] = test::generate_ids(*e, prompt, o, &st);
+      EXPECT_EQ(st.graphs_recorded > 0, graphs);
+    }
+    ASSERT_EQ(ids[0].size(), 40u);
+    EXPECT_EQ(ids[1], ids[0]) << ggml_type_name(kv);
+  }
+}
+
 TEST(NgramLookup, ProposesWhatFollowedTheMostRecentLongestSuffixMatch) {
   const std::vector<int32_t> seq = {1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3};
   EXPECT_EQ(ngram_lookup(seq, 2, 4, 3), (std::vector<int32_t>{7, 8, 5}));

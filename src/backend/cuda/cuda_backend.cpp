@@ -483,6 +483,7 @@ class CudaBackend final : public Backend {
     p.head_dim = a.head_dim;
     p.scale = a.scale;
     p.causal = a.causal;
+    p.max_keys = a.max_keys;
     p.counters = attention_counters_;
     const int splits = cuda::attention_splits(p, n_sm_);
     float* scratch = nullptr;

@@ -267,6 +267,7 @@ struct AttentionParams {
   int n_head = 0, n_kv_head = 0, head_dim = 0;
   float scale = 1.0f;
   bool causal = true;
+  int64_t max_keys = 0;  // AttentionArgs::max_keys
   // >= n_kv_head zeroed counters the decode kernel uses to merge its splits (left zeroed).
   unsigned* counters = nullptr;
 };
