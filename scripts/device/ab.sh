@@ -11,7 +11,7 @@
 # bench on 9B Q4_K_M, variants interleaved, AB_ROUNDS times (verify widths AB_VERIFY); AB_NCU="TYPE:WIDTH:SHAPE
 # ..." adds ncu's per-instruction view of the last variant. Every variant's greedy ids on the 9B (F16 and Q8_0
 # caches) come first: a change that keeps the bits keeps them. AB_DEPTH="16384" adds tg64 at depth 0 and
-# at that depth (capacity depth + 216) for each cache type of AB_KV (default "f16 q8_0"), interleaved too (and with
+# at that depth (capacity AB_CTX, default depth + 216) for each cache type of AB_KV (default "f16 q8_0"), interleaved too (and with
 # AB_VERIFY_AT_DEPTH="16" verify-16 steps at both depths);
 # AB_MOE=1 the synthetic MoE's ids and steps; AB_LOSSLESS=1 each variant's ngram speculation's ids; AB_MEMCHECK_9B=1 memcheck of the last variant's 9B decode.
 set -uo pipefail
@@ -118,7 +118,7 @@ if [ -n "${AB_DEPTH:-}" ]; then
   for round in $(seq 1 "${AB_ROUNDS:-2}"); do
     for v in $V; do for kv in ${AB_KV:-f16 q8_0}; do
       echo "-- round $round: $v $kv $("$D/bin/hyspec_$v" bench -m "$M" --backend cuda -p 0 -n 64 -d "0,$AB_DEPTH" \
-        -c $((AB_DEPTH + 216)) --kv-type "$kv" 2>&1 | grep -E "tg64" | awk -F'|' '{printf "%s ", $6}')"
+        -c "${AB_CTX:-$((AB_DEPTH + 216))}" --kv-type "$kv" 2>&1 | grep -E "tg64" | awk -F'|' '{printf "%s ", $6}')"
     done; done
   done | tee "$OUT/depth_ab.md"
   # AB_VERIFY_AT_DEPTH="16": verify-k steps at depth 0 and AB_DEPTH too (ms a step), per cache type, interleaved.
@@ -127,7 +127,7 @@ if [ -n "${AB_DEPTH:-}" ]; then
     for round in $(seq 1 "${AB_ROUNDS:-2}"); do
       for v in $V; do for kv in ${AB_KV:-f16 q8_0}; do
         echo "-- round $round: $v $kv $("$D/bin/hyspec_$v" bench -m "$M" --backend cuda -p 0 -n 0 --verify "$AB_VERIFY_AT_DEPTH" \
-          -d "0,$AB_DEPTH" -c $((AB_DEPTH + 216)) --kv-type "$kv" --verify-at-depth 2>&1 | grep -E "verify" |
+          -d "0,$AB_DEPTH" -c "${AB_CTX:-$((AB_DEPTH + 216))}" --kv-type "$kv" --verify-at-depth 2>&1 | grep -E "verify" |
           awk -F'|' '{printf "%s ", $6}')"
       done; done
     done | tee "$OUT/verify_depth_ab.md"

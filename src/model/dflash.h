@@ -61,6 +61,7 @@ struct DflashDraftArgs {
   const int32_t* tokens = nullptr;     // backend memory [n]: [last committed token, mask, mask, ...]
   const int32_t* positions = nullptr;  // backend memory [n]: consecutive, the first = context length
   Rows logits;                         // [rows, n_vocab_draft()] of the LAST logits.n_rows block rows
+  int64_t max_keys = 0;                // AttentionArgs::max_keys of the layers' attention (0: the capacity)
 };
 
 struct DflashLoadOptions {

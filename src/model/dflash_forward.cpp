@@ -82,6 +82,7 @@ Status DflashModel::draft(const DflashDraftArgs& args, DflashState& st) {
     a.scale = 1.0f / std::sqrt(static_cast<float>(D));
     a.causal = hp_.causal;  // false: every block row sees the context and the whole block
     a.out = att;
+    a.max_keys = args.max_keys;
     be.attention(a);
     be.matmul(l.attn_output, att, mix);
     be.add_rms_norm(x, mix, l.ffn_norm.f32(), E, hp_.eps, h);

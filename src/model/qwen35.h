@@ -60,6 +60,7 @@ struct MtpArgs {
   // reduced draft vocabulary: the head's first rows)
   Rows logits;
   Rows out_hidden;                     // optional [n, n_embd]: the head's normed output hidden (for chaining)
+  int64_t max_keys = 0;                // AttentionArgs::max_keys of the block's attention (0: the capacity)
 };
 
 struct LoadOptions {

@@ -209,7 +209,7 @@ Status Qwen35Model::forward_mtp(const MtpArgs& args, SequenceState& st) {
   if (n <= 0 || n > I.max_tokens)
     return Status::errorf("MTP step of {} tokens exceeds the reserved workspace of {}", n, I.max_tokens);
   const MtpBlock& m = *I.mtp;
-  Ctx c{backend_, hp_, I, n};
+  Ctx c{backend_, hp_, I, n, args.max_keys};
   Rows x = c.buf(I.x, E), h = c.buf(I.h, E), mix = c.buf(I.mix, E);
   // x = eh_proj · [enorm(embed(tok)) ; hnorm(hidden)]  (t4 holds the concatenation)
   Rows cat = c.buf(I.t4, 2 * E);

@@ -135,7 +135,8 @@ TEST(SessionGraphs, ARecordedStepsKeyBoundIsAPowerOfTwoFrom4096WithinTheCapacity
 
 // Recorded steps bound their attention's keys (recorded_key_bound): a sequence that crosses a bound
 // records the next bound's graphs, whose attention launches more splits, and its tokens are the
-// unrecorded steps' (speculation's verify steps on both sides of the bound, F16 and Q8_0 caches).
+// unrecorded steps' (verify steps and the MTP or DFlash drafter's steps on both sides of the bound, F16 and
+// Q8_0 target caches).
 TEST(SessionGraphs, StepsAcrossARecordedKeyBoundGiveTheUnrecordedStepsTokens) {
   if (test::test_backend_kind() != BackendKind::Cuda) GTEST_SKIP() << "steps are recorded as graphs on CUDA only";
   std::vector<int32_t> prompt;
@@ -144,10 +145,16 @@ TEST(SessionGraphs, StepsAcrossARecordedKeyBoundGiveTheUnrecordedStepsTokens) {
   GenerateOptions o;
   o.max_tokens = 40;
   o.adaptive = false;  // speculate on every round
-  for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
+  struct Run {
+    SpecMethod spec;
+    std::string draft_model;
+    GgmlType kv;
+  };
+  for (const Run& r : {Run{SpecMethod::Mtp, "", GgmlType::F16}, Run{SpecMethod::Mtp, "", GgmlType::Q8_0},
+                       Run{SpecMethod::Dflash, test::fixture_path("dflash-tiny/dflash-tiny-f32.gguf"), GgmlType::F16}}) {
     std::vector<int32_t> ids[2];
     for (bool graphs : {false, true}) {
-      auto e = test::make_engine("qwen35-tiny", SpecMethod::Mtp, 8, 9000, "", false, kv, 0, EngineConfig{}.capture,
+      auto e = test::make_engine("qwen35-tiny", r.spec, 8, 9000, r.draft_model, false, r.kv, 0, EngineConfig{}.capture,
                                  PadVerify::kOn, graphs);
       ASSERT_TRUE(e);
       SessionStats st;
@@ -155,7 +162,7 @@ TEST(SessionGraphs, StepsAcrossARecordedKeyBoundGiveTheUnrecordedStepsTokens) {
       EXPECT_EQ(st.graphs_recorded > 0, graphs);
     }
     ASSERT_EQ(ids[0].size(), 40u);
-    EXPECT_EQ(ids[1], ids[0]) << ggml_type_name(kv);
+    EXPECT_EQ(ids[1], ids[0]) << (r.spec == SpecMethod::Mtp ? "mtp " : "dflash ") << ggml_type_name(r.kv);
   }
 }
 

@@ -78,7 +78,8 @@ class DflashDrafter final : public Drafter {
     a.tokens = tokens();
     a.positions = positions();
     a.logits = Rows(logits_.as<float>(), B - 1, m_.n_vocab_draft());  // block rows 1..B-1 are the drafts
-    HS_RETURN_IF_ERROR(steps_.run({kDraft, B}, [this, a] {
+    a.max_keys = recorded_key_bound(context_ + B, state_.n_ctx);
+    HS_RETURN_IF_ERROR(steps_.run({kDraft, B, a.max_keys}, [this, a] {
       HS_RETURN_IF_ERROR(m_.draft(a, state_));
       be_.argmax(a.logits, out_ids());
       return Status::ok();

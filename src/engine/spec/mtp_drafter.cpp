@@ -62,12 +62,13 @@ class MtpDrafter final : public Drafter {
       a.tokens = tok();
       a.positions = positions();
       a.out_hidden = Rows(hidden_.as<float>(), n, E);
+      a.max_keys = recorded_key_bound(pos[n - 1] + 1, state_->n_ctx);
       auto block = [this, a] { return model_.forward_mtp(a, *state_); };
       // A decoding round's rows (at most a verify window: kMaxSteps + 1, from the target's or the session's
       // row buffers, at fixed addresses) replay a graph per count; a prompt's chunks run as they come, so
       // prompts of many lengths do not each record one.
       if (rows.n <= std::min<int64_t>(max_rows_, kMaxSteps + 1)) {
-        HS_RETURN_IF_ERROR(steps_.run({kObserve, n, reinterpret_cast<int64_t>(a.hidden.data)}, block));
+        HS_RETURN_IF_ERROR(steps_.run({kObserve, n, reinterpret_cast<int64_t>(a.hidden.data), a.max_keys}, block));
       } else {
         HS_RETURN_IF_ERROR(block());
       }
@@ -88,6 +89,7 @@ class MtpDrafter final : public Drafter {
       for (int i = 1; i < k; ++i) pos[i - 1] = static_cast<int32_t>(last_pos_ + i);
       be_.upload(step_positions(), pos.data(), pos.size() * sizeof(int32_t));
     }
+    step_key_bound_ = recorded_key_bound(last_pos_ + k, state_->n_ctx);  // the last chained step's keys
     for (int i = 0; i < k; ++i) HS_RETURN_IF_ERROR(run_step(i));
     drafts.resize(static_cast<size_t>(k));
     be_.download(drafts.data(), ids(), drafts.size() * sizeof(int32_t));
@@ -111,11 +113,13 @@ class MtpDrafter final : public Drafter {
     a.positions = step_positions() + (i - 1);
     a.logits = Rows(logits_.as<float>(), 1, V);
     a.out_hidden = Rows(chain(i % 2), 1, E);
+    a.max_keys = step_key_bound_;
     HS_RETURN_IF_ERROR(model_.forward_mtp(a, *state_));
     be_.argmax(a.logits, ids() + i);
     return Status::ok();
   }
-  Status run_step(int i) { return steps_.run({i}, [this, i] { return step(i); }); }
+  // Step 0 has no attention: one graph for every bound.
+  Status run_step(int i) { return steps_.run({i, i > 0 ? step_key_bound_ : 0}, [this, i] { return step(i); }); }
 
   int32_t* tok() const { return ints_.as<int32_t>(); }
   int32_t* positions() const { return ints_.as<int32_t>() + max_rows_; }
@@ -132,6 +136,7 @@ class MtpDrafter final : public Drafter {
   SequenceState* state_ = nullptr;
   Buffer ints_, hidden_, logits_;
   int64_t last_pos_ = 0;
+  int64_t step_key_bound_ = 0;  // the chained steps' AttentionArgs::max_keys (recorded_key_bound), per propose
   bool have_first_ = false;
 };
 
