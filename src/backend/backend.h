@@ -128,10 +128,11 @@ struct AttentionArgs {
   bool causal = true;
   Rows out;                        // [n, n_head*head_dim]
   // An upper bound on the keys any row reads (the last row's position + 1), or 0: the capacity. A step
-  // recorded as a graph passes one that holds for every replay. The CUDA decode kernels launch blocks only
-  // for the splits below it, so that a step in a long-capacity cache does not pay for the capacity's empty
-  // splits; a bound that is too small is a caller's bug, which still reads every key (the last block takes
-  // the rest), only without the verify rows' bit identity with decode steps.
+  // recorded as a graph passes one that holds for every replay. The CUDA decode kernels lay their splits
+  // over min(max_keys, capacity) keys, so that a short context in a long-capacity cache gets a short
+  // context's splits; a row gets the same bits in steps of any width that pass the same bound (verify
+  // rows equal decode steps only then). A bound below the keys is a caller's bug that still reads every
+  // key (the last split takes the rest).
   int64_t max_keys = 0;
 };
 

@@ -450,10 +450,12 @@ int Session::choose_draft_length() {
   const int limit = options_.draft_max >= 0 ? options_.draft_max : engine_.config_.draft_max;
   int k = std::min(limit, drafter_ ? drafter_->max_draft() : 0);
   if (!options_.speculative || !drafter_) return 0;
-  // Never draft past the context, nor past max_tokens (tokens beyond it would be thrown away).
+  // Never draft past the context, nor past max_tokens (tokens beyond it would be thrown away), nor past the
+  // key bound of the next plain step (a verify row must get its decode step's bits: decode_round).
   const int64_t room_ctx = engine_.n_ctx_ - static_cast<int64_t>(tokens_.size()) - 1;
   const int64_t room_out = options_.max_tokens - stats_.generated_tokens - 1;
-  k = static_cast<int>(std::min<int64_t>({k, room_ctx, room_out}));
+  const int64_t room_bound = recorded_key_bound(committed_ + 1, engine_.n_ctx_) - committed_ - 1;
+  k = static_cast<int>(std::min<int64_t>({k, room_ctx, room_out, room_bound}));
   if (k <= 0) return 0;
   if (!options_.adaptive) return k;
   // Adaptive: the length with the most expected tokens per second, one more now and then
@@ -512,8 +514,13 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const int64_t n = k + 1;
   const PadVerify pad = e.config_.pad_verify;
   const bool padding = pad == PadVerify::kOn || (pad == PadVerify::kAuto && graphs_.enabled());
+  // Every row of the step, padding included, reads keys below the plain step's key bound at committed_
+  // (recorded_key_bound, the attention's split layout: AttentionArgs::max_keys), so that each row gets the
+  // bits the plain step at its position would (choose_draft_length keeps k within it).
+  const int64_t key_bound = recorded_key_bound(committed_ + 1, e.n_ctx_);
   const int64_t n_run = k > 0 && n > 2 && padding
-                            ? std::min({(n + 7) / 8 * 8, static_cast<int64_t>(e.max_verify_), e.n_ctx_ - committed_})
+                            ? std::min({(n + 7) / 8 * 8, static_cast<int64_t>(e.max_verify_), e.n_ctx_ - committed_,
+                                        key_bound - committed_})
                             : n;
   stats_.padded_rows += n_run - n;
   std::vector<int32_t> window(n_run), pos(n_run);
@@ -531,7 +538,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   a.tokens = tok_dev;
   a.positions = pos_dev;
   a.capture = k > 0;
-  a.max_keys = recorded_key_bound(committed_ + n_run, e.n_ctx_);
+  a.max_keys = key_bound;
   a.logits = Rows(e.logits_.as<float>(), n_run, V);
   if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), n_run, hp.n_embd);
   if (e.feature_width_ > 0) {

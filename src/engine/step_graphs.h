@@ -14,8 +14,9 @@ namespace hyspec {
 
 // The key bound (AttentionArgs::max_keys) of a recorded step whose rows end before position `end`, in a
 // cache of `capacity` positions: a power of two of at least 4096, at most the capacity. A session then
-// records at most log2(capacity / 4096) + 1 graphs of each step shape, and a step's attention launches at
-// most twice the splits its keys need, not the capacity's.
+// records at most log2(capacity / 4096) + 1 graphs of each step shape, and a step's attention lays its
+// splits over at most twice its keys, not the capacity. Rows get the same bits only in steps of the same
+// bound: a session's verify steps stay within the bound of the plain step at their first position.
 int64_t recorded_key_bound(int64_t end, int64_t capacity);
 
 // What step graphs have cost so far.

@@ -1464,8 +1464,8 @@ TEST_F(CudaBackendTest, AttentionInALongCacheMatchesCpu) {
     for (int64_t n : {1, 17}) attention_matches_cpu(AttnCase{16, 4, 256, 20000, 40000}, kv_type, n, true);
 }
 
-// AttentionArgs::max_keys below the step's keys (a caller's bug): the decode kernels launch 2 of the 79
-// splits, whose last block reads the other 19000 keys, so the output is still the attention, and the
+// AttentionArgs::max_keys below the step's keys (a caller's bug): the decode kernels lay their splits over
+// 600 keys, and the last split's blocks read the other ~19400, so the output is still the attention, and the
 // merge's counters are left reset for the next step (a bounded and an unbounded one after it).
 TEST_F(CudaBackendTest, AttentionWithAKeyBoundBelowItsKeysStillReadsThemAll) {
   for (GgmlType kv_type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0})
@@ -1507,31 +1507,31 @@ TEST_F(CudaBackendTest, AttentionVerifyRowsEqualDecodeSteps) {
       Buffer p = put_i32(*gpu_, pos);
       const KvLayer kv{kc.data(), vc.data(), kv_type, total, W, D};
       gpu_->kv_store(k.rows(total, W), v.rows(total, W), kv, p.as<int32_t>());
-      // bounded: the step's key bound (AttentionArgs::max_keys) as a recorded step's, its blocks launched for
-      // the splits below it only: the same bits.
-      auto run = [&](int64_t t0, int64_t n, Tensor& out, bool bounded = false) {
-        AttentionArgs a;
-        a.q = q.rows(n_max, QW).rows(t0, n);
-        a.kv = kv;
-        a.positions = p.as<int32_t>() + ac.ctx + t0;
-        a.n_head = ac.n_head;
-        a.n_kv_head = ac.n_kv;
-        a.head_dim = ac.head_dim;
-        a.scale = 1.0f / std::sqrt(static_cast<float>(D));
-        a.out = out.rows(n_max, QW).rows(t0, n);
-        a.max_keys = bounded ? ac.ctx + t0 + n : 0;
-        gpu_->attention(a);
-      };
-      for (int64_t t = 0; t < n_max; ++t) run(t, 1, one);
-      const auto want = get_gpu(one);
-      for (int64_t n : {1, 2, 5, 17, 32})
-        for (bool bounded : {false, true}) {
-          if (n == 1 && !bounded) continue;  // want itself
-          run(0, n, many, bounded);
+      // Steps of one key bound (AttentionArgs::max_keys: 0, the capacity, or the last row's keys, where the
+      // splits are laid over fewer keys than the capacity), as a session's steps pass them.
+      for (int64_t bound : {int64_t{0}, ac.ctx + n_max}) {
+        auto run = [&](int64_t t0, int64_t n, Tensor& out) {
+          AttentionArgs a;
+          a.q = q.rows(n_max, QW).rows(t0, n);
+          a.kv = kv;
+          a.positions = p.as<int32_t>() + ac.ctx + t0;
+          a.n_head = ac.n_head;
+          a.n_kv_head = ac.n_kv;
+          a.head_dim = ac.head_dim;
+          a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+          a.out = out.rows(n_max, QW).rows(t0, n);
+          a.max_keys = bound;
+          gpu_->attention(a);
+        };
+        for (int64_t t = 0; t < n_max; ++t) run(t, 1, one);
+        const auto want = get_gpu(one);
+        for (int64_t n : {2, 5, 17, 32}) {
+          run(0, n, many);
           const auto got = get_gpu(many);
           EXPECT_EQ(std::memcmp(got.data(), want.data(), static_cast<size_t>(n * QW) * sizeof(float)), 0)
-              << fmt::format("D={} ctx={} kv={} n={} bounded={}", D, ac.ctx, ggml_type_name(kv_type), n, bounded);
+              << fmt::format("D={} ctx={} kv={} n={} bound={}", D, ac.ctx, ggml_type_name(kv_type), n, bound);
         }
+      }
       ASSERT_TRUE(gpu_->synchronize().is_ok());
     }
   }

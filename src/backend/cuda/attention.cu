@@ -73,11 +73,10 @@ struct AttnArgs {
   float scale;
   bool causal;
   int n_splits;
-  int chunk_tiles; // decode kernel: key tiles per split (a fixed slice of the capacity)
+  int chunk_tiles; // decode kernel: key tiles per split (a fixed slice of the key room, decode_key_room)
   float* part_o;   // [n_splits, n_kv, M, D]
   float* part_ml;  // [n_splits, n_kv, M, 2]
   bool kv_major;   // decode kernels: grid (kv heads, splits, group blocks) instead of (group blocks, kv heads, splits)
-  int grid_splits; // decode kernels: the splits launched, the first ones (AttentionArgs::max_keys)
 };
 
 template <int D>
@@ -380,9 +379,9 @@ __device__ __forceinline__ void set_sync(int set) {
 // split from DRAM as an F16 cache at 16K outgrows L2: a 9B verify-16 step at depth 16384 6.09 -> 5.67 ms.
 // A Q8_0 cache (36 MB a layer at 16K) ran its verify steps 1.3% faster in kv-head-major order, so
 // a.kv_major keeps it there; H100, session 24): its M query vectors (local index m = global - q0) and the
-// keys [k0, k1) of its split. Splits are fixed slices of the capacity (chunk_tiles tiles each); n_eff of
-// them reach into these queries' keys: the launch provides for the capacity (or the step's key bound,
-// a.grid_splits), and the others exit at once and take no part in the merge.
+// keys [k0, k1) of its split. Splits are fixed slices of the key room (chunk_tiles tiles each: the capacity,
+// or the step's key bound, decode_key_room); n_eff of them reach into these queries' keys: the launch
+// provides for the room, and the others exit at once and take no part in the merge.
 struct DecodeBlock {
   const AttnArgs* a;
   int kvh, group, split, q0, M, n_eff, k0, k1;
@@ -404,9 +403,9 @@ __device__ DecodeBlock decode_block(const AttnArgs& a, int group) {
     if (m < b.M) kend = max(kend, b.limit(m) + 1);
   kend = static_cast<int>(kend < a.kv_capacity ? kend : a.kv_capacity);
   const int chunk = a.chunk_tiles * kDecodeKeys;
-  // Past the launched splits (a key bound below the step's keys: a caller's bug) the last launched block
-  // reads the rest, so that every key is still read and every counter reset.
-  b.n_eff = min(max(1, (kend + chunk - 1) / chunk), a.grid_splits);
+  // Past the splits (a key bound below the step's keys: a caller's bug) the last block reads the rest, so
+  // that every key is still read and every counter reset.
+  b.n_eff = min(max(1, (kend + chunk - 1) / chunk), a.n_splits);
   b.k0 = b.split * chunk;
   b.k1 = b.split + 1 == b.n_eff ? kend : min(kend, b.k0 + chunk);
   return b;
@@ -1501,7 +1500,7 @@ int decode_stages_q8() {
 
 // The decode kernels' grid for `blocks` blocks of query groups (see DecodeBlock).
 dim3 decode_grid(const AttnArgs& a, int blocks) {
-  const auto kv = static_cast<unsigned>(a.n_kv), splits = static_cast<unsigned>(a.grid_splits);
+  const auto kv = static_cast<unsigned>(a.n_kv), splits = static_cast<unsigned>(a.n_splits);
   return a.kv_major ? dim3(kv, splits, static_cast<unsigned>(blocks)) : dim3(static_cast<unsigned>(blocks), kv, splits);
 }
 
@@ -1604,6 +1603,19 @@ bool attention_head_dim_supported(int head_dim) {
   return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
+// The keys the decode kernels lay their splits over: the capacity, or the step's key bound below it
+// (AttentionArgs::max_keys). A split is then a fixed slice of that room, so that steps of one bound give a
+// row the same bits at any width, and a short context in a long-capacity cache gets a short context's
+// splits: H200, 9B, F16 cache, capacity 131072, 512-key splits: a depth-0 step 1.959 ms against 1.915 at
+// capacity 4096 (blocks for 256 splits a kv head, the ones past the keys exiting at once), and a session's
+// first 1024 tokens 2.5% slower (one or two blocks a kv head walking 512 keys, where a 4096-key cache's 33
+// splits walk 128 each).
+namespace {
+int64_t decode_key_room(const AttentionParams& p) {
+  return p.max_keys > 0 ? std::min(p.max_keys, p.kv.capacity) : p.kv.capacity;
+}
+}  // namespace
+
 int attention_splits(const AttentionParams& p, int n_sm) {
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
   // The decode kernel's split count must not depend on the step's width (see the top of the file).
@@ -1620,16 +1632,16 @@ int attention_splits(const AttentionParams& p, int n_sm) {
   const int per_sm = per_sm_env >= 1 ? per_sm_env : mma ? 1 : 2;
   const int64_t want = (int64_t{per_sm} * n_sm + base - 1) / base;
   // Each split should keep its warps busy: 2 tiles (tiled kernel) or one tile of keys (decode).
+  const int64_t room = decode ? decode_key_room(p) : p.kv.capacity;
   const int64_t max_useful = std::max<int64_t>(
-      1, decode ? (p.kv.capacity + kDecodeKeys * decode_min_tiles() - 1) / (kDecodeKeys * decode_min_tiles())
-                : p.kv.capacity / (2 * kKeys));
+      1, decode ? (room + kDecodeKeys * decode_min_tiles() - 1) / (kDecodeKeys * decode_min_tiles()) : room / (2 * kKeys));
   // And the decode kernel's splits hold at most kDecodeSplitKeys keys (HYSPEC_ATTN_SPLIT_KEYS overrides):
   // a session's capacity is its whole context, and one wave of capacity-long splits left a short context
   // to one or two blocks per kv head. H100, 9B Q4_K_M, capacity 32768: decode at depth 1024 / 4096 took
   // 3.012 / 3.042 ms a step, 2.923 / 2.960 with 512-key splits (2.910 / 2.926 with 256, but those ran
   // F16 at depth 16384 of 16600 in two waves: 3.181 against 3.086 ms).
   static const int split_keys = env_int("HYSPEC_ATTN_SPLIT_KEYS", kDecodeSplitKeys);
-  const int64_t by_keys = decode && split_keys > 0 ? (p.kv.capacity + split_keys - 1) / split_keys : 1;
+  const int64_t by_keys = decode && split_keys > 0 ? (room + split_keys - 1) / split_keys : 1;
   return static_cast<int>(std::clamp<int64_t>(std::max(std::min(want, max_useful), by_keys), 1, kMaxSplits));
 }
 
@@ -1642,20 +1654,12 @@ size_t attention_scratch_bytes(const AttentionParams& p, int n_splits) {
 cudaError_t attention_launch(const AttentionParams& p, int n_splits, float* scratch, cudaStream_t stream) {
   if (p.q.rows == 0) return cudaSuccess;
   const int64_t M = p.q.rows * (p.n_head / p.n_kv_head);
-  // The decode kernel's splits: n_splits equal slices of the capacity, whole tiles.
-  const int64_t cap_tiles = (p.kv.capacity + kDecodeKeys - 1) / kDecodeKeys;
+  // The decode kernel's splits: n_splits equal slices of the step's key room (decode_key_room), whole tiles.
+  const int64_t cap_tiles = (decode_key_room(p) + kDecodeKeys - 1) / kDecodeKeys;
   const int chunk_tiles = static_cast<int>(std::max<int64_t>(1, (cap_tiles + n_splits - 1) / n_splits));
   AttnArgs a{p.q, p.out, p.k, p.v, p.kv.capacity, p.kv.row_bytes, p.kv.head_bytes, p.positions,
              static_cast<int>(p.q.rows), p.n_head / p.n_kv_head, p.n_kv_head, p.scale, p.causal, n_splits, chunk_tiles, scratch,
-             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false, n_splits};
-  // The decode kernels launch only the splits below the step's key bound: in a long-capacity cache a short
-  // context's step otherwise waits for the empty splits' blocks (up to 256 a kv head, each taking an SM's
-  // shared memory before it exits). H200, 9B, F16 cache: a depth-0 step took 1.959 ms at capacity 131072
-  // against 1.915 at 4096 (session 56).
-  if (p.max_keys > 0) {
-    const int64_t chunk = int64_t{chunk_tiles} * kDecodeKeys;
-    a.grid_splits = static_cast<int>(std::clamp<int64_t>((p.max_keys + chunk - 1) / chunk, 1, n_splits));
-  }
+             scratch ? scratch + static_cast<int64_t>(n_splits) * p.n_kv_head * M * p.head_dim : nullptr, false};
   switch (p.head_dim) {
     case 32: return launch<32>(a, p.kv.type, p.counters, stream);
     case 64: return launch<64>(a, p.kv.type, p.counters, stream);
