@@ -666,7 +666,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
 }
 
 Status Session::run_step(const ForwardArgs& args) {
-  const StepGraphs::Key key = {args.n,         args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
+  const StepGraphs::Key key = {args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
                                args.features.data != nullptr, args.max_keys};
   return graphs_.run(key, [this, args] { return engine_.run_forward(args, state_); });
 }
@@ -692,6 +692,7 @@ Result<std::vector<float>> Session::probe_next_logits() {
   a.tokens = tok_dev;
   a.positions = pos_dev;
   a.logits = Rows(e.logits_.as<float>(), 1, V);
+  a.max_keys = recorded_key_bound(committed_ + 1, e.n_ctx_);  // a plain step's bits
   HS_RETURN_IF_ERROR(e.run_forward(a, state_));
   std::vector<float> logits(V);
   be.download(logits.data(), e.logits_.data(), V * sizeof(float));
