@@ -53,6 +53,7 @@ class ReplayDrafter final : public Drafter {
     return Status::ok();
   }
   Result<std::vector<int32_t>> propose(int max_k) override {
+    if (asks) asks->emplace_back(static_cast<int64_t>(seq_.size()) - 1, max_k);
     if (watch) {  // the drafter has seen every committed row, up to the pending token
       EXPECT_EQ(seq_, watch->tokens()) << "proposal " << round_;
       ++proposals_checked;
@@ -74,6 +75,7 @@ class ReplayDrafter final : public Drafter {
   struct TestClock* clock = nullptr;  // when set, told of each proposal
   int proposals_checked = 0;
   int64_t largest_decode_observe = 0;  // the most rows one observe of generated positions took
+  std::vector<std::pair<int64_t, int>>* asks = nullptr;  // when set, each proposal's (committed rows, max_k)
 
  private:
   std::vector<int32_t> ref_;
@@ -271,6 +273,44 @@ TEST_F(AcceptancePaths, AdaptiveSpeculationBacksOffWhenDraftsAreNeverAccepted) {
   // (On CUDA too, where rounds that record a step graph are not timed: session 49.)
   EXPECT_LT(st.spec_rounds * 4, st.rounds) << st.spec_rounds << " speculative rounds of " << st.rounds;
   EXPECT_GT(drafter->largest_decode_observe, 8);
+}
+
+// A verify step never reads past the key bound of the plain step at its first position (recorded_key_bound:
+// on CUDA the attention's split layout, which a row's bits follow): near position 4096 the session asks for
+// fewer drafts, and the tokens and caches stay plain decoding's.
+TEST(AcceptanceAtAKeyBound, VerifyStepsStayWithinThePlainStepsBound) {
+  const int64_t n_ctx = 9000;
+  auto plain = test::make_engine(kFixture, SpecMethod::None, 8, n_ctx);
+  auto spec = test::make_engine(kFixture, SpecMethod::Ngram, 8, n_ctx, "", false, GgmlType::F32, 0,
+                                EngineConfig{}.capture, PadVerify::kOn);
+  ASSERT_TRUE(plain && spec);
+  std::vector<int32_t> prompt;
+  const auto base = test::fixture_prompts(kFixture)[1];
+  while (prompt.size() < 4085) prompt.push_back(base[prompt.size() % base.size()]);
+  GenerateOptions o;
+  o.max_tokens = 30;
+  const auto ref = test::generate_ids(*plain, prompt, o);
+  ASSERT_EQ(ref.size(), 30u);
+  std::vector<std::pair<int64_t, int>> asks;
+  auto drafter = std::make_unique<ReplayDrafter>(ref, prompt.size(), plain->model().hparams().n_vocab,
+                                                 [](int, int) { return false; });
+  drafter->cap = 8;
+  drafter->asks = &asks;
+  GenerateOptions so = o;
+  so.adaptive = false;
+  const RunResult s = run_session(*spec, prompt, so, std::move(drafter));
+  const RunResult p = run_session(*plain, prompt, o, nullptr);
+  EXPECT_EQ(s.emitted, p.emitted);
+  ASSERT_EQ(s.next_logits.size(), p.next_logits.size());
+  float diff = 0;
+  for (size_t i = 0; i < s.next_logits.size(); ++i) diff = std::max(diff, std::fabs(s.next_logits[i] - p.next_logits[i]));
+  EXPECT_LE(diff, 1e-4f) << "caches differ from plain decoding";
+  bool clipped = false;
+  for (const auto& [committed, max_k] : asks) {
+    EXPECT_LE(committed + max_k + 1, recorded_key_bound(committed + 1, n_ctx)) << "at " << committed;
+    clipped |= committed < 4096 && committed + 9 > 4096 && max_k < 8;
+  }
+  EXPECT_TRUE(clipped) << "no proposal met the bound at 4096";
 }
 
 }  // namespace
