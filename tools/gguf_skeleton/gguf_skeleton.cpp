@@ -30,14 +30,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -45,6 +43,7 @@
 #include "format/gguf.h"
 #include "format/gguf_writer.h"
 #include "util/half.h"
+#include "util/thread_pool.h"
 
 namespace hyspec {
 namespace {
@@ -474,16 +473,11 @@ Status fill(const std::string& path, uint64_t seed) {
     // Tensors on all cores (each seeded by its name, so the bytes do not depend on the order): a device
     // call fills the 9B in a few seconds instead of ~20.
     const auto& tensors = file->tensors();
-    std::atomic<size_t> next{0};
     std::vector<Status> errors(tensors.size(), Status::ok());
-    auto work = [&] {
-      for (size_t i; (i = next++) < tensors.size();)
+    ThreadPool(0).parallel_for(static_cast<int64_t>(tensors.size()), [&](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i)
         errors[i] = fill_tensor(tensors[i], const_cast<uint8_t*>(tensors[i].data), seed);  // a view of our writable map
-    };
-    std::vector<std::thread> pool(std::max(1u, std::thread::hardware_concurrency()) - 1);
-    for (std::thread& th : pool) th = std::thread(work);
-    work();
-    for (std::thread& th : pool) th.join();
+    });
     for (const Status& e : errors) HS_RETURN_IF_ERROR(e);
     std::fprintf(stderr, "%s: %zu tensors filled (seed %llu)\n", path.c_str(), file->tensors().size(),
                  static_cast<unsigned long long>(seed));
