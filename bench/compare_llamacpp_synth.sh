@@ -35,15 +35,7 @@ if [ ! -x /tmp/llama-bench ]; then
   [ -f .anchor/llama-bench.xz ] || { echo "no .anchor/llama-bench.xz: run '$0 build' here and carry it" >&2; exit 2; }
   xz -dc .anchor/llama-bench.xz > /tmp/llama-bench.part && chmod +x /tmp/llama-bench.part && mv /tmp/llama-bench.part /tmp/llama-bench || exit 3
 fi
-M=/tmp/$SHAPE.gguf
-xz -T0 -dc bench/data/9b-q4km.skeleton.gguf.xz > /tmp/9b-skeleton.gguf || exit 3
-if [ "$SHAPE" = 27b ]; then
-  "$D/bin/gguf_skeleton" resize /tmp/9b-skeleton.gguf "$M" 5120 17408 64 24 48 || exit 3
-  rm /tmp/9b-skeleton.gguf
-else
-  mv /tmp/9b-skeleton.gguf "$M"
-fi
-"$D/bin/gguf_skeleton" fill "$M" > /dev/null || exit 3
+M=$(bash bench/synth_gguf.sh "$SHAPE" "$D/bin/gguf_skeleton") || exit 3
 echo "== $(basename "$M") made and filled after ${SECONDS}s"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 echo "== llama.cpp (llama-bench -ngl 99 -fa 1)"

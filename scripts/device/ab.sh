@@ -39,13 +39,9 @@ summary() {
 # AB_SYNTH=27b: that skeleton resized to the anchor's 27B shape (gguf_skeleton resize: llama.cpp's
 # Q4_K_M types by layer; 16.5 GB) and filled; the greedy ids then have no reference but each other's.
 if [ "${AB_SYNTH:-0}" = 1 ]; then
-  M=/tmp/9b.gguf
-  xz -T0 -dc bench/data/9b-q4km.skeleton.gguf.xz > "$M" && "$D/bin/gguf_skeleton" fill "$M" > /dev/null || exit 3
+  M=$(bash bench/synth_gguf.sh 9b "$D/bin/gguf_skeleton") || exit 3
 elif [ "${AB_SYNTH:-0}" = 27b ]; then
-  M=/tmp/27b.gguf
-  xz -T0 -dc bench/data/9b-q4km.skeleton.gguf.xz > /tmp/9b-skeleton.gguf &&
-    "$D/bin/gguf_skeleton" resize /tmp/9b-skeleton.gguf "$M" 5120 17408 64 24 48 && rm /tmp/9b-skeleton.gguf &&
-    "$D/bin/gguf_skeleton" fill "$M" > /dev/null || exit 3
+  M=$(bash bench/synth_gguf.sh 27b "$D/bin/gguf_skeleton") || exit 3
 else
   M=/tmp/anchor/9b-q4km.gguf
   ANCHOR_MODELS_ONLY=1 bash bench/compare_llamacpp.sh start 9b
