@@ -197,6 +197,19 @@ struct MoeArgs {
   Rows shared_gate_out;
 };
 
+// A read-back that does not hold the host on work enqueued after it (look-ahead decoding: the host reads
+// one step's token while the next step runs). One copy in flight at a time.
+class Readback {
+ public:
+  virtual ~Readback() = default;  // (waits for a copy in flight)
+  // Copy `bytes` (at most the size it was made for) of backend memory once the ops enqueued so far are
+  // done; returns at once. Not while a graph is being captured.
+  virtual void start(const void* src, size_t bytes) = 0;
+  // Wait for the copy started last (not for ops enqueued after it) and put its bytes in dst: an error if
+  // the backend has failed on the way.
+  virtual Status finish(void* dst, size_t bytes) = 0;
+};
+
 // A recorded sequence of ops that can be replayed with the same pointers (CUDA graph on CUDA;
 // on CPU, replay simply runs the recording function again).
 class StepGraph {
@@ -228,6 +241,9 @@ class Backend {
   }
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual Status synchronize() = 0;
+  // Whether ops return before they run (CUDA: enqueued on a stream), so that host work can overlap them.
+  virtual bool asynchronous() const { return false; }
+  virtual Result<std::unique_ptr<Readback>> new_readback(size_t max_bytes) = 0;
 
   // Make a GGUF tensor usable as a weight (CPU: zero-copy view; CUDA: uploaded once, and types it has
   // no kernels for re-quantized to Q8_0 on the way: the Weight's type says what is stored).
@@ -306,6 +322,9 @@ class Backend {
   virtual void join_side() {}
   // out[r] = argmax of row r (first index on ties).
   virtual void argmax(Rows x, int32_t* out) = 0;
+  // The input of a one-token step made on the backend: tokens[0] = *token (e.g. the previous step's
+  // argmax), positions[0] = position.
+  virtual void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t position) = 0;
   // LogitSummary::floats(x.n_cols) floats per row of x into out, row after row.
   virtual void logit_summary(Rows x, float inv_t, float* out) = 0;
   // The tokens of row `row` of x whose logit is >= threshold (NaN never), in no set order: how many

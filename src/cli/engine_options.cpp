@@ -26,6 +26,10 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
   cmd.add_flag("--no-graphs", no_graphs, "CUDA: do not record/replay steps as CUDA graphs");
   cmd.add_flag("--f16-matvec", f16_matvec,
                "CUDA: Q4_K/Q5_K/Q6_K decode/verify matmuls on f16 activations (slower; ~3e-4 instead of ~5e-3 error per product)");
+  cmd.add_option("--look-ahead", look_ahead,
+                 "Greedy decoding without a drafter keeps the next step enqueued while the host reads the last one "
+                 "back: auto (on CUDA), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   if (with_spec) {
     cmd.add_option("--spec", spec, "Speculative decoding: none, ngram, mtp, dflash, mtp+ngram, dflash+ngram")
         ->check(CLI::IsMember({"none", "ngram", "mtp", "dflash", "mtp+ngram", "dflash+ngram"}));
@@ -66,6 +70,7 @@ Result<EngineConfig> EngineFlags::to_config() const {
   c.dequantize = dequantize;
   c.use_graphs = !no_graphs;
   HS_ASSIGN_OR_RETURN(c.pad_verify, parse_pad_verify(pad_verify));
+  HS_ASSIGN_OR_RETURN(c.look_ahead, parse_look_ahead(look_ahead));
   c.int8_matvec = !f16_matvec;
   return c;
 }

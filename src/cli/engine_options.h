@@ -23,6 +23,7 @@ struct EngineFlags {
   bool dequantize = false;
   bool no_graphs = false;
   std::string pad_verify = "auto";  // EngineConfig::pad_verify
+  std::string look_ahead = "auto";  // EngineConfig::look_ahead
   bool f16_matvec = false;
 
   void add_to(CLI::App& cmd, bool with_spec = true);

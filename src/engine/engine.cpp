@@ -54,6 +54,13 @@ Result<PadVerify> parse_pad_verify(const std::string& name) {
   return Status::errorf("--pad-verify '{}' is not supported (auto, on or off)", name);
 }
 
+Result<LookAhead> parse_look_ahead(const std::string& name) {
+  if (name == "auto") return LookAhead::kAuto;
+  if (name == "on") return LookAhead::kOn;
+  if (name == "off") return LookAhead::kOff;
+  return Status::errorf("--look-ahead '{}' is not supported (auto, on or off)", name);
+}
+
 const char* spec_method_name(SpecMethod m) {
   switch (m) {
     case SpecMethod::None: return "none";
@@ -319,6 +326,7 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   backoff_rounds_ = kMinBackoffRounds;
   probe_tokens_ = probe_s_ = 0;
   engine_.model_->reset_state(state_);
+  ahead_.in_flight = false;  // (a step still enqueued ahead ran before the reset, in order)
   deferred_.rows.n = 0;
   if (drafter_) HS_RETURN_IF_ERROR(drafter_->reset(state_));
   return Status::ok();
@@ -372,6 +380,7 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
     a.features = Rows(e.features_.as<float>(), n, e.feature_width_);
     a.taps = e.needs_.taps;
   }
+  ++e.steps_;
   HS_RETURN_IF_ERROR(e.run_forward(a, state_));
   prefilled_ += n;
   committed_ = prefilled_;
@@ -480,7 +489,95 @@ int Session::choose_draft_length() {
   return draft_length_.choose(engine_.round_costs_, k);
 }
 
+bool Session::looks_ahead() const {
+  const LookAhead mode = engine_.config_.look_ahead;
+  const bool on = mode == LookAhead::kOn || (mode == LookAhead::kAuto && engine_.backend_->asynchronous());
+  // The host reads nothing but each step's argmax: no drafter to feed, no logits to sample or report.
+  return on && !drafter_ && options_.sampling.greedy() && !options_.sampling.has_penalties() && options_.logprobs < 0;
+}
+
+Status Session::enqueue_ahead_step(int64_t pos, int slot) {
+  Engine& e = engine_;
+  int32_t* tok_dev = e.ints_.as<int32_t>();
+  ForwardArgs a;  // decode_round's plain step (the same graph)
+  a.n = 1;
+  a.tokens = tok_dev;
+  a.positions = tok_dev + e.model_->reserved_tokens();
+  a.max_keys = recorded_key_bound(pos + 1, e.n_ctx_);
+  a.logits = Rows(e.logits_.as<float>(), 1, e.model_->hparams().n_vocab);
+  if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), 1, e.model_->hparams().n_embd);
+  if (e.feature_width_ > 0) {
+    a.features = Rows(e.features_.as<float>(), 1, e.feature_width_);
+    a.taps = e.needs_.taps;
+  }
+  HS_RETURN_IF_ERROR(run_step(a));
+  int32_t* best = ahead_.tokens.as<int32_t>() + slot;
+  e.backend_->argmax(a.logits, best);
+  ahead_.readback[slot]->start(best, sizeof(int32_t));
+  ahead_.engine_steps = e.steps_;
+  return Status::ok();
+}
+
+// A plain greedy round that keeps one step ahead: the step of the token after the pending one is fed from
+// the pending one's argmax on the backend and enqueued before the host waits for that argmax, so the
+// device goes from step to step while the host reads back, emits and launches. Not when the pending
+// token's output is the last the session may emit (max_tokens, the context); a stop token is seen only
+// after its successor's step is enqueued, which then has run the pending token (Session::state).
+Status Session::look_ahead_round(std::vector<int32_t>& out) {
+  Engine& e = engine_;
+  Backend& be = *e.backend_;
+  const double t_round = e.now();
+  const int64_t recordings = graph_stats().recorded;
+  if (!ahead_.tokens.data()) {  // once per session
+    HS_ASSIGN_OR_RETURN(ahead_.tokens, be.alloc(2 * sizeof(int32_t)));
+    for (auto& r : ahead_.readback) {
+      HS_ASSIGN_OR_RETURN(r, be.new_readback(sizeof(int32_t)));
+    }
+  }
+  int32_t* tok_dev = e.ints_.as<int32_t>();
+  int32_t* pos_dev = tok_dev + e.model_->reserved_tokens();
+  const int slot = ahead_.slot;
+  if (!ahead_.in_flight) {  // the pending token's step, fed from the host
+    const int32_t tok = tokens_.back(), pos = static_cast<int32_t>(committed_);
+    be.upload(tok_dev, &tok, sizeof(int32_t));
+    be.upload(pos_dev, &pos, sizeof(int32_t));
+    HS_RETURN_IF_ERROR(enqueue_ahead_step(committed_, slot));
+  }
+  const bool next = stats_.generated_tokens + 1 < options_.max_tokens &&
+                    static_cast<int64_t>(tokens_.size()) + 1 < e.n_ctx_;
+  if (next) {
+    be.feed_token(ahead_.tokens.as<int32_t>() + slot, tok_dev, pos_dev, static_cast<int32_t>(committed_ + 1));
+    HS_RETURN_IF_ERROR(enqueue_ahead_step(committed_ + 1, slot ^ 1));
+  }
+  const double t_wait = e.now();
+  int32_t token = 0;
+  const Status read = ahead_.readback[slot]->finish(&token, sizeof(int32_t));
+  ahead_.in_flight = next;
+  ahead_.slot = next ? slot ^ 1 : slot;
+  HS_RETURN_IF_ERROR(read);
+  if (token < 0 || token >= e.model_->hparams().n_vocab)
+    return Status::errorf("the step's argmax {} is outside the vocabulary", token);
+  const double t_emit = e.now();
+  stats_.verify_wait_s += t_emit - t_wait;
+  stats_.verify_s += t_emit - t_round;
+  emit(token, out, nullptr);
+  ++committed_;
+  const double t_end = e.now();
+  stats_.commit_s += t_end - t_emit;
+  ++stats_.rounds;
+  const GraphStats graphs = graph_stats();
+  stats_.graphs_recorded = graphs.recorded - graphs_at_start_.recorded;
+  stats_.graph_record_s = graphs.record_s - graphs_at_start_.record_s;
+  if (graphs.recorded == recordings) {
+    e.round_costs_.record_verify(1, t_emit - t_round);
+    e.round_costs_.record_commit(1, t_end - t_emit);
+  }
+  stats_.decode_s += t_end - t_round;
+  return Status::ok();
+}
+
 Status Session::decode_round(std::vector<int32_t>& out) {
+  if (looks_ahead()) return look_ahead_round(out);
   Engine& e = engine_;
   Backend& be = *e.backend_;
   const Qwen35Hparams& hp = e.model_->hparams();
@@ -558,7 +655,9 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   if (plain_greedy) {
     std::vector<int32_t> best(n);
     be.argmax(logits, arg_dev);
+    const double t_wait = engine_.now();
     be.download(best.data(), arg_dev, n * sizeof(int32_t));
+    stats_.verify_wait_s += engine_.now() - t_wait;
     int i = 0;
     while (i < k && best[i] == drafts[i]) emitted.push_back(drafts[i++]);
     emitted.push_back(best[i]);
@@ -666,6 +765,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
 }
 
 Status Session::run_step(const ForwardArgs& args) {
+  ++engine_.steps_;
   const StepGraphs::Key key = {args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
                                args.features.data != nullptr, args.max_keys};
   return graphs_.run(key, [this, args] { return engine_.run_forward(args, state_); });
@@ -682,6 +782,16 @@ Result<std::vector<float>> Session::probe_next_logits() {
   Backend& be = *e.backend_;
   const int64_t V = e.model_->hparams().n_vocab;
   if (prefilled_ < n_prompt_) return Status::error("probe before the prompt was processed");
+  if (ahead_.in_flight) {  // a look-ahead step has run the pending token: its logits are the engine's
+    if (e.steps_ != ahead_.engine_steps)
+      return Status::error("probe after another session's step overwrote the look-ahead step's logits");
+    std::vector<float> logits(V);
+    be.download(logits.data(), e.logits_.data(), V * sizeof(float));
+    ahead_.in_flight = false;
+    finish_ = FinishReason::Cancelled;
+    return logits;
+  }
+  ++e.steps_;
   const int32_t tok = tokens_.back(), pos = static_cast<int32_t>(committed_);
   int32_t* tok_dev = e.ints_.as<int32_t>();
   int32_t* pos_dev = tok_dev + e.model_->reserved_tokens();

@@ -29,6 +29,8 @@ namespace hyspec {
 
 enum class PadVerify { kAuto, kOff, kOn };  // EngineConfig::pad_verify
 Result<PadVerify> parse_pad_verify(const std::string& name);  // auto | on | off
+enum class LookAhead { kAuto, kOff, kOn };  // EngineConfig::look_ahead
+Result<LookAhead> parse_look_ahead(const std::string& name);  // auto | on | off
 
 struct EngineConfig {
   std::string model_path;
@@ -69,6 +71,11 @@ struct EngineConfig {
   // loop +15%, the demo models' adaptive MTP-15 / DFlash / n-gram 0.92 / 0.84 / 2.00x -> 1.19 / 0.92 / 2.76x
   // of plain decoding.
   PadVerify pad_verify = PadVerify::kAuto;
+  // Look-ahead decoding (Session::look_ahead_round): a greedy session without a drafter enqueues each
+  // plain step, fed from the previous step's argmax on the backend, before it waits for that one, so the
+  // host's read-back, emit and launch overlap a step instead of leaving the device idle between steps.
+  // Auto: where the backend runs asynchronously (CUDA). H200, 9B Q4_K_M (docs/PERFORMANCE.md, session 58).
+  LookAhead look_ahead = LookAhead::kAuto;
   // Seconds that sessions time their rounds in (the adaptive draft length and back-off, SessionStats);
   // empty: the steady clock. Tests pass a deterministic one.
   std::function<double()> clock;
@@ -93,6 +100,7 @@ struct SessionStats {
   int64_t padded_rows = 0;  // rows verify steps ran past their drafts (EngineConfig::pad_verify)
   std::array<int64_t, 65> accept_histogram{};  // accepted drafts per speculative round
   double prefill_s = 0, draft_s = 0, verify_s = 0, commit_s = 0, decode_s = 0;
+  double verify_wait_s = 0;  // of verify_s: greedy rounds' wait for the device's argmax (the step's device time)
   int64_t graphs_recorded = 0;  // step graphs the target and drafter recorded for this sequence (CUDA;
   double graph_record_s = 0;    // a session's graphs outlive it), and the host time it took (in decode_s)
   double mean_acceptance_length() const {  // tokens emitted per speculative round
@@ -125,6 +133,8 @@ class Session {
   // Replace the drafter (tests, embedders); takes effect at the next start(). It must need no more
   // target outputs than the engine's configured drafter.
   void set_drafter(std::unique_ptr<Drafter> d) { drafter_ = std::move(d); }
+  // The sequence's cache and recurrent state. After look-ahead decoding stopped at a stop token (or was
+  // cancelled), the step enqueued ahead has run the pending token too (probe_next_logits gives its logits).
   SequenceState& state() { return state_; }
 
  private:
@@ -136,6 +146,11 @@ class Session {
   Status run_step(const ForwardArgs& args);
   GraphStats graph_stats() const;  // the target's and the drafter's (a round that recorded one is not timed)
   Status decode_round(std::vector<int32_t>& out);
+  bool looks_ahead() const;  // EngineConfig::look_ahead applies to this sequence
+  Status look_ahead_round(std::vector<int32_t>& out);
+  // A plain one-token step of the token at `pos` in the engine's step buffers, its argmax into
+  // ahead_.tokens[slot] and the read-back of that started.
+  Status enqueue_ahead_step(int64_t pos, int slot);
   int choose_draft_length();
   void back_off();  // speculation lost: plain rounds for the current back-off stretch, then double it
   // The drafter's view of committed rows. Within a plain stretch (the next round is plain too) the rows
@@ -164,6 +179,13 @@ class Session {
     bool observed_this_round = false;
   } deferred_;
   GraphStats graphs_at_start_;  // graph_stats() when this sequence started (the graphs outlive it)
+  struct AheadSteps {  // look-ahead decoding (look_ahead_round)
+    Buffer tokens;     // [2] on the backend: the argmax of the steps in slots 0 and 1
+    std::unique_ptr<Readback> readback[2];
+    int slot = 0;            // the slot of the step that ran, or runs, the pending token
+    bool in_flight = false;  // that step is enqueued (the next round reads its token)
+    uint64_t engine_steps = 0;  // Engine::steps_ just after it: while equal, its logits are the engine's
+  } ahead_;
   // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
   DraftLengthPolicy draft_length_;  // this sequence's acceptance by draft position
   double ema_spec_rate_ = 0;
@@ -220,6 +242,7 @@ class Engine {
   int64_t feature_width_ = 0;
   DrafterNeeds needs_;
   RoundCosts round_costs_;  // what rounds cost on this engine, measured by its sessions' rounds
+  uint64_t steps_ = 0;      // sessions' forwards into logits_ so far (Session::probe_next_logits)
 };
 
 }  // namespace hyspec

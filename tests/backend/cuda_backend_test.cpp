@@ -1369,6 +1369,40 @@ TEST_F(CudaBackendTest, ArgmaxOfVocabularyRowsAcrossChunks) {
   for (int r : {0, 1, 2, 4}) EXPECT_EQ(g[r], c[r]) << "row " << r;
 }
 
+// Look-ahead decoding's pieces: feed_token makes a step's input from a token on the backend, and a
+// read-back copies what its start() saw in the op order (not what finish() would see): the second read-back
+// starts after the token was overwritten, the first is finished after that. Both backends.
+TEST_F(CudaBackendTest, FeedTokenAndReadbacksFollowTheOpOrder) {
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    SCOPED_TRACE(be->name());
+    const int64_t C = 248320;
+    auto xv = randn(C);
+    xv[C - 3] = 40.0f;
+    Tensor x = put(*be, xv);
+    Buffer ints = put_i32(*be, std::vector<int32_t>(4, -7));  // [best, token, position, spare]
+    int32_t* best = ints.as<int32_t>();
+    auto r0 = be->new_readback(sizeof(int32_t)), r1 = be->new_readback(sizeof(int32_t));
+    ASSERT_TRUE(r0.is_ok() && r1.is_ok());
+    be->argmax(Rows(x.f(), 1, C), best);
+    (*r0)->start(best, sizeof(int32_t));
+    be->feed_token(best, best + 1, best + 2, 4242);
+    const int32_t other = 77;
+    be->upload(best, &other, sizeof(int32_t));
+    (*r1)->start(best, sizeof(int32_t));
+    int32_t got0 = -1, got1 = -1;
+    ASSERT_TRUE((*r0)->finish(&got0, sizeof(int32_t)).is_ok());
+    ASSERT_TRUE((*r1)->finish(&got1, sizeof(int32_t)).is_ok());
+    EXPECT_EQ(got0, C - 3);
+    EXPECT_EQ(got1, 77);
+    std::vector<int32_t> host(4);
+    be->download(host.data(), ints.data(), 4 * sizeof(int32_t));
+    EXPECT_EQ(host, (std::vector<int32_t>{77, static_cast<int32_t>(C - 3), 4242, -7}));
+    EXPECT_FALSE((*r0)->finish(&got0, 2 * sizeof(int32_t)).is_ok());  // more than it copied
+  }
+  EXPECT_TRUE(gpu_->asynchronous());
+  EXPECT_FALSE(cpu_->asynchronous());
+}
+
 // The sampler's row summaries and candidate selection: the max and the bucket counts exact, the f32
 // sums within rounding of the CPU's (another order), the selected set the same. Strided 248K rows with
 // NaN, -inf, and a row of -inf only.

@@ -16,7 +16,8 @@ inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecM
                                            int64_t draft_vocab = 0,
                                            StateCapture capture = EngineConfig{}.capture,
                                            PadVerify pad_verify = EngineConfig{}.pad_verify,
-                                           bool use_graphs = true) {
+                                           bool use_graphs = true,
+                                           LookAhead look_ahead = EngineConfig{}.look_ahead) {
   EngineConfig c;
   c.model_path = fixture_path(fixture_dir + "/" + fixture_dir + "-f32.gguf");
   c.spec = spec;
@@ -32,6 +33,7 @@ inline std::unique_ptr<Engine> make_engine(const std::string& fixture_dir, SpecM
   c.capture = capture;
   c.pad_verify = pad_verify;
   c.use_graphs = use_graphs;
+  c.look_ahead = look_ahead;
   auto e = Engine::create(c);
   EXPECT_TRUE(e.is_ok()) << e.message();
   return e.is_ok() ? std::move(e).value() : nullptr;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/quant_dot.h"
@@ -37,6 +38,25 @@ class CpuGraph final : public StepGraph {
   std::function<void()> step_;
 };
 
+// Ops have run by the time they return: start() copies at once.
+class CpuReadback final : public Readback {
+ public:
+  explicit CpuReadback(size_t max_bytes) : bytes_(max_bytes) {}
+  void start(const void* src, size_t bytes) override {
+    copied_ = std::min(bytes, bytes_.size());
+    std::memcpy(bytes_.data(), src, copied_);
+  }
+  Status finish(void* dst, size_t bytes) override {
+    if (bytes > copied_) return Status::errorf("read-back of {} bytes after a copy of {}", bytes, copied_);
+    std::memcpy(dst, bytes_.data(), bytes);
+    return Status::ok();
+  }
+
+ private:
+  std::vector<unsigned char> bytes_;
+  size_t copied_ = 0;
+};
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int n_threads, bool exact) : pool_(n_threads), exact_(exact) {}
@@ -59,6 +79,9 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
   Status synchronize() override { return Status::ok(); }
+  Result<std::unique_ptr<Readback>> new_readback(size_t max_bytes) override {
+    return std::unique_ptr<Readback>(new CpuReadback(max_bytes));
+  }
 
   Result<Weight> load_weight(const GgufTensorInfo& t, bool dequantize_to_f32) override {
     HS_ASSIGN_OR_RETURN(Weight w, weight_geometry(t));
@@ -153,6 +176,10 @@ class CpuBackend final : public Backend {
   void moe_ffn(const MoeArgs& a) override { cpu::moe_ffn(pool_, a); }
 
   void argmax(Rows x, int32_t* out) override { cpu::argmax(pool_, x, out); }
+  void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t position) override {
+    tokens[0] = *token;
+    positions[0] = position;
+  }
 
   void logit_summary(Rows x, float inv_t, float* out) override { cpu::logit_summary(pool_, x, inv_t, out); }
   void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,

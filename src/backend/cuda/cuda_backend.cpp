@@ -68,6 +68,27 @@ class CudaGraph final : public StepGraph {
   cudaGraphExec_t exec_;
 };
 
+// Page-locked host bytes and an event: the copy runs after the ops enqueued before start(), and finish()
+// waits for that event alone, not for the stream.
+class CudaReadback final : public Readback {
+ public:
+  CudaReadback(CudaBackend* backend, void* host, size_t max_bytes, cudaEvent_t done)
+      : backend_(backend), host_(host), max_bytes_(max_bytes), done_(done) {}
+  ~CudaReadback() override {
+    cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+    cudaFreeHost(host_);
+  }
+  void start(const void* src, size_t bytes) override;
+  Status finish(void* dst, size_t bytes) override;
+
+ private:
+  CudaBackend* backend_;  // must not outlive its backend
+  void* host_;
+  size_t max_bytes_, copied_ = 0;
+  cudaEvent_t done_;
+};
+
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<Backend>> create(const BackendOptions& options) {
@@ -187,6 +208,37 @@ class CudaBackend final : public Backend {
     forget_quantized();
     check(cudaMemsetAsync(dst, 0, bytes, stream_), "fill_zero");
   }
+  bool asynchronous() const override { return true; }
+  Result<std::unique_ptr<Readback>> new_readback(size_t max_bytes) override {
+    void* host = nullptr;
+    cudaError_t e = cudaMallocHost(&host, std::max<size_t>(max_bytes, 1));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return Status::errorf("cudaMallocHost of {} bytes failed: {}", max_bytes, cudaGetErrorString(e));
+    }
+    cudaEvent_t done = nullptr;
+    e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeHost(host);
+      return Status::errorf("cudaEventCreate failed: {}", cudaGetErrorString(e));
+    }
+    return std::unique_ptr<Readback>(new CudaReadback(this, host, max_bytes, done));
+  }
+  // CudaReadback's halves.
+  void readback_start(void* host, const void* src, size_t bytes, cudaEvent_t done) {
+    if (!not_capturing("read-back")) return;
+    join_side();  // (which launches what is deferred)
+    check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_), "read-back");
+    check(cudaEventRecord(done, stream_), "read-back");
+  }
+  Status readback_finish(cudaEvent_t done) {
+    check(cudaEventSynchronize(done), "read-back");
+    Status s = error_;
+    error_ = Status::ok();
+    return s;
+  }
+
   Status synchronize() override {
     join_side();  // (which launches what is deferred)
     if (!capturing_) check(cudaStreamSynchronize(stream_), "synchronize");
@@ -690,6 +742,13 @@ class CudaBackend final : public Backend {
     void* s = arena(op_arena_, cuda::argmax_scratch_bytes(x.n_rows, x.n_cols));
     if (!s) return;
     check(cuda::argmax_launch(mat(x), out, s, stream_), "argmax");
+  }
+
+  void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t position) override {
+    auto prof = begin_op("feed_token");
+    settle();
+    forget_quantized();
+    check(cuda::feed_token_launch(token, tokens, positions, position, stream_), "feed_token");
   }
 
   void logit_summary(Rows x, float inv_t, float* out) override {
@@ -1318,6 +1377,18 @@ class CudaBackend final : public Backend {
 };
 
 Status CudaGraph::replay() { return backend_->launch_graph(exec_); }
+
+void CudaReadback::start(const void* src, size_t bytes) {
+  copied_ = std::min(bytes, max_bytes_);
+  backend_->readback_start(host_, src, copied_, done_);
+}
+
+Status CudaReadback::finish(void* dst, size_t bytes) {
+  HS_RETURN_IF_ERROR(backend_->readback_finish(done_));
+  if (bytes > copied_) return Status::errorf("read-back of {} bytes after a copy of {}", bytes, copied_);
+  std::memcpy(dst, host_, bytes);
+  return Status::ok();
+}
 
 }  // namespace
 
