@@ -197,17 +197,21 @@ struct MoeArgs {
   Rows shared_gate_out;
 };
 
-// A read-back that does not hold the host on work enqueued after it (look-ahead decoding: the host reads
-// one step's token while the next step runs). One copy in flight at a time.
+// A few bytes that ops write and the host reads without waiting for ops enqueued after them (look-ahead
+// decoding: the host reads one step's token while the next step runs).
 class Readback {
  public:
-  virtual ~Readback() = default;  // (waits for a copy in flight)
-  // Copy `bytes` (at most the size it was made for) of backend memory once the ops enqueued so far are
-  // done; returns at once. Not while a graph is being captured.
-  virtual void start(const void* src, size_t bytes) = 0;
-  // Wait for the copy started last (not for ops enqueued after it) and put its bytes in dst: an error if
-  // the backend has failed on the way.
+  virtual ~Readback() = default;  // (waits for the ops before the last mark)
+  // Where ops may read and write the bytes (CUDA: page-locked host memory mapped into the device's
+  // address space), e.g. argmax's out; a recorded graph may hold it.
+  virtual void* target() = 0;
+  // The host may read the bytes once the ops enqueued so far are done: finish() waits for that.
+  virtual void mark() = 0;
+  // Wait for the last mark (not for ops enqueued after it) and copy the first `bytes` into dst: an error
+  // if the backend has failed on the way.
   virtual Status finish(void* dst, size_t bytes) = 0;
+  // Write the bytes from the host; no op in flight may touch them.
+  virtual void put(const void* src, size_t bytes) = 0;
 };
 
 // A recorded sequence of ops that can be replayed with the same pointers (CUDA graph on CUDA;
@@ -322,9 +326,9 @@ class Backend {
   virtual void join_side() {}
   // out[r] = argmax of row r (first index on ties).
   virtual void argmax(Rows x, int32_t* out) = 0;
-  // The input of a one-token step made on the backend: tokens[0] = *token (e.g. the previous step's
-  // argmax), positions[0] = position.
-  virtual void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t position) = 0;
+  // The input of a one-token step made on the backend: ++*position_counter, then tokens[0] = *token (e.g.
+  // the previous step's argmax) and positions[0] = *position_counter.
+  virtual void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* position_counter) = 0;
   // LogitSummary::floats(x.n_cols) floats per row of x into out, row after row.
   virtual void logit_summary(Rows x, float inv_t, float* out) = 0;
   // The tokens of row `row` of x whose logit is >= threshold (NaN never), in no set order: how many

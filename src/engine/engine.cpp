@@ -73,7 +73,12 @@ const char* spec_method_name(SpecMethod m) {
 
 Engine::~Engine() = default;
 Session::Session(Engine& engine) : engine_(engine), graphs_(*engine.backend_, engine.config_.use_graphs) {}
-Session::~Session() = default;
+Session::~Session() {
+  if (ahead_.in_flight) {  // a step enqueued ahead still reads and writes this session's buffers
+    int32_t unused = 0;
+    (void)ahead_.token[ahead_.slot]->finish(&unused, sizeof(int32_t));
+  }
+}
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   std::unique_ptr<Engine> e(new Engine());
@@ -325,8 +330,12 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   probe_rounds_left_ = 0;
   backoff_rounds_ = kMinBackoffRounds;
   probe_tokens_ = probe_s_ = 0;
+  if (ahead_.in_flight) {  // a step the last sequence enqueued ahead: done before its slots are reused
+    int32_t unused = 0;
+    ahead_.in_flight = false;
+    HS_RETURN_IF_ERROR(ahead_.token[ahead_.slot]->finish(&unused, sizeof(int32_t)));
+  }
   engine_.model_->reset_state(state_);
-  ahead_.in_flight = false;  // (a step still enqueued ahead ran before the reset, in order)
   deferred_.rows.n = 0;
   if (drafter_) HS_RETURN_IF_ERROR(drafter_->reset(state_));
   return Status::ok();
@@ -498,8 +507,9 @@ bool Session::looks_ahead() const {
 
 Status Session::enqueue_ahead_step(int64_t pos, int slot) {
   Engine& e = engine_;
+  Backend& be = *e.backend_;
   int32_t* tok_dev = e.ints_.as<int32_t>();
-  ForwardArgs a;  // decode_round's plain step (the same graph)
+  ForwardArgs a;  // decode_round's plain step
   a.n = 1;
   a.tokens = tok_dev;
   a.positions = tok_dev + e.model_->reserved_tokens();
@@ -510,10 +520,18 @@ Status Session::enqueue_ahead_step(int64_t pos, int slot) {
     a.features = Rows(e.features_.as<float>(), 1, e.feature_width_);
     a.taps = e.needs_.taps;
   }
-  HS_RETURN_IF_ERROR(run_step(a));
-  int32_t* best = ahead_.tokens.as<int32_t>() + slot;
-  e.backend_->argmax(a.logits, best);
-  ahead_.readback[slot]->start(best, sizeof(int32_t));
+  const auto* fed = static_cast<const int32_t*>(ahead_.token[slot ^ 1]->target());
+  auto* best = static_cast<int32_t*>(ahead_.token[slot]->target());
+  StepGraphs::Key key = step_key(a);
+  key[6] = 1 + slot;  // the slots are in the graph
+  ++e.steps_;
+  HS_RETURN_IF_ERROR(graphs_.run(key, [&] {
+    be.feed_token(fed, const_cast<int32_t*>(a.tokens), const_cast<int32_t*>(a.positions), ahead_.position.as<int32_t>());
+    const Status st = e.run_forward(a, state_);
+    be.argmax(a.logits, best);
+    return st;
+  }));
+  ahead_.token[slot]->mark();
   ahead_.engine_steps = e.steps_;
   return Status::ok();
 }
@@ -528,30 +546,25 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
   Backend& be = *e.backend_;
   const double t_round = e.now();
   const int64_t recordings = graph_stats().recorded;
-  if (!ahead_.tokens.data()) {  // once per session
-    HS_ASSIGN_OR_RETURN(ahead_.tokens, be.alloc(2 * sizeof(int32_t)));
-    for (auto& r : ahead_.readback) {
+  if (!ahead_.position.data()) {  // once per session (its graphs hold them)
+    HS_ASSIGN_OR_RETURN(ahead_.position, be.alloc(sizeof(int32_t)));
+    for (auto& r : ahead_.token) {
       HS_ASSIGN_OR_RETURN(r, be.new_readback(sizeof(int32_t)));
     }
   }
-  int32_t* tok_dev = e.ints_.as<int32_t>();
-  int32_t* pos_dev = tok_dev + e.model_->reserved_tokens();
   const int slot = ahead_.slot;
-  if (!ahead_.in_flight) {  // the pending token's step, fed from the host
-    const int32_t tok = tokens_.back(), pos = static_cast<int32_t>(committed_);
-    be.upload(tok_dev, &tok, sizeof(int32_t));
-    be.upload(pos_dev, &pos, sizeof(int32_t));
+  if (!ahead_.in_flight) {  // the pending token's step: its input as if a step before it had made it
+    const int32_t before = static_cast<int32_t>(committed_ - 1);
+    ahead_.token[slot ^ 1]->put(&tokens_.back(), sizeof(int32_t));
+    be.upload(ahead_.position.data(), &before, sizeof(int32_t));
     HS_RETURN_IF_ERROR(enqueue_ahead_step(committed_, slot));
   }
   const bool next = stats_.generated_tokens + 1 < options_.max_tokens &&
                     static_cast<int64_t>(tokens_.size()) + 1 < e.n_ctx_;
-  if (next) {
-    be.feed_token(ahead_.tokens.as<int32_t>() + slot, tok_dev, pos_dev, static_cast<int32_t>(committed_ + 1));
-    HS_RETURN_IF_ERROR(enqueue_ahead_step(committed_ + 1, slot ^ 1));
-  }
+  if (next) HS_RETURN_IF_ERROR(enqueue_ahead_step(committed_ + 1, slot ^ 1));
   const double t_wait = e.now();
   int32_t token = 0;
-  const Status read = ahead_.readback[slot]->finish(&token, sizeof(int32_t));
+  const Status read = ahead_.token[slot]->finish(&token, sizeof(int32_t));
   ahead_.in_flight = next;
   ahead_.slot = next ? slot ^ 1 : slot;
   HS_RETURN_IF_ERROR(read);
@@ -764,11 +777,14 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   return Status::ok();
 }
 
+StepGraphs::Key Session::step_key(const ForwardArgs& args) {
+  return {args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr, args.features.data != nullptr,
+          args.max_keys, 0};
+}
+
 Status Session::run_step(const ForwardArgs& args) {
   ++engine_.steps_;
-  const StepGraphs::Key key = {args.n, args.capture, args.logits.n_rows, args.final_hidden.data != nullptr,
-                               args.features.data != nullptr, args.max_keys};
-  return graphs_.run(key, [this, args] { return engine_.run_forward(args, state_); });
+  return graphs_.run(step_key(args), [this, args] { return engine_.run_forward(args, state_); });
 }
 
 GraphStats Session::graph_stats() const {

@@ -144,12 +144,13 @@ class Session {
   // A decode/verify forward: recorded once per shape as a backend graph and replayed (CUDA), so a
   // step costs one launch; every per-step input lives in the engine's fixed device buffers.
   Status run_step(const ForwardArgs& args);
+  static StepGraphs::Key step_key(const ForwardArgs& args);  // what shapes a step's graph
   GraphStats graph_stats() const;  // the target's and the drafter's (a round that recorded one is not timed)
   Status decode_round(std::vector<int32_t>& out);
   bool looks_ahead() const;  // EngineConfig::look_ahead applies to this sequence
   Status look_ahead_round(std::vector<int32_t>& out);
-  // A plain one-token step of the token at `pos` in the engine's step buffers, its argmax into
-  // ahead_.tokens[slot] and the read-back of that started.
+  // One recorded graph: the token in read-back slot^1 and the next position fed into the step buffers, a
+  // plain one-token step (at position pos), its argmax into read-back slot `slot`; then that slot marked.
   Status enqueue_ahead_step(int64_t pos, int slot);
   int choose_draft_length();
   void back_off();  // speculation lost: plain rounds for the current back-off stretch, then double it
@@ -180,8 +181,8 @@ class Session {
   } deferred_;
   GraphStats graphs_at_start_;  // graph_stats() when this sequence started (the graphs outlive it)
   struct AheadSteps {  // look-ahead decoding (look_ahead_round)
-    Buffer tokens;     // [2] on the backend: the argmax of the steps in slots 0 and 1
-    std::unique_ptr<Readback> readback[2];
+    Buffer position;   // [1] on the backend: the position of the last step enqueued (feed_token's counter)
+    std::unique_ptr<Readback> token[2];  // each step's argmax, alternately: the next step's input
     int slot = 0;            // the slot of the step that ran, or runs, the pending token
     bool in_flight = false;  // that step is enqueued (the next round reads its token)
     uint64_t engine_steps = 0;  // Engine::steps_ just after it: while equal, its logits are the engine's

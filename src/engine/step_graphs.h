@@ -31,7 +31,7 @@ struct GraphStats {
 
 class StepGraphs {
  public:
-  using Key = std::array<int64_t, 6>;
+  using Key = std::array<int64_t, 7>;
   // enabled: record at all (the caller's --no-graphs); only backends that replay graphs (CUDA) do.
   StepGraphs(Backend& be, bool enabled) : be_(be), enabled_(enabled && be.kind() == BackendKind::Cuda) {}
 

@@ -1369,35 +1369,62 @@ TEST_F(CudaBackendTest, ArgmaxOfVocabularyRowsAcrossChunks) {
   for (int r : {0, 1, 2, 4}) EXPECT_EQ(g[r], c[r]) << "row " << r;
 }
 
-// Look-ahead decoding's pieces: feed_token makes a step's input from a token on the backend, and a
-// read-back copies what its start() saw in the op order (not what finish() would see): the second read-back
-// starts after the token was overwritten, the first is finished after that. Both backends.
-TEST_F(CudaBackendTest, FeedTokenAndReadbacksFollowTheOpOrder) {
+// Look-ahead decoding's pieces, as a session chains them: feed_token makes a step's input from a token the
+// last argmax left in a read-back (CUDA: mapped host memory) and advances a position counter; a read-back's
+// finish() returns what the ops before its mark wrote, also when later ops (here the next argmax into the
+// other read-back) were enqueued after the mark. Eagerly and in a recorded graph, on both backends.
+TEST_F(CudaBackendTest, FeedTokenAndReadbacksChainStepsOnTheBackend) {
   for (Backend* be : {cpu_.get(), gpu_.get()}) {
-    SCOPED_TRACE(be->name());
-    const int64_t C = 248320;
-    auto xv = randn(C);
-    xv[C - 3] = 40.0f;
-    Tensor x = put(*be, xv);
-    Buffer ints = put_i32(*be, std::vector<int32_t>(4, -7));  // [best, token, position, spare]
-    int32_t* best = ints.as<int32_t>();
-    auto r0 = be->new_readback(sizeof(int32_t)), r1 = be->new_readback(sizeof(int32_t));
-    ASSERT_TRUE(r0.is_ok() && r1.is_ok());
-    be->argmax(Rows(x.f(), 1, C), best);
-    (*r0)->start(best, sizeof(int32_t));
-    be->feed_token(best, best + 1, best + 2, 4242);
-    const int32_t other = 77;
-    be->upload(best, &other, sizeof(int32_t));
-    (*r1)->start(best, sizeof(int32_t));
-    int32_t got0 = -1, got1 = -1;
-    ASSERT_TRUE((*r0)->finish(&got0, sizeof(int32_t)).is_ok());
-    ASSERT_TRUE((*r1)->finish(&got1, sizeof(int32_t)).is_ok());
-    EXPECT_EQ(got0, C - 3);
-    EXPECT_EQ(got1, 77);
-    std::vector<int32_t> host(4);
-    be->download(host.data(), ints.data(), 4 * sizeof(int32_t));
-    EXPECT_EQ(host, (std::vector<int32_t>{77, static_cast<int32_t>(C - 3), 4242, -7}));
-    EXPECT_FALSE((*r0)->finish(&got0, 2 * sizeof(int32_t)).is_ok());  // more than it copied
+    for (bool graph : {false, true}) {
+      SCOPED_TRACE(be->name() + (graph ? ", graph" : ", eager"));
+      const int64_t C = 248320;
+      auto xv = randn(2 * C);
+      xv[C - 3] = 40.0f;      // row 0's winner
+      xv[C + 1234] = 40.0f;   // row 1's
+      Tensor x = put(*be, xv);
+      Buffer ints = put_i32(*be, {-7, -7, 41});  // [token, position, counter]
+      int32_t* io = ints.as<int32_t>();
+      auto r0 = be->new_readback(sizeof(int32_t)), r1 = be->new_readback(sizeof(int32_t));
+      ASSERT_TRUE(r0.is_ok() && r1.is_ok());
+      auto* t0 = static_cast<int32_t*>((*r0)->target());
+      auto* t1 = static_cast<int32_t*>((*r1)->target());
+      const int32_t seed = 99;
+      (*r1)->put(&seed, sizeof(int32_t));
+      // step 0: feed from r1, argmax of row 0 into r0; step 1: feed from r0, argmax of row 1 into r1
+      auto step = [&](int row, int32_t* from, int32_t* into) {
+        be->feed_token(from, io, io + 1, io + 2);
+        be->argmax(x.rows(2, C).rows(row, 1), into);
+      };
+      std::unique_ptr<StepGraph> g0, g1;
+      if (graph && be == gpu_.get()) {
+        auto a = be->capture([&] { step(0, t1, t0); });
+        auto b = be->capture([&] { step(1, t0, t1); });
+        ASSERT_TRUE(a.is_ok() && b.is_ok());
+        g0 = std::move(a).value(), g1 = std::move(b).value();
+      }
+      auto run = [&](std::unique_ptr<StepGraph>& g, int row, int32_t* from, int32_t* into) {
+        if (g) {
+          ASSERT_TRUE(g->replay().is_ok());
+        } else {
+          step(row, from, into);
+        }
+      };
+      run(g0, 0, t1, t0);
+      (*r0)->mark();
+      std::vector<int32_t> host(3);
+      be->download(host.data(), ints.data(), 3 * sizeof(int32_t));
+      EXPECT_EQ(host, (std::vector<int32_t>{99, 42, 42}));  // fed from the seed, at the counter + 1
+      run(g1, 1, t0, t1);
+      (*r1)->mark();
+      int32_t got0 = -1, got1 = -1;
+      ASSERT_TRUE((*r0)->finish(&got0, sizeof(int32_t)).is_ok());
+      ASSERT_TRUE((*r1)->finish(&got1, sizeof(int32_t)).is_ok());
+      EXPECT_EQ(got0, C - 3);
+      EXPECT_EQ(got1, 1234);
+      be->download(host.data(), ints.data(), 3 * sizeof(int32_t));
+      EXPECT_EQ(host, (std::vector<int32_t>{static_cast<int32_t>(C - 3), 43, 43}));  // fed from step 0's argmax
+      EXPECT_FALSE((*r0)->finish(&got0, 2 * sizeof(int32_t)).is_ok());  // more than it holds
+    }
   }
   EXPECT_TRUE(gpu_->asynchronous());
   EXPECT_FALSE(cpu_->asynchronous());

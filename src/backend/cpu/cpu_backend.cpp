@@ -38,23 +38,21 @@ class CpuGraph final : public StepGraph {
   std::function<void()> step_;
 };
 
-// Ops have run by the time they return: start() copies at once.
+// Ops have run by the time they return: the bytes are plain host memory, marks wait for nothing.
 class CpuReadback final : public Readback {
  public:
   explicit CpuReadback(size_t max_bytes) : bytes_(max_bytes) {}
-  void start(const void* src, size_t bytes) override {
-    copied_ = std::min(bytes, bytes_.size());
-    std::memcpy(bytes_.data(), src, copied_);
-  }
+  void* target() override { return bytes_.data(); }
+  void mark() override {}
   Status finish(void* dst, size_t bytes) override {
-    if (bytes > copied_) return Status::errorf("read-back of {} bytes after a copy of {}", bytes, copied_);
+    if (bytes > bytes_.size()) return Status::errorf("read-back of {} bytes from {}", bytes, bytes_.size());
     std::memcpy(dst, bytes_.data(), bytes);
     return Status::ok();
   }
+  void put(const void* src, size_t bytes) override { std::memcpy(bytes_.data(), src, std::min(bytes, bytes_.size())); }
 
  private:
   std::vector<unsigned char> bytes_;
-  size_t copied_ = 0;
 };
 
 class CpuBackend final : public Backend {
@@ -176,9 +174,9 @@ class CpuBackend final : public Backend {
   void moe_ffn(const MoeArgs& a) override { cpu::moe_ffn(pool_, a); }
 
   void argmax(Rows x, int32_t* out) override { cpu::argmax(pool_, x, out); }
-  void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t position) override {
+  void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* position_counter) override {
     tokens[0] = *token;
-    positions[0] = position;
+    positions[0] = ++*position_counter;
   }
 
   void logit_summary(Rows x, float inv_t, float* out) override { cpu::logit_summary(pool_, x, inv_t, out); }

@@ -68,25 +68,28 @@ class CudaGraph final : public StepGraph {
   cudaGraphExec_t exec_;
 };
 
-// Page-locked host bytes and an event: the copy runs after the ops enqueued before start(), and finish()
-// waits for that event alone, not for the stream.
+// Page-locked host bytes mapped into the device's address space (kernels write them over the bus, no
+// copy engine) and an event: finish() waits for the last mark alone, not for the stream.
 class CudaReadback final : public Readback {
  public:
-  CudaReadback(CudaBackend* backend, void* host, size_t max_bytes, cudaEvent_t done)
-      : backend_(backend), host_(host), max_bytes_(max_bytes), done_(done) {}
+  CudaReadback(CudaBackend* backend, void* host, void* device, size_t max_bytes, cudaEvent_t marked)
+      : backend_(backend), host_(host), device_(device), max_bytes_(max_bytes), marked_(marked) {}
   ~CudaReadback() override {
-    cudaEventSynchronize(done_);
-    cudaEventDestroy(done_);
+    cudaEventSynchronize(marked_);
+    cudaEventDestroy(marked_);
     cudaFreeHost(host_);
   }
-  void start(const void* src, size_t bytes) override;
+  void* target() override { return device_; }
+  void mark() override;
   Status finish(void* dst, size_t bytes) override;
+  void put(const void* src, size_t bytes) override { std::memcpy(host_, src, std::min(bytes, max_bytes_)); }
 
  private:
   CudaBackend* backend_;  // must not outlive its backend
   void* host_;
-  size_t max_bytes_, copied_ = 0;
-  cudaEvent_t done_;
+  void* device_;
+  size_t max_bytes_;
+  cudaEvent_t marked_;
 };
 
 class CudaBackend final : public Backend {
@@ -211,29 +214,27 @@ class CudaBackend final : public Backend {
   bool asynchronous() const override { return true; }
   Result<std::unique_ptr<Readback>> new_readback(size_t max_bytes) override {
     void* host = nullptr;
-    cudaError_t e = cudaMallocHost(&host, std::max<size_t>(max_bytes, 1));
+    void* device = nullptr;
+    cudaError_t e = cudaHostAlloc(&host, std::max<size_t>(max_bytes, 1), cudaHostAllocMapped);
+    if (e == cudaSuccess) e = cudaHostGetDevicePointer(&device, host, 0);
+    cudaEvent_t marked = nullptr;
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&marked, cudaEventDisableTiming);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      return Status::errorf("cudaMallocHost of {} bytes failed: {}", max_bytes, cudaGetErrorString(e));
+      if (host) cudaFreeHost(host);
+      return Status::errorf("read-back of {} bytes: {}", max_bytes, cudaGetErrorString(e));
     }
-    cudaEvent_t done = nullptr;
-    e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      cudaFreeHost(host);
-      return Status::errorf("cudaEventCreate failed: {}", cudaGetErrorString(e));
-    }
-    return std::unique_ptr<Readback>(new CudaReadback(this, host, max_bytes, done));
+    std::memset(host, 0, max_bytes);
+    return std::unique_ptr<Readback>(new CudaReadback(this, host, device, max_bytes, marked));
   }
   // CudaReadback's halves.
-  void readback_start(void* host, const void* src, size_t bytes, cudaEvent_t done) {
-    if (!not_capturing("read-back")) return;
+  void readback_mark(cudaEvent_t marked) {
+    if (!not_capturing("read-back mark")) return;
     join_side();  // (which launches what is deferred)
-    check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_), "read-back");
-    check(cudaEventRecord(done, stream_), "read-back");
+    check(cudaEventRecord(marked, stream_), "read-back mark");
   }
-  Status readback_finish(cudaEvent_t done) {
-    check(cudaEventSynchronize(done), "read-back");
+  Status readback_finish(cudaEvent_t marked) {
+    check(cudaEventSynchronize(marked), "read-back");
     Status s = error_;
     error_ = Status::ok();
     return s;
@@ -744,11 +745,11 @@ class CudaBackend final : public Backend {
     check(cuda::argmax_launch(mat(x), out, s, stream_), "argmax");
   }
 
-  void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t position) override {
+  void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* position_counter) override {
     auto prof = begin_op("feed_token");
     settle();
     forget_quantized();
-    check(cuda::feed_token_launch(token, tokens, positions, position, stream_), "feed_token");
+    check(cuda::feed_token_launch(token, tokens, positions, position_counter, stream_), "feed_token");
   }
 
   void logit_summary(Rows x, float inv_t, float* out) override {
@@ -1378,14 +1379,11 @@ class CudaBackend final : public Backend {
 
 Status CudaGraph::replay() { return backend_->launch_graph(exec_); }
 
-void CudaReadback::start(const void* src, size_t bytes) {
-  copied_ = std::min(bytes, max_bytes_);
-  backend_->readback_start(host_, src, copied_, done_);
-}
+void CudaReadback::mark() { backend_->readback_mark(marked_); }
 
 Status CudaReadback::finish(void* dst, size_t bytes) {
-  HS_RETURN_IF_ERROR(backend_->readback_finish(done_));
-  if (bytes > copied_) return Status::errorf("read-back of {} bytes after a copy of {}", bytes, copied_);
+  HS_RETURN_IF_ERROR(backend_->readback_finish(marked_));
+  if (bytes > max_bytes_) return Status::errorf("read-back of {} bytes from {}", bytes, max_bytes_);
   std::memcpy(dst, host_, bytes);
   return Status::ok();
 }

@@ -834,17 +834,20 @@ cudaError_t argmax_launch(Mat x, int32_t* out, void* scratch, cudaStream_t strea
                     static_cast<const float*>(part_v), static_cast<const int*>(part_i), chunks, out);
 }
 
-// One thread: a one-token step's input from the previous step's argmax (look-ahead decoding). 12 bytes.
-__global__ void feed_token_kernel(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t position) {
+// One thread: a one-token step's input from the previous step's argmax (look-ahead decoding), which may
+// lie in mapped host memory (one bus round trip). 16 bytes.
+__global__ void feed_token_kernel(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* counter) {
   pdl_wait();  // the token is the previous kernel's
   pdl_trigger();
+  const int32_t position = *counter + 1;
+  *counter = position;
   tokens[0] = *token;
   positions[0] = position;
 }
 
-cudaError_t feed_token_launch(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t position,
+cudaError_t feed_token_launch(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* position_counter,
                               cudaStream_t stream) {
-  return launch_pdl(feed_token_kernel, dim3(1), dim3(1), 0, stream, token, tokens, positions, position);
+  return launch_pdl(feed_token_kernel, dim3(1), dim3(1), 0, stream, token, tokens, positions, position_counter);
 }
 
 cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream) {

@@ -238,8 +238,8 @@ struct QkPrepParams {
 cudaError_t qk_prep_launch(QkPrepParams p, void* k_cache, void* v_cache, cudaStream_t stream);
 size_t argmax_scratch_bytes(int64_t rows, int64_t cols);
 cudaError_t argmax_launch(Mat x, int32_t* out, void* scratch, cudaStream_t stream);  // scratch: argmax_scratch_bytes
-// Backend::feed_token: tokens[0] = *token, positions[0] = position.
-cudaError_t feed_token_launch(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t position,
+// Backend::feed_token: tokens[0] = *token, positions[0] = ++*position_counter.
+cudaError_t feed_token_launch(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* position_counter,
                               cudaStream_t stream);
 // Backend::logit_summary (scratch: argmax_scratch_bytes) and Backend::select_logits.
 cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream);
