@@ -116,6 +116,27 @@ TEST_F(LookAheadDecoding, ACancelBetweenRoundsLeavesTheSameState) {
   }
 }
 
+// A sequence that crosses a key bound (4096: recorded_key_bound) records the next bound's graphs while a
+// step is enqueued ahead; F16 and Q8_0 caches.
+TEST_F(LookAheadDecoding, AcrossAKeyBoundAsPlainDecoding) {
+  std::vector<int32_t> prompt;
+  while (prompt.size() < 4085) prompt.push_back(prompts_[0][prompt.size() % prompts_[0].size()]);
+  GenerateOptions o;
+  o.max_tokens = 24;
+  for (GgmlType kv : {GgmlType::F16, GgmlType::Q8_0}) {
+    auto make = [&](LookAhead mode) {
+      return test::make_engine(kFixture, SpecMethod::None, 8, 9000, "", false, kv, 0, EngineConfig{}.capture,
+                               EngineConfig{}.pad_verify, true, mode);
+    };
+    auto ahead = make(LookAhead::kOn), plain = make(LookAhead::kOff);
+    ASSERT_TRUE(ahead && plain);
+    const Outcome a = run(*ahead, prompt, o, 20), p = run(*plain, prompt, o, 20);
+    ASSERT_EQ(a.emitted.size(), 20u);
+    expect_same(a, p, "across 4096, " + std::string(ggml_type_name(kv)));
+    EXPECT_EQ(a.stats.graphs_recorded, test::test_backend_kind() == BackendKind::Cuda ? 4 : 0);  // 2 slots x 2 bounds
+  }
+}
+
 // The probe reads the look-ahead step's logits from the engine's buffer: after another session's step it
 // says so instead of returning that session's logits.
 TEST_F(LookAheadDecoding, AProbeAfterAnotherSessionsStepIsAnError) {
