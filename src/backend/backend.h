@@ -331,11 +331,6 @@ class Backend {
   virtual void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* position_counter) = 0;
   // LogitSummary::floats(x.n_cols) floats per row of x into out, row after row.
   virtual void logit_summary(Rows x, float inv_t, float* out) = 0;
-  // The chunk a temperature-alone draw with uniform u lands in (draw_chunk over the chunk masses of
-  // `summary`, logit_summary's output for the one row x, no exclusion): its index into out[0] as int32 bits
-  // (-1: no chunk has mass) and its logits into out[1 ..] (at most LogitSummary::kChunk), so that one
-  // read-back takes the summary and the drawn chunk (engine/logit_rows.h).
-  virtual void stage_drawn_chunk(Rows x, const float* summary, double u, float* out) = 0;
   // The tokens of row `row` of x whose logit is >= threshold (NaN never), in no set order: how many
   // into *count, the first min(*count, cap) of them into picked.
   virtual void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,

@@ -26,44 +26,6 @@ struct LogitSummary {
   static constexpr int64_t floats(int64_t cols) { return 1 + chunks(cols) + 2 * kBuckets; }
 };
 
-// The sum of a row's chunk masses (the summary's [chunk_at() ..]) in chunk order, in double: the mass a
-// draw without exclusion spreads over.
-constexpr double chunk_mass_total(const float* chunk_mass, int64_t chunks) {
-  double z = 0;
-  for (int64_t c = 0; c < chunks; ++c) z += chunk_mass[c];
-  return z;
-}
-
-// Where an inverse-CDF draw in token order with uniform u lands, chunk by chunk (engine/logit_rows.h; the
-// host and the backends take these steps alike, in double, so that they pick the same chunk): target =
-// u * total, minus each chunk's mass until it falls inside one, skipping chunks without mass and taking the
-// mass e_x of an excluded token out of chunk c_x; past the end by rounding, the last chunk with mass.
-struct DrawnChunk {
-  int64_t chunk = -1;      // -1: no chunk has mass
-  double target = 0;       // what is left of u * total inside the chunk
-  double chunk_total = 0;  // the chunk's mass
-};
-constexpr DrawnChunk draw_chunk(const float* chunk_mass, int64_t chunks, double total, double u, int64_t c_x = -1,
-                                double e_x = 0) {
-  DrawnChunk d;
-  double target = u * total;
-  int64_t last = -1;
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const double s = chunk_mass[ch] - (ch == c_x ? e_x : 0.0);
-    if (!(s > 0)) continue;
-    last = ch;
-    d.chunk_total = s;
-    if (target < s) {
-      d.chunk = ch;
-      d.target = target;
-      return d;
-    }
-    target -= s;
-  }
-  if (last >= 0) d.chunk = last, d.target = d.chunk_total;
-  return d;
-}
-
 // A token select_logits picked: its id and its logit.
 struct SelectedLogit {
   int32_t id;

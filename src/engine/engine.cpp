@@ -677,9 +677,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   } else {
     std::vector<int32_t> history;  // what the penalties see
     if (options_.sampling.has_penalties()) history = tokens_;
-    // Temperature alone: every row's summary and draft logit in one read-back; in a plain round, the chunk
-    // the draw will land in too (the sampler's next uniform, drawn now).
-    rows.prefetch_drafts(drafts, k == 0 ? std::optional<double>(sampler_.peek_uniform()) : std::nullopt);
+    rows.prefetch_drafts(drafts);  // temperature alone: every row's summary and draft logit in one read-back
     int i = 0;
     for (;; ++i) {
       rows.select(i, history);

@@ -10,13 +10,12 @@ namespace {
 using S = LogitSummary;
 
 size_t summary_floats(int64_t rows, int64_t n_vocab) { return static_cast<size_t>(rows * S::floats(n_vocab)); }
-// prefetch_drafts' pieces right after the summaries, 4 floats per row, then a drawn chunk staged ahead
-// (Backend::stage_drawn_chunk: its index and logits): one read-back takes them all.
+// prefetch_drafts' pieces right after the summaries (one read-back takes both), 4 floats per row.
 size_t staged_floats(int64_t rows) { return static_cast<size_t>(4 * rows); }
-constexpr size_t kDrawnChunkFloats = 1 + S::kChunk;
-// Where the selection's count starts: after those, 8-byte aligned (the picks follow it).
+// Where the selection's count starts: after the summaries and staged pieces, 8-byte aligned (the picks
+// follow it).
 size_t selection_at(int64_t rows, int64_t n_vocab) {
-  return ((summary_floats(rows, n_vocab) + staged_floats(rows) + kDrawnChunkFloats) * sizeof(float) + 7) / 8 * 8;
+  return ((summary_floats(rows, n_vocab) + staged_floats(rows)) * sizeof(float) + 7) / 8 * 8;
 }
 }  // namespace
 
@@ -35,14 +34,11 @@ LogitRows::LogitRows(Backend& be, Rows logits, void* scratch, Sampler& sampler)
   host_rows_.resize(static_cast<size_t>(logits.n_rows));
 }
 
-void LogitRows::prefetch_drafts(std::span<const int32_t> drafts, std::optional<double> next_uniform) {
+void LogitRows::prefetch_drafts(std::span<const int32_t> drafts) {
   const SamplingParams& sp = sampler_.params();
   if (sp.greedy() || sp.has_penalties() || !temperature_alone() || !summaries_.empty()) return;
   const int64_t rows = std::min<int64_t>(static_cast<int64_t>(drafts.size()), logits_.n_rows);
   be_.logit_summary(logits_, 1.0f / sp.temperature, summary_dev_);
-  float* drawn_dev = staged_dev_ + staged_floats(rows);
-  const bool stage = drafts.empty() && next_uniform && logits_.n_rows == 1;
-  if (stage) be_.stage_drawn_chunk(logits_, summary_dev_, *next_uniform, drawn_dev);
   // Each draft's logit in the 16-byte piece around it (within its row), so the copies stay whole
   // aligned words where the rows are.
   std::vector<Backend::CopyPart> copies;
@@ -57,28 +53,14 @@ void LogitRows::prefetch_drafts(std::span<const int32_t> drafts, std::optional<d
   }
   be_.copy_many(copies.data(), copies.size());
   const size_t summary = summary_floats(logits_.n_rows, V_);
-  std::vector<float> host(summary + static_cast<size_t>(4 * rows) + (stage ? kDrawnChunkFloats : 0));
-  read_back(host.data(), summary_dev_, host.size() * sizeof(float));
+  std::vector<float> host(summary + static_cast<size_t>(4 * rows));
+  be_.download(host.data(), summary_dev_, host.size() * sizeof(float));
   summaries_.assign(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(summary));
-  if (stage) {
-    const float* drawn = host.data() + summary + 4 * rows;
-    int32_t c = -1;
-    std::memcpy(&c, drawn, sizeof(c));
-    if (c >= 0 && c < S::chunks(V_)) {
-      drawn_chunk_ = c;
-      drawn_logits_.assign(drawn + 1, drawn + 1 + std::min(S::kChunk, V_ - int64_t{c} * S::kChunk));
-    }
-  }
   drafts_.assign(static_cast<size_t>(logits_.n_rows), {-1, 0.0f});
   for (int64_t r = 0; r < rows; ++r) {
     const size_t i = static_cast<size_t>(r);
     if (at[i] >= 0) drafts_[i] = {drafts[i], host[summary + 4 * i + static_cast<size_t>(at[i])]};
   }
-}
-
-void LogitRows::read_back(void* dst, const void* src, size_t bytes) {
-  ++read_backs_;
-  be_.download(dst, src, bytes);
 }
 
 bool LogitRows::temperature_alone() const {
@@ -90,7 +72,7 @@ const float* LogitRows::host_row(int64_t r) {
   std::vector<float>& h = host_rows_[static_cast<size_t>(r)];
   if (h.empty()) {
     h.resize(static_cast<size_t>(V_));
-    read_back(h.data(), logits_.row(r), h.size() * sizeof(float));
+    be_.download(h.data(), logits_.row(r), h.size() * sizeof(float));
   }
   return h.data();
 }
@@ -99,7 +81,7 @@ const float* LogitRows::summary(int64_t r) {
   if (summaries_.empty()) {  // every row at once: a verify round reads them in order
     be_.logit_summary(logits_, 1.0f / sampler_.params().temperature, summary_dev_);
     summaries_.resize(summary_floats(logits_.n_rows, V_));
-    read_back(summaries_.data(), summary_dev_, summaries_.size() * sizeof(float));
+    be_.download(summaries_.data(), summary_dev_, summaries_.size() * sizeof(float));
   }
   return summaries_.data() + r * S::floats(V_);
 }
@@ -119,7 +101,7 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
   if (sp.greedy() && !penalties) {  // the row's argmax (first on ties), on the backend: 4 bytes read back
     int32_t best = 0;
     be_.argmax(logits_.rows(r, 1), count_dev_);
-    read_back(&best, count_dev_, sizeof(best));
+    be_.download(&best, count_dev_, sizeof(best));
     path_ = Path::Explicit;
     dist_.push_back({best, 1.0f});
     return;
@@ -127,7 +109,8 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
   if (sp.greedy() || penalties) return whole_row();
   const float* s = summary(r);
   const float m = s[0];
-  const double z = chunk_mass_total(s + S::chunk_at(), S::chunks(V_));
+  double z = 0;
+  for (int64_t c = 0; c < S::chunks(V_); ++c) z += s[S::chunk_at() + c];
   if (!std::isfinite(m) || !std::isfinite(z) || !(z > 0)) return whole_row();
   const bool top_k = sp.top_k > 0 && sp.top_k < n_vocab;
   if (temperature_alone()) {  // draws by chunk
@@ -166,13 +149,13 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
   // threshold took more.
   const int32_t expected = static_cast<int32_t>(std::min<double>(selected + 16, kMaxCandidates));
   std::vector<SelectedLogit> got(static_cast<size_t>(expected) + 1);  // [0]: the count (and a pad)
-  read_back(got.data(), count_dev_, got.size() * sizeof(SelectedLogit));
+  be_.download(got.data(), count_dev_, got.size() * sizeof(SelectedLogit));
   int32_t n = 0;
   std::memcpy(&n, got.data(), sizeof(n));
   if (n > kMaxCandidates || n <= 0) return whole_row();
   if (n > expected) {
     got.resize(static_cast<size_t>(n) + 1);
-    read_back(got.data() + 1 + expected, picked_dev_ + expected,
+    be_.download(got.data() + 1 + expected, picked_dev_ + expected,
                  static_cast<size_t>(n - expected) * sizeof(SelectedLogit));
   }
   const SelectedLogit* picked = got.data() + 1;
@@ -195,13 +178,9 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
 
 const std::vector<float>& LogitRows::chunk(int64_t c) {
   std::vector<float>& h = chunks_[static_cast<size_t>(c)];
-  if (h.empty() && row_ == 0 && c == drawn_chunk_) {  // staged by prefetch_drafts
-    h.swap(drawn_logits_);
-    drawn_chunk_ = -1;
-  }
   if (h.empty()) {
     h.resize(static_cast<size_t>(std::min(S::kChunk, V_ - c * S::kChunk)));
-    read_back(h.data(), logits_.row(row_) + c * S::kChunk, h.size() * sizeof(float));
+    be_.download(h.data(), logits_.row(row_) + c * S::kChunk, h.size() * sizeof(float));
   }
   return h;
 }
@@ -249,10 +228,22 @@ int32_t LogitRows::draw_by_chunk(int32_t exclude) {
   const int64_t c_x = excluding ? exclude / S::kChunk : -1;
   const double total = z_ - e_x;
   if (!(total > 0)) return -1;
-  const DrawnChunk d = draw_chunk(chunk_mass_, S::chunks(V_), total, sampler_.uniform(), c_x, e_x);
-  if (d.chunk < 0) return -1;
-  const int64_t c = d.chunk;
-  const double target = d.target, chunk_total = d.chunk_total;
+  double target = sampler_.uniform() * total;
+  int64_t c = -1, last = -1;
+  double chunk_total = 0;
+  for (int64_t ch = 0; ch < S::chunks(V_); ++ch) {
+    const double s = chunk_mass_[ch] - (ch == c_x ? e_x : 0.0);
+    if (!(s > 0)) continue;
+    last = ch;
+    chunk_total = s;
+    if (target < s) {
+      c = ch;
+      break;
+    }
+    target -= s;
+  }
+  if (last < 0) return -1;
+  if (c < 0) c = last, target = chunk_total;  // past the end by rounding: the last token that can be drawn
   const std::vector<float>& l = chunk(c);
   double host_total = 0;
   for (size_t i = 0; i < l.size(); ++i)

@@ -13,7 +13,6 @@
 // draw.
 #pragma once
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -34,21 +33,18 @@ class LogitRows {
   void select(int64_t r, std::span<const int32_t> history);
   // A verify round under temperature alone (the chunk path, no penalties): the summaries of every row
   // and, for each row r < drafts.size(), the logit of drafts[r], in one read-back, so that p() of the
-  // drafts costs no further round trip (each used to read its chunk, 16 KB). Without drafts, in a
-  // one-row step, with next_uniform (the sampler's next uniform, Sampler::peek_uniform): also the chunk
-  // the draw will land in (Backend::stage_drawn_chunk), so that the draw reads nothing more. Does
-  // nothing under other parameters.
-  void prefetch_drafts(std::span<const int32_t> drafts, std::optional<double> next_uniform = std::nullopt);
+  // drafts costs no further round trip (each used to read its chunk, 16 KB). Does nothing under other
+  // parameters.
+  void prefetch_drafts(std::span<const int32_t> drafts);
   // The current distribution's probability of `id` (0 if truncated away).
   float p(int32_t id);
   // A draw from it; with exclude >= 0, from the residual without that token (speculative rejection),
   // which is `exclude` itself when nothing else is left.
   int32_t draw(int32_t exclude = -1);
 
-  // How the last select() went, and the read-backs so far (tests and profiling).
+  // How the last select() went (tests and profiling).
   enum class Path { Explicit, Candidates, Chunks };
   Path path() const { return path_; }
-  int read_backs() const { return read_backs_; }
 
   static constexpr int32_t kMaxCandidates = 16384;
 
@@ -59,7 +55,6 @@ class LogitRows {
   float chunk_logit(int32_t id);
   int32_t draw_by_chunk(int32_t exclude);  // -1: the chunks cannot decide
   const std::vector<float>& chunk(int64_t c);
-  void read_back(void* dst, const void* src, size_t bytes);  // a download, counted
 
   Backend& be_;
   Rows logits_;
@@ -83,9 +78,6 @@ class LogitRows {
   const float* chunk_mass_ = nullptr;
   std::vector<std::vector<float>> chunks_;
   float* staged_dev_;                            // prefetch_drafts' 16-byte pieces, after the summaries
-  int read_backs_ = 0;
-  int64_t drawn_chunk_ = -1;                     // row 0's chunk staged by prefetch_drafts (-1: none)
-  std::vector<float> drawn_logits_;              // its logits
   std::vector<std::pair<int32_t, float>> drafts_;  // [r]: (draft id, its logit), id -1: none
   std::pair<int32_t, float> draft_ = {-1, 0.0f};   // the current row's
 };

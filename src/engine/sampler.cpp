@@ -10,24 +10,9 @@ namespace hyspec {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
-void Sampler::reseed(uint64_t seed) {
-  rng_.seed(seed);
-  peeked_.reset();
-}
+void Sampler::reseed(uint64_t seed) { rng_.seed(seed); }
 
-double Sampler::uniform() {
-  if (peeked_) {
-    const double u = *peeked_;
-    peeked_.reset();
-    return u;
-  }
-  return std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
-}
-
-double Sampler::peek_uniform() {
-  if (!peeked_) peeked_ = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
-  return *peeked_;
-}
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
 void Sampler::distribution(const float* logits, int n_vocab, std::span<const int32_t> history,
                            std::vector<TokenProb>& out) const {

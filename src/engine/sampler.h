@@ -3,7 +3,6 @@
 // acceptance rule, so speculative sampling follows the target distribution exactly.
 #pragma once
 #include <cstdint>
-#include <optional>
 #include <random>
 #include <span>
 #include <vector>
@@ -67,7 +66,6 @@ class Sampler {
   // Draw from an explicit distribution (speculative residuals).
   int32_t draw(const std::vector<TokenProb>& dist);
   double uniform();  // in [0, 1)
-  double peek_uniform();  // what the next uniform() returns (drawn now, kept for it)
   void reseed(uint64_t seed);
 
  private:
@@ -77,7 +75,6 @@ class Sampler {
 
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::optional<double> peeked_;
   mutable std::vector<float> scratch_;
 };
 

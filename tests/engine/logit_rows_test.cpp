@@ -167,39 +167,6 @@ TEST_F(LogitRowsTest, PrefetchedDraftsGiveTheSameProbabilitiesAndDraws) {
   }
 }
 
-// A plain round's draw under temperature alone with its chunk staged ahead (prefetch_drafts with the
-// sampler's next uniform): the same token as the draw that reads its chunk afterwards, for every seed, in
-// one read-back instead of two.
-TEST_F(LogitRowsTest, AStagedChunkGivesTheSameDrawInOneReadBack) {
-  const int64_t V = 248320;  // 61 chunks, the last partial
-  auto host = vocabulary_rows(V);
-  host.resize(static_cast<size_t>(V));
-  put(host, 1, V);
-  for (float T : {0.6f, 1.0f, 1.5f}) {
-    int chunks_seen = 0, last_chunk = -1;
-    for (uint64_t seed = 0; seed < 60; ++seed) {
-      SamplingParams sp;
-      sp.temperature = T;
-      sp.seed = seed;
-      Sampler a(sp), b(sp);
-      LogitRows plain(*be_, rows_, scratch_.data(), a), staged(*be_, rows_, scratch_.data(), b);
-      plain.prefetch_drafts({});
-      staged.prefetch_drafts({}, b.peek_uniform());
-      plain.select(0, {});
-      staged.select(0, {});
-      ASSERT_EQ(staged.path(), LogitRows::Path::Chunks);
-      const int32_t want = plain.draw(), got = staged.draw();
-      EXPECT_EQ(got, want) << "T " << T << " seed " << seed;
-      EXPECT_EQ(plain.read_backs(), 2);
-      EXPECT_EQ(staged.read_backs(), 1) << "T " << T << " seed " << seed << ": the staged chunk was not the drawn one";
-      EXPECT_EQ(a.uniform(), b.uniform());  // the same uniforms after
-      chunks_seen += want / 4096 != last_chunk;
-      last_chunk = want / 4096;
-    }
-    EXPECT_GT(chunks_seen, 3) << "draws from a few chunks only";
-  }
-}
-
 // Penalties need the whole row: the distribution is still Sampler::distribution's.
 TEST_F(LogitRowsTest, PenaltiesReadTheWholeRow) {
   const int64_t V = 9000;

@@ -180,17 +180,6 @@ class CpuBackend final : public Backend {
   }
 
   void logit_summary(Rows x, float inv_t, float* out) override { cpu::logit_summary(pool_, x, inv_t, out); }
-  void stage_drawn_chunk(Rows x, const float* summary, double u, float* out) override {
-    using S = LogitSummary;
-    const float* mass = summary + S::chunk_at();
-    const int64_t chunks = S::chunks(x.n_cols);
-    const double total = chunk_mass_total(mass, chunks);
-    const int32_t c = total > 0 && std::isfinite(total) ? static_cast<int32_t>(draw_chunk(mass, chunks, total, u).chunk) : -1;
-    std::memcpy(out, &c, sizeof(c));
-    if (c >= 0)
-      std::memcpy(out + 1, x.row(0) + c * S::kChunk,
-                  static_cast<size_t>(std::min(S::kChunk, x.n_cols - c * S::kChunk)) * sizeof(float));
-  }
   void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
                      SelectedLogit* picked) override {
     cpu::select_logits(x, row, threshold, cap, count, picked);

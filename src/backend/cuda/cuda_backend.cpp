@@ -759,10 +759,6 @@ class CudaBackend final : public Backend {
     if (!s) return;
     check(cuda::logit_summary_launch(mat(x), inv_t, out, s, stream_), "logit_summary");
   }
-  void stage_drawn_chunk(Rows x, const float* summary, double u, float* out) override {
-    auto prof = begin_op("stage_drawn_chunk");
-    check(cuda::stage_drawn_chunk_launch(mat(x), summary, u, out, stream_), "stage_drawn_chunk");
-  }
   void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
                      SelectedLogit* picked) override {
     auto prof = begin_op("select_logits");

@@ -850,30 +850,6 @@ cudaError_t feed_token_launch(const int32_t* token, int32_t* tokens, int32_t* po
   return launch_pdl(feed_token_kernel, dim3(1), dim3(1), 0, stream, token, tokens, positions, position_counter);
 }
 
-// Backend::stage_drawn_chunk: thread 0 walks the chunk masses as the host's draw does (draw_chunk, in
-// double), then the block copies that chunk's logits. Bytes: ~250 floats of summary, one 16 KB chunk twice.
-__global__ void __launch_bounds__(256) stage_drawn_chunk_kernel(Mat x, const float* summary, double u, float* out) {
-  pdl_wait();  // the summary is the previous kernel's
-  pdl_trigger();
-  __shared__ int32_t chunk;
-  if (threadIdx.x == 0) {
-    const float* mass = summary + LogitSummary::chunk_at();
-    const int64_t chunks = LogitSummary::chunks(x.cols);
-    const double total = chunk_mass_total(mass, chunks);
-    chunk = total > 0 && isfinite(total) ? static_cast<int32_t>(draw_chunk(mass, chunks, total, u).chunk) : -1;
-    out[0] = __int_as_float(chunk);
-  }
-  __syncthreads();
-  if (chunk < 0) return;
-  const int64_t first = int64_t{chunk} * LogitSummary::kChunk;
-  const int64_t n = min(LogitSummary::kChunk, x.cols - first);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[1 + i] = x.data[first + i];
-}
-
-cudaError_t stage_drawn_chunk_launch(Mat x, const float* summary, double u, float* out, cudaStream_t stream) {
-  return launch_pdl(stage_drawn_chunk_kernel, dim3(1), dim3(256), 0, stream, x, summary, u, out);
-}
-
 cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream) {
   if (x.rows == 0) return cudaSuccess;
   if (x.rows > 65535 || x.cols >= kNoIndex) return cudaErrorInvalidValue;

@@ -243,7 +243,6 @@ cudaError_t feed_token_launch(const int32_t* token, int32_t* tokens, int32_t* po
                               cudaStream_t stream);
 // Backend::logit_summary (scratch: argmax_scratch_bytes) and Backend::select_logits.
 cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream);
-cudaError_t stage_drawn_chunk_launch(Mat x, const float* summary, double u, float* out, cudaStream_t stream);
 cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count,
                                  SelectedLogit* picked, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
