@@ -7,12 +7,8 @@
 #                                           each runs, interleaved; SR_27B=0 / SR_MOE=0 skip those models)
 # Prints, per run: the ids' md5 (first 12), `hyspec run`'s generation, graph and per-phase lines.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/device_env.sh"
 D=.device
-[ -d "$D/bin" ] || tar xJf "$D/bin.tar.xz" -C "$D"
-export LD_LIBRARY_PATH="$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-OUT=${OUT:-/tmp/hyspec-out}
-mkdir -p "$OUT"
 BINS=${SR_BINS:-hyspec}
 LA=${SR_LOOK_AHEAD:-off auto}
 # run NAME MODEL CTX N [extra hyspec run flags]: one greedy run of the repeating 7-token prompt.
