@@ -285,6 +285,20 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
 
 Status Engine::run_forward(const ForwardArgs& args, SequenceState& state) { return model_->forward(args, state); }
 
+ForwardArgs Engine::step_args(int64_t n) const {
+  ForwardArgs a;
+  a.n = n;
+  int32_t* tok_dev = ints_.as<int32_t>();
+  a.tokens = tok_dev;
+  a.positions = tok_dev + model_->reserved_tokens();
+  if (needs_.final_hidden) a.final_hidden = Rows(hidden_.as<float>(), n, model_->hparams().n_embd);
+  if (feature_width_ > 0) {
+    a.features = Rows(features_.as<float>(), n, feature_width_);
+    a.taps = needs_.taps;
+  }
+  return a;
+}
+
 Result<SessionStats> Engine::generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
                                       const std::function<bool(const std::vector<int32_t>&)>& on_tokens,
                                       FinishReason* finish) {
@@ -377,18 +391,10 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
   int32_t* pos_dev = tok_dev + e.model_->reserved_tokens();
   be.upload(tok_dev, tokens_.data() + start, n * sizeof(int32_t));
   be.upload(pos_dev, pos.data(), n * sizeof(int32_t));
-  ForwardArgs a;
-  a.n = n;
-  a.tokens = tok_dev;
-  a.positions = pos_dev;
+  ForwardArgs a = e.step_args(n);
   a.gdn_chunked = true;
   const int64_t V = hp.n_vocab;
   if (last) a.logits = Rows(e.logits_.as<float>(), 1, V);
-  if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), n, hp.n_embd);
-  if (e.feature_width_ > 0) {
-    a.features = Rows(e.features_.as<float>(), n, e.feature_width_);
-    a.taps = e.needs_.taps;
-  }
   ++e.steps_;
   HS_RETURN_IF_ERROR(e.run_forward(a, state_));
   prefilled_ += n;
@@ -508,18 +514,9 @@ bool Session::looks_ahead() const {
 Status Session::enqueue_ahead_step(int64_t pos, int slot) {
   Engine& e = engine_;
   Backend& be = *e.backend_;
-  int32_t* tok_dev = e.ints_.as<int32_t>();
-  ForwardArgs a;  // decode_round's plain step
-  a.n = 1;
-  a.tokens = tok_dev;
-  a.positions = tok_dev + e.model_->reserved_tokens();
+  ForwardArgs a = e.step_args(1);  // decode_round's plain step
   a.max_keys = recorded_key_bound(pos + 1, e.n_ctx_);
   a.logits = Rows(e.logits_.as<float>(), 1, e.model_->hparams().n_vocab);
-  if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), 1, e.model_->hparams().n_embd);
-  if (e.feature_width_ > 0) {
-    a.features = Rows(e.features_.as<float>(), 1, e.feature_width_);
-    a.taps = e.needs_.taps;
-  }
   const auto* fed = static_cast<const int32_t*>(ahead_.token[slot ^ 1]->target());
   auto* best = static_cast<int32_t*>(ahead_.token[slot]->target());
   StepGraphs::Key key = step_key(a);
@@ -578,10 +575,7 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
   const double t_end = e.now();
   stats_.commit_s += t_end - t_emit;
   ++stats_.rounds;
-  const GraphStats graphs = graph_stats();
-  stats_.graphs_recorded = graphs.recorded - graphs_at_start_.recorded;
-  stats_.graph_record_s = graphs.record_s - graphs_at_start_.record_s;
-  if (graphs.recorded == recordings) {
+  if (update_graph_stats(recordings)) {
     e.round_costs_.record_verify(1, t_emit - t_round);
     e.round_costs_.record_commit(1, t_end - t_emit);
   }
@@ -643,18 +637,10 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   int32_t* arg_dev = pos_dev + e.model_->reserved_tokens();
   be.upload(tok_dev, window.data(), n_run * sizeof(int32_t));
   be.upload(pos_dev, pos.data(), n_run * sizeof(int32_t));
-  ForwardArgs a;
-  a.n = n_run;
-  a.tokens = tok_dev;
-  a.positions = pos_dev;
+  ForwardArgs a = e.step_args(n_run);
   a.capture = k > 0;
   a.max_keys = key_bound;
   a.logits = Rows(e.logits_.as<float>(), n_run, V);
-  if (e.needs_.final_hidden) a.final_hidden = Rows(e.hidden_.as<float>(), n_run, hp.n_embd);
-  if (e.feature_width_ > 0) {
-    a.features = Rows(e.features_.as<float>(), n_run, e.feature_width_);
-    a.taps = e.needs_.taps;
-  }
   HS_RETURN_IF_ERROR(run_step(a));
   const Rows logits = a.logits.rows(0, n);  // the real rows
 
@@ -742,10 +728,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   }
   // Rates and costs: a round that recorded a CUDA graph (a new step width, a new draft step, a drafter's
   // new observe width) timed the recording, not the step.
-  const GraphStats graphs = graph_stats();
-  stats_.graphs_recorded = graphs.recorded - graphs_at_start_.recorded;
-  stats_.graph_record_s = graphs.record_s - graphs_at_start_.record_s;
-  if (graphs.recorded == recordings) {
+  if (update_graph_stats(recordings)) {
     // A plain stretch's deferred rows, observed in this round's draft or commit phase, are not its cost.
     if (k > 0 && !deferred_.observed_this_round) e.round_costs_.record_draft(k, draft_dt);
     e.round_costs_.record_verify(static_cast<int>(n), verify_dt);
@@ -785,6 +768,13 @@ StepGraphs::Key Session::step_key(const ForwardArgs& args) {
 Status Session::run_step(const ForwardArgs& args) {
   ++engine_.steps_;
   return graphs_.run(step_key(args), [this, args] { return engine_.run_forward(args, state_); });
+}
+
+bool Session::update_graph_stats(int64_t recordings) {
+  const GraphStats graphs = graph_stats();
+  stats_.graphs_recorded = graphs.recorded - graphs_at_start_.recorded;
+  stats_.graph_record_s = graphs.record_s - graphs_at_start_.record_s;
+  return graphs.recorded == recordings;
 }
 
 GraphStats Session::graph_stats() const {

@@ -148,6 +148,8 @@ class Session {
   Status run_step(const ForwardArgs& args);
   static StepGraphs::Key step_key(const ForwardArgs& args);  // what shapes a step's graph
   GraphStats graph_stats() const;  // the target's and the drafter's (a round that recorded one is not timed)
+  // stats_' graph counts brought up to date; true when none was recorded since `recordings` (a timed round).
+  bool update_graph_stats(int64_t recordings);
   Status decode_round(std::vector<int32_t>& out);
   bool looks_ahead() const;  // EngineConfig::look_ahead applies to this sequence
   Status look_ahead_round(std::vector<int32_t>& out);
@@ -231,6 +233,9 @@ class Engine {
   Result<std::unique_ptr<Drafter>> make_drafter();
   double now() const;  // config_.clock, or the steady clock
   Status run_forward(const ForwardArgs& args, SequenceState& state);
+  // A session step of n rows on the engine's buffers: tokens and positions from the step buffers, and the
+  // rows the drafter needs (final hidden, features); the caller sets logits, capture and the key bound.
+  ForwardArgs step_args(int64_t n) const;
 
   EngineConfig config_;
   std::unique_ptr<GgufFile> file_;

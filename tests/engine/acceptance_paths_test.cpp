@@ -86,32 +86,8 @@ class ReplayDrafter final : public Drafter {
   int round_ = 0;
 };
 
-struct RunResult {
-  std::vector<int32_t> emitted;
-  std::vector<float> next_logits;
-  SessionStats stats;
-  FinishReason finish;
-};
-
-RunResult run_session(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& o, std::unique_ptr<Drafter> d) {
-  RunResult r;
-  auto s = e.new_session();
-  EXPECT_TRUE(s.is_ok());
-  if (d) (*s)->set_drafter(std::move(d));
-  EXPECT_TRUE((*s)->start(prompt, o).is_ok());
-  while (!(*s)->done()) {
-    std::vector<int32_t> out;
-    Status st = (*s)->step(out);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-    r.emitted.insert(r.emitted.end(), out.begin(), out.end());
-  }
-  r.finish = (*s)->finish_reason();
-  r.stats = (*s)->stats();
-  auto l = (*s)->probe_next_logits();
-  EXPECT_TRUE(l.is_ok()) << l.message();
-  if (l.is_ok()) r.next_logits = *l;
-  return r;
-}
+using RunResult = test::SessionRun;
+using test::run_session;
 
 class AcceptancePaths : public ::testing::Test {
  protected:

@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,39 @@ inline std::vector<int32_t> generate_ids(Engine& e, const std::vector<int32_t>& 
   EXPECT_TRUE(r.is_ok()) << r.message();
   if (stats && r.is_ok()) *stats = *r;
   return all;
+}
+
+// What a session emitted, how it finished, its statistics and probe_next_logits after it.
+struct SessionRun {
+  std::vector<int32_t> emitted;
+  FinishReason finish = FinishReason::None;
+  std::vector<float> next_logits;
+  SessionStats stats;
+};
+
+// One session over `prompt` (with drafter d when given), cancelled once `cancel_after` tokens are out (-1:
+// never), then probed for the next logits.
+inline SessionRun run_session(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                              std::unique_ptr<Drafter> d = nullptr, int cancel_after = -1) {
+  SessionRun r;
+  auto s = e.new_session();
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  if (!s.is_ok()) return r;
+  if (d) (*s)->set_drafter(std::move(d));
+  EXPECT_TRUE((*s)->start(prompt, o).is_ok());
+  while (!(*s)->done()) {
+    if (cancel_after >= 0 && static_cast<int>(r.emitted.size()) >= cancel_after) (*s)->cancel();
+    std::vector<int32_t> out;
+    const Status st = (*s)->step(out);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    r.emitted.insert(r.emitted.end(), out.begin(), out.end());
+  }
+  r.finish = (*s)->finish_reason();
+  r.stats = (*s)->stats();
+  auto l = (*s)->probe_next_logits();
+  EXPECT_TRUE(l.is_ok()) << l.message();
+  if (l.is_ok()) r.next_logits = *l;
+  return r;
 }
 
 inline std::vector<std::vector<int32_t>> fixture_prompts(const std::string& fixture_dir) {

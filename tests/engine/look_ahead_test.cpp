@@ -19,33 +19,11 @@ std::unique_ptr<Engine> engine(LookAhead mode, int64_t n_ctx = 512) {
                            EngineConfig{}.pad_verify, true, mode);
 }
 
-struct Outcome {
-  std::vector<int32_t> emitted;
-  FinishReason finish = FinishReason::None;
-  std::vector<float> next_logits;  // probe_next_logits after the run
-  SessionStats stats;
-};
+using Outcome = test::SessionRun;
 
 // Generates with `o`, cancelling once `cancel_after` tokens are out (-1: never), then probes the next logits.
 Outcome run(Engine& e, const std::vector<int32_t>& prompt, const GenerateOptions& o, int cancel_after = -1) {
-  Outcome r;
-  auto s = e.new_session();
-  EXPECT_TRUE(s.is_ok());
-  if (!s.is_ok()) return r;
-  EXPECT_TRUE((*s)->start(prompt, o).is_ok());
-  while (!(*s)->done()) {
-    if (cancel_after >= 0 && static_cast<int>(r.emitted.size()) >= cancel_after) (*s)->cancel();
-    std::vector<int32_t> out;
-    const Status st = (*s)->step(out);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-    r.emitted.insert(r.emitted.end(), out.begin(), out.end());
-  }
-  r.finish = (*s)->finish_reason();
-  r.stats = (*s)->stats();
-  auto l = (*s)->probe_next_logits();
-  EXPECT_TRUE(l.is_ok()) << l.message();
-  if (l.is_ok()) r.next_logits = *l;
-  return r;
+  return test::run_session(e, prompt, o, nullptr, cancel_after);
 }
 
 class LookAheadDecoding : public ::testing::Test {
