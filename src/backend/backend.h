@@ -210,8 +210,8 @@ class Readback {
   // Wait for the last mark (not for ops enqueued after it) and copy the first `bytes` into dst: an error
   // if the backend has failed on the way.
   virtual Status finish(void* dst, size_t bytes) = 0;
-  // Write the bytes from the host; no op in flight may touch them.
-  virtual void put(const void* src, size_t bytes) = 0;
+  // Write `bytes` at byte `offset` from the host; no op in flight may touch them.
+  virtual void put(const void* src, size_t bytes, size_t offset = 0) = 0;
 };
 
 // A recorded sequence of ops that can be replayed with the same pointers (CUDA graph on CUDA;
@@ -331,6 +331,10 @@ class Backend {
   virtual void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* position_counter) = 0;
   // LogitSummary::floats(x.n_cols) floats per row of x into out, row after row.
   virtual void logit_summary(Rows x, float inv_t, float* out) = 0;
+  // A token drawn from row 0 of x under temperature alone, draw->temperature, with draw->uniform (ops enqueued
+  // before this one may write neither): the chunk path of LogitRows (backend/chunk_draw.h) on the backend,
+  // its chunk masses those of logit_summary. A row with no finite mass gets TokenDraw::kNoMass.
+  virtual void draw_token(Rows x, TokenDraw* draw) = 0;
   // The tokens of row `row` of x whose logit is >= threshold (NaN never), in no set order: how many
   // into *count, the first min(*count, cap) of them into picked.
   virtual void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,

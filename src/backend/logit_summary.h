@@ -26,6 +26,18 @@ struct LogitSummary {
   static constexpr int64_t floats(int64_t cols) { return 1 + chunks(cols) + 2 * kBuckets; }
 };
 
+// One draw that Backend::draw_token makes on the backend (look-ahead sampling): the host writes the
+// temperature and the sampler's uniform before the op is enqueued, the op writes the token and status.
+// The token comes first, so that feed_token can read it where it lies.
+struct TokenDraw {
+  static constexpr int32_t kDrawn = 0, kNoMass = 1;
+  int32_t token;      // out: the drawn token; with kNoMass, the row's argmax
+  int32_t status;     // out: kDrawn, or kNoMass (no finite mass to draw from: NaN or infinite logits)
+  float temperature;  // in, > 0
+  int32_t pad;
+  double uniform;     // in, [0, 1)
+};
+
 // A token select_logits picked: its id and its logit.
 struct SelectedLogit {
   int32_t id;

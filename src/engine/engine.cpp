@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 
@@ -507,8 +508,11 @@ int Session::choose_draft_length() {
 bool Session::looks_ahead() const {
   const LookAhead mode = engine_.config_.look_ahead;
   const bool on = mode == LookAhead::kOn || (mode == LookAhead::kAuto && engine_.backend_->asynchronous());
-  // The host reads nothing but each step's argmax: no drafter to feed, no logits to sample or report.
-  return on && !drafter_ && options_.sampling.greedy() && !options_.sampling.has_penalties() && options_.logprobs < 0;
+  // The host reads nothing but each step's token: no drafter to feed, no logits to report, and a token the
+  // backend can pick on its own (greedy's argmax, or a draw under temperature alone).
+  const SamplingParams& sp = options_.sampling;
+  return on && !drafter_ && !sp.has_penalties() && options_.logprobs < 0 &&
+         (sp.greedy() || draws_by_chunk(sp, engine_.model_->hparams().n_vocab));
 }
 
 Status Session::enqueue_ahead_step(int64_t pos, int slot) {
@@ -517,27 +521,42 @@ Status Session::enqueue_ahead_step(int64_t pos, int slot) {
   ForwardArgs a = e.step_args(1);  // decode_round's plain step
   a.max_keys = recorded_key_bound(pos + 1, e.n_ctx_);
   a.logits = Rows(e.logits_.as<float>(), 1, e.model_->hparams().n_vocab);
-  const auto* fed = static_cast<const int32_t*>(ahead_.token[slot ^ 1]->target());
-  auto* best = static_cast<int32_t*>(ahead_.token[slot]->target());
+  const bool sampled = !options_.sampling.greedy();
+  Readback& out = *ahead_.token[slot];
+  if (sampled) {  // the draw's inputs: the uniform the host's draw of this token would take, in its turn
+    TokenDraw in{};
+    in.temperature = options_.sampling.temperature;
+    in.uniform = sampler_.uniform();
+    constexpr size_t at = offsetof(TokenDraw, temperature);
+    out.put(reinterpret_cast<const char*>(&in) + at, sizeof(in) - at, at);
+  }
+  const auto* fed = static_cast<const int32_t*>(ahead_.token[slot ^ 1]->target());  // a TokenDraw's first field
+  void* next = out.target();
   StepGraphs::Key key = step_key(a);
-  key[6] = 1 + slot;  // the slots are in the graph
+  key[6] = 1 + slot + 2 * sampled;  // the slots and the last op are in the graph
   ++e.steps_;
   HS_RETURN_IF_ERROR(graphs_.run(key, [&] {
     be.feed_token(fed, const_cast<int32_t*>(a.tokens), const_cast<int32_t*>(a.positions), ahead_.position.as<int32_t>());
     const Status st = e.run_forward(a, state_);
-    be.argmax(a.logits, best);
+    if (sampled) {
+      be.draw_token(a.logits, static_cast<TokenDraw*>(next));
+    } else {
+      be.argmax(a.logits, static_cast<int32_t*>(next));
+    }
     return st;
   }));
-  ahead_.token[slot]->mark();
+  out.mark();
   ahead_.engine_steps = e.steps_;
   return Status::ok();
 }
 
-// A plain greedy round that keeps one step ahead: the step of the token after the pending one is fed from
-// the pending one's argmax on the backend and enqueued before the host waits for that argmax, so the
+// A plain round that keeps one step ahead: the step of the token after the pending one is fed from the
+// pending one's argmax or draw on the backend and enqueued before the host waits for that token, so the
 // device goes from step to step while the host reads back, emits and launches. Not when the pending
 // token's output is the last the session may emit (max_tokens, the context); a stop token is seen only
-// after its successor's step is enqueued, which then has run the pending token (Session::state).
+// after its successor's step is enqueued, which then has run the pending token (Session::state). Sampled,
+// each step's draw takes the sampler's uniforms in the order the host's draws would (one a token), so a
+// seed gives the same tokens either way, but for a draw at a rounding edge on CUDA (backend/chunk_draw.h).
 Status Session::look_ahead_round(std::vector<int32_t>& out) {
   Engine& e = engine_;
   Backend& be = *e.backend_;
@@ -546,7 +565,7 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
   if (!ahead_.position.data()) {  // once per session (its graphs hold them)
     HS_ASSIGN_OR_RETURN(ahead_.position, be.alloc(sizeof(int32_t)));
     for (auto& r : ahead_.token) {
-      HS_ASSIGN_OR_RETURN(r, be.new_readback(sizeof(int32_t)));
+      HS_ASSIGN_OR_RETURN(r, be.new_readback(sizeof(TokenDraw)));
     }
   }
   const int slot = ahead_.slot;
@@ -560,13 +579,15 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
                     static_cast<int64_t>(tokens_.size()) + 1 < e.n_ctx_;
   if (next) HS_RETURN_IF_ERROR(enqueue_ahead_step(committed_ + 1, slot ^ 1));
   const double t_wait = e.now();
-  int32_t token = 0;
-  const Status read = ahead_.token[slot]->finish(&token, sizeof(int32_t));
+  int32_t got[2] = {0, TokenDraw::kDrawn};  // the token, and a draw's status
+  const Status read = ahead_.token[slot]->finish(got, options_.sampling.greedy() ? sizeof(int32_t) : sizeof(got));
   ahead_.in_flight = next;
   ahead_.slot = next ? slot ^ 1 : slot;
   HS_RETURN_IF_ERROR(read);
+  const int32_t token = got[0];
+  if (got[1] != TokenDraw::kDrawn) return Status::error("the step's logits have no finite probability mass to sample from");
   if (token < 0 || token >= e.model_->hparams().n_vocab)
-    return Status::errorf("the step's argmax {} is outside the vocabulary", token);
+    return Status::errorf("the step's token {} is outside the vocabulary", token);
   const double t_emit = e.now();
   stats_.verify_wait_s += t_emit - t_wait;
   stats_.verify_s += t_emit - t_round;

@@ -71,10 +71,11 @@ struct EngineConfig {
   // loop +15%, the demo models' adaptive MTP-15 / DFlash / n-gram 0.92 / 0.84 / 2.00x -> 1.19 / 0.92 / 2.76x
   // of plain decoding.
   PadVerify pad_verify = PadVerify::kAuto;
-  // Look-ahead decoding (Session::look_ahead_round): a greedy session without a drafter enqueues each
-  // plain step, fed from the previous step's argmax on the backend, before it waits for that one, so the
-  // host's read-back, emit and launch overlap a step instead of leaving the device idle between steps.
-  // Auto: where the backend runs asynchronously (CUDA). H200 (docs/PERFORMANCE.md, session 58): 9B Q4_K_M
+  // Look-ahead decoding (Session::look_ahead_round): a session without a drafter, greedy or sampled under
+  // temperature alone (no penalties, no logprobs), enqueues each plain step, fed from the previous step's
+  // argmax or draw on the backend (Backend::draw_token), before it waits for that one, so the host's
+  // read-back, emit and launch overlap a step instead of leaving the device idle between steps. Auto: where
+  // the backend runs asynchronously (CUDA). H200 (docs/PERFORMANCE.md, session 58): 9B Q4_K_M greedy
   // sessions 504-507 -> 512.6 t/s, the 35B-A3B-shaped MoE +3-5%.
   LookAhead look_ahead = LookAhead::kAuto;
   // Seconds that sessions time their rounds in (the adaptive draft length and back-off, SessionStats);
@@ -154,7 +155,8 @@ class Session {
   bool looks_ahead() const;  // EngineConfig::look_ahead applies to this sequence
   Status look_ahead_round(std::vector<int32_t>& out);
   // One recorded graph: the token in read-back slot^1 and the next position fed into the step buffers, a
-  // plain one-token step (at position pos), its argmax into read-back slot `slot`; then that slot marked.
+  // plain one-token step (at position pos), its argmax or draw into read-back slot `slot`; then that slot
+  // marked. Sampled, the draw's uniform is taken from the sampler first.
   Status enqueue_ahead_step(int64_t pos, int slot);
   int choose_draft_length();
   void back_off();  // speculation lost: plain rounds for the current back-off stretch, then double it
@@ -186,7 +188,7 @@ class Session {
   GraphStats graphs_at_start_;  // graph_stats() when this sequence started (the graphs outlive it)
   struct AheadSteps {  // look-ahead decoding (look_ahead_round)
     Buffer position;   // [1] on the backend: the position of the last step enqueued (feed_token's counter)
-    std::unique_ptr<Readback> token[2];  // each step's argmax, alternately: the next step's input
+    std::unique_ptr<Readback> token[2];  // each step's TokenDraw (greedy: its token alone), alternately: the next step's input
     int slot = 0;            // the slot of the step that ran, or runs, the pending token
     bool in_flight = false;  // that step is enqueued (the next round reads its token)
     uint64_t engine_steps = 0;  // Engine::steps_ just after it: while equal, its logits are the engine's

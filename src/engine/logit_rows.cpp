@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/chunk_draw.h"
+
 namespace hyspec {
 
 namespace {
@@ -36,7 +38,7 @@ LogitRows::LogitRows(Backend& be, Rows logits, void* scratch, Sampler& sampler)
 
 void LogitRows::prefetch_drafts(std::span<const int32_t> drafts) {
   const SamplingParams& sp = sampler_.params();
-  if (sp.greedy() || sp.has_penalties() || !temperature_alone() || !summaries_.empty()) return;
+  if (sp.greedy() || sp.has_penalties() || !draws_by_chunk(sp, V_) || !summaries_.empty()) return;
   const int64_t rows = std::min<int64_t>(static_cast<int64_t>(drafts.size()), logits_.n_rows);
   be_.logit_summary(logits_, 1.0f / sp.temperature, summary_dev_);
   // Each draft's logit in the 16-byte piece around it (within its row), so the copies stay whole
@@ -63,9 +65,8 @@ void LogitRows::prefetch_drafts(std::span<const int32_t> drafts) {
   }
 }
 
-bool LogitRows::temperature_alone() const {
-  const SamplingParams& sp = sampler_.params();
-  return !(sp.top_k > 0 && sp.top_k < V_) && sp.top_p >= 1.0f && sp.min_p <= 0.0f;
+bool draws_by_chunk(const SamplingParams& sp, int64_t n_vocab) {
+  return !sp.greedy() && !(sp.top_k > 0 && sp.top_k < n_vocab) && sp.top_p >= 1.0f && sp.min_p <= 0.0f;
 }
 
 const float* LogitRows::host_row(int64_t r) {
@@ -109,11 +110,10 @@ void LogitRows::select(int64_t r, std::span<const int32_t> history) {
   if (sp.greedy() || penalties) return whole_row();
   const float* s = summary(r);
   const float m = s[0];
-  double z = 0;
-  for (int64_t c = 0; c < S::chunks(V_); ++c) z += s[S::chunk_at() + c];
-  if (!std::isfinite(m) || !std::isfinite(z) || !(z > 0)) return whole_row();
+  const double z = chunk_total(s + S::chunk_at(), S::chunks(V_));
+  if (!chunk_row_drawable(ChunkedRow{m, s + S::chunk_at(), S::chunks(V_), V_, z, sp.temperature})) return whole_row();
   const bool top_k = sp.top_k > 0 && sp.top_k < n_vocab;
-  if (temperature_alone()) {  // draws by chunk
+  if (draws_by_chunk(sp, V_)) {  // draws by chunk
     path_ = Path::Chunks;
     m_ = m;
     z_ = z;
@@ -220,45 +220,11 @@ int32_t LogitRows::draw(int32_t exclude) {
 
 int32_t LogitRows::draw_by_chunk(int32_t exclude) {
   // Inverse CDF in token order: the device's chunk masses find the chunk, the host's exps of that
-  // chunk's logits the token (the chunk's share of u rescaled to the host's sum of it).
-  const float T = sampler_.params().temperature;
-  auto mass_of = [&](float l) { return l > -INFINITY ? static_cast<double>(std::exp((l - m_) / T)) : 0.0; };
-  const bool excluding = exclude >= 0 && exclude < V_;
-  const double e_x = excluding ? mass_of(chunk_logit(exclude)) : 0.0;
-  const int64_t c_x = excluding ? exclude / S::kChunk : -1;
-  const double total = z_ - e_x;
-  if (!(total > 0)) return -1;
-  double target = sampler_.uniform() * total;
-  int64_t c = -1, last = -1;
-  double chunk_total = 0;
-  for (int64_t ch = 0; ch < S::chunks(V_); ++ch) {
-    const double s = chunk_mass_[ch] - (ch == c_x ? e_x : 0.0);
-    if (!(s > 0)) continue;
-    last = ch;
-    chunk_total = s;
-    if (target < s) {
-      c = ch;
-      break;
-    }
-    target -= s;
-  }
-  if (last < 0) return -1;
-  if (c < 0) c = last, target = chunk_total;  // past the end by rounding: the last token that can be drawn
-  const std::vector<float>& l = chunk(c);
-  double host_total = 0;
-  for (size_t i = 0; i < l.size(); ++i)
-    if (static_cast<int64_t>(c * S::kChunk + i) != exclude) host_total += mass_of(l[i]);
-  double t = target / chunk_total * host_total;
-  int32_t best = -1;
-  for (size_t i = 0; i < l.size(); ++i) {
-    const int32_t id = static_cast<int32_t>(c * S::kChunk + static_cast<int64_t>(i));
-    const double e = id == exclude ? 0.0 : mass_of(l[i]);
-    if (!(e > 0)) continue;
-    best = id;
-    t -= e;
-    if (t < 0) return id;
-  }
-  return best;
+  // chunk's logits the token (backend/chunk_draw.h).
+  const ChunkedRow row{m_, chunk_mass_, S::chunks(V_), V_, z_, sampler_.params().temperature};
+  return draw_by_chunks(
+      row, exclude, [&] { return sampler_.uniform(); }, [&](int32_t id) { return chunk_logit(id); },
+      [&](int64_t c) { return std::span<const float>(chunk(c)); });
 }
 
 }  // namespace hyspec

@@ -21,6 +21,10 @@
 
 namespace hyspec {
 
+// Temperature alone (sampled, no top-k, top-p or min-p cut): the sampler's draws go by chunk
+// (backend/chunk_draw.h), which a backend can also make on its own (Backend::draw_token).
+bool draws_by_chunk(const SamplingParams& sp, int64_t n_vocab);
+
 class LogitRows {
  public:
   // logits: n rows of the vocabulary (backend memory); scratch: backend memory of scratch_bytes(n, V).
@@ -50,8 +54,6 @@ class LogitRows {
 
  private:
   const float* summary(int64_t r);
-  // Temperature alone (no top-k, top-p or min-p cut): draws by chunk.
-  bool temperature_alone() const;
   float chunk_logit(int32_t id);
   int32_t draw_by_chunk(int32_t exclude);  // -1: the chunks cannot decide
   const std::vector<float>& chunk(int64_t c);

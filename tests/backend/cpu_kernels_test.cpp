@@ -18,6 +18,7 @@
 #include "backend/cpu/f32_kernels.h"
 #include "backend/cpu/quant_dot.h"
 #include "backend/cpu_test_util.h"
+#include "common/inverse_cdf.h"
 #include "common/kv_cache_bytes.h"
 #include "format/quants.h"
 #include "util/half.h"
@@ -472,6 +473,45 @@ TEST(CpuOps, LogitSummaryAndSelectMatchTheirDefinitions) {
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(picked[i].id, want[i]);
     EXPECT_EQ(picked[i].logit, x[2 * stride + want[i]]);
+  }
+}
+
+// draw_token (look-ahead sampling's draw) against an inverse CDF of the row's softmax in double: rows with
+// a partial last chunk, NaN and -inf, a peaked one; uniforms at both ends and between. Rows without finite
+// mass (all -inf; a +inf logit) give kNoMass and the argmax.
+TEST(CpuOps, DrawTokenIsTheInverseCdfOfTheSoftmax) {
+  std::mt19937 rng(5);
+  const int64_t C = 3 * LogitSummary::kChunk + 123;
+  ThreadPool pool(2);
+  std::vector<std::vector<float>> rows(3, randn(C, rng));
+  for (float& v : rows[1]) v *= 4.0f;
+  rows[1][10] = std::nanf(""), rows[1][11] = -INFINITY, rows[1][C - 1] = 6.0f;
+  rows[2][2 * LogitSummary::kChunk + 7] = 30.0f;  // nearly all the mass on one token
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<double> uniforms = {0.0, 1e-12, 0.25, 0.5, 0.999999, std::nextafter(1.0, 0.0)};
+  for (int i = 0; i < 40; ++i) uniforms.push_back(unit(rng));
+  int checked = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (const float t : {0.6f, 1.0f, 1.7f}) {
+      for (const double u : uniforms) {
+        TokenDraw d{-1, -1, t, 0, u};
+        draw_token(pool, Rows(rows[r].data(), 1, C), &d);
+        ASSERT_EQ(d.status, TokenDraw::kDrawn);
+        const hyspec::test::CdfPick want = hyspec::test::inverse_cdf(rows[r].data(), C, t, u);
+        if (want.margin < 1e-9) continue;  // at a rounding edge
+        ++checked;
+        EXPECT_EQ(d.token, want.token) << "row " << r << ", T " << t << ", u " << u;
+      }
+    }
+  }
+  EXPECT_GE(checked, 387);  // all but u = 0, 1e-12 and the last double below 1 (margin 0)
+  std::vector<float> none(C, -INFINITY), inf = rows[0];
+  inf[4097] = INFINITY;
+  for (auto* row : {&none, &inf}) {
+    TokenDraw d{-1, -1, 1.0f, 0, 0.5};
+    draw_token(pool, Rows(row->data(), 1, C), &d);
+    EXPECT_EQ(d.status, TokenDraw::kNoMass);
+    EXPECT_EQ(d.token, row == &none ? 0 : 4097);
   }
 }
 

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/chunk_draw.h"
 #include "common/fixtures.h"
+#include "common/inverse_cdf.h"
 #include "common/kv_cache_bytes.h"
 #include "format/quants.h"
 #include "util/half.h"
@@ -1428,6 +1430,82 @@ TEST_F(CudaBackendTest, FeedTokenAndReadbacksChainStepsOnTheBackend) {
   }
   EXPECT_TRUE(gpu_->asynchronous());
   EXPECT_FALSE(cpu_->asynchronous());
+}
+
+// draw_token on CUDA (look-ahead sampling's draw): the token the host's chunk path draws from the same
+// masses (logit_summary's on this backend, read back) for the same uniform, and the inverse CDF of the
+// row's softmax; eagerly and from a recorded graph that reads each draw's temperature and uniform from a
+// read-back (mapped host memory), over 248K-logit rows with NaN and -inf, a peaked row, a row whose last
+// chunk is partial; kNoMass and the argmax for a row of -inf and one with +inf.
+TEST_F(CudaBackendTest, DrawTokenDrawsAsTheHostsChunkPath) {
+  using S = LogitSummary;
+  std::vector<std::vector<float>> rows(3, randn(248320, 3.0f));
+  for (size_t c = 0; c < rows[1].size(); c += 991) rows[1][c] = kNaN;
+  rows[1][12] = -std::numeric_limits<float>::infinity();
+  rows[2] = randn(5000);
+  rows[2][4200] = 9.0f;  // much of the mass in the partial chunk
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<double> uniforms = {0.0, 1e-12, 0.5, 0.999999, std::nextafter(1.0, 0.0)};
+  for (int i = 0; i < 24; ++i) uniforms.push_back(unit(rng));
+  auto slot = gpu_->new_readback(sizeof(TokenDraw));
+  ASSERT_TRUE(slot.is_ok());
+  auto* draw = static_cast<TokenDraw*>((*slot)->target());
+  int checked = 0, same_as_cdf = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const int64_t C = static_cast<int64_t>(rows[r].size());
+    Tensor x = put(*gpu_, rows[r]), summary = poison(*gpu_, static_cast<size_t>(S::floats(C)));
+    std::unique_ptr<StepGraph> graph;
+    {
+      auto g = gpu_->capture([&] { gpu_->draw_token(x.rows(1, C), draw); });
+      ASSERT_TRUE(g.is_ok()) << g.message();
+      graph = std::move(g).value();
+    }
+    for (const float t : {0.7f, 1.3f}) {
+      gpu_->logit_summary(x.rows(1, C), 1.0f / t, summary.f());
+      const auto sv = get_gpu(summary);
+      const ChunkedRow row{sv[0], sv.data() + S::chunk_at(), S::chunks(C), C, chunk_total(sv.data() + S::chunk_at(), S::chunks(C)), t};
+      ASSERT_TRUE(chunk_row_drawable(row));
+      const float* l = rows[r].data();
+      for (size_t i = 0; i < uniforms.size(); ++i) {
+        const double u = uniforms[i];
+        const int32_t host = draw_by_chunks(
+            row, -1, [&] { return u; }, [&](int32_t id) { return l[id]; },
+            [&](int64_t c) { return std::span<const float>(l + c * S::kChunk, std::min(S::kChunk, C - c * S::kChunk)); });
+        const TokenDraw in{-1, -1, t, 0, u};
+        (*slot)->put(&in, sizeof(in));
+        if (i % 2) {
+          ASSERT_TRUE(graph->replay().is_ok());
+        } else {
+          gpu_->draw_token(x.rows(1, C), draw);
+        }
+        (*slot)->mark();
+        TokenDraw got{};
+        ASSERT_TRUE((*slot)->finish(&got, sizeof(got)).is_ok());
+        ASSERT_EQ(got.status, TokenDraw::kDrawn);
+        EXPECT_EQ(got.token, host) << "row " << r << ", T " << t << ", u " << u;
+        const hyspec::test::CdfPick want = hyspec::test::inverse_cdf(l, C, t, u);
+        if (want.margin < 1e-6) continue;  // within the f32 masses' rounding of an edge
+        ++checked;
+        same_as_cdf += got.token == want.token;
+      }
+    }
+  }
+  EXPECT_GE(checked, 120);
+  EXPECT_EQ(same_as_cdf, checked);
+  std::vector<float> none(248320, -std::numeric_limits<float>::infinity()), inf = rows[0];
+  inf[70000] = std::numeric_limits<float>::infinity();
+  for (auto* row : {&none, &inf}) {
+    Tensor x = put(*gpu_, *row);
+    const TokenDraw in{-1, -1, 1.0f, 0, 0.5};
+    (*slot)->put(&in, sizeof(in));
+    gpu_->draw_token(x.rows(1, 248320), draw);
+    (*slot)->mark();
+    TokenDraw got{};
+    ASSERT_TRUE((*slot)->finish(&got, sizeof(got)).is_ok());
+    EXPECT_EQ(got.status, TokenDraw::kNoMass);
+    EXPECT_EQ(got.token, row == &none ? 0 : 70000);
+  }
 }
 
 // The sampler's row summaries and candidate selection: the max and the bucket counts exact, the f32

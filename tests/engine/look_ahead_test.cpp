@@ -1,5 +1,5 @@
-// Look-ahead decoding (EngineConfig::look_ahead, Session::look_ahead_round) emits plain greedy decoding's
-// tokens and stops where it stops, whatever stops it; the step it enqueued past a stop token or a cancel
+// Look-ahead decoding (EngineConfig::look_ahead, Session::look_ahead_round) emits plain decoding's tokens
+// (greedy, or sampled under temperature alone with the same seed) and stops where it stops, whatever stops it; the step it enqueued past a stop token or a cancel
 // has run the pending token, and probe_next_logits gives that step's logits: the same bits as a plain
 // session's probe. (On the CPU the backend runs each op before it returns, so only the bookkeeping is
 // under test there; on CUDA, HYSPEC_TEST_BACKEND=cuda, the steps really overlap the host.)
@@ -143,17 +143,77 @@ TEST_F(LookAheadDecoding, AProbeAfterAnotherSessionsStepIsAnError) {
   EXPECT_FALSE(l.is_ok());
 }
 
-// Auto: on where the backend runs asynchronously (CUDA), off on the CPU; never with sampling.
-TEST_F(LookAheadDecoding, AutoLooksAheadOnAnAsynchronousBackendAndSamplingNever) {
+// Auto: on where the backend runs asynchronously (CUDA), off on the CPU.
+TEST_F(LookAheadDecoding, AutoLooksAheadOnAnAsynchronousBackend) {
   auto automatic = engine(LookAhead::kAuto);
   ASSERT_TRUE(automatic);
   EXPECT_EQ(automatic->backend().asynchronous(), test::test_backend_kind() == BackendKind::Cuda);
   GenerateOptions o;
   o.max_tokens = 24;
-  o.sampling.temperature = 0.8f;
-  o.sampling.seed = 7;
-  const Outcome a = run(*ahead_, prompts_[1], o), p = run(*plain_, prompts_[1], o);
-  expect_same(a, p, "sampled");
+  const Outcome a = run(*automatic, prompts_[1], o), p = run(*plain_, prompts_[1], o);
+  expect_same(a, p, "auto");
+}
+
+// Sampled under temperature alone, each step's draw is made on the backend (Backend::draw_token) with the
+// uniform the host's draw would take: the same tokens for a seed as a plain session, and the same state
+// after a stop token or a cancel. (On CUDA the device's in-chunk sums run in another order than the host's:
+// a draw at a rounding edge of a token could differ, about once in 1e12 draws.)
+TEST_F(LookAheadDecoding, SampledUnderTemperatureAloneDrawsPlainDecodingsTokens) {
+  for (const float t : {0.5f, 1.0f, 1.6f}) {
+    for (const uint64_t seed : {1u, 7u, 123u}) {
+      GenerateOptions o;
+      o.max_tokens = 32;
+      o.sampling.temperature = t;
+      o.sampling.seed = seed;
+      const std::string what = "T " + std::to_string(t) + ", seed " + std::to_string(seed);
+      const size_t i = seed % prompts_.size();
+      const Outcome a = run(*ahead_, prompts_[i], o), p = run(*plain_, prompts_[i], o);
+      ASSERT_EQ(a.emitted.size(), 32u) << what;
+      expect_same(a, p, what);
+      GenerateOptions so = o;  // a stop token at a token the run drew
+      so.stop_tokens = {p.emitted[9 + seed % 20]};
+      expect_same(run(*ahead_, prompts_[i], so), run(*plain_, prompts_[i], so), what + ", stop");
+      expect_same(run(*ahead_, prompts_[i], o, 5), run(*plain_, prompts_[i], o, 5), what + ", cancelled");
+    }
+  }
+}
+
+// Whether a session under `o` kept a step enqueued ahead: after a cancel, that step's logits are what the
+// probe reads, and another session's step makes that an error; a plain session's probe runs its token.
+bool looked_ahead(Engine& e, const std::vector<int32_t>& prompt, const std::vector<int32_t>& other_prompt,
+                  const GenerateOptions& o) {
+  auto s = e.new_session(), other = e.new_session();
+  EXPECT_TRUE(s.is_ok() && other.is_ok());
+  EXPECT_TRUE((*s)->start(prompt, o).is_ok());
+  std::vector<int32_t> out;
+  while (out.size() < 3 && !(*s)->done()) EXPECT_TRUE((*s)->step(out).is_ok());
+  (*s)->cancel();
+  EXPECT_TRUE((*other)->start(other_prompt, GenerateOptions{}).is_ok());
+  EXPECT_TRUE((*other)->step(out).is_ok());
+  return !(*s)->probe_next_logits().is_ok();
+}
+
+// Look-ahead applies where the backend can pick each token on its own: greedy, or temperature alone; not
+// with a truncation (top-k, top-p, min-p), penalties or logprobs, which need the host. Those sessions decode
+// plainly and give plain decoding's tokens.
+TEST_F(LookAheadDecoding, LooksAheadOnlyWhereTheBackendPicksTheTokens) {
+  GenerateOptions greedy, alone, top_k, top_p, min_p, penalty, logprobs;
+  for (GenerateOptions* o : {&alone, &top_k, &top_p, &min_p, &penalty, &logprobs}) o->sampling.temperature = 0.9f;
+  top_k.sampling.top_k = 40;
+  top_p.sampling.top_p = 0.9f;
+  min_p.sampling.min_p = 0.05f;
+  penalty.sampling.repeat_penalty = 1.1f;
+  logprobs.logprobs = 2;
+  EXPECT_TRUE(looked_ahead(*ahead_, prompts_[0], prompts_[1], greedy));
+  EXPECT_TRUE(looked_ahead(*ahead_, prompts_[0], prompts_[1], alone));
+  for (const GenerateOptions* o : {&top_k, &top_p, &min_p, &penalty, &logprobs}) {
+    EXPECT_FALSE(looked_ahead(*ahead_, prompts_[0], prompts_[1], *o));
+    GenerateOptions m = *o;
+    m.max_tokens = 16;
+    m.sampling.seed = 3;
+    expect_same(run(*ahead_, prompts_[2], m), run(*plain_, prompts_[2], m), "a session the host samples");
+  }
+  EXPECT_FALSE(looked_ahead(*plain_, prompts_[0], prompts_[1], alone));
 }
 
 }  // namespace

@@ -49,7 +49,9 @@ class CpuReadback final : public Readback {
     std::memcpy(dst, bytes_.data(), bytes);
     return Status::ok();
   }
-  void put(const void* src, size_t bytes) override { std::memcpy(bytes_.data(), src, std::min(bytes, bytes_.size())); }
+  void put(const void* src, size_t bytes, size_t offset) override {
+    if (offset < bytes_.size()) std::memcpy(bytes_.data() + offset, src, std::min(bytes, bytes_.size() - offset));
+  }
 
  private:
   std::vector<unsigned char> bytes_;
@@ -180,6 +182,7 @@ class CpuBackend final : public Backend {
   }
 
   void logit_summary(Rows x, float inv_t, float* out) override { cpu::logit_summary(pool_, x, inv_t, out); }
+  void draw_token(Rows x, TokenDraw* draw) override { cpu::draw_token(pool_, x, draw); }
   void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
                      SelectedLogit* picked) override {
     cpu::select_logits(x, row, threshold, cap, count, picked);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/chunk_draw.h"
 #include "backend/cpu/cpu_ops.h"
 
 namespace hyspec::cpu {
@@ -173,6 +174,28 @@ void logit_summary(ThreadPool& pool, Rows x, float inv_t, float* out) {
       }
     }
   });
+}
+
+void draw_token(ThreadPool& pool, Rows x, TokenDraw* draw) {
+  using S = LogitSummary;
+  const int64_t C = x.n_cols;
+  std::vector<float> summary(static_cast<size_t>(S::floats(C)));
+  logit_summary(pool, x.rows(0, 1), 1.0f / draw->temperature, summary.data());
+  const float* mass = summary.data() + S::chunk_at();
+  const ChunkedRow row{summary[0], mass, S::chunks(C), C, chunk_total(mass, S::chunks(C)), draw->temperature};
+  const float* l = x.row(0);
+  const int32_t token =
+      chunk_row_drawable(row)
+          ? draw_by_chunks(
+                row, -1, [&] { return draw->uniform; }, [&](int32_t id) { return l[id]; },
+                [&](int64_t c) { return std::span<const float>(l + c * S::kChunk, std::min(S::kChunk, C - c * S::kChunk)); })
+          : -1;
+  draw->status = token >= 0 ? TokenDraw::kDrawn : TokenDraw::kNoMass;
+  if (token >= 0) {
+    draw->token = token;
+  } else {
+    argmax(pool, x.rows(0, 1), &draw->token);
+  }
 }
 
 void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count, SelectedLogit* picked) {

@@ -82,7 +82,9 @@ class CudaReadback final : public Readback {
   void* target() override { return device_; }
   void mark() override;
   Status finish(void* dst, size_t bytes) override;
-  void put(const void* src, size_t bytes) override { std::memcpy(host_, src, std::min(bytes, max_bytes_)); }
+  void put(const void* src, size_t bytes, size_t offset) override {
+    if (offset < max_bytes_) std::memcpy(static_cast<char*>(host_) + offset, src, std::min(bytes, max_bytes_ - offset));
+  }
 
  private:
   CudaBackend* backend_;  // must not outlive its backend
@@ -759,6 +761,13 @@ class CudaBackend final : public Backend {
     if (!s) return;
     check(cuda::logit_summary_launch(mat(x), inv_t, out, s, stream_), "logit_summary");
   }
+  void draw_token(Rows x, TokenDraw* draw) override {
+    auto prof = begin_op("draw_token");
+    if (!expect(x.n_cols > 0 && x.n_rows > 0, "draw_token: empty rows")) return;
+    void* s = arena(op_arena_, cuda::draw_token_scratch_bytes(x.n_cols));
+    if (!s) return;
+    check(cuda::draw_token_launch(mat(x), draw, s, draw_counter_, stream_), "draw_token");
+  }
   void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
                      SelectedLogit* picked) override {
     auto prof = begin_op("select_logits");
@@ -867,12 +876,13 @@ class CudaBackend final : public Backend {
     if (cublasSetStream(cublas_, stream_) != CUBLAS_STATUS_SUCCESS ||
         cublasSetWorkspace(cublas_, ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS)
       return Status::error("cuBLAS stream/workspace setup failed");
-    void* counters = nullptr;
-    if (cudaMalloc(&counters, cuda::kAttentionMaxKvHeads * sizeof(unsigned)) != cudaSuccess ||
-        cudaMemset(counters, 0, cuda::kAttentionMaxKvHeads * sizeof(unsigned)) != cudaSuccess)
+    void* counters = nullptr;  // the attention's, then draw_token's
+    if (cudaMalloc(&counters, (cuda::kAttentionMaxKvHeads + 1) * sizeof(unsigned)) != cudaSuccess ||
+        cudaMemset(counters, 0, (cuda::kAttentionMaxKvHeads + 1) * sizeof(unsigned)) != cudaSuccess)
       return Status::error("cudaMalloc of the attention counters failed");
     owned_.push_back(counters);
     attention_counters_ = static_cast<unsigned*>(counters);
+    draw_counter_ = attention_counters_ + cuda::kAttentionMaxKvHeads;
     // HYSPEC_NORM_QUANTIZE=0 leaves the quantizing to the matvecs (to measure what it saves).
     if (int8_matvec_ && cuda::env_int("HYSPEC_NORM_QUANTIZE", 1) != 0) {
       // Zeroed: the rows past a norm's are the padding of the matvecs' 8-token tiles.
@@ -1369,6 +1379,7 @@ class CudaBackend final : public Backend {
   void* side_cublas_ws_ = nullptr;
   bool on_side_ = false, side_pending_ = false;
   unsigned* attention_counters_ = nullptr;
+  unsigned* draw_counter_ = nullptr;  // draw_token's last-block count
   // The rows the last norm also quantized for the int8 matvecs (into quantized_x_), while no op since
   // may have rewritten them: a matmul of exactly these rows reads quantized_x_ instead of quantizing
   // its input. Every other op, memory op, capture and replay forgets them.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 #include <cstdint>
 
 #include "backend/cuda/activations.cuh"
@@ -548,6 +549,135 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
+// Look-ahead sampling's draw (Backend::draw_token), after argmax_chunks_kernel on the row: each block sums
+// its chunk's exp((l - m) * inv_t) as logit_summary_kernel does (the same bits: the masses the host path
+// draws with), and the last block to finish draws as backend/chunk_draw.h does: the chunk by the masses
+// with the host's double steps in one thread, then the token by the chunk's exps in double, 16 consecutive
+// tokens a thread and prefix sums over the threads (the host walks them one by one: the sums differ only
+// in rounding). The temperature and uniform lie in mapped host memory, read before the wait. Bytes: the
+// logits once, the drawn chunk again (16 KB, from L2); 16 double exps a thread in the last block.
+__device__ __forceinline__ double chunk_token_mass(float l, float m, float t) {  // chunk_draw.h's, rounded alike
+  return l > -INFINITY ? static_cast<double>(static_cast<float>(exp(static_cast<double>((l - m) / t)))) : 0.0;
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const float* part_v, const int* part_i,
+                                                                     float* mass, unsigned* done, TokenDraw* draw) {
+  const float temperature = draw->temperature;  // written by the host before the launch
+  const double uniform = draw->uniform;
+  pdl_wait();
+  pdl_trigger();
+  constexpr int kWarps = kArgmaxThreads / 32;
+  __shared__ float warp_sum[kWarps], row_max;
+  __shared__ double warp_total[kWarps], target, chunk_sum;
+  __shared__ int warp_pick[kWarps], warp_last[kWarps], last_block, chunk;
+  const int chunks = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x < 32) {
+    float m = -FLT_MAX;
+    for (int c = lane; c < chunks; c += 32) m = fmaxf(m, part_v[c]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) row_max = m;
+  }
+  __syncthreads();
+  const float m = row_max;
+  const float inv_t = 1.0f / temperature;
+  float l[kArgmaxPerThread];
+  load_chunk(x, 0, -INFINITY, l);
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j)
+    if (l[j] > -INFINITY) sum += expf((l[j] - m) * inv_t);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) warp_sum[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += warp_sum[w];
+    mass[blockIdx.x] = total;
+    __threadfence();
+    last_block = atomicAdd(done, 1u) == static_cast<unsigned>(chunks - 1);
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  if (threadIdx.x == 0) {  // the chunk
+    *done = 0;  // for the next draw
+    double z = 0;
+    for (int c = 0; c < chunks; ++c) z += __ldcg(mass + c);
+    int pick = -1, last = -1;
+    double t = 0, s_last = 0;
+    if (isfinite(m) && isfinite(z) && z > 0) {
+      t = uniform * z;
+      for (int c = 0; c < chunks; ++c) {
+        const double s = __ldcg(mass + c);
+        if (!(s > 0)) continue;
+        last = c, s_last = s;
+        if (t < s) {
+          pick = c;
+          break;
+        }
+        t -= s;
+      }
+      if (pick < 0 && last >= 0) pick = last, t = s_last;  // past the end by rounding
+    }
+    chunk = pick, target = t, chunk_sum = s_last;
+  }
+  __syncthreads();
+  int token = -1;
+  if (chunk >= 0) {  // the token: the first whose prefix sum passes the chunk's share of the target
+    const int64_t first = int64_t{chunk} * kArgmaxChunk + threadIdx.x * kArgmaxPerThread;
+    double e[kArgmaxPerThread], own = 0;
+#pragma unroll
+    for (int j = 0; j < kArgmaxPerThread; ++j) {
+      e[j] = chunk_token_mass(first + j < x.cols ? x.data[first + j] : -INFINITY, m, temperature);
+      own += e[j];
+    }
+    double incl = own;
+    for (int o = 1; o < 32; o <<= 1) {
+      const double y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    double run = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) run = 0;
+    if (lane == 31) warp_total[warp] = incl;
+    __syncthreads();
+    double block_total = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      if (w == warp) run += block_total;
+      block_total += warp_total[w];
+    }
+    const double t = target / chunk_sum * block_total;
+    int pick = INT_MAX, last = -1;
+#pragma unroll
+    for (int j = 0; j < kArgmaxPerThread; ++j) {
+      if (!(e[j] > 0)) continue;
+      last = static_cast<int>(first + j);
+      run += e[j];
+      if (pick == INT_MAX && run > t) pick = last;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      pick = min(pick, __shfl_xor_sync(0xffffffffu, pick, o));
+      last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+    }
+    if (lane == 0) warp_pick[warp] = pick, warp_last[warp] = last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 0; w < kWarps; ++w) pick = min(pick, warp_pick[w]), last = max(last, warp_last[w]);
+      token = pick != INT_MAX ? pick : last;
+    }
+  }
+  if (threadIdx.x >= 32) return;
+  token = __shfl_sync(0xffffffffu, token, 0);
+  if (token >= 0) {
+    if (lane == 0) draw->token = token, draw->status = TokenDraw::kDrawn;
+    return;
+  }
+  float v = -FLT_MAX;  // nothing to draw from: the row's argmax, as argmax_merge_kernel takes it
+  int idx = kNoIndex;
+  for (int c = lane; c < chunks; c += 32) arg_better(v, idx, part_v[c], part_i[c]);
+  warp_arg_best(v, idx);
+  if (lane == 0) draw->token = idx == kNoIndex ? 0 : idx, draw->status = TokenDraw::kNoMass;
+}
+
 // Row `row`'s logits >= threshold, compacted by warp: one atomic per warp for its slots. Bytes: the row
 // once, 8 per selected token.
 __global__ void __launch_bounds__(kArgmaxThreads)
@@ -864,6 +994,24 @@ cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, 
   if (e != cudaSuccess) return e;
   return launch_pdl(logit_summary_kernel, grid, dim3(kArgmaxThreads), 0, stream, x, static_cast<const float*>(part_v),
                     inv_t, inv_t * LogitSummary::kPerNat, out, per_row);
+}
+
+size_t draw_token_scratch_bytes(int64_t cols) {
+  return argmax_scratch_bytes(1, cols) + static_cast<size_t>((cols + kArgmaxChunk - 1) / kArgmaxChunk) * sizeof(float);
+}
+
+cudaError_t draw_token_launch(Mat x, TokenDraw* draw, void* scratch, unsigned* done, cudaStream_t stream) {
+  if (x.rows == 0 || x.cols == 0 || x.cols >= kNoIndex) return cudaErrorInvalidValue;
+  x.rows = 1;
+  const int chunks = static_cast<int>((x.cols + kArgmaxChunk - 1) / kArgmaxChunk);
+  float* part_v = static_cast<float*>(scratch);
+  int* part_i = reinterpret_cast<int*>(part_v + chunks);
+  float* mass = reinterpret_cast<float*>(part_i + chunks);
+  cudaError_t e = launch_pdl(argmax_chunks_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kArgmaxThreads), 0, stream,
+                             x, part_v, part_i);
+  if (e != cudaSuccess) return e;
+  return launch_pdl(draw_token_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kArgmaxThreads), 0, stream, x,
+                    static_cast<const float*>(part_v), static_cast<const int*>(part_i), mass, done, draw);
 }
 
 cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count,

@@ -245,6 +245,9 @@ cudaError_t feed_token_launch(const int32_t* token, int32_t* tokens, int32_t* po
 cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream);
 cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count,
                                  SelectedLogit* picked, cudaStream_t stream);
+// Backend::draw_token on row 0 of x; done: a zeroed counter that each draw leaves zeroed.
+size_t draw_token_scratch_bytes(int64_t cols);
+cudaError_t draw_token_launch(Mat x, TokenDraw* draw, void* scratch, unsigned* done, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
 // out[t] = sum_s weights[t][s] * expert_out[t*k + s]
