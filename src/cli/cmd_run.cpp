@@ -147,14 +147,14 @@ int run(const RunFlags& f) {
     if (s.padded_rows > 0) std::fprintf(stderr, "verify rows padded: %lld\n", static_cast<long long>(s.padded_rows));
   }
   if (s.rounds > 0) {
-    // Where a round's time goes: a greedy round's wait for its argmax is the device's share; the rest of
+    // Where a round's time goes: a greedy or look-ahead round's wait for its token is the device's share; the rest of
     // the round is host work during which the device idles (graph recording included).
     const double other_s = s.decode_s - s.draft_s - s.verify_s - s.commit_s;
     std::fprintf(stderr,
                  "time per phase: draft %.3f s, verify %.3f s (waiting for the device %.3f s), commit %.3f s, other %.3f s;"
-                 " %lld rounds (%lld plain), %.1f us a round outside the wait\n",
+                 " %lld rounds (%lld plain, %lld looked ahead), %.1f us a round outside the wait\n",
                  s.draft_s, s.verify_s, s.verify_wait_s, s.commit_s, other_s, static_cast<long long>(s.rounds),
-                 static_cast<long long>(s.rounds - s.spec_rounds),
+                 static_cast<long long>(s.rounds - s.spec_rounds), static_cast<long long>(s.ahead_rounds),
                  1e6 * (s.decode_s - s.verify_wait_s - s.graph_record_s) / static_cast<double>(s.rounds));
   }
   return 0;

@@ -462,7 +462,9 @@ Status Session::observe_deferred() {
   // Waited for here, in the plain round that ends the stretch (plain decoding's reference rate is the
   // stretch's fastest round), not in the next round's verify step: that may be the first round of a
   // probe, which decides whether speculation comes back.
-  return st.is_ok() ? engine_.backend_->synchronize() : st;
+  // A drafter that observes tokens alone enqueued nothing: a step enqueued ahead keeps running.
+  const bool rows = engine_.needs_.final_hidden || !engine_.needs_.taps.empty();
+  return st.is_ok() && rows ? engine_.backend_->synchronize() : st;
 }
 
 void Session::back_off() {
@@ -510,9 +512,17 @@ bool Session::looks_ahead() const {
   const bool on = mode == LookAhead::kOn || (mode == LookAhead::kAuto && engine_.backend_->asynchronous());
   // The host reads nothing but each step's token: no drafter to feed, no logits to report, and a token the
   // backend can pick on its own (greedy's argmax, or a draw under temperature alone).
+  // A drafter's plain rounds too, when it observes tokens alone (n-gram): rows of the target's outputs would
+  // be overwritten by the step enqueued ahead before the host could keep them.
   const SamplingParams& sp = options_.sampling;
-  return on && !drafter_ && !sp.has_penalties() && options_.logprobs < 0 &&
+  const bool rows_needed = drafter_ && (engine_.needs_.final_hidden || !engine_.needs_.taps.empty());
+  return on && !rows_needed && !sp.has_penalties() && options_.logprobs < 0 &&
          (sp.greedy() || draws_by_chunk(sp, engine_.model_->hparams().n_vocab));
+}
+
+bool Session::next_round_plain() const {
+  // choose_draft_length gives 0 while a plain stretch lasts; otherwise the next round may speculate.
+  return !drafter_ || !options_.speculative || plain_rounds_left_ > 0;
 }
 
 Status Session::enqueue_ahead_step(int64_t pos, int slot) {
@@ -576,7 +586,7 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
     HS_RETURN_IF_ERROR(enqueue_ahead_step(committed_, slot));
   }
   const bool next = stats_.generated_tokens + 1 < options_.max_tokens &&
-                    static_cast<int64_t>(tokens_.size()) + 1 < e.n_ctx_;
+                    static_cast<int64_t>(tokens_.size()) + 1 < e.n_ctx_ && next_round_plain();
   if (next) HS_RETURN_IF_ERROR(enqueue_ahead_step(committed_ + 1, slot ^ 1));
   const double t_wait = e.now();
   int32_t got[2] = {0, TokenDraw::kDrawn};  // the token, and a draw's status
@@ -591,32 +601,46 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
   const double t_emit = e.now();
   stats_.verify_wait_s += t_emit - t_wait;
   stats_.verify_s += t_emit - t_round;
+  const int32_t ran = tokens_.back();
   emit(token, out, nullptr);
   ++committed_;
+  if (drafter_) {  // a plain stretch of an n-gram session: the drafter sees the tokens (no rows)
+    CommittedRows rows;
+    rows.first_pos = committed_ - 1;
+    rows.n = 1;
+    rows.row_tokens = {ran};
+    rows.next_tokens = {token};
+    HS_RETURN_IF_ERROR(observe(rows, plain_rounds_left_ > 0 || done()));
+  }
   const double t_end = e.now();
   stats_.commit_s += t_end - t_emit;
   ++stats_.rounds;
+  ++stats_.ahead_rounds;
   if (update_graph_stats(recordings)) {
     e.round_costs_.record_verify(1, t_emit - t_round);
-    e.round_costs_.record_commit(1, t_end - t_emit);
+    if (!deferred_.observed_this_round) e.round_costs_.record_commit(1, t_end - t_emit);
+    const double rate = t_end > t_round ? 1.0 / (t_end - t_round) : 0;  // plain decoding's, as decode_round keeps it
+    plain_rate_ = new_plain_stretch_ ? rate : std::max(plain_rate_, rate);
+    new_plain_stretch_ = false;
   }
   stats_.decode_s += t_end - t_round;
   return Status::ok();
 }
 
 Status Session::decode_round(std::vector<int32_t>& out) {
-  if (looks_ahead()) return look_ahead_round(out);
+  deferred_.observed_this_round = false;
+  const int k_max = choose_draft_length();
+  if (k_max == 0 && looks_ahead()) return look_ahead_round(out);
+  if (ahead_.in_flight) return Status::error("a speculative round after a step enqueued ahead");  // a bug
   Engine& e = engine_;
   Backend& be = *e.backend_;
   const Qwen35Hparams& hp = e.model_->hparams();
   const int64_t V = hp.n_vocab;
   const double t_round = engine_.now();
   const int64_t recordings = graph_stats().recorded;
-  deferred_.observed_this_round = false;
 
   // 1. draft
   std::vector<int32_t> drafts;
-  const int k_max = choose_draft_length();
   double draft_dt = 0;
   if (k_max > 0) {
     const double t0 = engine_.now();

@@ -99,10 +99,11 @@ const char* finish_reason_name(FinishReason r);
 struct SessionStats {
   int64_t prompt_tokens = 0, generated_tokens = 0;
   int64_t rounds = 0, spec_rounds = 0, drafted = 0, accepted = 0;
+  int64_t ahead_rounds = 0;  // plain rounds run by look-ahead decoding (EngineConfig::look_ahead)
   int64_t padded_rows = 0;  // rows verify steps ran past their drafts (EngineConfig::pad_verify)
   std::array<int64_t, 65> accept_histogram{};  // accepted drafts per speculative round
   double prefill_s = 0, draft_s = 0, verify_s = 0, commit_s = 0, decode_s = 0;
-  double verify_wait_s = 0;  // of verify_s: greedy rounds' wait for the device's argmax (the step's device time)
+  double verify_wait_s = 0;  // of verify_s: greedy and look-ahead rounds' wait for the device's token (its device time)
   int64_t graphs_recorded = 0;  // step graphs the target and drafter recorded for this sequence (CUDA;
   double graph_record_s = 0;    // a session's graphs outlive it), and the host time it took (in decode_s)
   double mean_acceptance_length() const {  // tokens emitted per speculative round
@@ -152,7 +153,8 @@ class Session {
   // stats_' graph counts brought up to date; true when none was recorded since `recordings` (a timed round).
   bool update_graph_stats(int64_t recordings);
   Status decode_round(std::vector<int32_t>& out);
-  bool looks_ahead() const;  // EngineConfig::look_ahead applies to this sequence
+  bool looks_ahead() const;  // EngineConfig::look_ahead applies to this sequence's plain rounds
+  bool next_round_plain() const;  // the round after this one is surely plain (a step may be enqueued for it)
   Status look_ahead_round(std::vector<int32_t>& out);
   // One recorded graph: the token in read-back slot^1 and the next position fed into the step buffers, a
   // plain one-token step (at position pos), its argmax or draw into read-back slot `slot`; then that slot

@@ -218,37 +218,48 @@ TEST_F(AcceptancePaths, ContextLimitStopsCleanly) {
 // Also: in a plain stretch the drafter's observes wait and come as one call before its next proposal,
 // which still sees every committed row. The engine times its rounds on TestClock, so what they cost is
 // the same whatever the machine is doing. (On the steady clock this test failed about once in 20 CI runs
-// under load: a one-draft verify and a decode step of this tiny model are within timing noise there.)
+// under load: a one-draft verify and a decode step of this tiny model are within timing noise there.) With
+// look-ahead, the plain stretches of a drafter that observes tokens alone keep a step enqueued ahead but for
+// each stretch's last round, whose successor may speculate.
 TEST_F(AcceptancePaths, AdaptiveSpeculationBacksOffWhenDraftsAreNeverAccepted) {
-  EngineConfig c = spec_->config();
-  TestClock clock;
-  c.clock = [&clock] { return clock.read(); };
-  auto engine = Engine::create(c);
-  ASSERT_TRUE(engine.is_ok()) << engine.message();
-  GenerateOptions o;
-  o.max_tokens = 60;
-  o.adaptive = true;
-  auto s = (*engine)->new_session();
-  ASSERT_TRUE(s.is_ok());
-  auto d = std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, [](int, int) { return true; });
-  ReplayDrafter* drafter = d.get();
-  drafter->watch = s->get();
-  drafter->clock = &clock;
-  (*s)->set_drafter(std::move(d));
-  ASSERT_TRUE((*s)->start(prompt_, o).is_ok());
-  std::vector<int32_t> out;
-  while (!(*s)->done()) ASSERT_TRUE((*s)->step(out).is_ok());
-  EXPECT_EQ(out, ref_.size() >= 60 ? std::vector<int32_t>(ref_.begin(), ref_.begin() + 60) : ref_);
-  const SessionStats& st = (*s)->stats();
-  EXPECT_EQ(st.accepted, 0);
-  // Zero acceptance: drafts shrink (5 tokens at first, then fewer; without adaptation: 8 per round)
-  // and speculation is switched off most of the time, in plain stretches that double from 4 rounds after
-  // every failed probe.
-  EXPECT_LE(st.drafted, 4 * st.spec_rounds);
-  EXPECT_EQ(drafter->proposals_checked, st.spec_rounds);
-  // (On CUDA too, where rounds that record a step graph are not timed: session 49.)
-  EXPECT_LT(st.spec_rounds * 4, st.rounds) << st.spec_rounds << " speculative rounds of " << st.rounds;
-  EXPECT_GT(drafter->largest_decode_observe, 8);
+  for (const LookAhead look_ahead : {LookAhead::kOff, LookAhead::kOn}) {
+    SCOPED_TRACE(look_ahead == LookAhead::kOn ? "look-ahead" : "no look-ahead");
+    EngineConfig c = spec_->config();
+    TestClock clock;
+    c.clock = [&clock] { return clock.read(); };
+    c.look_ahead = look_ahead;
+    auto engine = Engine::create(c);
+    ASSERT_TRUE(engine.is_ok()) << engine.message();
+    GenerateOptions o;
+    o.max_tokens = 60;
+    o.adaptive = true;
+    auto s = (*engine)->new_session();
+    ASSERT_TRUE(s.is_ok());
+    auto d = std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, [](int, int) { return true; });
+    ReplayDrafter* drafter = d.get();
+    drafter->watch = s->get();
+    drafter->clock = &clock;
+    (*s)->set_drafter(std::move(d));
+    ASSERT_TRUE((*s)->start(prompt_, o).is_ok());
+    std::vector<int32_t> out;
+    while (!(*s)->done()) ASSERT_TRUE((*s)->step(out).is_ok());
+    EXPECT_EQ(out, ref_.size() >= 60 ? std::vector<int32_t>(ref_.begin(), ref_.begin() + 60) : ref_);
+    const SessionStats& st = (*s)->stats();
+    EXPECT_EQ(st.accepted, 0);
+    // Zero acceptance: drafts shrink (5 tokens at first, then fewer; without adaptation: 8 per round)
+    // and speculation is switched off most of the time, in plain stretches that double from 4 rounds after
+    // every failed probe.
+    EXPECT_LE(st.drafted, 4 * st.spec_rounds);
+    EXPECT_EQ(drafter->proposals_checked, st.spec_rounds);
+    // (On CUDA too, where rounds that record a step graph are not timed: session 49.)
+    EXPECT_LT(st.spec_rounds * 4, st.rounds) << st.spec_rounds << " speculative rounds of " << st.rounds;
+    EXPECT_GT(drafter->largest_decode_observe, 8);
+    if (look_ahead == LookAhead::kOn) {
+      EXPECT_EQ(st.ahead_rounds, st.rounds - st.spec_rounds);  // every plain round
+    } else {
+      EXPECT_EQ(st.ahead_rounds, 0);
+    }
+  }
 }
 
 // A verify step never reads past the key bound of the plain step at its first position (recorded_key_bound:
