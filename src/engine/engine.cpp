@@ -619,8 +619,12 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
   if (update_graph_stats(recordings)) {
     e.round_costs_.record_verify(1, t_emit - t_round);
     if (!deferred_.observed_this_round) e.round_costs_.record_commit(1, t_end - t_emit);
-    const double rate = t_end > t_round ? 1.0 / (t_end - t_round) : 0;  // plain decoding's, as decode_round keeps it
-    plain_rate_ = new_plain_stretch_ ? rate : std::max(plain_rate_, rate);
+    // Plain decoding's rate over the stretch's timed rounds: with a step enqueued ahead, a round waits for what
+    // is left of a step, so the fastest round (decode_round's measure) would overstate it.
+    if (new_plain_stretch_) ahead_stretch_s_ = 0, ahead_stretch_rounds_ = 0;
+    ahead_stretch_s_ += t_end - t_round;
+    ++ahead_stretch_rounds_;
+    plain_rate_ = ahead_stretch_s_ > 0 ? static_cast<double>(ahead_stretch_rounds_) / ahead_stretch_s_ : 0;
     new_plain_stretch_ = false;
   }
   stats_.decode_s += t_end - t_round;

@@ -198,7 +198,10 @@ class Session {
   // adaptive speculation (choose_draft_length): rates are emitted tokens per second of a round
   DraftLengthPolicy draft_length_;  // this sequence's acceptance by draft position
   double ema_spec_rate_ = 0;
-  double plain_rate_ = 0;  // the fastest plain round of the latest plain stretch (decode_round)
+  double plain_rate_ = 0;  // the fastest plain round of the latest plain stretch (decode_round), or its
+                           // look-ahead rounds' mean rate (look_ahead_round)
+  double ahead_stretch_s_ = 0;          // the latest stretch's timed look-ahead rounds: their time
+  int64_t ahead_stretch_rounds_ = 0;    // and count
   bool new_plain_stretch_ = true;  // the next timed plain round starts plain decoding's reference rate
   int plain_rounds_left_ = 0;  // plain rounds before the next probe
   int probe_rounds_left_ = 0;  // speculative rounds left in the running probe
