@@ -329,6 +329,9 @@ class Backend {
   // The input of a one-token step made on the backend: ++*position_counter, then tokens[0] = *token (e.g.
   // the previous step's argmax) and positions[0] = *position_counter.
   virtual void feed_token(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* position_counter) = 0;
+  // Row (*position % ring_rows) of `ring` (ring_rows rows of src.n_cols floats) = src's first row: a step's output
+  // row kept by its position where the position lives on the backend (look-ahead decoding's drafter rows).
+  virtual void copy_row_to_ring(Rows src, float* ring, int64_t ring_rows, const int32_t* position) = 0;
   // LogitSummary::floats(x.n_cols) floats per row of x into out, row after row.
   virtual void logit_summary(Rows x, float inv_t, float* out) = 0;
   // A token drawn from row 0 of x under temperature alone, draw->temperature, with draw->uniform (ops enqueued

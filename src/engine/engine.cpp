@@ -22,6 +22,10 @@ constexpr int kMinBackoffRounds = 4;
 constexpr int kMaxBackoffRounds = 1024;
 constexpr double kSpecWinMargin = 0.97;  // speculation must emit at least this share of plain's rate
 constexpr int64_t kDeferredRows = 32;     // rows a plain stretch's drafter observe takes at once (Session::observe)
+constexpr int64_t kDeferredRing = 2 * kDeferredRows;  // the rows waiting for it, by position
+// The deferred buffers: the ring, then the kDeferredRows rows an observe reads (at a fixed address, so that
+// a drafter's recorded observe steps stay one per row count).
+constexpr int64_t kDeferredBufferRows = kDeferredRing + kDeferredRows;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -158,11 +162,11 @@ Result<std::unique_ptr<Session>> Engine::new_session() {
   if (s->drafter_) {  // the rows of a plain stretch (Session::observe)
     const int64_t E = model_->hparams().n_embd;
     if (needs_.final_hidden) {
-      HS_ASSIGN_OR_RETURN(s->deferred_.hidden, backend_->alloc(static_cast<size_t>(kDeferredRows * E) * sizeof(float)));
+      HS_ASSIGN_OR_RETURN(s->deferred_.hidden, backend_->alloc(static_cast<size_t>(kDeferredBufferRows * E) * sizeof(float)));
     }
     if (feature_width_ > 0) {
       HS_ASSIGN_OR_RETURN(s->deferred_.features,
-                          backend_->alloc(static_cast<size_t>(kDeferredRows * feature_width_) * sizeof(float)));
+                          backend_->alloc(static_cast<size_t>(kDeferredBufferRows * feature_width_) * sizeof(float)));
     }
   }
   return s;
@@ -425,46 +429,63 @@ Status Session::prefill_chunk(std::vector<int32_t>& out) {
   return Status::ok();
 }
 
+// Deferred rows wait in a ring of kDeferredRing rows by position, up to a half (kDeferredRows) at a time: a
+// look-ahead step writes its rows into the ring itself (enqueue_ahead_step), a half the next observe of the
+// deferred rows does not read.
 Status Session::observe(const CommittedRows& rows, bool defer) {
   CommittedRows& d = deferred_.rows;
-  if (!defer || rows.n > kDeferredRows) {
+  if (!defer || rows.n != 1) {  // (a plain round keeps one row)
     HS_RETURN_IF_ERROR(observe_deferred());
     return drafter_->observe(rows);
   }
-  if (d.n + rows.n > kDeferredRows) HS_RETURN_IF_ERROR(observe_deferred());
+  if (d.n > 0 && (rows.first_pos % kDeferredRows == 0 || rows.first_pos != d.first_pos + d.n))
+    HS_RETURN_IF_ERROR(observe_deferred());
+  if (d.n == 0) {
+    d.first_pos = rows.first_pos;
+    d.hidden = d.features = Rows();
+    d.row_tokens.clear();
+    d.next_tokens.clear();
+  }
   Backend& be = *engine_.backend_;
   auto keep = [&](const Buffer& buf, Rows src, Rows& dst) -> Status {
     if (!src.data) return Status::ok();
     if (!buf.data()) return Status::error("observe: rows of an output the engine's drafter does not need");
-    dst = Rows(buf.as<float>(), d.n + rows.n, src.n_cols);
-    be.copy_rows(src, dst.rows(d.n, rows.n));
+    const Rows slot = ring_row(buf, rows.first_pos, src.n_cols);
+    if (slot.data != src.data) be.copy_rows(src, slot);
+    dst = Rows(buf.as<float>() + kDeferredRing * src.n_cols, d.n + 1, src.n_cols);  // where observe_deferred puts them
     return Status::ok();
   };
-  if (d.n == 0) {
-    d.first_pos = rows.first_pos;
-    d.row_tokens.clear();
-    d.next_tokens.clear();
-  }
   HS_RETURN_IF_ERROR(keep(deferred_.hidden, rows.hidden, d.hidden));
   HS_RETURN_IF_ERROR(keep(deferred_.features, rows.features, d.features));
   d.row_tokens.insert(d.row_tokens.end(), rows.row_tokens.begin(), rows.row_tokens.end());
   d.next_tokens.insert(d.next_tokens.end(), rows.next_tokens.begin(), rows.next_tokens.end());
-  d.n += rows.n;
+  d.n += 1;
   return Status::ok();
+}
+
+Rows Session::ring_row(const Buffer& ring, int64_t pos, int64_t cols) {
+  return Rows(ring.as<float>() + pos % kDeferredRing * cols, 1, cols);
 }
 
 Status Session::observe_deferred() {
   CommittedRows& d = deferred_.rows;
   if (d.n == 0) return Status::ok();
+  Backend& be = *engine_.backend_;
+  auto gather = [&](const Buffer& ring, const Rows& out) {  // the ring's rows (within one half) to where d points
+    if (out.data) be.copy_rows(Rows(ring_row(ring, d.first_pos, out.n_cols).data, d.n, out.n_cols), out);
+  };
+  gather(deferred_.hidden, d.hidden);
+  gather(deferred_.features, d.features);
   const Status st = drafter_->observe(d);
   d.n = 0;
   deferred_.observed_this_round = true;
   // Waited for here, in the plain round that ends the stretch (plain decoding's reference rate is the
   // stretch's fastest round), not in the next round's verify step: that may be the first round of a
-  // probe, which decides whether speculation comes back.
-  // A drafter that observes tokens alone enqueued nothing: a step enqueued ahead keeps running.
+  // probe, which decides whether speculation comes back. Not with a step enqueued ahead (look-ahead
+  // stretches time their rounds' mean; the device keeps going), nor for a drafter that observes tokens
+  // alone (it enqueued nothing).
   const bool rows = engine_.needs_.final_hidden || !engine_.needs_.taps.empty();
-  return st.is_ok() && rows ? engine_.backend_->synchronize() : st;
+  return st.is_ok() && rows && !ahead_.in_flight ? engine_.backend_->synchronize() : st;
 }
 
 void Session::back_off() {
@@ -512,11 +533,9 @@ bool Session::looks_ahead() const {
   const bool on = mode == LookAhead::kOn || (mode == LookAhead::kAuto && engine_.backend_->asynchronous());
   // The host reads nothing but each step's token: no drafter to feed, no logits to report, and a token the
   // backend can pick on its own (greedy's argmax, or a draw under temperature alone).
-  // A drafter's plain rounds too, when it observes tokens alone (n-gram): rows of the target's outputs would
-  // be overwritten by the step enqueued ahead before the host could keep them.
+  // A drafter's plain rounds too: the steps keep the rows it needs (enqueue_ahead_step).
   const SamplingParams& sp = options_.sampling;
-  const bool rows_needed = drafter_ && (engine_.needs_.final_hidden || !engine_.needs_.taps.empty());
-  return on && !rows_needed && !sp.has_penalties() && options_.logprobs < 0 &&
+  return on && !sp.has_penalties() && options_.logprobs < 0 &&
          (sp.greedy() || draws_by_chunk(sp, engine_.model_->hparams().n_vocab));
 }
 
@@ -542,12 +561,20 @@ Status Session::enqueue_ahead_step(int64_t pos, int slot) {
   }
   const auto* fed = static_cast<const int32_t*>(ahead_.token[slot ^ 1]->target());  // a TokenDraw's first field
   void* next = out.target();
+  // The drafter's rows of this step, kept in the deferred ring by the step's position (Session::observe): the
+  // next step, enqueued before the host observes this one, overwrites the engine's row buffers.
+  const bool keep_rows = drafter_ && (a.final_hidden.data || a.features.data);
   StepGraphs::Key key = step_key(a);
-  key[6] = 1 + slot + 2 * sampled;  // the slots and the last op are in the graph
+  key[6] = 1 + slot + 2 * sampled + 4 * keep_rows;  // the slots and the ops after the step are in the graph
   ++e.steps_;
   HS_RETURN_IF_ERROR(graphs_.run(key, [&] {
-    be.feed_token(fed, const_cast<int32_t*>(a.tokens), const_cast<int32_t*>(a.positions), ahead_.position.as<int32_t>());
+    int32_t* position = ahead_.position.as<int32_t>();
+    be.feed_token(fed, const_cast<int32_t*>(a.tokens), const_cast<int32_t*>(a.positions), position);
     const Status st = e.run_forward(a, state_);
+    if (keep_rows && a.final_hidden.data)
+      be.copy_row_to_ring(a.final_hidden, deferred_.hidden.as<float>(), kDeferredRing, position);
+    if (keep_rows && a.features.data)
+      be.copy_row_to_ring(a.features, deferred_.features.as<float>(), kDeferredRing, position);
     if (sampled) {
       be.draw_token(a.logits, static_cast<TokenDraw*>(next));
     } else {
@@ -604,10 +631,12 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
   const int32_t ran = tokens_.back();
   emit(token, out, nullptr);
   ++committed_;
-  if (drafter_) {  // a plain stretch of an n-gram session: the drafter sees the tokens (no rows)
+  if (drafter_) {  // a plain stretch: its rows are in the deferred ring already
     CommittedRows rows;
     rows.first_pos = committed_ - 1;
     rows.n = 1;
+    if (deferred_.hidden.data()) rows.hidden = ring_row(deferred_.hidden, rows.first_pos, e.model_->hparams().n_embd);
+    if (deferred_.features.data()) rows.features = ring_row(deferred_.features, rows.first_pos, e.feature_width_);
     rows.row_tokens = {ran};
     rows.next_tokens = {token};
     HS_RETURN_IF_ERROR(observe(rows, plain_rounds_left_ > 0 || done()));

@@ -168,6 +168,7 @@ class Session {
   // block or a DFlash injection once per stretch instead of once per token.
   Status observe(const CommittedRows& rows, bool defer);
   Status observe_deferred();
+  static Rows ring_row(const Buffer& ring, int64_t pos, int64_t cols);  // the deferred ring's row of position pos
   void emit(int32_t token, std::vector<int32_t>& out, const float* logits_row);
 
   Engine& engine_;
@@ -183,7 +184,7 @@ class Session {
   std::vector<EmittedLogprobs> logprobs_;
   StepGraphs graphs_;  // decode and verify steps
   struct DeferredRows {
-    Buffer hidden, features;  // [kDeferredRows, n_embd] / [kDeferredRows, feature width] when the drafter needs them
+    Buffer hidden, features;  // rings of [kDeferredRing, n_embd] / [.., feature width] when the drafter needs them
     CommittedRows rows;       // n rows from first_pos; hidden and features point into the buffers
     bool observed_this_round = false;
   } deferred_;

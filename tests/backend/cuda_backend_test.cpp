@@ -1432,6 +1432,38 @@ TEST_F(CudaBackendTest, FeedTokenAndReadbacksChainStepsOnTheBackend) {
   EXPECT_FALSE(cpu_->asynchronous());
 }
 
+// copy_row_to_ring (look-ahead decoding's drafter rows): the row lands in the ring slot of the position the
+// backend holds, eagerly and from a recorded graph that reads a position fed after its recording; nothing
+// else of the ring changes.
+TEST_F(CudaBackendTest, CopyRowToRingWritesTheSlotOfItsPosition) {
+  const int64_t cols = 4100, ring_rows = 6;
+  for (Backend* be : {cpu_.get(), gpu_.get()}) {
+    SCOPED_TRACE(be->name());
+    const auto row = randn(static_cast<size_t>(cols));
+    Tensor src = put(*be, row), ring = put(*be, std::vector<float>(static_cast<size_t>(ring_rows * cols), 0.0f));
+    Buffer position = put_i32(*be, {3});
+    be->copy_row_to_ring(src.rows(1, cols), ring.f(), ring_rows, position.as<int32_t>());
+    std::unique_ptr<StepGraph> graph;
+    if (be == gpu_.get()) {
+      auto g = be->capture([&] { be->copy_row_to_ring(src.rows(1, cols), ring.f(), ring_rows, position.as<int32_t>()); });
+      ASSERT_TRUE(g.is_ok()) << g.message();
+      graph = std::move(g).value();
+    }
+    const int32_t later = 13;  // slot 1
+    be->upload(position.data(), &later, sizeof(later));
+    if (graph) {
+      ASSERT_TRUE(graph->replay().is_ok());
+    } else {
+      be->copy_row_to_ring(src.rows(1, cols), ring.f(), ring_rows, position.as<int32_t>());
+    }
+    const auto got = get(*be, ring);
+    ASSERT_TRUE(be->synchronize().is_ok());
+    for (int64_t r = 0; r < ring_rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(got[r * cols + c], r == 1 || r == 3 ? row[c] : 0.0f) << "ring row " << r << ", column " << c;
+  }
+}
+
 // draw_token on CUDA (look-ahead sampling's draw): the token the host's chunk path draws from the same
 // masses (logit_summary's on this backend, read back) for the same uniform, and the inverse CDF of the
 // row's softmax; eagerly and from a recorded graph that reads each draw's temperature and uniform from a

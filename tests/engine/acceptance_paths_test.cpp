@@ -40,6 +40,7 @@ class ReplayDrafter final : public Drafter {
                 std::function<bool(int round, int i)> corrupt)
       : ref_(std::move(reference)), prompt_len_(prompt_len), n_vocab_(n_vocab), corrupt_(std::move(corrupt)) {}
   std::string name() const override { return "replay"; }
+  DrafterNeeds needs() const override { return {hidden_rows != nullptr, {}}; }
   Status reset(SequenceState&) override {
     seq_.clear();
     round_ = 0;
@@ -47,6 +48,14 @@ class ReplayDrafter final : public Drafter {
   }
   Status observe(const CommittedRows& rows) override {
     if (static_cast<size_t>(rows.first_pos) >= prompt_len_) largest_decode_observe = std::max(largest_decode_observe, rows.n);
+    if (hidden_rows && rows.hidden.data) {  // keep every observed row by position
+      EXPECT_EQ(rows.first_pos, static_cast<int64_t>(hidden_rows->size())) << "rows observed out of order";
+      for (int64_t r = 0; r < rows.n; ++r) {
+        std::vector<float> h(static_cast<size_t>(rows.hidden.n_cols));
+        backend->download(h.data(), rows.hidden.row(r), h.size() * sizeof(float));
+        hidden_rows->push_back(std::move(h));
+      }
+    }
     seq_.resize(static_cast<size_t>(rows.first_pos));
     seq_.insert(seq_.end(), rows.row_tokens.begin(), rows.row_tokens.end());
     seq_.push_back(rows.next_tokens.back());
@@ -76,6 +85,9 @@ class ReplayDrafter final : public Drafter {
   int proposals_checked = 0;
   int64_t largest_decode_observe = 0;  // the most rows one observe of generated positions took
   std::vector<std::pair<int64_t, int>>* asks = nullptr;  // when set, each proposal's (committed rows, max_k)
+  // When set, the drafter needs the target's final hidden rows (as MTP does) and keeps each one it observes.
+  std::vector<std::vector<float>>* hidden_rows = nullptr;
+  Backend* backend = nullptr;
 
  private:
   std::vector<int32_t> ref_;
@@ -259,6 +271,51 @@ TEST_F(AcceptancePaths, AdaptiveSpeculationBacksOffWhenDraftsAreNeverAccepted) {
     } else {
       EXPECT_EQ(st.ahead_rounds, 0);
     }
+  }
+}
+
+// A drafter that needs the target's rows (MTP's final hidden) gets the same rows, each position once and in
+// order, whether the plain stretches look ahead (the step writes its row into the deferred ring by position)
+// or not; in stretches of many rounds, observed at once.
+TEST_F(AcceptancePaths, LookAheadStretchesKeepTheRowsADrafterNeeds) {
+  std::vector<std::vector<float>> rows[2];
+  for (const LookAhead look_ahead : {LookAhead::kOff, LookAhead::kOn}) {
+    SCOPED_TRACE(look_ahead == LookAhead::kOn ? "look-ahead" : "no look-ahead");
+    auto base = test::make_engine(kFixture, SpecMethod::Mtp, 8, 512);
+    ASSERT_TRUE(base);
+    EngineConfig c = base->config();
+    base.reset();
+    TestClock clock;
+    c.clock = [&clock] { return clock.read(); };
+    c.look_ahead = look_ahead;
+    auto engine = Engine::create(c);
+    ASSERT_TRUE(engine.is_ok()) << engine.message();
+    GenerateOptions o;
+    o.max_tokens = 60;
+    auto s = (*engine)->new_session();
+    ASSERT_TRUE(s.is_ok());
+    auto d = std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, [](int, int) { return true; });
+    ReplayDrafter* drafter = d.get();
+    auto& kept = rows[look_ahead == LookAhead::kOn];
+    drafter->hidden_rows = &kept;
+    drafter->backend = &(*engine)->backend();
+    drafter->clock = &clock;
+    (*s)->set_drafter(std::move(d));
+    ASSERT_TRUE((*s)->start(prompt_, o).is_ok());
+    std::vector<int32_t> out;
+    while (!(*s)->done()) ASSERT_TRUE((*s)->step(out).is_ok());
+    EXPECT_EQ(out, std::vector<int32_t>(ref_.begin(), ref_.begin() + 60));
+    const SessionStats& st = (*s)->stats();
+    // Every committed row but the last (a plain stretch's rows wait for the next proposal, which never came).
+    EXPECT_GE(kept.size(), prompt_.size() + 30);
+    EXPECT_GT(drafter->largest_decode_observe, 8);
+    if (look_ahead == LookAhead::kOn) EXPECT_GT(st.ahead_rounds, 20);
+  }
+  const size_t n = std::min(rows[0].size(), rows[1].size());
+  for (size_t p = 0; p < n; ++p) {
+    float diff = 0;
+    for (size_t i = 0; i < rows[0][p].size(); ++i) diff = std::max(diff, std::fabs(rows[0][p][i] - rows[1][p][i]));
+    ASSERT_LE(diff, 1e-4f) << "the hidden row at position " << p;
   }
 }
 

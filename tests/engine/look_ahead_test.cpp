@@ -179,34 +179,41 @@ TEST_F(LookAheadDecoding, SampledUnderTemperatureAloneDrawsPlainDecodingsTokens)
   }
 }
 
-// An n-gram session (a drafter that observes tokens alone) looks ahead in its plain rounds while the round
-// after is surely plain (the two that open a sequence, back-off stretches), and not into a speculative one:
-// plain decoding's tokens, and its state (within the verify steps' rounding) after stop tokens and cancels.
-TEST_F(LookAheadDecoding, NgramSessionsLookAheadInTheirPlainStretches) {
-  auto ngram = test::make_engine(kFixture, SpecMethod::Ngram, 8, 512, "", false, GgmlType::F32, 0,
-                                 EngineConfig{}.capture, EngineConfig{}.pad_verify, true, LookAhead::kOn);
-  ASSERT_TRUE(ngram);
-  auto near = [](const Outcome& a, const Outcome& p, const std::string& what) {
-    EXPECT_EQ(a.emitted, p.emitted) << what;
-    EXPECT_EQ(a.finish, p.finish) << what;
-    ASSERT_EQ(a.next_logits.size(), p.next_logits.size()) << what;
-    float diff = 0;
-    for (size_t i = 0; i < a.next_logits.size(); ++i) diff = std::max(diff, std::fabs(a.next_logits[i] - p.next_logits[i]));
-    EXPECT_LE(diff, 1e-4f) << what << ": the state differs from plain decoding's";
-  };
-  GenerateOptions o;
-  o.max_tokens = 40;
-  for (size_t i = 0; i < prompts_.size(); ++i) {
-    const Outcome a = run(*ngram, prompts_[i], o), p = run(*plain_, prompts_[i], o);
-    near(a, p, "prompt " + std::to_string(i));
-    EXPECT_GE(a.stats.ahead_rounds, 2) << "the two plain rounds that open a sequence";
-    for (size_t at : {1u, 2u, 3u, 7u, 20u}) {
-      GenerateOptions so = o;
-      so.stop_tokens = {p.emitted[at]};
-      near(run(*ngram, prompts_[i], so), run(*plain_, prompts_[i], so), "stop token at " + std::to_string(at));
+// A drafter session looks ahead in its plain rounds while the round after is surely plain (the two that open
+// a sequence, back-off stretches), and not into a speculative one; the steps keep the rows a model drafter
+// needs (AcceptancePaths.LookAheadStretchesKeepTheRowsADrafterNeeds). Plain decoding's tokens, and its state
+// (within the verify steps' rounding) after stop tokens and cancels: n-gram, MTP and DFlash sessions.
+TEST_F(LookAheadDecoding, DrafterSessionsLookAheadInTheirPlainStretches) {
+  const std::pair<SpecMethod, std::string> drafters[] = {
+      {SpecMethod::Ngram, ""}, {SpecMethod::Mtp, ""}, {SpecMethod::Dflash, test::fixture_path("dflash-tiny/dflash-tiny-f32.gguf")}};
+  for (const auto& [method, draft_model] : drafters) {
+    SCOPED_TRACE(spec_method_name(method));
+    auto spec = test::make_engine(kFixture, method, 8, 512, draft_model, false, GgmlType::F32, 0,
+                                  EngineConfig{}.capture, EngineConfig{}.pad_verify, true, LookAhead::kOn);
+    ASSERT_TRUE(spec);
+    auto near = [](const Outcome& a, const Outcome& p, const std::string& what) {
+      EXPECT_EQ(a.emitted, p.emitted) << what;
+      EXPECT_EQ(a.finish, p.finish) << what;
+      ASSERT_EQ(a.next_logits.size(), p.next_logits.size()) << what;
+      float diff = 0;
+      for (size_t i = 0; i < a.next_logits.size(); ++i) diff = std::max(diff, std::fabs(a.next_logits[i] - p.next_logits[i]));
+      EXPECT_LE(diff, 1e-4f) << what << ": the state differs from plain decoding's";
+    };
+    GenerateOptions o;
+    o.max_tokens = 40;
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      const Outcome a = run(*spec, prompts_[i], o), p = run(*plain_, prompts_[i], o);
+      near(a, p, "prompt " + std::to_string(i));
+      EXPECT_GE(a.stats.ahead_rounds, 2) << "the two plain rounds that open a sequence";
+      for (size_t at : {1u, 2u, 3u, 7u, 20u}) {
+        GenerateOptions so = o;
+        so.stop_tokens = {p.emitted[at]};
+        near(run(*spec, prompts_[i], so), run(*plain_, prompts_[i], so), "stop token at " + std::to_string(at));
+      }
+      for (int after : {1, 2, 3, 5})
+        near(run(*spec, prompts_[i], o, after), run(*plain_, prompts_[i], o, after),
+             "cancelled after " + std::to_string(after));
     }
-    for (int after : {1, 2, 3, 5}) near(run(*ngram, prompts_[i], o, after), run(*plain_, prompts_[i], o, after),
-                                        "cancelled after " + std::to_string(after));
   }
 }
 

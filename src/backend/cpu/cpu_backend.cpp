@@ -181,6 +181,10 @@ class CpuBackend final : public Backend {
     positions[0] = ++*position_counter;
   }
 
+  void copy_row_to_ring(Rows src, float* ring, int64_t ring_rows, const int32_t* position) override {
+    const int64_t slot = ((*position % ring_rows) + ring_rows) % ring_rows;
+    std::memcpy(ring + slot * src.n_cols, src.data, static_cast<size_t>(src.n_cols) * sizeof(float));
+  }
   void logit_summary(Rows x, float inv_t, float* out) override { cpu::logit_summary(pool_, x, inv_t, out); }
   void draw_token(Rows x, TokenDraw* draw) override { cpu::draw_token(pool_, x, draw); }
   void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,

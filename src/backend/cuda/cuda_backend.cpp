@@ -754,6 +754,11 @@ class CudaBackend final : public Backend {
     check(cuda::feed_token_launch(token, tokens, positions, position_counter, stream_), "feed_token");
   }
 
+  void copy_row_to_ring(Rows src, float* ring, int64_t ring_rows, const int32_t* position) override {
+    auto prof = begin_op("copy_row_to_ring");
+    if (!expect(src.n_rows > 0 && ring_rows > 0, "copy_row_to_ring: empty")) return;
+    check(cuda::copy_row_to_ring_launch(src.data, src.n_cols, ring, ring_rows, position, stream_), "copy_row_to_ring");
+  }
   void logit_summary(Rows x, float inv_t, float* out) override {
     auto prof = begin_op("logit_summary");
     if (!expect(x.n_cols > 0, "logit_summary: empty rows")) return;

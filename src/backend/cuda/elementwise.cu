@@ -980,6 +980,25 @@ cudaError_t feed_token_launch(const int32_t* token, int32_t* tokens, int32_t* po
   return launch_pdl(feed_token_kernel, dim3(1), dim3(1), 0, stream, token, tokens, positions, position_counter);
 }
 
+// One row (a hidden state: 16 KB on a 9B) into the ring slot of the step's position, which the feed wrote on
+// the device. Bytes: the row read and written once.
+__global__ void copy_row_to_ring_kernel(const float* src, int64_t cols, float* ring, int64_t ring_rows,
+                                        const int32_t* position) {
+  pdl_wait();  // the row and the position are earlier kernels'
+  pdl_trigger();
+  const int64_t slot = ((*position % ring_rows) + ring_rows) % ring_rows;
+  float* dst = ring + slot * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < cols; i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = src[i];
+}
+
+cudaError_t copy_row_to_ring_launch(const float* src, int64_t cols, float* ring, int64_t ring_rows,
+                                    const int32_t* position, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(64, (cols + 255) / 256));
+  return launch_pdl(copy_row_to_ring_kernel, dim3(std::max(1u, blocks)), dim3(256), 0, stream, src, cols, ring,
+                    ring_rows, position);
+}
+
 cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream) {
   if (x.rows == 0) return cudaSuccess;
   if (x.rows > 65535 || x.cols >= kNoIndex) return cudaErrorInvalidValue;

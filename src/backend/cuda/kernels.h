@@ -241,6 +241,9 @@ cudaError_t argmax_launch(Mat x, int32_t* out, void* scratch, cudaStream_t strea
 // Backend::feed_token: tokens[0] = *token, positions[0] = ++*position_counter.
 cudaError_t feed_token_launch(const int32_t* token, int32_t* tokens, int32_t* positions, int32_t* position_counter,
                               cudaStream_t stream);
+// Backend::copy_row_to_ring: ring row (*position % ring_rows) = src[0 .. cols).
+cudaError_t copy_row_to_ring_launch(const float* src, int64_t cols, float* ring, int64_t ring_rows,
+                                    const int32_t* position, cudaStream_t stream);
 // Backend::logit_summary (scratch: argmax_scratch_bytes) and Backend::select_logits.
 cudaError_t logit_summary_launch(Mat x, float inv_t, float* out, void* scratch, cudaStream_t stream);
 cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count,
