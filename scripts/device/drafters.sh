@@ -4,7 +4,8 @@
 # DFlash drafter for it (gguf_skeleton dflash-for), random weights, so every draft is rejected: what a
 # round costs beside its verify step. Then sampled and greedy generation on the same target.
 #   here: HYSPEC_DEVICE_BINS="" HYSPEC_DEVICE_FIXTURES="" scripts/device/pack.sh
-# DRAFTERS_EXTRA: commands eval'd at the end ($H hyspec, $MT the target, $D9 the drafter). Logs in $OUT.
+# DRAFTERS_EXTRA: commands eval'd at the end ($H hyspec, $MT the target, $D9 the drafter); DRAFTERS_MAIN=0 runs
+# only those. Logs in $OUT.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 H=.device/bin/hyspec G=.device/bin/gguf_skeleton MT=/tmp/9b-mtp.gguf D9=/tmp/9b-dflash.gguf
@@ -15,7 +16,7 @@ if [ ! -f "$MT" ]; then
 fi
 gen() { echo "== run $*"; "$H" run --backend cuda -m "$MT" -c 4096 -s 1 -p "The history of the city" "$@" 2>&1 >/dev/null |
   grep -E "^generation|^speculative|^time per phase"; }
-{
+[ "${DRAFTERS_MAIN:-1}" = 0 ] || {
   gen -n 512 --temp 0
   gen -n 512 --temp 0.7                                       # the CLI's top-k 40, top-p 0.95, min-p 0.05
   gen -n 512 --temp 1 --top-k 0 --top-p 1 --min-p 0           # the server's default: temperature alone

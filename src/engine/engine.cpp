@@ -531,9 +531,9 @@ int Session::choose_draft_length() {
 bool Session::looks_ahead() const {
   const LookAhead mode = engine_.config_.look_ahead;
   const bool on = mode == LookAhead::kOn || (mode == LookAhead::kAuto && engine_.backend_->asynchronous());
-  // The host reads nothing but each step's token: no drafter to feed, no logits to report, and a token the
-  // backend can pick on its own (greedy's argmax, or a draw under temperature alone).
-  // A drafter's plain rounds too: the steps keep the rows it needs (enqueue_ahead_step).
+  // The host reads nothing of a step but its token: no logits to report, and a token the backend can pick on
+  // its own (greedy's argmax, or a draw under temperature alone). A drafter's plain rounds too: the steps keep
+  // the rows it needs (enqueue_ahead_step).
   const SamplingParams& sp = options_.sampling;
   return on && !sp.has_penalties() && options_.logprobs < 0 &&
          (sp.greedy() || draws_by_chunk(sp, engine_.model_->hparams().n_vocab));
@@ -639,7 +639,9 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
     if (deferred_.features.data()) rows.features = ring_row(deferred_.features, rows.first_pos, e.feature_width_);
     rows.row_tokens = {ran};
     rows.next_tokens = {token};
-    HS_RETURN_IF_ERROR(observe(rows, plain_rounds_left_ > 0 || done()));
+    // Through the deferred rows even when observed now: the drafter reads them from their fixed address.
+    HS_RETURN_IF_ERROR(observe(rows, true));
+    if (plain_rounds_left_ == 0 && !done()) HS_RETURN_IF_ERROR(observe_deferred());
   }
   const double t_end = e.now();
   stats_.commit_s += t_end - t_emit;

@@ -213,6 +213,11 @@ TEST_F(LookAheadDecoding, DrafterSessionsLookAheadInTheirPlainStretches) {
       for (int after : {1, 2, 3, 5})
         near(run(*spec, prompts_[i], o, after), run(*plain_, prompts_[i], o, after),
              "cancelled after " + std::to_string(after));
+      GenerateOptions plain_only = o;  // a request that opts out of speculation: every round looks ahead
+      plain_only.speculative = false;
+      const Outcome n = run(*spec, prompts_[i], plain_only);
+      near(n, p, "not speculative");
+      EXPECT_EQ(n.stats.ahead_rounds, n.stats.rounds);
     }
   }
 }
