@@ -41,6 +41,15 @@ class LookAheadDecoding : public ::testing::Test {
     ASSERT_EQ(a.next_logits.size(), p.next_logits.size()) << what;
     EXPECT_TRUE(a.next_logits == p.next_logits) << what << ": the state after the run differs from plain decoding's";
   }
+  // expect_same within the verify steps' rounding (a drafter session's state went through them).
+  void expect_near(const Outcome& a, const Outcome& p, const std::string& what) {
+    EXPECT_EQ(a.emitted, p.emitted) << what;
+    EXPECT_EQ(a.finish, p.finish) << what;
+    ASSERT_EQ(a.next_logits.size(), p.next_logits.size()) << what;
+    float diff = 0;
+    for (size_t i = 0; i < a.next_logits.size(); ++i) diff = std::max(diff, std::fabs(a.next_logits[i] - p.next_logits[i]));
+    EXPECT_LE(diff, 1e-4f) << what << ": the state differs from plain decoding's";
+  }
   std::unique_ptr<Engine> ahead_, plain_;
   std::vector<std::vector<int32_t>> prompts_;
 };
@@ -191,32 +200,24 @@ TEST_F(LookAheadDecoding, DrafterSessionsLookAheadInTheirPlainStretches) {
     auto spec = test::make_engine(kFixture, method, 8, 512, draft_model, false, GgmlType::F32, 0,
                                   EngineConfig{}.capture, EngineConfig{}.pad_verify, true, LookAhead::kOn);
     ASSERT_TRUE(spec);
-    auto near = [](const Outcome& a, const Outcome& p, const std::string& what) {
-      EXPECT_EQ(a.emitted, p.emitted) << what;
-      EXPECT_EQ(a.finish, p.finish) << what;
-      ASSERT_EQ(a.next_logits.size(), p.next_logits.size()) << what;
-      float diff = 0;
-      for (size_t i = 0; i < a.next_logits.size(); ++i) diff = std::max(diff, std::fabs(a.next_logits[i] - p.next_logits[i]));
-      EXPECT_LE(diff, 1e-4f) << what << ": the state differs from plain decoding's";
-    };
     GenerateOptions o;
     o.max_tokens = 40;
     for (size_t i = 0; i < prompts_.size(); ++i) {
       const Outcome a = run(*spec, prompts_[i], o), p = run(*plain_, prompts_[i], o);
-      near(a, p, "prompt " + std::to_string(i));
+      expect_near(a, p, "prompt " + std::to_string(i));
       EXPECT_GE(a.stats.ahead_rounds, 2) << "the two plain rounds that open a sequence";
       for (size_t at : {1u, 2u, 3u, 7u, 20u}) {
         GenerateOptions so = o;
         so.stop_tokens = {p.emitted[at]};
-        near(run(*spec, prompts_[i], so), run(*plain_, prompts_[i], so), "stop token at " + std::to_string(at));
+        expect_near(run(*spec, prompts_[i], so), run(*plain_, prompts_[i], so), "stop token at " + std::to_string(at));
       }
       for (int after : {1, 2, 3, 5})
-        near(run(*spec, prompts_[i], o, after), run(*plain_, prompts_[i], o, after),
+        expect_near(run(*spec, prompts_[i], o, after), run(*plain_, prompts_[i], o, after),
              "cancelled after " + std::to_string(after));
       GenerateOptions plain_only = o;  // a request that opts out of speculation: every round looks ahead
       plain_only.speculative = false;
       const Outcome n = run(*spec, prompts_[i], plain_only);
-      near(n, p, "not speculative");
+      expect_near(n, p, "not speculative");
       EXPECT_EQ(n.stats.ahead_rounds, n.stats.rounds);
     }
   }
