@@ -227,89 +227,93 @@ TEST_F(AcceptancePaths, ContextLimitStopsCleanly) {
   EXPECT_EQ(last_.finish, FinishReason::Context);
 }
 
+// What an adaptive session of 60 tokens did whose every draft was wrong (a replay drafter), timed by TestClock.
+struct RejectedRun {
+  std::vector<int32_t> out;
+  SessionStats stats;
+  int proposals_checked = 0;
+  int64_t largest_decode_observe = 0;
+};
+
 // Also: in a plain stretch the drafter's observes wait and come as one call before its next proposal,
 // which still sees every committed row. The engine times its rounds on TestClock, so what they cost is
 // the same whatever the machine is doing. (On the steady clock this test failed about once in 20 CI runs
-// under load: a one-draft verify and a decode step of this tiny model are within timing noise there.) With
-// look-ahead, the plain stretches of a drafter that observes tokens alone keep a step enqueued ahead but for
-// each stretch's last round, whose successor may speculate.
-TEST_F(AcceptancePaths, AdaptiveSpeculationBacksOffWhenDraftsAreNeverAccepted) {
-  for (const LookAhead look_ahead : {LookAhead::kOff, LookAhead::kOn}) {
-    SCOPED_TRACE(look_ahead == LookAhead::kOn ? "look-ahead" : "no look-ahead");
-    EngineConfig c = spec_->config();
+// under load: a one-draft verify and a decode step of this tiny model are within timing noise there.)
+class RejectedDrafts : public AcceptancePaths {
+ protected:
+  // hidden_rows: when set, the drafter needs the target's final hidden rows (MTP's) and keeps them there.
+  RejectedRun run(EngineConfig c, LookAhead look_ahead, std::vector<std::vector<float>>* hidden_rows = nullptr) {
+    RejectedRun r;
     TestClock clock;
     c.clock = [&clock] { return clock.read(); };
     c.look_ahead = look_ahead;
     auto engine = Engine::create(c);
-    ASSERT_TRUE(engine.is_ok()) << engine.message();
+    EXPECT_TRUE(engine.is_ok()) << engine.message();
+    if (!engine.is_ok()) return r;
     GenerateOptions o;
     o.max_tokens = 60;
     o.adaptive = true;
     auto s = (*engine)->new_session();
-    ASSERT_TRUE(s.is_ok());
+    EXPECT_TRUE(s.is_ok());
+    if (!s.is_ok()) return r;
     auto d = std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, [](int, int) { return true; });
     ReplayDrafter* drafter = d.get();
     drafter->watch = s->get();
     drafter->clock = &clock;
+    drafter->hidden_rows = hidden_rows;
+    drafter->backend = &(*engine)->backend();
     (*s)->set_drafter(std::move(d));
-    ASSERT_TRUE((*s)->start(prompt_, o).is_ok());
-    std::vector<int32_t> out;
-    while (!(*s)->done()) ASSERT_TRUE((*s)->step(out).is_ok());
-    EXPECT_EQ(out, ref_.size() >= 60 ? std::vector<int32_t>(ref_.begin(), ref_.begin() + 60) : ref_);
-    const SessionStats& st = (*s)->stats();
+    EXPECT_TRUE((*s)->start(prompt_, o).is_ok());
+    while (!(*s)->done()) {
+      const Status st = (*s)->step(r.out);
+      EXPECT_TRUE(st.is_ok()) << st.message();
+      if (!st.is_ok()) break;
+    }
+    EXPECT_EQ(r.out, std::vector<int32_t>(ref_.begin(), ref_.begin() + 60));
+    r.stats = (*s)->stats();
+    r.proposals_checked = drafter->proposals_checked;
+    r.largest_decode_observe = drafter->largest_decode_observe;
+    return r;
+  }
+};
+
+// With look-ahead, every plain round of the stretches looks ahead (a step enqueued for the next but in each
+// stretch's last round, whose successor may speculate).
+TEST_F(RejectedDrafts, AdaptiveSpeculationBacksOffWhenDraftsAreNeverAccepted) {
+  for (const LookAhead look_ahead : {LookAhead::kOff, LookAhead::kOn}) {
+    SCOPED_TRACE(look_ahead == LookAhead::kOn ? "look-ahead" : "no look-ahead");
+    const RejectedRun r = run(spec_->config(), look_ahead);
+    const SessionStats& st = r.stats;
     EXPECT_EQ(st.accepted, 0);
     // Zero acceptance: drafts shrink (5 tokens at first, then fewer; without adaptation: 8 per round)
     // and speculation is switched off most of the time, in plain stretches that double from 4 rounds after
     // every failed probe.
     EXPECT_LE(st.drafted, 4 * st.spec_rounds);
-    EXPECT_EQ(drafter->proposals_checked, st.spec_rounds);
+    EXPECT_EQ(r.proposals_checked, st.spec_rounds);
     // (On CUDA too, where rounds that record a step graph are not timed: session 49.)
     EXPECT_LT(st.spec_rounds * 4, st.rounds) << st.spec_rounds << " speculative rounds of " << st.rounds;
-    EXPECT_GT(drafter->largest_decode_observe, 8);
-    if (look_ahead == LookAhead::kOn) {
-      EXPECT_EQ(st.ahead_rounds, st.rounds - st.spec_rounds);  // every plain round
-    } else {
-      EXPECT_EQ(st.ahead_rounds, 0);
-    }
+    EXPECT_GT(r.largest_decode_observe, 8);
+    EXPECT_EQ(st.ahead_rounds, look_ahead == LookAhead::kOn ? st.rounds - st.spec_rounds : 0);
   }
 }
 
 // A drafter that needs the target's rows (MTP's final hidden) gets the same rows, each position once and in
 // order, whether the plain stretches look ahead (the step writes its row into the deferred ring by position)
 // or not; in stretches of many rounds, observed at once.
-TEST_F(AcceptancePaths, LookAheadStretchesKeepTheRowsADrafterNeeds) {
+TEST_F(RejectedDrafts, LookAheadStretchesKeepTheRowsADrafterNeeds) {
+  auto mtp = test::make_engine(kFixture, SpecMethod::Mtp, 8, 512);
+  ASSERT_TRUE(mtp);
+  const EngineConfig c = mtp->config();
+  mtp.reset();
   std::vector<std::vector<float>> rows[2];
   for (const LookAhead look_ahead : {LookAhead::kOff, LookAhead::kOn}) {
     SCOPED_TRACE(look_ahead == LookAhead::kOn ? "look-ahead" : "no look-ahead");
-    auto base = test::make_engine(kFixture, SpecMethod::Mtp, 8, 512);
-    ASSERT_TRUE(base);
-    EngineConfig c = base->config();
-    base.reset();
-    TestClock clock;
-    c.clock = [&clock] { return clock.read(); };
-    c.look_ahead = look_ahead;
-    auto engine = Engine::create(c);
-    ASSERT_TRUE(engine.is_ok()) << engine.message();
-    GenerateOptions o;
-    o.max_tokens = 60;
-    auto s = (*engine)->new_session();
-    ASSERT_TRUE(s.is_ok());
-    auto d = std::make_unique<ReplayDrafter>(ref_, prompt_.size(), n_vocab_, [](int, int) { return true; });
-    ReplayDrafter* drafter = d.get();
-    auto& kept = rows[look_ahead == LookAhead::kOn];
-    drafter->hidden_rows = &kept;
-    drafter->backend = &(*engine)->backend();
-    drafter->clock = &clock;
-    (*s)->set_drafter(std::move(d));
-    ASSERT_TRUE((*s)->start(prompt_, o).is_ok());
-    std::vector<int32_t> out;
-    while (!(*s)->done()) ASSERT_TRUE((*s)->step(out).is_ok());
-    EXPECT_EQ(out, std::vector<int32_t>(ref_.begin(), ref_.begin() + 60));
-    const SessionStats& st = (*s)->stats();
-    // Every committed row but the last (a plain stretch's rows wait for the next proposal, which never came).
+    std::vector<std::vector<float>>& kept = rows[look_ahead == LookAhead::kOn];
+    const RejectedRun r = run(c, look_ahead, &kept);
+    // Every committed row but the last ones (a plain stretch's rows wait for a proposal that never came).
     EXPECT_GE(kept.size(), prompt_.size() + 30);
-    EXPECT_GT(drafter->largest_decode_observe, 8);
-    if (look_ahead == LookAhead::kOn) EXPECT_GT(st.ahead_rounds, 20);
+    EXPECT_GT(r.largest_decode_observe, 8);
+    if (look_ahead == LookAhead::kOn) EXPECT_GT(r.stats.ahead_rounds, 20);
   }
   const size_t n = std::min(rows[0].size(), rows[1].size());
   for (size_t p = 0; p < n; ++p) {

@@ -190,7 +190,7 @@ TEST_F(LookAheadDecoding, SampledUnderTemperatureAloneDrawsPlainDecodingsTokens)
 
 // A drafter session looks ahead in its plain rounds while the round after is surely plain (the two that open
 // a sequence, back-off stretches), and not into a speculative one; the steps keep the rows a model drafter
-// needs (AcceptancePaths.LookAheadStretchesKeepTheRowsADrafterNeeds). Plain decoding's tokens, and its state
+// needs (RejectedDrafts.LookAheadStretchesKeepTheRowsADrafterNeeds). Plain decoding's tokens, and its state
 // (within the verify steps' rounding) after stop tokens and cancels: n-gram, MTP and DFlash sessions.
 TEST_F(LookAheadDecoding, DrafterSessionsLookAheadInTheirPlainStretches) {
   const std::pair<SpecMethod, std::string> drafters[] = {
