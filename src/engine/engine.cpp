@@ -78,11 +78,13 @@ const char* spec_method_name(SpecMethod m) {
 
 Engine::~Engine() = default;
 Session::Session(Engine& engine) : engine_(engine), graphs_(*engine.backend_, engine.config_.use_graphs) {}
-Session::~Session() {
-  if (ahead_.in_flight) {  // a step enqueued ahead still reads and writes this session's buffers
-    int32_t unused = 0;
-    (void)ahead_.token[ahead_.slot]->finish(&unused, sizeof(int32_t));
-  }
+Session::~Session() { (void)finish_ahead(); }
+
+Status Session::finish_ahead() {
+  if (!ahead_.in_flight) return Status::ok();
+  ahead_.in_flight = false;
+  int32_t unused = 0;
+  return ahead_.token[ahead_.slot]->finish(&unused, sizeof(int32_t));
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
@@ -290,6 +292,8 @@ Result<double> Engine::time_forward(int64_t n, int64_t depth, bool capture, int 
 
 Status Engine::run_forward(const ForwardArgs& args, SequenceState& state) { return model_->forward(args, state); }
 
+bool Engine::needs_rows() const { return needs_.final_hidden || feature_width_ > 0; }
+
 ForwardArgs Engine::step_args(int64_t n) const {
   ForwardArgs a;
   a.n = n;
@@ -349,11 +353,7 @@ Status Session::start(const std::vector<int32_t>& prompt, const GenerateOptions&
   probe_rounds_left_ = 0;
   backoff_rounds_ = kMinBackoffRounds;
   probe_tokens_ = probe_s_ = 0;
-  if (ahead_.in_flight) {  // a step the last sequence enqueued ahead: done before its slots are reused
-    int32_t unused = 0;
-    ahead_.in_flight = false;
-    HS_RETURN_IF_ERROR(ahead_.token[ahead_.slot]->finish(&unused, sizeof(int32_t)));
-  }
+  HS_RETURN_IF_ERROR(finish_ahead());  // a step the last sequence enqueued ahead: done before its slots are reused
   engine_.model_->reset_state(state_);
   deferred_.rows.n = 0;
   if (drafter_) HS_RETURN_IF_ERROR(drafter_->reset(state_));
@@ -484,8 +484,7 @@ Status Session::observe_deferred() {
   // probe, which decides whether speculation comes back. Not with a step enqueued ahead (look-ahead
   // stretches time their rounds' mean; the device keeps going), nor for a drafter that observes tokens
   // alone (it enqueued nothing).
-  const bool rows = engine_.needs_.final_hidden || !engine_.needs_.taps.empty();
-  return st.is_ok() && rows && !ahead_.in_flight ? engine_.backend_->synchronize() : st;
+  return st.is_ok() && engine_.needs_rows() && !ahead_.in_flight ? engine_.backend_->synchronize() : st;
 }
 
 void Session::back_off() {
@@ -563,7 +562,7 @@ Status Session::enqueue_ahead_step(int64_t pos, int slot) {
   void* next = out.target();
   // The drafter's rows of this step, kept in the deferred ring by the step's position (Session::observe): the
   // next step, enqueued before the host observes this one, overwrites the engine's row buffers.
-  const bool keep_rows = drafter_ && (a.final_hidden.data || a.features.data);
+  const bool keep_rows = drafter_ && e.needs_rows();
   StepGraphs::Key key = step_key(a);
   key[6] = 1 + slot + 2 * sampled + 4 * keep_rows;  // the slots and the ops after the step are in the graph
   ++e.steps_;

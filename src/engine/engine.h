@@ -169,6 +169,7 @@ class Session {
   // block or a DFlash injection once per stretch instead of once per token.
   Status observe(const CommittedRows& rows, bool defer);
   Status observe_deferred();
+  Status finish_ahead();  // wait for a step enqueued ahead, if any, and forget it
   static Rows ring_row(const Buffer& ring, int64_t pos, int64_t cols);  // the deferred ring's row of position pos
   void emit(int32_t token, std::vector<int32_t>& out, const float* logits_row);
 
@@ -185,7 +186,9 @@ class Session {
   std::vector<EmittedLogprobs> logprobs_;
   StepGraphs graphs_;  // decode and verify steps
   struct DeferredRows {
-    Buffer hidden, features;  // rings of [kDeferredRing, n_embd] / [.., feature width] when the drafter needs them
+    // When the drafter needs them: [kDeferredBufferRows, n_embd] / [.., feature width], a ring of kDeferredRing
+    // rows by position, then the rows an observe reads (observe_deferred gathers them there)
+    Buffer hidden, features;
     CommittedRows rows;       // n rows from first_pos; hidden and features point into the buffers
     bool observed_this_round = false;
   } deferred_;
@@ -245,6 +248,7 @@ class Engine {
   // A session step of n rows on the engine's buffers: tokens and positions from the step buffers, and the
   // rows the drafter needs (final hidden, features); the caller sets logits, capture and the key bound.
   ForwardArgs step_args(int64_t n) const;
+  bool needs_rows() const;  // the drafter needs rows of the target's outputs (final hidden, features): MTP, DFlash
 
   EngineConfig config_;
   std::unique_ptr<GgufFile> file_;
