@@ -338,6 +338,12 @@ class Backend {
   // before this one may write neither): the chunk path of LogitRows (backend/chunk_draw.h) on the backend,
   // its chunk masses those of logit_summary. A row with no finite mass gets TokenDraw::kNoMass.
   virtual void draw_token(Rows x, TokenDraw* draw) = 0;
+  // A token drawn from row 0 of x under draw's temperature and cuts (top_k, then min_p, then top_p) with
+  // draw->uniform, as Sampler::distribution and Sampler::draw take it (backend/sampling_cut.h) from the row's
+  // top_k best tokens, which the backend finds on its own; ops enqueued before this one may write none of the
+  // inputs. A row whose largest logit is not finite gets TokenDraw::kNoMass and its argmax; NaN logits are
+  // never drawn.
+  virtual void draw_top_k(Rows x, TokenDraw* draw) = 0;
   // The tokens of row `row` of x whose logit is >= threshold (NaN never), in no set order: how many
   // into *count, the first min(*count, cap) of them into picked.
   virtual void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,

@@ -26,16 +26,19 @@ struct LogitSummary {
   static constexpr int64_t floats(int64_t cols) { return 1 + chunks(cols) + 2 * kBuckets; }
 };
 
-// One draw that Backend::draw_token makes on the backend (look-ahead sampling): the host writes the
-// temperature and the sampler's uniform before the op is enqueued, the op writes the token and status.
-// The token comes first, so that feed_token can read it where it lies.
+// One draw that Backend::draw_token or draw_top_k makes on the backend (look-ahead sampling): the host writes
+// the inputs before the op is enqueued, the op writes the token and status. The token comes first, so that
+// feed_token can read it where it lies.
 struct TokenDraw {
   static constexpr int32_t kDrawn = 0, kNoMass = 1;
+  static constexpr int32_t kMaxTopK = 256;  // the largest top_k draw_top_k takes
   int32_t token;      // out: the drawn token; with kNoMass, the row's argmax
   int32_t status;     // out: kDrawn, or kNoMass (no finite mass to draw from: NaN or infinite logits)
   float temperature;  // in, > 0
-  int32_t pad;
+  int32_t top_k;      // in, draw_top_k's cut: 1 .. kMaxTopK, below the row's width
   double uniform;     // in, [0, 1)
+  float top_p;        // in, draw_top_k's cut after min-p: (0, 1], 1 off
+  float min_p;        // in, draw_top_k's cut after top-k: [0, 1), 0 off
 };
 
 // A token select_logits picked: its id and its logit.

@@ -531,11 +531,12 @@ bool Session::looks_ahead() const {
   const LookAhead mode = engine_.config_.look_ahead;
   const bool on = mode == LookAhead::kOn || (mode == LookAhead::kAuto && engine_.backend_->asynchronous());
   // The host reads nothing of a step but its token: no logits to report, and a token the backend can pick on
-  // its own (greedy's argmax, or a draw under temperature alone). A drafter's plain rounds too: the steps keep
-  // the rows it needs (enqueue_ahead_step).
+  // its own (greedy's argmax, a draw under temperature alone or under a top-k cut). A drafter's plain rounds
+  // too: the steps keep the rows it needs (enqueue_ahead_step).
   const SamplingParams& sp = options_.sampling;
+  const int64_t n_vocab = engine_.model_->hparams().n_vocab;
   return on && !sp.has_penalties() && options_.logprobs < 0 &&
-         (sp.greedy() || draws_by_chunk(sp, engine_.model_->hparams().n_vocab));
+         (sp.greedy() || draws_by_chunk(sp, n_vocab) || draws_top_k(sp, n_vocab));
 }
 
 bool Session::next_round_plain() const {
@@ -549,11 +550,15 @@ Status Session::enqueue_ahead_step(int64_t pos, int slot) {
   ForwardArgs a = e.step_args(1);  // decode_round's plain step
   a.max_keys = recorded_key_bound(pos + 1, e.n_ctx_);
   a.logits = Rows(e.logits_.as<float>(), 1, e.model_->hparams().n_vocab);
-  const bool sampled = !options_.sampling.greedy();
+  const SamplingParams& sp = options_.sampling;
+  const bool sampled = !sp.greedy(), top_k = draws_top_k(sp, a.logits.n_cols);
   Readback& out = *ahead_.token[slot];
   if (sampled) {  // the draw's inputs: the uniform the host's draw of this token would take, in its turn
     TokenDraw in{};
-    in.temperature = options_.sampling.temperature;
+    in.temperature = sp.temperature;
+    in.top_k = top_k ? sp.top_k : 0;
+    in.top_p = sp.top_p;
+    in.min_p = sp.min_p;
     in.uniform = sampler_.uniform();
     constexpr size_t at = offsetof(TokenDraw, temperature);
     out.put(reinterpret_cast<const char*>(&in) + at, sizeof(in) - at, at);
@@ -564,7 +569,7 @@ Status Session::enqueue_ahead_step(int64_t pos, int slot) {
   // next step, enqueued before the host observes this one, overwrites the engine's row buffers.
   const bool keep_rows = drafter_ && e.needs_rows();
   StepGraphs::Key key = step_key(a);
-  key[6] = 1 + slot + 2 * sampled + 4 * keep_rows;  // the slots and the ops after the step are in the graph
+  key[6] = 1 + slot + 2 * sampled + 4 * keep_rows + 8 * top_k;  // the slots and the ops after the step are in the graph
   ++e.steps_;
   HS_RETURN_IF_ERROR(graphs_.run(key, [&] {
     int32_t* position = ahead_.position.as<int32_t>();
@@ -574,7 +579,9 @@ Status Session::enqueue_ahead_step(int64_t pos, int slot) {
       be.copy_row_to_ring(a.final_hidden, deferred_.hidden.as<float>(), kDeferredRing, position);
     if (keep_rows && a.features.data)
       be.copy_row_to_ring(a.features, deferred_.features.as<float>(), kDeferredRing, position);
-    if (sampled) {
+    if (top_k) {
+      be.draw_top_k(a.logits, static_cast<TokenDraw*>(next));
+    } else if (sampled) {
       be.draw_token(a.logits, static_cast<TokenDraw*>(next));
     } else {
       be.argmax(a.logits, static_cast<int32_t*>(next));

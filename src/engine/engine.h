@@ -71,11 +71,11 @@ struct EngineConfig {
   // loop +15%, the demo models' adaptive MTP-15 / DFlash / n-gram 0.92 / 0.84 / 2.00x -> 1.19 / 0.92 / 2.76x
   // of plain decoding.
   PadVerify pad_verify = PadVerify::kAuto;
-  // Look-ahead decoding (Session::look_ahead_round): a session greedy or sampled under temperature alone (no
-  // penalties, no logprobs) enqueues each plain step (every step without a drafter; a drafter's back-off
-  // stretches), fed from the previous step's argmax or draw on the backend (Backend::draw_token), before it
-  // waits for that one, so the host's read-back, emit and launch overlap a step instead of leaving the device
-  // idle between steps. Auto: where the backend runs asynchronously (CUDA). H200 (docs/PERFORMANCE.md,
+  // Look-ahead decoding (Session::look_ahead_round): a session greedy or sampled under temperature alone or a
+  // top-k cut (draws_top_k; no penalties, no logprobs) enqueues each plain step (every step without a drafter;
+  // a drafter's back-off stretches), fed from the previous step's argmax or draw on the backend
+  // (Backend::draw_token, draw_top_k), before it waits for that one, so the host's read-back, emit and launch
+  // overlap a step instead of leaving the device idle between steps. Auto: where the backend runs asynchronously (CUDA). H200 (docs/PERFORMANCE.md,
   // sessions 58-59): 9B Q4_K_M greedy sessions 504-507 -> 512.6 t/s, sampled 490-497 -> 510.8; the
   // 35B-A3B-shaped MoE greedy +3-5%, sampled +11%.
   LookAhead look_ahead = LookAhead::kAuto;

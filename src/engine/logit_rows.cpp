@@ -69,6 +69,10 @@ bool draws_by_chunk(const SamplingParams& sp, int64_t n_vocab) {
   return !sp.greedy() && !(sp.top_k > 0 && sp.top_k < n_vocab) && sp.top_p >= 1.0f && sp.min_p <= 0.0f;
 }
 
+bool draws_top_k(const SamplingParams& sp, int64_t n_vocab) {
+  return !sp.greedy() && sp.top_k > 0 && sp.top_k < n_vocab && sp.top_k <= TokenDraw::kMaxTopK;
+}
+
 const float* LogitRows::host_row(int64_t r) {
   std::vector<float>& h = host_rows_[static_cast<size_t>(r)];
   if (h.empty()) {

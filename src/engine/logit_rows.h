@@ -24,6 +24,10 @@ namespace hyspec {
 // Temperature alone (sampled, no top-k, top-p or min-p cut): the sampler's draws go by chunk
 // (backend/chunk_draw.h), which a backend can also make on its own (Backend::draw_token).
 bool draws_by_chunk(const SamplingParams& sp, int64_t n_vocab);
+// Sampled under a top-k cut of at most TokenDraw::kMaxTopK tokens (min-p and top-p after it): the distribution
+// is a function of the row's k best tokens alone, which a backend can find and draw from on its own
+// (Backend::draw_top_k). Penalties aside (they need the history).
+bool draws_top_k(const SamplingParams& sp, int64_t n_vocab);
 
 class LogitRows {
  public:

@@ -7,6 +7,8 @@
 #include <span>
 #include <vector>
 
+#include "backend/sampling_cut.h"
+
 namespace hyspec {
 
 struct SamplingParams {
@@ -24,11 +26,6 @@ struct SamplingParams {
   bool has_penalties() const {
     return repeat_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
   }
-};
-
-struct TokenProb {
-  int32_t id;
-  float p;
 };
 
 struct TokenLogprob {
@@ -63,7 +60,7 @@ class Sampler {
   void distribution_of_best(std::vector<TokenProb>& cand, int n_vocab, double rest) const;
   // Draw from distribution() with this sampler's RNG.
   int32_t sample(const float* logits, int n_vocab, std::span<const int32_t> history);
-  // Draw from an explicit distribution (speculative residuals).
+  // Draw from an explicit distribution (speculative residuals): one uniform, even from one token.
   int32_t draw(const std::vector<TokenProb>& dist);
   double uniform();  // in [0, 1)
   void reseed(uint64_t seed);

@@ -515,6 +515,53 @@ TEST(CpuOps, DrawTokenIsTheInverseCdfOfTheSoftmax) {
   }
 }
 
+// draw_top_k (look-ahead sampling's draw under a top-k cut) against an inverse CDF of the sampler's cuts in
+// double: rows with NaN and -inf, ties (logits on a coarse grid), a peaked one; cuts from top-k alone to all
+// three; uniforms at both ends and between. Rows whose max is not finite give kNoMass and the argmax.
+TEST(CpuOps, DrawTopKIsTheInverseCdfOfTheCutSoftmax) {
+  std::mt19937 rng(9);
+  const int64_t C = 3 * LogitSummary::kChunk + 123;
+  ThreadPool pool(2);
+  std::vector<std::vector<float>> rows(4, randn(C, rng));
+  for (float& v : rows[1]) v *= 4.0f;
+  rows[1][10] = std::nanf(""), rows[1][11] = -INFINITY, rows[1][C - 1] = 16.0f;
+  rows[2][2 * LogitSummary::kChunk + 7] = 30.0f;  // nearly all the mass on one token
+  for (float& v : rows[3]) v = std::round(v * 2.0f) / 2.0f;  // hundreds of ties at each value
+  struct Cut {
+    int k;
+    float t, top_p, min_p;
+  };
+  const Cut cuts[] = {{1, 1.0f, 1.0f, 0.0f}, {40, 0.8f, 0.95f, 0.05f}, {256, 1.3f, 1.0f, 0.0f},
+                      {50, 1.0f, 0.6f, 0.0f}, {7, 0.6f, 1.0f, 0.2f}};
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<double> uniforms = {0.0, 0.25, 0.5, 0.999999, std::nextafter(1.0, 0.0)};
+  for (int i = 0; i < 20; ++i) uniforms.push_back(unit(rng));
+  int checked = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (const Cut& cut : cuts) {
+      for (const double u : uniforms) {
+        TokenDraw d{-1, -1, cut.t, cut.k, u, cut.top_p, cut.min_p};
+        draw_top_k(pool, Rows(rows[r].data(), 1, C), &d);
+        ASSERT_EQ(d.status, TokenDraw::kDrawn);
+        const hyspec::test::CdfPick want =
+            hyspec::test::cut_inverse_cdf(rows[r].data(), C, cut.k, cut.t, cut.top_p, cut.min_p, u);
+        if (want.margin < 1e-6) continue;  // at a rounding edge
+        ++checked;
+        EXPECT_EQ(d.token, want.token) << "row " << r << ", k " << cut.k << ", u " << u;
+      }
+    }
+  }
+  EXPECT_GE(checked, 400);
+  std::vector<float> none(C, -INFINITY), inf = rows[0], nan(C, std::nanf(""));
+  inf[4097] = INFINITY;
+  for (auto* row : {&none, &inf, &nan}) {
+    TokenDraw d{-1, -1, 1.0f, 40, 0.5, 0.9f, 0.05f};
+    draw_top_k(pool, Rows(row->data(), 1, C), &d);
+    EXPECT_EQ(d.status, TokenDraw::kNoMass);
+    EXPECT_EQ(d.token, row == &inf ? 4097 : 0);
+  }
+}
+
 // argmax: the first index of the largest value >= -FLT_MAX (NaN and -inf never win; none: 0), the CUDA
 // argmax's rule, against a plain scan: rows with ties, NaNs, infinities, lengths that leave vector and
 // block tails, rows split into parts across threads (a vocabulary-sized row), on both kernel paths.

@@ -1540,6 +1540,84 @@ TEST_F(CudaBackendTest, DrawTokenDrawsAsTheHostsChunkPath) {
   }
 }
 
+// draw_top_k on CUDA (look-ahead sampling's draw under a top-k cut): the CPU's token (the sampler's own steps,
+// backend/sampling_cut.h) for the same row and uniform, but where the double oracle puts the draw within
+// rounding of an edge; eagerly and from a recorded graph that reads each draw's inputs from a read-back
+// (mapped host memory), over 248K-logit rows with NaN and -inf, hundreds of ties at the k-th token's logit, a
+// row of ties only (more candidates than the kernel holds: its slow path), a peaked row, a row whose last
+// chunk is partial; kNoMass and the argmax for rows without a finite max.
+TEST_F(CudaBackendTest, DrawTopKDrawsAsTheCpu) {
+  std::vector<std::vector<float>> rows(5, randn(248320, 3.0f));
+  for (size_t c = 0; c < rows[1].size(); c += 991) rows[1][c] = kNaN;
+  rows[1][12] = -std::numeric_limits<float>::infinity();
+  for (float& v : rows[2]) v = std::round(v / 1.5f) / 2.0f;  // logits on a 0.5 grid
+  std::fill(rows[3].begin(), rows[3].end(), 0.0f);  // every token ties
+  rows[3][200000] = 1.0f, rows[3][7] = -1.0f;
+  rows[4] = randn(5000);
+  rows[4][4200] = 9.0f;  // the best token in the partial chunk
+  struct Cut {
+    int k;
+    float t, top_p, min_p;
+  };
+  const Cut cuts[] = {{1, 1.0f, 1.0f, 0.0f}, {40, 0.8f, 0.95f, 0.05f}, {256, 1.3f, 1.0f, 0.0f}, {50, 1.0f, 0.6f, 0.0f}};
+  std::mt19937_64 rng(13);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<double> uniforms = {0.0, 0.5, std::nextafter(1.0, 0.0)};
+  for (int i = 0; i < 9; ++i) uniforms.push_back(unit(rng));
+  auto slot = gpu_->new_readback(sizeof(TokenDraw));
+  ASSERT_TRUE(slot.is_ok());
+  auto* draw = static_cast<TokenDraw*>((*slot)->target());
+  int checked = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const int64_t C = static_cast<int64_t>(rows[r].size());
+    Tensor x = put(*gpu_, rows[r]);
+    std::unique_ptr<StepGraph> graph;
+    {
+      auto g = gpu_->capture([&] { gpu_->draw_top_k(x.rows(1, C), draw); });
+      ASSERT_TRUE(g.is_ok()) << g.message();
+      graph = std::move(g).value();
+    }
+    int step = 0;
+    for (const Cut& cut : cuts) {
+      for (const double u : uniforms) {
+        if (r == 3 && cut.k > 40) continue;  // the slow path: one pass over the row a token
+        TokenDraw want{-1, -1, cut.t, cut.k, u, cut.top_p, cut.min_p};
+        cpu_->draw_top_k(Rows(rows[r].data(), 1, C), &want);
+        ASSERT_EQ(want.status, TokenDraw::kDrawn);
+        (*slot)->put(&want, sizeof(want));
+        if (step++ % 2) {
+          ASSERT_TRUE(graph->replay().is_ok());
+        } else {
+          gpu_->draw_top_k(x.rows(1, C), draw);
+        }
+        (*slot)->mark();
+        TokenDraw got{};
+        ASSERT_TRUE((*slot)->finish(&got, sizeof(got)).is_ok());
+        ASSERT_EQ(got.status, TokenDraw::kDrawn);
+        const hyspec::test::CdfPick pick = hyspec::test::cut_inverse_cdf(rows[r].data(), C, cut.k, cut.t, cut.top_p, cut.min_p, u);
+        if (pick.margin < 1e-6) continue;  // at a rounding edge (of glibc's expf or the device's)
+        ++checked;
+        EXPECT_EQ(got.token, want.token) << "row " << r << ", k " << cut.k << ", u " << u;
+        EXPECT_EQ(got.token, pick.token) << "row " << r << ", k " << cut.k << ", u " << u;
+      }
+    }
+  }
+  EXPECT_GE(checked, 180);
+  std::vector<float> none(248320, -std::numeric_limits<float>::infinity()), inf = rows[0], nan(248320, kNaN);
+  inf[70000] = std::numeric_limits<float>::infinity();
+  for (auto* row : {&none, &inf, &nan}) {
+    Tensor x = put(*gpu_, *row);
+    const TokenDraw in{-1, -1, 1.0f, 40, 0.5, 0.95f, 0.05f};
+    (*slot)->put(&in, sizeof(in));
+    gpu_->draw_top_k(x.rows(1, 248320), draw);
+    (*slot)->mark();
+    TokenDraw got{};
+    ASSERT_TRUE((*slot)->finish(&got, sizeof(got)).is_ok());
+    EXPECT_EQ(got.status, TokenDraw::kNoMass);
+    EXPECT_EQ(got.token, row == &inf ? 70000 : 0);
+  }
+}
+
 // The sampler's row summaries and candidate selection: the max and the bucket counts exact, the f32
 // sums within rounding of the CPU's (another order), the selected set the same. Strided 248K rows with
 // NaN, -inf, and a row of -inf only.

@@ -1,5 +1,5 @@
 // Look-ahead decoding (EngineConfig::look_ahead, Session::look_ahead_round) emits plain decoding's tokens
-// (greedy, or sampled under temperature alone with the same seed) and stops where it stops, whatever stops it; the step it enqueued past a stop token or a cancel
+// (greedy, or sampled under temperature alone or a top-k cut with the same seed) and stops where it stops, whatever stops it; the step it enqueued past a stop token or a cancel
 // has run the pending token, and probe_next_logits gives that step's logits: the same bits as a plain
 // session's probe. (On the CPU the backend runs each op before it returns, so only the bookkeeping is
 // under test there; on CUDA, HYSPEC_TEST_BACKEND=cuda, the steps really overlap the host.)
@@ -188,6 +188,40 @@ TEST_F(LookAheadDecoding, SampledUnderTemperatureAloneDrawsPlainDecodingsTokens)
   }
 }
 
+// Sampled under a top-k cut (min-p and top-p after it: the CLI's default cuts among them), each step's draw is
+// made on the backend (Backend::draw_top_k) from the row's k best tokens, with the uniform the host's draw
+// would take: the same tokens for a seed as a plain session, and the same state after a stop token or a
+// cancel. (On CUDA an exp may round otherwise than glibc's expf: a draw at a rounding edge could differ.)
+TEST_F(LookAheadDecoding, SampledUnderATopKCutDrawsPlainDecodingsTokens) {
+  struct Cut {
+    int k;
+    float t, top_p, min_p;
+  };
+  const Cut cuts[] = {{40, 0.8f, 0.95f, 0.05f}, {5, 1.5f, 1.0f, 0.0f}, {1, 1.0f, 1.0f, 0.0f}, {256, 1.2f, 0.5f, 0.0f},
+                      {64, 1.0f, 1.0f, 0.1f}};
+  for (const Cut& cut : cuts) {
+    for (const uint64_t seed : {2u, 9u}) {
+      GenerateOptions o;
+      o.max_tokens = 32;
+      o.sampling.temperature = cut.t;
+      o.sampling.top_k = cut.k;
+      o.sampling.top_p = cut.top_p;
+      o.sampling.min_p = cut.min_p;
+      o.sampling.seed = seed;
+      const std::string what = "top-k " + std::to_string(cut.k) + ", seed " + std::to_string(seed);
+      const size_t i = (seed + cut.k) % prompts_.size();
+      const Outcome a = run(*ahead_, prompts_[i], o), p = run(*plain_, prompts_[i], o);
+      ASSERT_EQ(a.emitted.size(), 32u) << what;
+      EXPECT_EQ(a.stats.ahead_rounds, a.stats.rounds) << what;
+      expect_same(a, p, what);
+      GenerateOptions so = o;  // a stop token at a token the run drew
+      so.stop_tokens = {p.emitted[9 + seed % 20]};
+      expect_same(run(*ahead_, prompts_[i], so), run(*plain_, prompts_[i], so), what + ", stop");
+      expect_same(run(*ahead_, prompts_[i], o, 5), run(*plain_, prompts_[i], o, 5), what + ", cancelled");
+    }
+  }
+}
+
 // A drafter session looks ahead in its plain rounds while the round after is surely plain (the two that open
 // a sequence, back-off stretches), and not into a speculative one; the steps keep the rows a model drafter
 // needs (RejectedDrafts.LookAheadStretchesKeepTheRowsADrafterNeeds). Plain decoding's tokens, and its state
@@ -238,20 +272,26 @@ bool looked_ahead(Engine& e, const std::vector<int32_t>& prompt, const std::vect
   return !(*s)->probe_next_logits().is_ok();
 }
 
-// Look-ahead applies where the backend can pick each token on its own: greedy, or temperature alone; not
-// with a truncation (top-k, top-p, min-p), penalties or logprobs, which need the host. Those sessions decode
-// plainly and give plain decoding's tokens.
+// Look-ahead applies where the backend can pick each token on its own: greedy, temperature alone, or a top-k
+// cut of at most TokenDraw::kMaxTopK tokens (with min-p and top-p after it); not top-p or min-p without top-k
+// (their cut may reach deep into the row), a larger k, penalties or logprobs, which need the host. Those
+// sessions decode plainly and give plain decoding's tokens.
 TEST_F(LookAheadDecoding, LooksAheadOnlyWhereTheBackendPicksTheTokens) {
-  GenerateOptions greedy, alone, top_k, top_p, min_p, penalty, logprobs;
-  for (GenerateOptions* o : {&alone, &top_k, &top_p, &min_p, &penalty, &logprobs}) o->sampling.temperature = 0.9f;
+  GenerateOptions greedy, alone, top_k, wide_k, top_p, min_p, penalty, logprobs;
+  for (GenerateOptions* o : {&alone, &top_k, &wide_k, &top_p, &min_p, &penalty, &logprobs}) o->sampling.temperature = 0.9f;
   top_k.sampling.top_k = 40;
+  top_k.sampling.top_p = 0.9f;
+  top_k.sampling.min_p = 0.05f;
+  wide_k.sampling.top_k = TokenDraw::kMaxTopK + 1;
   top_p.sampling.top_p = 0.9f;
   min_p.sampling.min_p = 0.05f;
   penalty.sampling.repeat_penalty = 1.1f;
+  penalty.sampling.top_k = 40;
   logprobs.logprobs = 2;
   EXPECT_TRUE(looked_ahead(*ahead_, prompts_[0], prompts_[1], greedy));
   EXPECT_TRUE(looked_ahead(*ahead_, prompts_[0], prompts_[1], alone));
-  for (const GenerateOptions* o : {&top_k, &top_p, &min_p, &penalty, &logprobs}) {
+  EXPECT_TRUE(looked_ahead(*ahead_, prompts_[0], prompts_[1], top_k));
+  for (const GenerateOptions* o : {&wide_k, &top_p, &min_p, &penalty, &logprobs}) {
     EXPECT_FALSE(looked_ahead(*ahead_, prompts_[0], prompts_[1], *o));
     GenerateOptions m = *o;
     m.max_tokens = 16;

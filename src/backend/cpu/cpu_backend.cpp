@@ -187,6 +187,7 @@ class CpuBackend final : public Backend {
   }
   void logit_summary(Rows x, float inv_t, float* out) override { cpu::logit_summary(pool_, x, inv_t, out); }
   void draw_token(Rows x, TokenDraw* draw) override { cpu::draw_token(pool_, x, draw); }
+  void draw_top_k(Rows x, TokenDraw* draw) override { cpu::draw_top_k(pool_, x, draw); }
   void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
                      SelectedLogit* picked) override {
     cpu::select_logits(x, row, threshold, cap, count, picked);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/chunk_draw.h"
+#include "backend/sampling_cut.h"
 #include "backend/cpu/cpu_ops.h"
 
 namespace hyspec::cpu {
@@ -196,6 +197,27 @@ void draw_token(ThreadPool& pool, Rows x, TokenDraw* draw) {
   } else {
     argmax(pool, x.rows(0, 1), &draw->token);
   }
+}
+
+void draw_top_k(ThreadPool& pool, Rows x, TokenDraw* draw) {
+  const float* l = x.row(0);
+  const int n_vocab = static_cast<int>(x.n_cols);
+  std::vector<TokenProb> row;  // the tokens that can be drawn: NaN never
+  row.reserve(static_cast<size_t>(n_vocab));
+  float max = -INFINITY;
+  for (int i = 0; i < n_vocab; ++i) {
+    if (std::isnan(l[i])) continue;
+    row.push_back({i, l[i]});
+    max = std::max(max, l[i]);
+  }
+  if (!std::isfinite(max)) {
+    draw->status = TokenDraw::kNoMass;
+    argmax(pool, x.rows(0, 1), &draw->token);
+    return;
+  }
+  cut_distribution(row, n_vocab, SamplingCut{draw->temperature, draw->top_k, draw->top_p, draw->min_p}, false, 0.0, l);
+  draw->token = draw_at(row, draw->uniform);
+  draw->status = TokenDraw::kDrawn;
 }
 
 void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count, SelectedLogit* picked) {

@@ -63,6 +63,7 @@ void argmax(ThreadPool& pool, Rows x, int32_t* out, const F32Kernels& k = f32_ke
 // The sampler's row summaries and candidate selection (backend.h semantics), cpu_elementwise.cpp.
 void logit_summary(ThreadPool& pool, Rows x, float inv_t, float* out);
 void draw_token(ThreadPool& pool, Rows x, TokenDraw* draw);  // Backend::draw_token
+void draw_top_k(ThreadPool& pool, Rows x, TokenDraw* draw);  // Backend::draw_top_k
 void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count, SelectedLogit* picked);
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }

@@ -773,6 +773,13 @@ class CudaBackend final : public Backend {
     if (!s) return;
     check(cuda::draw_token_launch(mat(x), draw, s, draw_counter_, stream_), "draw_token");
   }
+  void draw_top_k(Rows x, TokenDraw* draw) override {
+    auto prof = begin_op("draw_top_k");
+    if (!expect(x.n_cols > 0 && x.n_rows > 0, "draw_top_k: empty rows")) return;
+    void* s = arena(op_arena_, cuda::draw_top_k_scratch_bytes(x.n_cols));
+    if (!s) return;
+    check(cuda::draw_top_k_launch(mat(x), draw, s, draw_top_k_state_, stream_), "draw_top_k");
+  }
   void select_logits(Rows x, int64_t row, float threshold, int32_t cap, int32_t* count,
                      SelectedLogit* picked) override {
     auto prof = begin_op("select_logits");
@@ -888,6 +895,10 @@ class CudaBackend final : public Backend {
     owned_.push_back(counters);
     attention_counters_ = static_cast<unsigned*>(counters);
     draw_counter_ = attention_counters_ + cuda::kAttentionMaxKvHeads;
+    if (cudaMalloc(&draw_top_k_state_, cuda::draw_top_k_state_bytes()) != cudaSuccess ||
+        cudaMemset(draw_top_k_state_, 0, cuda::draw_top_k_state_bytes()) != cudaSuccess)
+      return Status::error("cudaMalloc of draw_top_k's state failed");
+    owned_.push_back(draw_top_k_state_);
     // HYSPEC_NORM_QUANTIZE=0 leaves the quantizing to the matvecs (to measure what it saves).
     if (int8_matvec_ && cuda::env_int("HYSPEC_NORM_QUANTIZE", 1) != 0) {
       // Zeroed: the rows past a norm's are the padding of the matvecs' 8-token tiles.
@@ -1385,6 +1396,7 @@ class CudaBackend final : public Backend {
   bool on_side_ = false, side_pending_ = false;
   unsigned* attention_counters_ = nullptr;
   unsigned* draw_counter_ = nullptr;  // draw_token's last-block count
+  void* draw_top_k_state_ = nullptr;  // draw_top_k's bins, counts and last-block counts
   // The rows the last norm also quantized for the int8 matvecs (into quantized_x_), while no op since
   // may have rewritten them: a matmul of exactly these rows reads quantized_x_ instead of quantizing
   // its input. Every other op, memory op, capture and replay forgets them.

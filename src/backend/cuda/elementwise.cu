@@ -678,6 +678,268 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
   if (lane == 0) draw->token = idx == kNoIndex ? 0 : idx, draw->status = TokenDraw::kNoMass;
 }
 
+// Look-ahead sampling's draw under a top-k cut (Backend::draw_top_k), after argmax_chunks_kernel on the row, in
+// two more passes: top_k_bins_kernel counts the row's tokens by how far below the max they lie (log-spaced bins
+// of m - l: 64 an octave from 2^-8 to 2^8 nats, so that ties near the max stay apart), each block its bins
+// down to its own k-th best, and its last block finds the bin of the row's k-th best; top_k_draw_kernel gathers the tokens of that bin and better ones (k to a few k
+// where logits do not tie), and its last block ranks them (logit descending, ties by id), then takes the
+// sampler's float and double steps in one thread (backend/sampling_cut.h: the softmax of the k best at the
+// temperature, min-p, top-p, the inverse CDF at the host's uniform). More candidates than fit (hundreds of
+// tokens at one logit) take k passes over the row in the last block instead: slow, and exact. Bytes: the
+// logits three times (1 MB for 248K, from L2 after the first), 8 a candidate; per block, a global atomic for
+// each bin it holds down to its k-th best.
+constexpr int kTopKBins = 1024, kTopKCandidates = 2048, kTopKMax = TokenDraw::kMaxTopK;
+
+struct TopKDrawState {  // zeroed once; each draw leaves it zeroed but for `bin`
+  unsigned bins_done, draw_done;
+  int count;  // candidates gathered
+  int bin;    // the bin of the k-th best token
+  int bins[kTopKBins];
+};
+
+// The bin of a token l below the row's max m (l <= m; NaN is never binned): the top bits of the float m - l.
+__device__ __forceinline__ int top_k_bin(float l, float m) {
+  constexpr unsigned kFirst = (127u - 8u) << 6;  // m - l < 2^-8: bin 0
+  const unsigned bits = __float_as_uint(m - l) >> 17;
+  return bits < kFirst ? 0 : static_cast<int>(min(bits - kFirst, static_cast<unsigned>(kTopKBins - 1)));
+}
+
+// The row's max from the chunks' (warp 0), and whether the row can be drawn from at all.
+__device__ __forceinline__ float row_max_of_chunks(const float* part_v, int chunks) {
+  float m = -FLT_MAX;
+  for (int c = threadIdx.x; c < chunks; c += 32) m = fmaxf(m, part_v[c]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+__device__ __forceinline__ bool drawable_max(float m) { return isfinite(m) && m > -FLT_MAX; }
+
+// Whether this block is the grid's last to arrive at `done` (after its writes); the last one resets it.
+__device__ __forceinline__ bool last_block_of(unsigned* done) {
+  __shared__ int last;
+  __threadfence();  // every thread's writes before the count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+    if (last) *done = 0;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+// The first bin where the count from bin 0 reaches k (kTopKBins - 1 where none does), over the block: `own`
+// holds this thread's kTopKPerThread consecutive bins.
+constexpr int kTopKPerThread = kTopKBins / kArgmaxThreads;
+__device__ int bin_of_kth(const int (&own)[kTopKPerThread], int k) {
+  __shared__ int warp_sum[kArgmaxThreads / 32], found;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int total = 0;
+#pragma unroll
+  for (int i = 0; i < kTopKPerThread; ++i) total += own[i];
+  int incl = total;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  __syncthreads();  // the shared words' previous use
+  if (lane == 31) warp_sum[warp] = incl;
+  if (threadIdx.x == 0) found = kTopKBins - 1;
+  __syncthreads();
+  int before = incl - total;
+  for (int w = 0; w < warp; ++w) before += warp_sum[w];
+#pragma unroll
+  for (int i = 0; i < kTopKPerThread; ++i) {
+    if (before < k && before + own[i] >= k) found = threadIdx.x * kTopKPerThread + i;
+    before += own[i];
+  }
+  __syncthreads();
+  return found;
+}
+
+// A block adds to the row's bins only its own bins up to its k-th best token's: a token below a block's k best
+// is not among the row's, and the row's k-th best falls in the same bin either way (where a block left bins
+// out, its own count up to them reaches k already).
+__global__ void __launch_bounds__(kArgmaxThreads) top_k_bins_kernel(Mat x, const float* part_v, TopKDrawState* st,
+                                                                     const TokenDraw* draw) {
+  const int k = min(max(draw->top_k, 1), kTopKMax);  // written by the host before the launch
+  pdl_wait();
+  pdl_trigger();
+  __shared__ int bins[kTopKBins];
+  __shared__ float row_max;
+  for (int b = threadIdx.x; b < kTopKBins; b += kArgmaxThreads) bins[b] = 0;
+  if (threadIdx.x < 32) {
+    const float m = row_max_of_chunks(part_v, gridDim.x);
+    if (threadIdx.x == 0) row_max = m;
+  }
+  __syncthreads();
+  const float m = row_max;
+  int own[kTopKPerThread];
+  if (drawable_max(m)) {
+    float l[kArgmaxPerThread];
+    load_chunk(x, 0, __int_as_float(0x7fffffff), l);  // NaN past the row: never binned
+#pragma unroll
+    for (int j = 0; j < kArgmaxPerThread; ++j)
+      if (!isnan(l[j])) atomicAdd(&bins[top_k_bin(l[j], m)], 1);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kTopKPerThread; ++i) own[i] = bins[threadIdx.x * kTopKPerThread + i];
+    const int last = bin_of_kth(own, k);
+    for (int b = threadIdx.x; b <= last; b += kArgmaxThreads)
+      if (bins[b] != 0) atomicAdd(&st->bins[b], bins[b]);
+  }
+  if (!last_block_of(&st->bins_done)) return;
+#pragma unroll
+  for (int i = 0; i < kTopKPerThread; ++i) {
+    own[i] = __ldcg(&st->bins[threadIdx.x * kTopKPerThread + i]);
+    st->bins[threadIdx.x * kTopKPerThread + i] = 0;  // for the next draw
+  }
+  const int bin = bin_of_kth(own, k);
+  if (threadIdx.x == 0) st->bin = bin;
+}
+
+__device__ __forceinline__ bool token_before(float la, int ia, float lb, int ib) {
+  return la > lb || (la == lb && ia < ib);
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    top_k_draw_kernel(Mat x, const float* part_v, const int* part_i, TopKDrawState* st, SelectedLogit* cand,
+                      TokenDraw* draw) {
+  const int k = min(max(draw->top_k, 1), kTopKMax);  // written by the host before the launch
+  const float temperature = draw->temperature, top_p = draw->top_p, min_p = draw->min_p;
+  const double uniform = draw->uniform;
+  pdl_wait();
+  pdl_trigger();
+  constexpr int kWarps = kArgmaxThreads / 32;
+  __shared__ float row_max, cand_l[kTopKCandidates], best_l[kTopKMax], best_p[kTopKMax];
+  __shared__ int cand_id[kTopKCandidates], best_id[kTopKMax], n_best, warp_i[kWarps];
+  __shared__ float warp_v[kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x < 32) {
+    const float m = row_max_of_chunks(part_v, gridDim.x);
+    if (lane == 0) row_max = m;
+  }
+  __syncthreads();
+  const float m = row_max;
+  const bool ok = drawable_max(m);
+  if (ok) {  // gather the tokens of the k-th best's bin and better ones, by warp: one atomic a warp
+    const int bin = __ldcg(&st->bin);
+    float l[kArgmaxPerThread];
+    load_chunk(x, 0, __int_as_float(0x7fffffff), l);
+#pragma unroll
+    for (int j = 0; j < kArgmaxPerThread; ++j) {
+      const bool keep = !isnan(l[j]) && top_k_bin(l[j], m) <= bin;
+      const unsigned ballot = __ballot_sync(0xffffffffu, keep);
+      if (ballot == 0) continue;
+      int base = 0;
+      if (lane == 0) base = atomicAdd(&st->count, __popc(ballot));
+      base = __shfl_sync(0xffffffffu, base, 0);
+      const int slot = base + __popc(ballot & ((1u << lane) - 1u));
+      if (keep && slot < kTopKCandidates) cand[slot] = {static_cast<int32_t>(chunk_col(j)), l[j]};
+    }
+  }
+  if (!last_block_of(&st->draw_done)) return;
+  if (!ok) {  // nothing to draw from: the row's argmax, as argmax_merge_kernel takes it
+    if (threadIdx.x >= 32) return;
+    float v = -FLT_MAX;
+    int idx = kNoIndex;
+    for (int c = lane; c < static_cast<int>(gridDim.x); c += 32) arg_better(v, idx, part_v[c], part_i[c]);
+    warp_arg_best(v, idx);
+    if (lane == 0) draw->token = idx == kNoIndex ? 0 : idx, draw->status = TokenDraw::kNoMass, st->count = 0;
+    return;
+  }
+  const int n = __ldcg(&st->count);
+  if (n <= kTopKCandidates) {  // rank the candidates: a candidate's rank is how many come before it
+    for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
+      cand_id[i] = __ldcg(&cand[i].id), cand_l[i] = __ldcg(&cand[i].logit);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
+      const float li = cand_l[i];
+      const int ii = cand_id[i];
+      int rank = 0;
+      for (int j = 0; j < n && rank < k; ++j) rank += token_before(cand_l[j], cand_id[j], li, ii);
+      if (rank < k) best_id[rank] = ii, best_l[rank] = li;
+    }
+    if (threadIdx.x == 0) n_best = min(n, k);
+  } else {  // too many ties to hold: the k best one by one, each the best after the previous
+    float prev_l = 0.0f;
+    int prev_i = -1;
+    int found = 0;
+    for (; found < k; ++found) {
+      float v = -INFINITY;
+      int idx = kNoIndex;
+      for (int64_t c = threadIdx.x; c < x.cols; c += kArgmaxThreads) {
+        const float lc = x.data[c];
+        if (isnan(lc) || (prev_i >= 0 && !token_before(prev_l, prev_i, lc, static_cast<int>(c)))) continue;
+        arg_better(v, idx, lc, static_cast<int>(c));
+      }
+      warp_arg_best(v, idx);
+      if (lane == 0) warp_v[warp] = v, warp_i[warp] = idx;
+      __syncthreads();
+      v = warp_v[0], idx = warp_i[0];
+      for (int w = 1; w < kWarps; ++w) arg_better(v, idx, warp_v[w], warp_i[w]);
+      __syncthreads();
+      if (idx == kNoIndex) break;
+      if (threadIdx.x == 0) best_id[found] = idx, best_l[found] = v;
+      prev_l = v, prev_i = idx;
+    }
+    if (threadIdx.x == 0) n_best = found;
+  }
+  __syncthreads();
+  const int kept = n_best;
+  // The softmax's exps at the temperature, as the host's std::exp of the float argument rounds them.
+  for (int i = threadIdx.x; i < kept; i += kArgmaxThreads)
+    best_p[i] = static_cast<float>(exp(static_cast<double>((best_l[i] - best_l[0]) / temperature)));
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  st->count = 0;  // for the next draw
+  // cut_distribution's steps on the best-first list, then draw_at's.
+  double sum = 0;
+  for (int i = 0; i < kept; ++i) sum += best_p[i];
+  for (int i = 0; i < kept; ++i) best_p[i] = static_cast<float>(best_p[i] / sum);
+  int size = kept;
+  if (min_p > 0.0f) {
+    const float best = static_cast<float>(1.0 / sum), floor_p = fminf(best, min_p * best);
+    int w = 0;
+    for (int i = 0; i < size; ++i)
+      if (!(best_p[i] < floor_p)) best_p[w] = best_p[i], best_id[w] = best_id[i], ++w;
+    size = w;
+  }
+  if (top_p < 1.0f) {
+    double cum = 0;
+    int w = 0;
+    while (w < size) {
+      cum += best_p[w++];
+      if (cum >= top_p) break;
+    }
+    size = w;
+  }
+  double total = 0;
+  for (int i = 0; i < size; ++i) total += best_p[i];
+  int w = 0;
+  for (int i = 0; i < size; ++i) {
+    const float p = static_cast<float>(best_p[i] / total);
+    if (p > 0.0f) best_p[w] = p, best_id[w] = best_id[i], ++w;
+  }
+  size = w;
+  int token = best_id[0];  // no token left (cannot happen: the best one's p is 1 / sum)
+  if (size > 0) {
+    double t = 0;
+    for (int i = 0; i < size; ++i) t += best_p[i];
+    double u = uniform * t;
+    token = best_id[size - 1];
+    for (int i = 0; i < size; ++i) {
+      u -= best_p[i];
+      if (u < 0) {
+        token = best_id[i];
+        break;
+      }
+    }
+  }
+  draw->token = token;
+  draw->status = TokenDraw::kDrawn;
+}
+
 // Row `row`'s logits >= threshold, compacted by warp: one atomic per warp for its slots. Bytes: the row
 // once, 8 per selected token.
 __global__ void __launch_bounds__(kArgmaxThreads)
@@ -1031,6 +1293,28 @@ cudaError_t draw_token_launch(Mat x, TokenDraw* draw, void* scratch, unsigned* d
   if (e != cudaSuccess) return e;
   return launch_pdl(draw_token_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kArgmaxThreads), 0, stream, x,
                     static_cast<const float*>(part_v), static_cast<const int*>(part_i), mass, done, draw);
+}
+
+size_t draw_top_k_scratch_bytes(int64_t cols) {
+  return argmax_scratch_bytes(1, cols) + kTopKCandidates * sizeof(SelectedLogit);
+}
+size_t draw_top_k_state_bytes() { return sizeof(TopKDrawState); }
+
+cudaError_t draw_top_k_launch(Mat x, TokenDraw* draw, void* scratch, void* state, cudaStream_t stream) {
+  if (x.rows == 0 || x.cols == 0 || x.cols >= kNoIndex) return cudaErrorInvalidValue;
+  x.rows = 1;
+  const int chunks = static_cast<int>((x.cols + kArgmaxChunk - 1) / kArgmaxChunk);
+  float* part_v = static_cast<float*>(scratch);
+  int* part_i = reinterpret_cast<int*>(part_v + chunks);
+  auto* cand = reinterpret_cast<SelectedLogit*>(static_cast<char*>(scratch) + argmax_scratch_bytes(1, x.cols));
+  auto* st = static_cast<TopKDrawState*>(state);
+  const dim3 grid(static_cast<unsigned>(chunks)), block(kArgmaxThreads);
+  cudaError_t e = launch_pdl(argmax_chunks_kernel, grid, block, 0, stream, x, part_v, part_i);
+  if (e == cudaSuccess) e = launch_pdl(top_k_bins_kernel, grid, block, 0, stream, x, static_cast<const float*>(part_v), st,
+                                       static_cast<const TokenDraw*>(draw));
+  if (e != cudaSuccess) return e;
+  return launch_pdl(top_k_draw_kernel, grid, block, 0, stream, x, static_cast<const float*>(part_v),
+                    static_cast<const int*>(part_i), st, cand, draw);
 }
 
 cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t cap, int32_t* count,

@@ -251,6 +251,10 @@ cudaError_t select_logits_launch(Mat x, int64_t row, float threshold, int32_t ca
 // Backend::draw_token on row 0 of x; done: a zeroed counter that each draw leaves zeroed.
 size_t draw_token_scratch_bytes(int64_t cols);
 cudaError_t draw_token_launch(Mat x, TokenDraw* draw, void* scratch, unsigned* done, cudaStream_t stream);
+// Backend::draw_top_k on row 0 of x; state: draw_top_k_state_bytes zeroed once, which each draw leaves so.
+size_t draw_top_k_scratch_bytes(int64_t cols);
+size_t draw_top_k_state_bytes();
+cudaError_t draw_top_k_launch(Mat x, TokenDraw* draw, void* scratch, void* state, cudaStream_t stream);
 // Router: softmax over the n_expert logits, top-k, renormalised weights. ids/weights: [rows, k].
 cudaError_t moe_route_launch(Mat logits, int top_k, int32_t* ids, float* weights, cudaStream_t stream);
 // out[t] = sum_s weights[t][s] * expert_out[t*k + s]
