@@ -125,7 +125,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   Backend& be = *e->backend_;
   const int64_t E = hp.n_embd, V = hp.n_vocab;
   e->feature_width_ = static_cast<int64_t>(e->needs_.taps.size()) * E;
-  HS_ASSIGN_OR_RETURN(e->ints_, be.alloc(static_cast<size_t>(3 * rows + 8) * sizeof(int32_t)));
+  // Tokens, positions, then argmaxes (a greedy verify's, followed by drafts read back with them).
+  HS_ASSIGN_OR_RETURN(e->ints_, be.alloc(static_cast<size_t>(3 * rows + e->max_verify_ + 8) * sizeof(int32_t)));
   HS_ASSIGN_OR_RETURN(e->logits_, be.alloc(static_cast<size_t>(e->max_verify_ * V) * sizeof(float)));
   HS_ASSIGN_OR_RETURN(e->sampling_, be.alloc(LogitRows::scratch_bytes(e->max_verify_, V)));
   if (e->needs_.final_hidden) {
@@ -668,6 +669,13 @@ Status Session::look_ahead_round(std::vector<int32_t>& out) {
   return Status::ok();
 }
 
+Status Session::check_drafts(const std::vector<int32_t>& drafts) const {
+  for (int32_t d : drafts)
+    if (d < 0 || d >= engine_.model_->hparams().n_vocab)
+      return Status::errorf("drafter '{}' proposed token {} outside the vocabulary", drafter_->name(), d);
+  return Status::ok();
+}
+
 Status Session::decode_round(std::vector<int32_t>& out) {
   deferred_.observed_this_round = false;
   const int k_max = choose_draft_length();
@@ -680,20 +688,27 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   const double t_round = engine_.now();
   const int64_t recordings = graph_stats().recorded;
 
-  // 1. draft
+  // 1. draft. Greedy, a model drafter's drafts stay on the device: they feed the verify step there and come
+  // back with its argmaxes, so the device goes from drafting to verifying without waiting for the host.
+  const bool plain_greedy = options_.sampling.greedy() && !options_.sampling.has_penalties();
   std::vector<int32_t> drafts;
+  Drafter::OnDevice drafts_dev;  // ids: drafts on the device, read back with the verify's argmaxes
   double draft_dt = 0;
   if (k_max > 0) {
     const double t0 = engine_.now();
     HS_RETURN_IF_ERROR(observe_deferred());
-    HS_ASSIGN_OR_RETURN(drafts, drafter_->propose(k_max));
-    if (static_cast<int>(drafts.size()) > k_max) drafts.resize(k_max);
-    for (int32_t d : drafts)
-      if (d < 0 || d >= hp.n_vocab) return Status::errorf("drafter '{}' proposed token {} outside the vocabulary", drafter_->name(), d);
+    if (plain_greedy && drafter_->drafts_on_device()) {
+      HS_ASSIGN_OR_RETURN(drafts_dev, drafter_->propose_on_device(k_max));
+      drafts_dev.count = std::clamp(drafts_dev.count, 0, k_max);
+    } else {
+      HS_ASSIGN_OR_RETURN(drafts, drafter_->propose(k_max));
+      if (static_cast<int>(drafts.size()) > k_max) drafts.resize(k_max);
+      HS_RETURN_IF_ERROR(check_drafts(drafts));
+    }
     draft_dt = engine_.now() - t0;
     stats_.draft_s += draft_dt;
   }
-  const int k = static_cast<int>(drafts.size());
+  const int k = drafts_dev.ids ? drafts_dev.count : static_cast<int>(drafts.size());
 
   // 2. verify [pending, d1..dk] at positions committed_ .. committed_+k, capturing GDN states. With
   // pad_verify, rows n..n_run-1 repeat the last draft at the next positions: they come after every
@@ -715,7 +730,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   stats_.padded_rows += n_run - n;
   std::vector<int32_t> window(n_run), pos(n_run);
   window[0] = tokens_.back();
-  for (int i = 0; i < k; ++i) window[i + 1] = drafts[i];
+  for (int i = 0; i < static_cast<int>(drafts.size()); ++i) window[i + 1] = drafts[i];
   for (int64_t i = n; i < n_run; ++i) window[i] = window[n - 1];
   for (int64_t i = 0; i < n_run; ++i) pos[i] = static_cast<int32_t>(committed_ + i);
   int32_t* tok_dev = e.ints_.as<int32_t>();
@@ -723,6 +738,11 @@ Status Session::decode_round(std::vector<int32_t>& out) {
   int32_t* arg_dev = pos_dev + e.model_->reserved_tokens();
   be.upload(tok_dev, window.data(), n_run * sizeof(int32_t));
   be.upload(pos_dev, pos.data(), n_run * sizeof(int32_t));
+  if (drafts_dev.ids && k > 0) {  // rows 1..k from the drafts, the padding rows repeating the last one
+    std::vector<Backend::CopyPart> parts = {{tok_dev + 1, drafts_dev.ids, static_cast<size_t>(k) * sizeof(int32_t)}};
+    for (int64_t i = n; i < n_run; ++i) parts.push_back({tok_dev + i, drafts_dev.ids + (k - 1), sizeof(int32_t)});
+    be.copy_many(parts.data(), parts.size());
+  }
   ForwardArgs a = e.step_args(n_run);
   a.capture = k > 0;
   a.max_keys = key_bound;
@@ -732,17 +752,24 @@ Status Session::decode_round(std::vector<int32_t>& out) {
 
   // 3. accept: the emitted tokens are the accepted drafts plus one token from the target
   std::vector<int32_t> emitted;
-  const bool plain_greedy = options_.sampling.greedy() && !options_.sampling.has_penalties();
   // The rows stay on the device; sampling and logprobs read back what they need of the rows they reach
   // (a 16-row verify step holds 16 MB of logits for a 248K vocabulary, and sampling stops at the first
   // rejected draft).
   LogitRows rows(be, logits, e.sampling_.data(), sampler_);
   if (plain_greedy) {
-    std::vector<int32_t> best(n);
+    const int64_t read = n + (drafts_dev.ids ? k : 0);  // the argmaxes, then drafts left on the device
+    std::vector<int32_t> best(read);
     be.argmax(logits, arg_dev);
+    if (drafts_dev.ids && k > 0) be.copy(arg_dev + n, drafts_dev.ids, static_cast<size_t>(k) * sizeof(int32_t));
     const double t_wait = engine_.now();
-    be.download(best.data(), arg_dev, n * sizeof(int32_t));
+    be.download(best.data(), arg_dev, read * sizeof(int32_t));
     stats_.verify_wait_s += engine_.now() - t_wait;
+    if (drafts_dev.ids) {
+      drafts.assign(best.begin() + n, best.end());
+      HS_RETURN_IF_ERROR(check_drafts(drafts));
+      std::copy(drafts.begin(), drafts.end(), window.begin() + 1);
+      for (int64_t r = n; r < n_run; ++r) window[r] = window[n - 1];
+    }
     int i = 0;
     while (i < k && best[i] == drafts[i]) emitted.push_back(drafts[i++]);
     emitted.push_back(best[i]);

@@ -157,6 +157,7 @@ class Session {
   bool looks_ahead() const;  // EngineConfig::look_ahead applies to this sequence's plain rounds
   bool next_round_plain() const;  // the round after this one is surely plain (a step may be enqueued for it)
   Status look_ahead_round(std::vector<int32_t>& out);
+  Status check_drafts(const std::vector<int32_t>& drafts) const;  // every draft within the vocabulary
   // One recorded graph: the token in read-back slot^1 and the next position fed into the step buffers, a
   // plain one-token step (at position pos), its argmax or draw into read-back slot `slot`; then that slot
   // marked. Sampled, the draw's uniform is taken from the sampler first.

@@ -63,10 +63,26 @@ class DflashDrafter final : public Drafter {
   }
 
   Result<std::vector<int32_t>> propose(int max_k) override {
+    HS_ASSIGN_OR_RETURN(const OnDevice d, run_block(max_k));
+    std::vector<int32_t> ids(static_cast<size_t>(d.count)), drafts;
+    if (d.count > 0) be_.download(ids.data(), d.ids, ids.size() * sizeof(int32_t));
+    for (int32_t id : ids) drafts.push_back(m_.target_token(id));
+    return drafts;
+  }
+  // A drafter with its own vocabulary (d2t) maps its ids to the target's on the host.
+  bool drafts_on_device() const override { return !m_.has_d2t(); }
+  Result<OnDevice> propose_on_device(int max_k) override {
+    if (m_.has_d2t()) return Status::error("a DFlash drafter with a d2t map proposes on the host");
+    return run_block(max_k);
+  }
+
+ private:
+  // The drafter's block, its argmaxes (drafter ids) left in out_ids().
+  Result<OnDevice> run_block(int max_k) {
     const auto& hp = m_.hparams();
     const int64_t B = std::min<int64_t>(hp.block_size, state_.n_ctx - context_);
     const int k = static_cast<int>(std::min<int64_t>(max_k, B - 1));
-    if (k <= 0) return std::vector<int32_t>();
+    if (k <= 0) return OnDevice{};
     // The block: the pending token then masks, at the positions right after the context.
     std::vector<int32_t> block(B, hp.mask_token_id), pos(B);
     block[0] = pending_;
@@ -84,14 +100,9 @@ class DflashDrafter final : public Drafter {
       be_.argmax(a.logits, out_ids());
       return Status::ok();
     }));
-    std::vector<int32_t> ids(a.logits.n_rows);
-    be_.download(ids.data(), out_ids(), ids.size() * sizeof(int32_t));
-    std::vector<int32_t> drafts;
-    for (int i = 0; i < k; ++i) drafts.push_back(m_.target_token(ids[i]));
-    return drafts;
+    return OnDevice{out_ids(), k};
   }
 
- private:
   int32_t* tokens() const { return ints_.as<int32_t>(); }
   int32_t* positions() const { return ints_.as<int32_t>() + std::max(max_rows_, m_.hparams().block_size); }
   int32_t* out_ids() const { return ints_.as<int32_t>() + 2 * std::max(max_rows_, m_.hparams().block_size); }

@@ -39,6 +39,17 @@ class Drafter {
   virtual Status observe(const CommittedRows& rows) = 0;
   // Up to max_k tokens to follow the pending token (may return fewer, or none).
   virtual Result<std::vector<int32_t>> propose(int max_k) = 0;
+  // propose() without the read-back, where drafts_on_device(): how many, and where they lie in backend memory
+  // (target ids, valid until the next propose or observe), so that the verify step can be fed from them and
+  // the round read them back with the verify's argmaxes (one wait a round instead of two).
+  struct OnDevice {
+    const int32_t* ids = nullptr;
+    int count = 0;
+  };
+  virtual bool drafts_on_device() const { return false; }
+  virtual Result<OnDevice> propose_on_device(int /*max_k*/) {
+    return Status::error("this drafter's proposals are made on the host");
+  }
   // The most tokens one proposal can hold (DFlash: block_size - 1).
   virtual int max_draft() const { return 64; }
   // What its step graphs cost so far: a proposal that recorded one took longer than the next one will.

@@ -81,8 +81,14 @@ class MtpDrafter final : public Drafter {
   }
 
   Result<std::vector<int32_t>> propose(int max_k) override {
-    std::vector<int32_t> drafts;
-    if (!have_first_ || max_k <= 0) return drafts;
+    HS_ASSIGN_OR_RETURN(const OnDevice d, propose_on_device(max_k));
+    std::vector<int32_t> drafts(static_cast<size_t>(d.count));
+    if (d.count > 0) be_.download(drafts.data(), d.ids, drafts.size() * sizeof(int32_t));
+    return drafts;
+  }
+  bool drafts_on_device() const override { return true; }
+  Result<OnDevice> propose_on_device(int max_k) override {
+    if (!have_first_ || max_k <= 0) return OnDevice{};
     const int k = std::min(max_k, kMaxSteps);
     if (k > 1) {
       std::vector<int32_t> pos(static_cast<size_t>(k - 1));
@@ -91,9 +97,7 @@ class MtpDrafter final : public Drafter {
     }
     step_key_bound_ = recorded_key_bound(last_pos_ + k, state_->n_ctx);  // the last chained step's keys
     for (int i = 0; i < k; ++i) HS_RETURN_IF_ERROR(run_step(i));
-    drafts.resize(static_cast<size_t>(k));
-    be_.download(drafts.data(), ids(), drafts.size() * sizeof(int32_t));
-    return drafts;
+    return OnDevice{ids(), k};
   }
 
  private:
