@@ -27,8 +27,8 @@ void EngineFlags::add_to(CLI::App& cmd, bool with_spec) {
   cmd.add_flag("--f16-matvec", f16_matvec,
                "CUDA: Q4_K/Q5_K/Q6_K decode/verify matmuls on f16 activations (slower; ~3e-4 instead of ~5e-3 error per product)");
   cmd.add_option("--look-ahead", look_ahead,
-                 "Plain rounds (greedy, or sampled under temperature alone or top-k <= 256) keep the next step enqueued while the host "
-                 "reads the last one back: auto (on CUDA), on, off")
+                 "Plain rounds (greedy, or sampled under temperature alone or top-k <= 256) keep the next step "
+                 "enqueued while the host reads the last one back: auto (on CUDA), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   if (with_spec) {
     cmd.add_option("--spec", spec, "Speculative decoding: none, ngram, mtp, dflash, mtp+ngram, dflash+ngram")

@@ -570,7 +570,8 @@ Status Session::enqueue_ahead_step(int64_t pos, int slot) {
   // next step, enqueued before the host observes this one, overwrites the engine's row buffers.
   const bool keep_rows = drafter_ && e.needs_rows();
   StepGraphs::Key key = step_key(a);
-  key[6] = 1 + slot + 2 * sampled + 4 * keep_rows + 8 * top_k;  // the slots and the ops after the step are in the graph
+  // The slots and the ops after the step are in the graph.
+  key[6] = 1 + slot + 2 * sampled + 4 * keep_rows + 8 * top_k;
   ++e.steps_;
   HS_RETURN_IF_ERROR(graphs_.run(key, [&] {
     int32_t* position = ahead_.position.as<int32_t>();

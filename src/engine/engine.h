@@ -75,10 +75,10 @@ struct EngineConfig {
   // top-k cut (draws_top_k; no penalties, no logprobs) enqueues each plain step (every step without a drafter;
   // a drafter's back-off stretches), fed from the previous step's argmax or draw on the backend
   // (Backend::draw_token, draw_top_k), before it waits for that one, so the host's read-back, emit and launch
-  // overlap a step instead of leaving the device idle between steps. Auto: where the backend runs asynchronously (CUDA). H200 (docs/PERFORMANCE.md,
-  // sessions 58-60): 9B Q4_K_M greedy sessions 504-507 -> 512.6 t/s, sampled 490-497 -> 510.8 (temperature
-  // alone) and 487-489 -> 508-509 (the CLI's top-k 40, top-p 0.95, min-p 0.05); the 35B-A3B-shaped MoE greedy
-  // +3-5%, sampled +7-11%.
+  // overlap a step instead of leaving the device idle between steps. Auto: where the backend runs
+  // asynchronously (CUDA). H200 (docs/PERFORMANCE.md, sessions 58-60): 9B Q4_K_M greedy sessions 504-507 ->
+  // 512.6 t/s, sampled 490-497 -> 510.8 (temperature alone) and 487-489 -> 508-509 (the CLI's top-k 40, top-p
+  // 0.95, min-p 0.05); the 35B-A3B-shaped MoE greedy +3-5%, sampled +7-11%.
   LookAhead look_ahead = LookAhead::kAuto;
   // Seconds that sessions time their rounds in (the adaptive draft length and back-off, SessionStats);
   // empty: the steady clock. Tests pass a deterministic one.

@@ -38,7 +38,7 @@ void Sampler::distribution(const float* logits, int n_vocab, std::span<const int
   }
   out.resize(static_cast<size_t>(n_vocab));
   for (int i = 0; i < n_vocab; ++i) out[i] = {i, l[i]};
-  truncate(out, n_vocab, false, 0.0, l);
+  cut_distribution(out, n_vocab, cut(), false, 0.0, l);
 }
 
 void Sampler::distribution_of_best(std::vector<TokenProb>& cand, int n_vocab, double rest) const {
@@ -48,12 +48,7 @@ void Sampler::distribution_of_best(std::vector<TokenProb>& cand, int n_vocab, do
     cand[0].p = 1.0f;
     return;
   }
-  truncate(cand, n_vocab, true, rest, nullptr);
-}
-
-void Sampler::truncate(std::vector<TokenProb>& out, int n_vocab, bool best_first, double rest, const float* l) const {
-  const SamplingParams& sp = params_;
-  cut_distribution(out, n_vocab, SamplingCut{sp.temperature, sp.top_k, sp.top_p, sp.min_p}, best_first, rest, l);
+  cut_distribution(cand, n_vocab, cut(), true, rest, nullptr);
 }
 
 int32_t Sampler::draw(const std::vector<TokenProb>& dist) {

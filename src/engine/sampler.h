@@ -66,9 +66,8 @@ class Sampler {
   void reseed(uint64_t seed);
 
  private:
-  // Temperature and truncations on out = (id, logit): best_first says out is sorted so; `l` (the row,
-  // indexed by id) is needed otherwise; rest as in distribution_of_best.
-  void truncate(std::vector<TokenProb>& out, int n_vocab, bool best_first, double rest, const float* l) const;
+  // The temperature and cuts that cut_distribution (backend/sampling_cut.h) applies.
+  SamplingCut cut() const { return {params_.temperature, params_.top_k, params_.top_p, params_.min_p}; }
 
   SamplingParams params_;
   std::mt19937_64 rng_;

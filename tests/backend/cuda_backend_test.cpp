@@ -1594,7 +1594,8 @@ TEST_F(CudaBackendTest, DrawTopKDrawsAsTheCpu) {
         TokenDraw got{};
         ASSERT_TRUE((*slot)->finish(&got, sizeof(got)).is_ok());
         ASSERT_EQ(got.status, TokenDraw::kDrawn);
-        const hyspec::test::CdfPick pick = hyspec::test::cut_inverse_cdf(rows[r].data(), C, cut.k, cut.t, cut.top_p, cut.min_p, u);
+        const hyspec::test::CdfPick pick =
+            hyspec::test::cut_inverse_cdf(rows[r].data(), C, cut.k, cut.t, cut.top_p, cut.min_p, u);
         if (pick.margin < 1e-6) continue;  // at a rounding edge (of glibc's expf or the device's)
         ++checked;
         EXPECT_EQ(got.token, want.token) << "row " << r << ", k " << cut.k << ", u " << u;

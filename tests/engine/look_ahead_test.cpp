@@ -1,8 +1,9 @@
 // Look-ahead decoding (EngineConfig::look_ahead, Session::look_ahead_round) emits plain decoding's tokens
-// (greedy, or sampled under temperature alone or a top-k cut with the same seed) and stops where it stops, whatever stops it; the step it enqueued past a stop token or a cancel
-// has run the pending token, and probe_next_logits gives that step's logits: the same bits as a plain
-// session's probe. (On the CPU the backend runs each op before it returns, so only the bookkeeping is
-// under test there; on CUDA, HYSPEC_TEST_BACKEND=cuda, the steps really overlap the host.)
+// (greedy, or sampled under temperature alone or a top-k cut with the same seed) and stops where it stops,
+// whatever stops it; the step it enqueued past a stop token or a cancel has run the pending token, and
+// probe_next_logits gives that step's logits: the same bits as a plain session's probe. (On the CPU the
+// backend runs each op before it returns, so only the bookkeeping is under test there; on CUDA,
+// HYSPEC_TEST_BACKEND=cuda, the steps really overlap the host.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -278,7 +279,8 @@ bool looked_ahead(Engine& e, const std::vector<int32_t>& prompt, const std::vect
 // sessions decode plainly and give plain decoding's tokens.
 TEST_F(LookAheadDecoding, LooksAheadOnlyWhereTheBackendPicksTheTokens) {
   GenerateOptions greedy, alone, top_k, wide_k, top_p, min_p, penalty, logprobs;
-  for (GenerateOptions* o : {&alone, &top_k, &wide_k, &top_p, &min_p, &penalty, &logprobs}) o->sampling.temperature = 0.9f;
+  for (GenerateOptions* o : {&alone, &top_k, &wide_k, &top_p, &min_p, &penalty, &logprobs})
+    o->sampling.temperature = 0.9f;
   top_k.sampling.top_k = 40;
   top_k.sampling.top_p = 0.9f;
   top_k.sampling.min_p = 0.05f;

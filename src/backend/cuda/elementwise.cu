@@ -681,10 +681,11 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
 // Look-ahead sampling's draw under a top-k cut (Backend::draw_top_k), after argmax_chunks_kernel on the row, in
 // two more passes: top_k_bins_kernel counts the row's tokens by how far below the max they lie (log-spaced bins
 // of m - l: 64 an octave from 2^-8 to 2^8 nats, so that ties near the max stay apart), each block its bins
-// down to its own k-th best, and its last block finds the bin of the row's k-th best; top_k_draw_kernel gathers the tokens of that bin and better ones (k to a few k
-// where logits do not tie), and its last block ranks them (logit descending, ties by id), then takes the
-// sampler's float and double steps in one thread (backend/sampling_cut.h: the softmax of the k best at the
-// temperature, min-p, top-p, the inverse CDF at the host's uniform). More candidates than fit (hundreds of
+// down to its own k-th best, and its last block finds the bin of the row's k-th best; top_k_draw_kernel
+// gathers the tokens of that bin and better ones (k to a few k where logits do not tie), and its last block
+// ranks them (logit descending, ties by id), then takes the sampler's float and double steps
+// (backend/sampling_cut.h: the softmax of the k best at the temperature, min-p, top-p, the inverse CDF at the
+// host's uniform; the sums and cuts in order in one thread). More candidates than fit (hundreds of
 // tokens at one logit) take k passes over the row in the last block instead: slow, and exact. Bytes: the
 // logits three times (1 MB for 248K, from L2 after the first), 8 a candidate; per block, a global atomic for
 // each bin it holds down to its k-th best.
@@ -1323,8 +1324,9 @@ cudaError_t draw_top_k_launch(Mat x, TokenDraw* draw, void* scratch, void* state
   auto* st = static_cast<TopKDrawState*>(state);
   const dim3 grid(static_cast<unsigned>(chunks)), block(kArgmaxThreads);
   cudaError_t e = launch_pdl(argmax_chunks_kernel, grid, block, 0, stream, x, part_v, part_i);
-  if (e == cudaSuccess) e = launch_pdl(top_k_bins_kernel, grid, block, 0, stream, x, static_cast<const float*>(part_v), st,
-                                       static_cast<const TokenDraw*>(draw));
+  if (e == cudaSuccess)
+    e = launch_pdl(top_k_bins_kernel, grid, block, 0, stream, x, static_cast<const float*>(part_v), st,
+                   static_cast<const TokenDraw*>(draw));
   if (e != cudaSuccess) return e;
   return launch_pdl(top_k_draw_kernel, grid, block, 0, stream, x, static_cast<const float*>(part_v),
                     static_cast<const int*>(part_i), st, cand, draw);
