@@ -768,8 +768,7 @@ Status Session::decode_round(std::vector<int32_t>& out) {
     if (drafts_dev.ids) {
       drafts.assign(best.begin() + n, best.end());
       HS_RETURN_IF_ERROR(check_drafts(drafts));
-      std::copy(drafts.begin(), drafts.end(), window.begin() + 1);
-      for (int64_t r = n; r < n_run; ++r) window[r] = window[n - 1];
+      std::copy(drafts.begin(), drafts.end(), window.begin() + 1);  // the rows the commit reads (row_tokens)
     }
     int i = 0;
     while (i < k && best[i] == drafts[i]) emitted.push_back(drafts[i++]);

@@ -527,27 +527,22 @@ TEST(CpuOps, DrawTopKIsTheInverseCdfOfTheCutSoftmax) {
   rows[1][10] = std::nanf(""), rows[1][11] = -INFINITY, rows[1][C - 1] = 16.0f;
   rows[2][2 * LogitSummary::kChunk + 7] = 30.0f;  // nearly all the mass on one token
   for (float& v : rows[3]) v = std::round(v * 2.0f) / 2.0f;  // hundreds of ties at each value
-  struct Cut {
-    int k;
-    float t, top_p, min_p;
-  };
-  const Cut cuts[] = {{1, 1.0f, 1.0f, 0.0f}, {40, 0.8f, 0.95f, 0.05f}, {256, 1.3f, 1.0f, 0.0f},
-                      {50, 1.0f, 0.6f, 0.0f}, {7, 0.6f, 1.0f, 0.2f}};
+  const SamplingCut cuts[] = {{1.0f, 1, 1.0f, 0.0f}, {0.8f, 40, 0.95f, 0.05f}, {1.3f, 256, 1.0f, 0.0f},
+                              {1.0f, 50, 0.6f, 0.0f}, {0.6f, 7, 1.0f, 0.2f}};
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::vector<double> uniforms = {0.0, 0.25, 0.5, 0.999999, std::nextafter(1.0, 0.0)};
   for (int i = 0; i < 20; ++i) uniforms.push_back(unit(rng));
   int checked = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
-    for (const Cut& cut : cuts) {
+    for (const SamplingCut& cut : cuts) {
       for (const double u : uniforms) {
-        TokenDraw d{-1, -1, cut.t, cut.k, u, cut.top_p, cut.min_p};
+        TokenDraw d{-1, -1, cut.temperature, cut.top_k, u, cut.top_p, cut.min_p};
         draw_top_k(pool, Rows(rows[r].data(), 1, C), &d);
         ASSERT_EQ(d.status, TokenDraw::kDrawn);
-        const hyspec::test::CdfPick want =
-            hyspec::test::cut_inverse_cdf(rows[r].data(), C, cut.k, cut.t, cut.top_p, cut.min_p, u);
+        const hyspec::test::CdfPick want = hyspec::test::cut_inverse_cdf(rows[r].data(), C, cut, u);
         if (want.margin < 1e-6) continue;  // at a rounding edge
         ++checked;
-        EXPECT_EQ(d.token, want.token) << "row " << r << ", k " << cut.k << ", u " << u;
+        EXPECT_EQ(d.token, want.token) << "row " << r << ", k " << cut.top_k << ", u " << u;
       }
     }
   }

@@ -199,6 +199,17 @@ class CudaBackendTest : public ::testing::Test {
     }
   }
 
+  // One look-ahead draw through its read-back slot (mapped host memory): the inputs put, `enqueue` (the op, or a
+  // graph that replays it), the slot read back.
+  static TokenDraw draw_through(Readback& slot, const TokenDraw& in, const std::function<void()>& enqueue) {
+    slot.put(&in, sizeof(in));
+    enqueue();
+    slot.mark();
+    TokenDraw got{};
+    EXPECT_TRUE(slot.finish(&got, sizeof(got)).is_ok());
+    return got;
+  }
+
   std::unique_ptr<Backend> cpu_, gpu_;
   std::mt19937 rng_{20261122};
 };
@@ -1504,16 +1515,13 @@ TEST_F(CudaBackendTest, DrawTokenDrawsAsTheHostsChunkPath) {
         const int32_t host = draw_by_chunks(
             row, -1, [&] { return u; }, [&](int32_t id) { return l[id]; },
             [&](int64_t c) { return std::span<const float>(l + c * S::kChunk, std::min(S::kChunk, C - c * S::kChunk)); });
-        const TokenDraw in{-1, -1, t, 0, u};
-        (*slot)->put(&in, sizeof(in));
-        if (i % 2) {
-          ASSERT_TRUE(graph->replay().is_ok());
-        } else {
-          gpu_->draw_token(x.rows(1, C), draw);
-        }
-        (*slot)->mark();
-        TokenDraw got{};
-        ASSERT_TRUE((*slot)->finish(&got, sizeof(got)).is_ok());
+        const TokenDraw got = draw_through(**slot, TokenDraw{-1, -1, t, 0, u}, [&] {
+          if (i % 2) {
+            EXPECT_TRUE(graph->replay().is_ok());
+          } else {
+            gpu_->draw_token(x.rows(1, C), draw);
+          }
+        });
         ASSERT_EQ(got.status, TokenDraw::kDrawn);
         EXPECT_EQ(got.token, host) << "row " << r << ", T " << t << ", u " << u;
         const hyspec::test::CdfPick want = hyspec::test::inverse_cdf(l, C, t, u);
@@ -1529,12 +1537,8 @@ TEST_F(CudaBackendTest, DrawTokenDrawsAsTheHostsChunkPath) {
   inf[70000] = std::numeric_limits<float>::infinity();
   for (auto* row : {&none, &inf}) {
     Tensor x = put(*gpu_, *row);
-    const TokenDraw in{-1, -1, 1.0f, 0, 0.5};
-    (*slot)->put(&in, sizeof(in));
-    gpu_->draw_token(x.rows(1, 248320), draw);
-    (*slot)->mark();
-    TokenDraw got{};
-    ASSERT_TRUE((*slot)->finish(&got, sizeof(got)).is_ok());
+    const TokenDraw got =
+        draw_through(**slot, TokenDraw{-1, -1, 1.0f, 0, 0.5}, [&] { gpu_->draw_token(x.rows(1, 248320), draw); });
     EXPECT_EQ(got.status, TokenDraw::kNoMass);
     EXPECT_EQ(got.token, row == &none ? 0 : 70000);
   }
@@ -1555,11 +1559,8 @@ TEST_F(CudaBackendTest, DrawTopKDrawsAsTheCpu) {
   rows[3][200000] = 1.0f, rows[3][7] = -1.0f;
   rows[4] = randn(5000);
   rows[4][4200] = 9.0f;  // the best token in the partial chunk
-  struct Cut {
-    int k;
-    float t, top_p, min_p;
-  };
-  const Cut cuts[] = {{1, 1.0f, 1.0f, 0.0f}, {40, 0.8f, 0.95f, 0.05f}, {256, 1.3f, 1.0f, 0.0f}, {50, 1.0f, 0.6f, 0.0f}};
+  const SamplingCut cuts[] = {{1.0f, 1, 1.0f, 0.0f}, {0.8f, 40, 0.95f, 0.05f}, {1.3f, 256, 1.0f, 0.0f},
+                              {1.0f, 50, 0.6f, 0.0f}};
   std::mt19937_64 rng(13);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::vector<double> uniforms = {0.0, 0.5, std::nextafter(1.0, 0.0)};
@@ -1578,28 +1579,25 @@ TEST_F(CudaBackendTest, DrawTopKDrawsAsTheCpu) {
       graph = std::move(g).value();
     }
     int step = 0;
-    for (const Cut& cut : cuts) {
+    for (const SamplingCut& cut : cuts) {
       for (const double u : uniforms) {
-        if (r == 3 && cut.k > 40) continue;  // the slow path: one pass over the row a token
-        TokenDraw want{-1, -1, cut.t, cut.k, u, cut.top_p, cut.min_p};
+        if (r == 3 && cut.top_k > 40) continue;  // the slow path: one pass over the row a token
+        TokenDraw want{-1, -1, cut.temperature, cut.top_k, u, cut.top_p, cut.min_p};
         cpu_->draw_top_k(Rows(rows[r].data(), 1, C), &want);
         ASSERT_EQ(want.status, TokenDraw::kDrawn);
-        (*slot)->put(&want, sizeof(want));
-        if (step++ % 2) {
-          ASSERT_TRUE(graph->replay().is_ok());
-        } else {
-          gpu_->draw_top_k(x.rows(1, C), draw);
-        }
-        (*slot)->mark();
-        TokenDraw got{};
-        ASSERT_TRUE((*slot)->finish(&got, sizeof(got)).is_ok());
+        const TokenDraw got = draw_through(**slot, want, [&] {
+          if (step++ % 2) {
+            EXPECT_TRUE(graph->replay().is_ok());
+          } else {
+            gpu_->draw_top_k(x.rows(1, C), draw);
+          }
+        });
         ASSERT_EQ(got.status, TokenDraw::kDrawn);
-        const hyspec::test::CdfPick pick =
-            hyspec::test::cut_inverse_cdf(rows[r].data(), C, cut.k, cut.t, cut.top_p, cut.min_p, u);
+        const hyspec::test::CdfPick pick = hyspec::test::cut_inverse_cdf(rows[r].data(), C, cut, u);
         if (pick.margin < 1e-6) continue;  // at a rounding edge (of glibc's expf or the device's)
         ++checked;
-        EXPECT_EQ(got.token, want.token) << "row " << r << ", k " << cut.k << ", u " << u;
-        EXPECT_EQ(got.token, pick.token) << "row " << r << ", k " << cut.k << ", u " << u;
+        EXPECT_EQ(got.token, want.token) << "row " << r << ", k " << cut.top_k << ", u " << u;
+        EXPECT_EQ(got.token, pick.token) << "row " << r << ", k " << cut.top_k << ", u " << u;
       }
     }
   }
@@ -1608,12 +1606,8 @@ TEST_F(CudaBackendTest, DrawTopKDrawsAsTheCpu) {
   inf[70000] = std::numeric_limits<float>::infinity();
   for (auto* row : {&none, &inf, &nan}) {
     Tensor x = put(*gpu_, *row);
-    const TokenDraw in{-1, -1, 1.0f, 40, 0.5, 0.95f, 0.05f};
-    (*slot)->put(&in, sizeof(in));
-    gpu_->draw_top_k(x.rows(1, 248320), draw);
-    (*slot)->mark();
-    TokenDraw got{};
-    ASSERT_TRUE((*slot)->finish(&got, sizeof(got)).is_ok());
+    const TokenDraw got = draw_through(**slot, TokenDraw{-1, -1, 1.0f, 40, 0.5, 0.95f, 0.05f},
+                                       [&] { gpu_->draw_top_k(x.rows(1, 248320), draw); });
     EXPECT_EQ(got.status, TokenDraw::kNoMass);
     EXPECT_EQ(got.token, row == &inf ? 70000 : 0);
   }

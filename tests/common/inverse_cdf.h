@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/sampling_cut.h"
+
 namespace hyspec::test {
 
 struct CdfPick {
@@ -39,8 +41,9 @@ inline CdfPick inverse_cdf(const float* l, int64_t n, float temperature, double 
   return pick;  // past the end by rounding: the last token with mass
 }
 
-inline CdfPick cut_inverse_cdf(const float* l, int64_t n, int top_k, float temperature, float top_p, float min_p,
-                               double u) {
+inline CdfPick cut_inverse_cdf(const float* l, int64_t n, const SamplingCut& cut, double u) {
+  const int top_k = cut.top_k;
+  const float temperature = cut.temperature, top_p = cut.top_p, min_p = cut.min_p;
   std::vector<int32_t> order;
   for (int64_t i = 0; i < n; ++i)
     if (!std::isnan(l[i])) order.push_back(static_cast<int32_t>(i));

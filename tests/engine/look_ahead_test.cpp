@@ -51,6 +51,18 @@ class LookAheadDecoding : public ::testing::Test {
     for (size_t i = 0; i < a.next_logits.size(); ++i) diff = std::max(diff, std::fabs(a.next_logits[i] - p.next_logits[i]));
     EXPECT_LE(diff, 1e-4f) << what << ": the state differs from plain decoding's";
   }
+  // A sampled session (o.max_tokens tokens, every round looking ahead) against a plain one: the same tokens
+  // and state, then again with a stop token at a token it drew, and cancelled after 5 tokens.
+  void expect_sampled_as_plain(const std::vector<int32_t>& prompt, const GenerateOptions& o, const std::string& what) {
+    const Outcome a = run(*ahead_, prompt, o), p = run(*plain_, prompt, o);
+    ASSERT_EQ(a.emitted.size(), static_cast<size_t>(o.max_tokens)) << what;
+    EXPECT_EQ(a.stats.ahead_rounds, a.stats.rounds) << what;
+    expect_same(a, p, what);
+    GenerateOptions so = o;
+    so.stop_tokens = {p.emitted[9 + o.sampling.seed % 20]};
+    expect_same(run(*ahead_, prompt, so), run(*plain_, prompt, so), what + ", stop");
+    expect_same(run(*ahead_, prompt, o, 5), run(*plain_, prompt, o, 5), what + ", cancelled");
+  }
   std::unique_ptr<Engine> ahead_, plain_;
   std::vector<std::vector<int32_t>> prompts_;
 };
@@ -176,15 +188,8 @@ TEST_F(LookAheadDecoding, SampledUnderTemperatureAloneDrawsPlainDecodingsTokens)
       o.max_tokens = 32;
       o.sampling.temperature = t;
       o.sampling.seed = seed;
-      const std::string what = "T " + std::to_string(t) + ", seed " + std::to_string(seed);
-      const size_t i = seed % prompts_.size();
-      const Outcome a = run(*ahead_, prompts_[i], o), p = run(*plain_, prompts_[i], o);
-      ASSERT_EQ(a.emitted.size(), 32u) << what;
-      expect_same(a, p, what);
-      GenerateOptions so = o;  // a stop token at a token the run drew
-      so.stop_tokens = {p.emitted[9 + seed % 20]};
-      expect_same(run(*ahead_, prompts_[i], so), run(*plain_, prompts_[i], so), what + ", stop");
-      expect_same(run(*ahead_, prompts_[i], o, 5), run(*plain_, prompts_[i], o, 5), what + ", cancelled");
+      expect_sampled_as_plain(prompts_[seed % prompts_.size()], o,
+                              "T " + std::to_string(t) + ", seed " + std::to_string(seed));
     }
   }
 }
@@ -194,31 +199,19 @@ TEST_F(LookAheadDecoding, SampledUnderTemperatureAloneDrawsPlainDecodingsTokens)
 // would take: the same tokens for a seed as a plain session, and the same state after a stop token or a
 // cancel. (On CUDA an exp may round otherwise than glibc's expf: a draw at a rounding edge could differ.)
 TEST_F(LookAheadDecoding, SampledUnderATopKCutDrawsPlainDecodingsTokens) {
-  struct Cut {
-    int k;
-    float t, top_p, min_p;
-  };
-  const Cut cuts[] = {{40, 0.8f, 0.95f, 0.05f}, {5, 1.5f, 1.0f, 0.0f}, {1, 1.0f, 1.0f, 0.0f}, {256, 1.2f, 0.5f, 0.0f},
-                      {64, 1.0f, 1.0f, 0.1f}};
-  for (const Cut& cut : cuts) {
+  const SamplingCut cuts[] = {{0.8f, 40, 0.95f, 0.05f}, {1.5f, 5, 1.0f, 0.0f}, {1.0f, 1, 1.0f, 0.0f},
+                              {1.2f, 256, 0.5f, 0.0f}, {1.0f, 64, 1.0f, 0.1f}};
+  for (const SamplingCut& cut : cuts) {
     for (const uint64_t seed : {2u, 9u}) {
       GenerateOptions o;
       o.max_tokens = 32;
-      o.sampling.temperature = cut.t;
-      o.sampling.top_k = cut.k;
+      o.sampling.temperature = cut.temperature;
+      o.sampling.top_k = cut.top_k;
       o.sampling.top_p = cut.top_p;
       o.sampling.min_p = cut.min_p;
       o.sampling.seed = seed;
-      const std::string what = "top-k " + std::to_string(cut.k) + ", seed " + std::to_string(seed);
-      const size_t i = (seed + cut.k) % prompts_.size();
-      const Outcome a = run(*ahead_, prompts_[i], o), p = run(*plain_, prompts_[i], o);
-      ASSERT_EQ(a.emitted.size(), 32u) << what;
-      EXPECT_EQ(a.stats.ahead_rounds, a.stats.rounds) << what;
-      expect_same(a, p, what);
-      GenerateOptions so = o;  // a stop token at a token the run drew
-      so.stop_tokens = {p.emitted[9 + seed % 20]};
-      expect_same(run(*ahead_, prompts_[i], so), run(*plain_, prompts_[i], so), what + ", stop");
-      expect_same(run(*ahead_, prompts_[i], o, 5), run(*plain_, prompts_[i], o, 5), what + ", cancelled");
+      expect_sampled_as_plain(prompts_[(seed + cut.top_k) % prompts_.size()], o,
+                              "top-k " + std::to_string(cut.top_k) + ", seed " + std::to_string(seed));
     }
   }
 }
