@@ -484,15 +484,42 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_chunks_kernel(Mat x, fl
   part_v[slot] = v, part_i[slot] = idx;
 }
 
+// Over a row's chunks (one warp, each lane the same result): its argmax from the chunks' winners (0 for a row
+// without a winner), and its max.
+__device__ __forceinline__ int argmax_of_chunks(const float* part_v, const int* part_i, int chunks) {
+  float v = -FLT_MAX;
+  int idx = kNoIndex;
+  for (int c = threadIdx.x & 31; c < chunks; c += 32) arg_better(v, idx, part_v[c], part_i[c]);
+  warp_arg_best(v, idx);
+  return idx == kNoIndex ? 0 : idx;
+}
+__device__ __forceinline__ float row_max_of_chunks(const float* part_v, int chunks) {
+  float m = -FLT_MAX;
+  for (int c = threadIdx.x & 31; c < chunks; c += 32) m = fmaxf(m, part_v[c]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+// Whether this block is the grid's last to arrive at `done` (after its writes); the last one resets it.
+__device__ __forceinline__ bool last_block_of(unsigned* done) {
+  __shared__ int last;
+  __threadfence();  // every thread's writes before the count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+    if (last) *done = 0;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
 __global__ void argmax_merge_kernel(const float* part_v, const int* part_i, int chunks, int32_t* out) {
   pdl_wait();
   pdl_trigger();
   const int64_t base = static_cast<int64_t>(blockIdx.x) * chunks;
-  float v = -FLT_MAX;
-  int idx = kNoIndex;
-  for (int c = threadIdx.x; c < chunks; c += 32) arg_better(v, idx, part_v[base + c], part_i[base + c]);
-  warp_arg_best(v, idx);
-  if (threadIdx.x == 0) out[blockIdx.x] = idx == kNoIndex ? 0 : idx;
+  const int idx = argmax_of_chunks(part_v + base, part_i + base, chunks);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
 
 // The sampler's row summaries (backend/logit_summary.h), after argmax_chunks_kernel has left each
@@ -512,9 +539,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   const int chunks = gridDim.x;
   for (int b = threadIdx.x; b < kSumBuckets; b += kArgmaxThreads) count[b] = 0.0f, mass[b] = 0.0f;
   if (threadIdx.x < 32) {
-    float m = -FLT_MAX;
-    for (int c = threadIdx.x; c < chunks; c += 32) m = fmaxf(m, part_v[static_cast<int64_t>(blockIdx.y) * chunks + c]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float m = row_max_of_chunks(part_v + static_cast<int64_t>(blockIdx.y) * chunks, chunks);
     if (threadIdx.x == 0) row_max = m;
   }
   __syncthreads();
@@ -569,12 +594,10 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
   constexpr int kWarps = kArgmaxThreads / 32;
   __shared__ float warp_sum[kWarps], row_max;
   __shared__ double warp_total[kWarps], target, chunk_sum;
-  __shared__ int warp_pick[kWarps], warp_last[kWarps], last_block, chunk;
+  __shared__ int warp_pick[kWarps], warp_last[kWarps], chunk;
   const int chunks = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x < 32) {
-    float m = -FLT_MAX;
-    for (int c = lane; c < chunks; c += 32) m = fmaxf(m, part_v[c]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float m = row_max_of_chunks(part_v, chunks);
     if (lane == 0) row_max = m;
   }
   __syncthreads();
@@ -593,14 +616,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
     float total = 0.0f;
     for (int w = 0; w < kWarps; ++w) total += warp_sum[w];
     mass[blockIdx.x] = total;
-    __threadfence();
-    last_block = atomicAdd(done, 1u) == static_cast<unsigned>(chunks - 1);
   }
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();
+  if (!last_block_of(done)) return;
   if (threadIdx.x == 0) {  // the chunk
-    *done = 0;  // for the next draw
     double z = 0;
     for (int c = 0; c < chunks; ++c) z += __ldcg(mass + c);
     int pick = -1, last = -1;
@@ -671,11 +689,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
     if (lane == 0) draw->token = token, draw->status = TokenDraw::kDrawn;
     return;
   }
-  float v = -FLT_MAX;  // nothing to draw from: the row's argmax, as argmax_merge_kernel takes it
-  int idx = kNoIndex;
-  for (int c = lane; c < chunks; c += 32) arg_better(v, idx, part_v[c], part_i[c]);
-  warp_arg_best(v, idx);
-  if (lane == 0) draw->token = idx == kNoIndex ? 0 : idx, draw->status = TokenDraw::kNoMass;
+  const int idx = argmax_of_chunks(part_v, part_i, chunks);  // nothing to draw from: the row's argmax
+  if (lane == 0) draw->token = idx, draw->status = TokenDraw::kNoMass;
 }
 
 // Look-ahead sampling's draw under a top-k cut (Backend::draw_top_k), after argmax_chunks_kernel on the row, in
@@ -705,28 +720,8 @@ __device__ __forceinline__ int top_k_bin(float l, float m) {
   return bits < kFirst ? 0 : static_cast<int>(min(bits - kFirst, static_cast<unsigned>(kTopKBins - 1)));
 }
 
-// The row's max from the chunks' (warp 0), and whether the row can be drawn from at all.
-__device__ __forceinline__ float row_max_of_chunks(const float* part_v, int chunks) {
-  float m = -FLT_MAX;
-  for (int c = threadIdx.x; c < chunks; c += 32) m = fmaxf(m, part_v[c]);
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  return m;
-}
+// Whether the row can be drawn from at all, by its max.
 __device__ __forceinline__ bool drawable_max(float m) { return isfinite(m) && m > -FLT_MAX; }
-
-// Whether this block is the grid's last to arrive at `done` (after its writes); the last one resets it.
-__device__ __forceinline__ bool last_block_of(unsigned* done) {
-  __shared__ int last;
-  __threadfence();  // every thread's writes before the count
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(done, 1u) == gridDim.x - 1;
-    if (last) *done = 0;
-  }
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
 
 // The first bin where the count from bin 0 reaches k (kTopKBins - 1 where none does), over the block: `own`
 // holds this thread's kTopKPerThread consecutive bins.
@@ -841,11 +836,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   if (!last_block_of(&st->draw_done)) return;
   if (!ok) {  // nothing to draw from: the row's argmax, as argmax_merge_kernel takes it
     if (threadIdx.x >= 32) return;
-    float v = -FLT_MAX;
-    int idx = kNoIndex;
-    for (int c = lane; c < static_cast<int>(gridDim.x); c += 32) arg_better(v, idx, part_v[c], part_i[c]);
-    warp_arg_best(v, idx);
-    if (lane == 0) draw->token = idx == kNoIndex ? 0 : idx, draw->status = TokenDraw::kNoMass, st->count = 0;
+    const int idx = argmax_of_chunks(part_v, part_i, gridDim.x);
+    if (lane == 0) draw->token = idx, draw->status = TokenDraw::kNoMass, st->count = 0;
     return;
   }
   const int n = __ldcg(&st->count);
