@@ -1479,14 +1479,16 @@ TEST_F(CudaBackendTest, CopyRowToRingWritesTheSlotOfItsPosition) {
 // masses (logit_summary's on this backend, read back) for the same uniform, and the inverse CDF of the
 // row's softmax; eagerly and from a recorded graph that reads each draw's temperature and uniform from a
 // read-back (mapped host memory), over 248K-logit rows with NaN and -inf, a peaked row, a row whose last
-// chunk is partial; kNoMass and the argmax for a row of -inf and one with +inf.
+// chunk is partial, a row of more chunks than the kernel stages in shared memory (a 4.3M vocabulary); kNoMass
+// and the argmax for a row of -inf and one with +inf.
 TEST_F(CudaBackendTest, DrawTokenDrawsAsTheHostsChunkPath) {
   using S = LogitSummary;
-  std::vector<std::vector<float>> rows(3, randn(248320, 3.0f));
+  std::vector<std::vector<float>> rows(4, randn(248320, 3.0f));
   for (size_t c = 0; c < rows[1].size(); c += 991) rows[1][c] = kNaN;
   rows[1][12] = -std::numeric_limits<float>::infinity();
   rows[2] = randn(5000);
   rows[2][4200] = 9.0f;  // much of the mass in the partial chunk
+  rows[3] = randn(4300000, 3.0f);
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::vector<double> uniforms = {0.0, 1e-12, 0.5, 0.999999, std::nextafter(1.0, 0.0)};

@@ -119,6 +119,7 @@ class CudaBackend final : public Backend {
 #endif
 #ifdef HYSPEC_STEP_TRACE
     cuda::step_trace_report(step_trace_, cuda::env_int("HYSPEC_STEP_TRACE_STEPS", 1));
+    if (step_trace_) cuda::draw_trace_report();  // elementwise.cu: the look-ahead draw kernels' timelines
     if (step_trace_) cudaFree(step_trace_);
 #endif
     settle_hook_.reset();  // (what is deferred is dropped: no one can read its results any more)

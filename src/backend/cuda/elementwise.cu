@@ -14,8 +14,36 @@
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch_util.h"
 #include "backend/cuda/q8k.cuh"
+#ifdef HYSPEC_STEP_TRACE
+#include "backend/cuda/timeline.cuh"
+#endif
 
 namespace hyspec::cuda {
+
+// ---- The look-ahead draws' timelines (HYSPEC_STEP_TRACE builds; compiled out otherwise) ----
+// Thread 0 of each block stores %globaltimer at the phases below, the last launch's values kept
+// (draw_trace_report): where a draw kernel's time goes after its PDL wait, beside the step trace's totals.
+enum DrawMark {
+  kDrawStart, kDrawWaited, kDrawPassed, kDrawCounted, kDrawStaged, kDrawSummed, kDrawPicked, kDrawScanned, kDrawEnd,
+  kDrawMarks
+};
+#ifdef HYSPEC_STEP_TRACE
+__device__ BlockTimeline<128, kDrawMarks> g_draw_trace, g_bins_trace, g_top_k_trace;
+__device__ __forceinline__ void draw_mark(BlockTimeline<128, kDrawMarks>& tl, DrawMark m) {
+  timeline_mark(tl, blockIdx.x, m);
+}
+void draw_trace_report() {
+  const char* const names[kDrawMarks] = {"start",  "waited", "first pass", "last counted",
+                                         "staged", "summed", "picked",     "scanned", "end"};
+  timeline_report(g_draw_trace, names, "draw_token_kernel's last launch");
+  timeline_report(g_bins_trace, names, "top_k_bins_kernel's last launch");
+  timeline_report(g_top_k_trace, names, "top_k_draw_kernel's last launch");
+}
+#define DRAW_MARK(tl, m) draw_mark(tl, m)
+#else
+#define DRAW_MARK(tl, m) ((void)0)
+#endif
+
 namespace {
 
 unsigned grid_for(int64_t n, int threads, int64_t cap = 1 << 20) {
@@ -574,26 +602,68 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
+// Eight values from 16-byte aligned shared memory, in two vector loads.
+template <typename T, typename V4>
+__device__ __forceinline__ void load8(const T* p, T (&v)[8]) {
+  const V4 a = *reinterpret_cast<const V4*>(p), b = *reinterpret_cast<const V4*>(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// One thread's walk over a list in order (step(i, value) returns false to stop), its values loaded a batch
+// ahead of the steps that use them: one round trip a batch instead of one a step (a chain of double adds must
+// stay in order for the host's bits, but its loads need not wait for it).
+constexpr int kWalkBatch = 8;
+template <typename Load, typename Step>
+__device__ __forceinline__ void walk_in_order(int n, Load load, Step step) {
+  for (int i0 = 0; i0 < n; i0 += kWalkBatch) {
+    float v[kWalkBatch];
+#pragma unroll
+    for (int i = 0; i < kWalkBatch; ++i) v[i] = i0 + i < n ? load(i0 + i) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kWalkBatch; ++i)
+      if (i0 + i < n && !step(i0 + i, v[i])) return;
+  }
+}
+
 // Look-ahead sampling's draw (Backend::draw_token), after argmax_chunks_kernel on the row: each block sums
 // its chunk's exp((l - m) * inv_t) as logit_summary_kernel does (the same bits: the masses the host path
 // draws with), and the last block to finish draws as backend/chunk_draw.h does: the chunk by the masses
 // with the host's double steps in one thread, then the token by the chunk's exps in double, 16 consecutive
 // tokens a thread and prefix sums over the threads (the host walks them one by one: the sums differ only
-// in rounding). The temperature and uniform lie in mapped host memory, read before the wait. Bytes: the
-// logits once, the drawn chunk again (16 KB, from L2); 16 double exps a thread in the last block.
-__device__ __forceinline__ double chunk_token_mass(float l, float m, float t) {  // chunk_draw.h's, rounded alike
-  return l > -INFINITY ? static_cast<double>(static_cast<float>(exp(static_cast<double>((l - m) / t)))) : 0.0;
+// in rounding). The temperature and uniform lie in mapped host memory: one thread a block reads them before
+// the wait (each read crosses PCIe; the draw kernels read their inputs so). Bytes: the logits once, the drawn
+// chunk again (16 KB, from L2); 16 double exps a thread in the last block.
+// chunk_draw.h's chunk_token_mass: exp((l - m) / t) of the f32 argument x <= 0 rounded to f32, computed in double as
+// 2^(k/32) (`pow2_32ths`, which the block fills) times a degree-5 polynomial of x - k ln2/32 (|r| <= ln2/64):
+// relative error < 2^-48, which rounds to libdevice's exp's f32 for every x of 40M tested on the CPU. libdevice's
+// double exp (~25 chained double ops) took the last block's 4096 exps ~2.5-3.4 us (9 chained here).
+__device__ __forceinline__ double chunk_token_mass(float l, float m, float t, const double* pow2_32ths) {
+  const double x = (l - m) / t;
+  if (!(l > -INFINITY) || !(x >= -200.0)) return 0.0;  // (below e^-104 the f32 is 0)
+  constexpr double k32OverLn2 = 46.16624130844683, kLn2Over32Hi = 0x1.62e42fefa39efp-6,
+                   kLn2Over32Lo = 0x1.abc9e3b39803fp-61;
+  const double kd = rint(x * k32OverLn2);
+  const int k = static_cast<int>(kd);
+  const double r = fma(-kd, kLn2Over32Lo, fma(-kd, kLn2Over32Hi, x));
+  double p = fma(r, 1.0 / 120, 1.0 / 24);
+  p = fma(p, r, 1.0 / 6);
+  p = fma(p, r, 0.5);
+  p = fma(p, r, 1.0);
+  p = fma(p, r, 1.0);
+  const double scale = __longlong_as_double(static_cast<long long>(1023 + (k >> 5)) << 52);
+  return static_cast<double>(static_cast<float>(pow2_32ths[k & 31] * p * scale));
 }
 
 __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const float* part_v, const int* part_i,
                                                                      float* mass, unsigned* done, TokenDraw* draw) {
-  const float temperature = draw->temperature;  // written by the host before the launch
-  const double uniform = draw->uniform;
+  DRAW_MARK(g_draw_trace, kDrawStart);
+  constexpr int kWarps = kArgmaxThreads / 32;
+  __shared__ float warp_sum[kWarps], row_max, temperature_in;
+  __shared__ double warp_total[kWarps], target, chunk_sum, uniform_in;
+  if (threadIdx.x == 0) temperature_in = draw->temperature, uniform_in = draw->uniform;  // mapped memory
   pdl_wait();
   pdl_trigger();
-  constexpr int kWarps = kArgmaxThreads / 32;
-  __shared__ float warp_sum[kWarps], row_max;
-  __shared__ double warp_total[kWarps], target, chunk_sum;
+  DRAW_MARK(g_draw_trace, kDrawWaited);
   __shared__ int warp_pick[kWarps], warp_last[kWarps], chunk;
   const int chunks = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x < 32) {
@@ -601,7 +671,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
     if (lane == 0) row_max = m;
   }
   __syncthreads();
-  const float m = row_max;
+  const float m = row_max, temperature = temperature_in;
+  const double uniform = uniform_in;
   const float inv_t = 1.0f / temperature;
   float l[kArgmaxPerThread];
   load_chunk(x, 0, -INFINITY, l);
@@ -617,36 +688,72 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
     for (int w = 0; w < kWarps; ++w) total += warp_sum[w];
     mass[blockIdx.x] = total;
   }
+  DRAW_MARK(g_draw_trace, kDrawPassed);
   if (!last_block_of(done)) return;
-  if (threadIdx.x == 0) {  // the chunk
-    double z = 0;
-    for (int c = 0; c < chunks; ++c) z += __ldcg(mass + c);
+  DRAW_MARK(g_draw_trace, kDrawCounted);
+  // The chunk, by chunk_draw.h's double steps in one thread over the masses, staged by all threads in shared
+  // memory (zeros up to whole batches of 8, which change neither walk). The steps are selects, not branches: a
+  // double compare and branch a chunk made the walk ~70 cycles a chunk (~4.4 us of a 9B's draw), the adds alone
+  // take ~16 (the chain of double adds must stay in order for the host's bits).
+  constexpr int kStaged = 1024;  // a 4M-token vocabulary; larger ones walk the masses from L2
+  __shared__ __align__(16) float staged[kStaged];
+  const int padded = (chunks + 7) / 8 * 8;
+  const bool in_shared = padded <= kStaged;
+  for (int c = threadIdx.x; in_shared && c < padded; c += kArgmaxThreads)
+    staged[c] = c < chunks ? __ldcg(mass + c) : 0.0f;
+  __syncthreads();
+  DRAW_MARK(g_draw_trace, kDrawStaged);
+  __shared__ double pow2_32ths[32];  // chunk_token_mass's table, by the second warp while the first walks
+  if (threadIdx.x >= 32 && threadIdx.x < 64) pow2_32ths[threadIdx.x - 32] = exp2((threadIdx.x - 32) / 32.0);
+  if (threadIdx.x == 0) {
+    const auto masses = [&](int c0, float (&v)[8]) {
+      if (in_shared) {
+        load8<float, float4>(staged + c0, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = c0 + j < chunks ? __ldcg(mass + c0 + j) : 0.0f;
+      }
+    };
+    double z = 0;  // chunk_total's sum
+    for (int c0 = 0; c0 < padded; c0 += 8) {
+      float v[8];
+      masses(c0, v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) z += v[j];
+    }
+    DRAW_MARK(g_draw_trace, kDrawSummed);
+    // draw_by_chunks' walk: past the chunks of no mass, t -= s until t < s, where it stops.
     int pick = -1, last = -1;
     double t = 0, s_last = 0;
     if (isfinite(m) && isfinite(z) && z > 0) {
-      t = uniform * z;
-      for (int c = 0; c < chunks; ++c) {
-        const double s = __ldcg(mass + c);
-        if (!(s > 0)) continue;
-        last = c, s_last = s;
-        if (t < s) {
-          pick = c;
-          break;
+      double walk = uniform * z;
+      for (int c0 = 0; c0 < padded && pick < 0; c0 += 8) {
+        float v[8];
+        masses(c0, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const double s = v[j];
+          const bool live = pick < 0 && s > 0, stop = live && walk < s;
+          last = live ? c0 + j : last;
+          s_last = live ? s : s_last;
+          pick = stop ? c0 + j : pick;
+          t = stop ? walk : t;
+          walk = live && !stop ? walk - s : walk;
         }
-        t -= s;
       }
       if (pick < 0 && last >= 0) pick = last, t = s_last;  // past the end by rounding
     }
     chunk = pick, target = t, chunk_sum = s_last;
   }
   __syncthreads();
+  DRAW_MARK(g_draw_trace, kDrawPicked);
   int token = -1;
   if (chunk >= 0) {  // the token: the first whose prefix sum passes the chunk's share of the target
     const int64_t first = int64_t{chunk} * kArgmaxChunk + threadIdx.x * kArgmaxPerThread;
     double e[kArgmaxPerThread], own = 0;
 #pragma unroll
     for (int j = 0; j < kArgmaxPerThread; ++j) {
-      e[j] = chunk_token_mass(first + j < x.cols ? x.data[first + j] : -INFINITY, m, temperature);
+      e[j] = chunk_token_mass(first + j < x.cols ? x.data[first + j] : -INFINITY, m, temperature, pow2_32ths);
       own += e[j];
     }
     double incl = own;
@@ -658,6 +765,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
     if (lane == 0) run = 0;
     if (lane == 31) warp_total[warp] = incl;
     __syncthreads();
+    DRAW_MARK(g_draw_trace, kDrawScanned);
     double block_total = 0;
     for (int w = 0; w < kWarps; ++w) {
       if (w == warp) run += block_total;
@@ -687,6 +795,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
   token = __shfl_sync(0xffffffffu, token, 0);
   if (token >= 0) {
     if (lane == 0) draw->token = token, draw->status = TokenDraw::kDrawn;
+    DRAW_MARK(g_draw_trace, kDrawEnd);
     return;
   }
   const int idx = argmax_of_chunks(part_v, part_i, chunks);  // nothing to draw from: the row's argmax
@@ -757,11 +866,13 @@ __device__ int bin_of_kth(const int (&own)[kTopKPerThread], int k) {
 // out, its own count up to them reaches k already).
 __global__ void __launch_bounds__(kArgmaxThreads) top_k_bins_kernel(Mat x, const float* part_v, TopKDrawState* st,
                                                                      const TokenDraw* draw) {
-  const int k = min(max(draw->top_k, 1), kTopKMax);  // written by the host before the launch
+  DRAW_MARK(g_bins_trace, kDrawStart);
+  __shared__ int bins[kTopKBins], k_in;
+  __shared__ float row_max;
+  if (threadIdx.x == 0) k_in = min(max(draw->top_k, 1), kTopKMax);  // mapped memory: one read a block
   pdl_wait();
   pdl_trigger();
-  __shared__ int bins[kTopKBins];
-  __shared__ float row_max;
+  DRAW_MARK(g_bins_trace, kDrawWaited);
   for (int b = threadIdx.x; b < kTopKBins; b += kArgmaxThreads) bins[b] = 0;
   if (threadIdx.x < 32) {
     const float m = row_max_of_chunks(part_v, gridDim.x);
@@ -769,6 +880,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) top_k_bins_kernel(Mat x, const
   }
   __syncthreads();
   const float m = row_max;
+  const int k = k_in;
   int own[kTopKPerThread];
   if (drawable_max(m)) {
     float l[kArgmaxPerThread];
@@ -783,7 +895,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) top_k_bins_kernel(Mat x, const
     for (int b = threadIdx.x; b <= last; b += kArgmaxThreads)
       if (bins[b] != 0) atomicAdd(&st->bins[b], bins[b]);
   }
+  DRAW_MARK(g_bins_trace, kDrawPassed);
   if (!last_block_of(&st->bins_done)) return;
+  DRAW_MARK(g_bins_trace, kDrawCounted);
 #pragma unroll
   for (int i = 0; i < kTopKPerThread; ++i) {
     own[i] = __ldcg(&st->bins[threadIdx.x * kTopKPerThread + i]);
@@ -791,6 +905,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) top_k_bins_kernel(Mat x, const
   }
   const int bin = bin_of_kth(own, k);
   if (threadIdx.x == 0) st->bin = bin;
+  DRAW_MARK(g_bins_trace, kDrawEnd);
 }
 
 __device__ __forceinline__ bool token_before(float la, int ia, float lb, int ib) {
@@ -800,14 +915,17 @@ __device__ __forceinline__ bool token_before(float la, int ia, float lb, int ib)
 __global__ void __launch_bounds__(kArgmaxThreads)
     top_k_draw_kernel(Mat x, const float* part_v, const int* part_i, TopKDrawState* st, SelectedLogit* cand,
                       TokenDraw* draw) {
-  const int k = min(max(draw->top_k, 1), kTopKMax);  // written by the host before the launch
-  const float temperature = draw->temperature, top_p = draw->top_p, min_p = draw->min_p;
-  const double uniform = draw->uniform;
+  DRAW_MARK(g_top_k_trace, kDrawStart);
+  __shared__ TokenDraw in;
+  if (threadIdx.x == 0) in = *draw;  // mapped memory: one read a block
   pdl_wait();
   pdl_trigger();
+  DRAW_MARK(g_top_k_trace, kDrawWaited);
   constexpr int kWarps = kArgmaxThreads / 32;
-  __shared__ float row_max, cand_l[kTopKCandidates], best_l[kTopKMax], best_p[kTopKMax];
-  __shared__ int cand_id[kTopKCandidates], best_id[kTopKMax], n_best, warp_i[kWarps];
+  __shared__ float row_max, best_l[kTopKMax], best_p[kTopKMax];
+  __shared__ __align__(16) float cand_l[kTopKCandidates];
+  __shared__ __align__(16) int cand_id[kTopKCandidates];
+  __shared__ int best_id[kTopKMax], n_best, warp_i[kWarps];
   __shared__ float warp_v[kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x < 32) {
@@ -817,6 +935,9 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   __syncthreads();
   const float m = row_max;
   const bool ok = drawable_max(m);
+  const int k = min(max(in.top_k, 1), kTopKMax);
+  const float temperature = in.temperature, top_p = in.top_p, min_p = in.min_p;
+  const double uniform = in.uniform;
   if (ok) {  // gather the tokens of the k-th best's bin and better ones, by warp: one atomic a warp
     const int bin = __ldcg(&st->bin);
     float l[kArgmaxPerThread];
@@ -833,7 +954,9 @@ __global__ void __launch_bounds__(kArgmaxThreads)
       if (keep && slot < kTopKCandidates) cand[slot] = {static_cast<int32_t>(chunk_col(j)), l[j]};
     }
   }
+  DRAW_MARK(g_top_k_trace, kDrawPassed);
   if (!last_block_of(&st->draw_done)) return;
+  DRAW_MARK(g_top_k_trace, kDrawCounted);
   if (!ok) {  // nothing to draw from: the row's argmax, as argmax_merge_kernel takes it
     if (threadIdx.x >= 32) return;
     const int idx = argmax_of_chunks(part_v, part_i, gridDim.x);
@@ -842,15 +965,26 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
   const int n = __ldcg(&st->count);
   if (n <= kTopKCandidates) {  // rank the candidates: a candidate's rank is how many come before it
-    for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
-      cand_id[i] = __ldcg(&cand[i].id), cand_l[i] = __ldcg(&cand[i].logit);
+    // (Padded to whole batches of 8 with NaNs, which come before nothing; a batch's 8 compares are selects: a
+    // compare and branch a candidate made the ranking ~50 cycles a candidate.)
+    const int padded = (n + 7) / 8 * 8;
+    for (int i = threadIdx.x; i < padded; i += kArgmaxThreads) {
+      cand_id[i] = i < n ? __ldcg(&cand[i].id) : INT_MAX;
+      cand_l[i] = i < n ? __ldcg(&cand[i].logit) : __int_as_float(0x7fffffff);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
       const float li = cand_l[i];
       const int ii = cand_id[i];
       int rank = 0;
-      for (int j = 0; j < n && rank < k; ++j) rank += token_before(cand_l[j], cand_id[j], li, ii);
+      for (int j0 = 0; j0 < padded && rank < k; j0 += 8) {
+        float lj[8];
+        int ij[8];
+        load8<float, float4>(cand_l + j0, lj);
+        load8<int, int4>(cand_id + j0, ij);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) rank += token_before(lj[j], ij[j], li, ii);
+      }
       if (rank < k) best_id[rank] = ii, best_l[rank] = li;
     }
     if (threadIdx.x == 0) n_best = min(n, k);
@@ -879,45 +1013,55 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     if (threadIdx.x == 0) n_best = found;
   }
   __syncthreads();
+  DRAW_MARK(g_top_k_trace, kDrawPicked);
   const int kept = n_best;
   // The softmax's exps at the temperature, as the host's std::exp of the float argument rounds them.
   for (int i = threadIdx.x; i < kept; i += kArgmaxThreads)
     best_p[i] = static_cast<float>(exp(static_cast<double>((best_l[i] - best_l[0]) / temperature)));
   __syncthreads();
   // cut_distribution's steps on the best-first list, then draw_at's: the sums and the cuts in order in one
-  // thread, the divisions by the sums (a double division is ~100 cycles) over the threads.
+  // thread (walks a batch of loads ahead), the divisions by the sums (a double division is ~100 cycles) over
+  // the threads. The p fall along the list (exps of falling logits over one sum), so min-p's cut, and the
+  // host's erasing of p = 0 after the last division, keep a prefix.
   __shared__ double sum_of;
   __shared__ int size_of;
+  const auto p_at = [&](int i) { return best_p[i]; };
   if (threadIdx.x == 0) {
     double sum = 0;
-    for (int i = 0; i < kept; ++i) sum += best_p[i];
+    walk_in_order(kept, p_at, [&](int, float p) {
+      sum += p;
+      return true;
+    });
     sum_of = sum;
   }
   __syncthreads();
   const double sum = sum_of;
   for (int i = threadIdx.x; i < kept; i += kArgmaxThreads) best_p[i] = static_cast<float>(best_p[i] / sum);
   __syncthreads();
+  DRAW_MARK(g_top_k_trace, kDrawScanned);
   if (threadIdx.x == 0) {
     st->count = 0;  // for the next draw
     int size = kept;
     if (min_p > 0.0f) {
       const float best = static_cast<float>(1.0 / sum), floor_p = fminf(best, min_p * best);
-      int w = 0;
-      for (int i = 0; i < size; ++i)
-        if (!(best_p[i] < floor_p)) best_p[w] = best_p[i], best_id[w] = best_id[i], ++w;
-      size = w;
+      walk_in_order(size, p_at, [&](int i, float p) {
+        if (p < floor_p) size = i;
+        return !(p < floor_p);
+      });
     }
     if (top_p < 1.0f) {
       double cum = 0;
-      int w = 0;
-      while (w < size) {
-        cum += best_p[w++];
-        if (cum >= top_p) break;
-      }
-      size = w;
+      walk_in_order(size, p_at, [&](int i, float p) {
+        cum += p;
+        if (cum >= top_p) size = i + 1;
+        return !(cum >= top_p);
+      });
     }
     double total = 0;
-    for (int i = 0; i < size; ++i) total += best_p[i];
+    walk_in_order(size, p_at, [&](int, float p) {
+      total += p;
+      return true;
+    });
     sum_of = total, size_of = size;
   }
   __syncthreads();
@@ -925,25 +1069,29 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   for (int i = threadIdx.x; i < size_of; i += kArgmaxThreads) best_p[i] = static_cast<float>(best_p[i] / total);
   __syncthreads();
   if (threadIdx.x != 0) return;
-  int size = 0;
-  for (int i = 0; i < size_of; ++i)
-    if (best_p[i] > 0.0f) best_p[size] = best_p[i], best_id[size] = best_id[i], ++size;
+  int size = size_of;
+  walk_in_order(size, p_at, [&](int i, float p) {
+    if (!(p > 0.0f)) size = i;
+    return p > 0.0f;
+  });
   int token = best_id[0];  // no token left (cannot happen: the best one's p is 1 / sum)
   if (size > 0) {
     double t = 0;
-    for (int i = 0; i < size; ++i) t += best_p[i];
+    walk_in_order(size, p_at, [&](int, float p) {
+      t += p;
+      return true;
+    });
     double u = uniform * t;
     token = best_id[size - 1];
-    for (int i = 0; i < size; ++i) {
-      u -= best_p[i];
-      if (u < 0) {
-        token = best_id[i];
-        break;
-      }
-    }
+    walk_in_order(size, p_at, [&](int i, float p) {
+      u -= p;
+      if (u < 0) token = best_id[i];
+      return !(u < 0);
+    });
   }
   draw->token = token;
   draw->status = TokenDraw::kDrawn;
+  DRAW_MARK(g_top_k_trace, kDrawEnd);
 }
 
 // Row `row`'s logits >= threshold, compacted by warp: one atomic per warp for its slots. Bytes: the row

@@ -37,6 +37,8 @@ inline StepTraceHost& step_trace_host() {
 StepTraceBuf* step_trace_start();
 // The last `steps` steps of the last captured graph's launches, to stdout.
 void step_trace_report(StepTraceBuf* buf, int steps);
+// The look-ahead draw kernels' per-block timelines of their last launches, to stdout (elementwise.cu).
+void draw_trace_report();
 
 }  // namespace hyspec::cuda
 #endif
