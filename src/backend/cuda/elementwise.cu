@@ -625,18 +625,11 @@ __device__ __forceinline__ void walk_in_order(int n, Load load, Step step) {
   }
 }
 
-// Look-ahead sampling's draw (Backend::draw_token), after argmax_chunks_kernel on the row: each block sums
-// its chunk's exp((l - m) * inv_t) as logit_summary_kernel does (the same bits: the masses the host path
-// draws with), and the last block to finish draws as backend/chunk_draw.h does: the chunk by the masses
-// with the host's double steps in one thread, then the token by the chunk's exps in double, 16 consecutive
-// tokens a thread and prefix sums over the threads (the host walks them one by one: the sums differ only
-// in rounding). The temperature and uniform lie in mapped host memory: one thread a block reads them before
-// the wait (each read crosses PCIe; the draw kernels read their inputs so). Bytes: the logits once, the drawn
-// chunk again (16 KB, from L2); 16 double exps a thread in the last block.
-// chunk_draw.h's chunk_token_mass: exp((l - m) / t) of the f32 argument x <= 0 rounded to f32, computed in double as
-// 2^(k/32) (`pow2_32ths`, which the block fills) times a degree-5 polynomial of x - k ln2/32 (|r| <= ln2/64):
-// relative error < 2^-48, which rounds to libdevice's exp's f32 for every x of 40M tested on the CPU. libdevice's
-// double exp (~25 chained double ops) took the last block's 4096 exps ~2.5-3.4 us (9 chained here).
+// chunk_draw.h's chunk_token_mass: exp((l - m) / t) of the f32 argument x <= 0, rounded to f32, computed in double
+// as 2^(k/32) (`pow2_32ths`, which the block fills) times a degree-5 polynomial of x - k ln2/32 (|r| <= ln2/64):
+// relative error < 2^-48 (its f32 rounding matched glibc's double exp's for each of 40M arguments in a one-off
+// check on the CPU). libdevice's double exp (~25 chained double ops) took the last block's 4096 exps ~2.5-3.4 us
+// in a microbenchmark (9 chained here).
 __device__ __forceinline__ double chunk_token_mass(float l, float m, float t, const double* pow2_32ths) {
   const double x = (l - m) / t;
   if (!(l > -INFINITY) || !(x >= -200.0)) return 0.0;  // (below e^-104 the f32 is 0)
@@ -654,6 +647,14 @@ __device__ __forceinline__ double chunk_token_mass(float l, float m, float t, co
   return static_cast<double>(static_cast<float>(pow2_32ths[k & 31] * p * scale));
 }
 
+// Look-ahead sampling's draw (Backend::draw_token), after argmax_chunks_kernel on the row: each block sums
+// its chunk's exp((l - m) * inv_t) as logit_summary_kernel does (the same bits: the masses the host path
+// draws with), and the last block to finish draws as backend/chunk_draw.h does: the chunk by the masses
+// with the host's double steps in one thread, then the token by the chunk's exps in double, 16 consecutive
+// tokens a thread and prefix sums over the threads (the host walks them one by one: the sums differ only
+// in rounding). The temperature and uniform lie in mapped host memory: one thread a block reads them before
+// the wait (each read crosses PCIe; the draw kernels read their inputs so). Bytes: the logits once, the drawn
+// chunk again (16 KB, from L2); 16 double exps a thread in the last block.
 __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const float* part_v, const int* part_i,
                                                                      float* mass, unsigned* done, TokenDraw* draw) {
   DRAW_MARK(g_draw_trace, kDrawStart);
