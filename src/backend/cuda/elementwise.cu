@@ -27,10 +27,12 @@ enum DrawMark {
   kDrawStart, kDrawWaited, kDrawPassed, kDrawCounted, kDrawStaged, kDrawSummed, kDrawPicked, kDrawScanned, kDrawEnd,
   kDrawMarks
 };
+enum class DrawKernel { kToken, kBins, kTopK };
 #ifdef HYSPEC_STEP_TRACE
 __device__ BlockTimeline<128, kDrawMarks> g_draw_trace, g_bins_trace, g_top_k_trace;
-__device__ __forceinline__ void draw_mark(BlockTimeline<128, kDrawMarks>& tl, DrawMark m) {
-  timeline_mark(tl, blockIdx.x, m);
+__device__ __forceinline__ void draw_mark(DrawKernel k, DrawMark m) {
+  timeline_mark(k == DrawKernel::kToken ? g_draw_trace : k == DrawKernel::kBins ? g_bins_trace : g_top_k_trace,
+                blockIdx.x, m);
 }
 void draw_trace_report() {
   const char* const names[kDrawMarks] = {"start",  "waited", "first pass", "last counted",
@@ -39,9 +41,8 @@ void draw_trace_report() {
   timeline_report(g_bins_trace, names, "top_k_bins_kernel's last launch");
   timeline_report(g_top_k_trace, names, "top_k_draw_kernel's last launch");
 }
-#define DRAW_MARK(tl, m) draw_mark(tl, m)
 #else
-#define DRAW_MARK(tl, m) ((void)0)
+__device__ __forceinline__ void draw_mark(DrawKernel, DrawMark) {}
 #endif
 
 namespace {
@@ -657,14 +658,14 @@ __device__ __forceinline__ double chunk_token_mass(float l, float m, float t, co
 // chunk again (16 KB, from L2); 16 double exps a thread in the last block.
 __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const float* part_v, const int* part_i,
                                                                      float* mass, unsigned* done, TokenDraw* draw) {
-  DRAW_MARK(g_draw_trace, kDrawStart);
+  draw_mark(DrawKernel::kToken, kDrawStart);
   constexpr int kWarps = kArgmaxThreads / 32;
   __shared__ float warp_sum[kWarps], row_max, temperature_in;
   __shared__ double warp_total[kWarps], target, chunk_sum, uniform_in;
   if (threadIdx.x == 0) temperature_in = draw->temperature, uniform_in = draw->uniform;  // mapped memory
   pdl_wait();
   pdl_trigger();
-  DRAW_MARK(g_draw_trace, kDrawWaited);
+  draw_mark(DrawKernel::kToken, kDrawWaited);
   __shared__ int warp_pick[kWarps], warp_last[kWarps], chunk;
   const int chunks = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x < 32) {
@@ -689,9 +690,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
     for (int w = 0; w < kWarps; ++w) total += warp_sum[w];
     mass[blockIdx.x] = total;
   }
-  DRAW_MARK(g_draw_trace, kDrawPassed);
+  draw_mark(DrawKernel::kToken, kDrawPassed);
   if (!last_block_of(done)) return;
-  DRAW_MARK(g_draw_trace, kDrawCounted);
+  draw_mark(DrawKernel::kToken, kDrawCounted);
   // The chunk, by chunk_draw.h's double steps in one thread over the masses, staged by all threads in shared
   // memory (zeros up to whole batches of 8, which change neither walk). The steps are selects, not branches: a
   // double compare and branch a chunk made the walk ~70 cycles a chunk (~4.4 us of a 9B's draw), the adds alone
@@ -703,7 +704,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
   for (int c = threadIdx.x; in_shared && c < padded; c += kArgmaxThreads)
     staged[c] = c < chunks ? __ldcg(mass + c) : 0.0f;
   __syncthreads();
-  DRAW_MARK(g_draw_trace, kDrawStaged);
+  draw_mark(DrawKernel::kToken, kDrawStaged);
   __shared__ double pow2_32ths[32];  // chunk_token_mass's table, by the second warp while the first walks
   if (threadIdx.x >= 32 && threadIdx.x < 64) pow2_32ths[threadIdx.x - 32] = exp2((threadIdx.x - 32) / 32.0);
   if (threadIdx.x == 0) {
@@ -722,7 +723,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
 #pragma unroll
       for (int j = 0; j < 8; ++j) z += v[j];
     }
-    DRAW_MARK(g_draw_trace, kDrawSummed);
+    draw_mark(DrawKernel::kToken, kDrawSummed);
     // draw_by_chunks' walk: past the chunks of no mass, t -= s until t < s, where it stops.
     int pick = -1, last = -1;
     double t = 0, s_last = 0;
@@ -747,7 +748,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
     chunk = pick, target = t, chunk_sum = s_last;
   }
   __syncthreads();
-  DRAW_MARK(g_draw_trace, kDrawPicked);
+  draw_mark(DrawKernel::kToken, kDrawPicked);
   int token = -1;
   if (chunk >= 0) {  // the token: the first whose prefix sum passes the chunk's share of the target
     const int64_t first = int64_t{chunk} * kArgmaxChunk + threadIdx.x * kArgmaxPerThread;
@@ -766,7 +767,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
     if (lane == 0) run = 0;
     if (lane == 31) warp_total[warp] = incl;
     __syncthreads();
-    DRAW_MARK(g_draw_trace, kDrawScanned);
+    draw_mark(DrawKernel::kToken, kDrawScanned);
     double block_total = 0;
     for (int w = 0; w < kWarps; ++w) {
       if (w == warp) run += block_total;
@@ -796,7 +797,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) draw_token_kernel(Mat x, const
   token = __shfl_sync(0xffffffffu, token, 0);
   if (token >= 0) {
     if (lane == 0) draw->token = token, draw->status = TokenDraw::kDrawn;
-    DRAW_MARK(g_draw_trace, kDrawEnd);
+    draw_mark(DrawKernel::kToken, kDrawEnd);
     return;
   }
   const int idx = argmax_of_chunks(part_v, part_i, chunks);  // nothing to draw from: the row's argmax
@@ -867,13 +868,13 @@ __device__ int bin_of_kth(const int (&own)[kTopKPerThread], int k) {
 // out, its own count up to them reaches k already).
 __global__ void __launch_bounds__(kArgmaxThreads) top_k_bins_kernel(Mat x, const float* part_v, TopKDrawState* st,
                                                                      const TokenDraw* draw) {
-  DRAW_MARK(g_bins_trace, kDrawStart);
+  draw_mark(DrawKernel::kBins, kDrawStart);
   __shared__ int bins[kTopKBins], k_in;
   __shared__ float row_max;
   if (threadIdx.x == 0) k_in = min(max(draw->top_k, 1), kTopKMax);  // mapped memory: one read a block
   pdl_wait();
   pdl_trigger();
-  DRAW_MARK(g_bins_trace, kDrawWaited);
+  draw_mark(DrawKernel::kBins, kDrawWaited);
   for (int b = threadIdx.x; b < kTopKBins; b += kArgmaxThreads) bins[b] = 0;
   if (threadIdx.x < 32) {
     const float m = row_max_of_chunks(part_v, gridDim.x);
@@ -896,9 +897,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) top_k_bins_kernel(Mat x, const
     for (int b = threadIdx.x; b <= last; b += kArgmaxThreads)
       if (bins[b] != 0) atomicAdd(&st->bins[b], bins[b]);
   }
-  DRAW_MARK(g_bins_trace, kDrawPassed);
+  draw_mark(DrawKernel::kBins, kDrawPassed);
   if (!last_block_of(&st->bins_done)) return;
-  DRAW_MARK(g_bins_trace, kDrawCounted);
+  draw_mark(DrawKernel::kBins, kDrawCounted);
 #pragma unroll
   for (int i = 0; i < kTopKPerThread; ++i) {
     own[i] = __ldcg(&st->bins[threadIdx.x * kTopKPerThread + i]);
@@ -906,7 +907,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) top_k_bins_kernel(Mat x, const
   }
   const int bin = bin_of_kth(own, k);
   if (threadIdx.x == 0) st->bin = bin;
-  DRAW_MARK(g_bins_trace, kDrawEnd);
+  draw_mark(DrawKernel::kBins, kDrawEnd);
 }
 
 __device__ __forceinline__ bool token_before(float la, int ia, float lb, int ib) {
@@ -916,12 +917,12 @@ __device__ __forceinline__ bool token_before(float la, int ia, float lb, int ib)
 __global__ void __launch_bounds__(kArgmaxThreads)
     top_k_draw_kernel(Mat x, const float* part_v, const int* part_i, TopKDrawState* st, SelectedLogit* cand,
                       TokenDraw* draw) {
-  DRAW_MARK(g_top_k_trace, kDrawStart);
+  draw_mark(DrawKernel::kTopK, kDrawStart);
   __shared__ TokenDraw in;
   if (threadIdx.x == 0) in = *draw;  // mapped memory: one read a block
   pdl_wait();
   pdl_trigger();
-  DRAW_MARK(g_top_k_trace, kDrawWaited);
+  draw_mark(DrawKernel::kTopK, kDrawWaited);
   constexpr int kWarps = kArgmaxThreads / 32;
   __shared__ float row_max, best_l[kTopKMax], best_p[kTopKMax];
   __shared__ __align__(16) float cand_l[kTopKCandidates];
@@ -955,9 +956,9 @@ __global__ void __launch_bounds__(kArgmaxThreads)
       if (keep && slot < kTopKCandidates) cand[slot] = {static_cast<int32_t>(chunk_col(j)), l[j]};
     }
   }
-  DRAW_MARK(g_top_k_trace, kDrawPassed);
+  draw_mark(DrawKernel::kTopK, kDrawPassed);
   if (!last_block_of(&st->draw_done)) return;
-  DRAW_MARK(g_top_k_trace, kDrawCounted);
+  draw_mark(DrawKernel::kTopK, kDrawCounted);
   if (!ok) {  // nothing to draw from: the row's argmax, as argmax_merge_kernel takes it
     if (threadIdx.x >= 32) return;
     const int idx = argmax_of_chunks(part_v, part_i, gridDim.x);
@@ -1014,7 +1015,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     if (threadIdx.x == 0) n_best = found;
   }
   __syncthreads();
-  DRAW_MARK(g_top_k_trace, kDrawPicked);
+  draw_mark(DrawKernel::kTopK, kDrawPicked);
   const int kept = n_best;
   // The softmax's exps at the temperature, as the host's std::exp of the float argument rounds them.
   for (int i = threadIdx.x; i < kept; i += kArgmaxThreads)
@@ -1039,7 +1040,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   const double sum = sum_of;
   for (int i = threadIdx.x; i < kept; i += kArgmaxThreads) best_p[i] = static_cast<float>(best_p[i] / sum);
   __syncthreads();
-  DRAW_MARK(g_top_k_trace, kDrawScanned);
+  draw_mark(DrawKernel::kTopK, kDrawScanned);
   if (threadIdx.x == 0) {
     st->count = 0;  // for the next draw
     int size = kept;
@@ -1092,7 +1093,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
   draw->token = token;
   draw->status = TokenDraw::kDrawn;
-  DRAW_MARK(g_top_k_trace, kDrawEnd);
+  draw_mark(DrawKernel::kTopK, kDrawEnd);
 }
 
 // Row `row`'s logits >= threshold, compacted by warp: one atomic per warp for its slots. Bytes: the row
